@@ -1,0 +1,77 @@
+#!/usr/bin/env node
+/** The megamoe command line: run a layer, compare backends, show the machine. */
+import { Command, InvalidArgumentError } from "commander";
+import pc from "picocolors";
+import { runCheck } from "./check.js";
+import { runInfo } from "./info.js";
+import { runLayer } from "./run.js";
+
+function positiveInt(name: string) {
+  return (value: string): number => {
+    const n = Number(value);
+    if (!Number.isInteger(n) || n < 1) throw new InvalidArgumentError(`${name} must be a positive integer`);
+    return n;
+  };
+}
+
+function nonNegativeInt(value: string): number {
+  const n = Number(value);
+  if (!Number.isInteger(n) || n < 0) throw new InvalidArgumentError("must be a non-negative integer");
+  return n;
+}
+
+function sharedFlag(value: string): boolean {
+  if (value !== "0" && value !== "1") throw new InvalidArgumentError("must be 0 or 1");
+  return value === "1";
+}
+
+const program = new Command()
+  .name("megamoe")
+  .description("DeepSeek-V4-class MoE layer in FP8: fused Hopper kernels and an exact CPU reference")
+  .version("0.1.0");
+
+const shapeHelp = "preset: tiny, flash, pro, flash-ep8";
+
+program
+  .command("run")
+  .description("run one MoE layer forward on random weights and inputs, print a summary")
+  .option("--shape <name>", shapeHelp, "tiny")
+  .option("--tokens <n>", "tokens in the batch", positiveInt("tokens"), 16)
+  .option("--backend <name>", "cpu (the GPU layer is built in a later stage)", "cpu")
+  .option("--seed <n>", "seed of weights, inputs and routing", nonNegativeInt, 1)
+  .option("--shared <0|1>", "include the shared expert", sharedFlag, true)
+  .option("--routing <kind>", "gate (the layer's router) or random", "gate")
+  .option("--weights <file>", "load weights from a safetensors file instead of generating them")
+  .option("--save-weights <file>", "write the generated weights to a safetensors file first")
+  .option("--json", "print the summary as JSON")
+  .action(async (opts) => {
+    await runLayer(opts);
+  });
+
+program
+  .command("check")
+  .description("compare the FP8 reference with the FP64 ideal (and later, GPU backends) and print the errors")
+  .option("--shape <name>", shapeHelp, "tiny")
+  .option("--tokens <n>", "tokens in the batch", positiveInt("tokens"), 16)
+  .option("--seed <n>", "seed of weights, inputs and routing", nonNegativeInt, 1)
+  .option("--shared <0|1>", "include the shared expert", sharedFlag, true)
+  .option("--json", "print the result as JSON")
+  .action(async (opts) => {
+    await runCheck(opts);
+  });
+
+program
+  .command("info")
+  .description("show the package, the CUDA driver and device, and measured ceilings when a GPU is present")
+  .option("--json", "print as JSON")
+  .option("--no-measure", "skip measuring the copy bandwidth and launch overhead")
+  .action(async (opts) => {
+    await runInfo(opts);
+  });
+
+program.parseAsync(process.argv).catch((err: unknown) => {
+  const e = err instanceof Error ? err : new Error(String(err));
+  process.stderr.write(`${pc.red("error:")} ${e.message}\n`);
+  if (process.env.MEGAMOE_DEBUG) process.stderr.write(`${e.stack ?? ""}\n`);
+  process.exit(1);
+});

@@ -1,0 +1,109 @@
+/** `megamoe run`: one layer forward on seeded random data, with a summary a person or a script reads. */
+import pc from "picocolors";
+import { type MoEConfig, resolveConfig } from "../config/config.js";
+import { MoELayer } from "../layer.js";
+import { bf16BitsToF32 } from "../numerics/bf16.js";
+import { checksum, l2Norm } from "../reference/metrics.js";
+import type { Routing } from "../reference/moe.js";
+import { randomRouting } from "../reference/router.js";
+import { GeneratedWeights, generateActivations } from "../weights/generate.js";
+import { loadMoEWeights, saveMoEWeights } from "../weights/safetensors.js";
+import type { MoEWeightSource } from "../weights/types.js";
+import { progressBar } from "./progress.js";
+
+export interface RunOptions {
+  shape: string;
+  tokens: number;
+  backend: string;
+  seed: number;
+  shared: boolean;
+  routing: string;
+  weights?: string;
+  saveWeights?: string;
+  json?: boolean;
+}
+
+/** The layer's config for a run: the preset, with maxTokens raised to fit the batch. */
+export function runConfig(shape: string, tokens: number): MoEConfig {
+  const base = resolveConfig(shape);
+  return resolveConfig(shape, { maxTokens: Math.max(base.maxTokens, tokens) });
+}
+
+export function makeWeights(config: MoEConfig, seed: number, file?: string): MoEWeightSource {
+  return file === undefined ? new GeneratedWeights(config, seed) : loadMoEWeights(file, config);
+}
+
+export function makeRouting(
+  kind: string,
+  layerGate: "gate",
+  seed: number,
+  tokens: number,
+  config: MoEConfig,
+) {
+  if (kind === "gate") return undefined;
+  if (kind === "random") return randomRouting(seed, tokens, config) as Routing;
+  throw new Error(`--routing must be "${layerGate}" or "random", got "${kind}"`);
+}
+
+export async function runLayer(opts: RunOptions): Promise<void> {
+  if (opts.backend !== "cpu") {
+    throw new Error(`--backend ${opts.backend}: only the cpu backend exists in this version`);
+  }
+  const config = runConfig(opts.shape, opts.tokens);
+  let weights = makeWeights(config, opts.seed, opts.weights);
+  if (opts.saveWeights !== undefined) {
+    const bar = progressBar("saving weights");
+    saveMoEWeights(opts.saveWeights, weights, { onProgress: (d, t) => bar.update(d, t) });
+    bar.stop();
+    weights = loadMoEWeights(opts.saveWeights, config);
+  }
+  const x = generateActivations(opts.seed, opts.tokens, config.hidden);
+  const routing = makeRouting(opts.routing, "gate", opts.seed, opts.tokens, config);
+  const layer = new MoELayer(weights, { backend: "cpu" });
+  const bar = progressBar(`${config.name} T=${opts.tokens} experts`);
+  const start = performance.now();
+  const result = layer.forward(x, opts.tokens, {
+    routing,
+    shared: opts.shared,
+    onProgress: (d, t) => bar.update(d, t),
+  });
+  const ms = performance.now() - start;
+  bar.stop();
+
+  const values = Float32Array.from(result.out, bf16BitsToF32);
+  const experts = new Set(Array.from(result.routing.ids).filter((e) => e >= 0)).size;
+  const summary = {
+    shape: config.name,
+    experts: config.numExperts,
+    hidden: config.hidden,
+    intermediate: config.intermediate,
+    topK: config.topK,
+    shared: opts.shared && config.numShared > 0,
+    tokens: opts.tokens,
+    backend: opts.backend,
+    seed: opts.seed,
+    routing: opts.routing,
+    expertsTouched: experts,
+    ms: Number(ms.toFixed(1)),
+    checksum: checksum(result.out),
+    norm: Number(l2Norm(values).toPrecision(8)),
+  };
+  if (opts.json) {
+    process.stdout.write(`${JSON.stringify(summary)}\n`);
+    return;
+  }
+  const line = (k: string, v: string | number | boolean) => `  ${pc.dim(k.padEnd(12))} ${v}\n`;
+  process.stdout.write(`${pc.bold("megamoe run")}\n`);
+  process.stdout.write(
+    line(
+      "shape",
+      `${config.name}: E=${config.numExperts} H=${config.hidden} IH=${config.intermediate} top-${config.topK}, shared ${summary.shared ? "on" : "off"}`,
+    ),
+  );
+  process.stdout.write(line("tokens", opts.tokens));
+  process.stdout.write(line("backend", `${opts.backend} (routing: ${opts.routing}, seed ${opts.seed})`));
+  process.stdout.write(line("experts", `${experts} of ${config.numExperts} touched`));
+  process.stdout.write(line("time", `${summary.ms} ms`));
+  process.stdout.write(line("checksum", summary.checksum));
+  process.stdout.write(line("norm", summary.norm));
+}

@@ -1,0 +1,287 @@
+/**
+ * The CPU reference MoE layer: the numerics every backend must follow (docs/numerics.md).
+ *
+ * Work is grouped by expert so each expert's weights are made or read once, but every value is
+ * computed exactly as the per-token formulation in the spec says: the order of fp32 operations is
+ * fixed, so the result does not depend on grouping, and the output is deterministic.
+ */
+import { type MoEConfig, QUANT_BLOCK, sharedIntermediate } from "../config/config.js";
+import { bf16BitsToF32, f32ToBf16Bits } from "../numerics/bf16.js";
+import { E4M3_DECODE } from "../numerics/fp8.js";
+import { quantizeActivations, quantizeRow128 } from "../numerics/quant.js";
+import type { BlockQuantized, ExpertWeights, MoEWeightSource } from "../weights/types.js";
+import { swiglu } from "./swiglu.js";
+
+/** Top-k routing of T tokens: ids [T, k] (−1 = slot not routed) and fp32 weights [T, k]. */
+export interface Routing {
+  ids: Int32Array;
+  weights: Float32Array;
+}
+
+export interface ReferenceOptions {
+  /** Include the shared expert(s) (default: when the config has them). */
+  shared?: boolean;
+  /** Called after each expert (routed or shared) is done. */
+  onProgress?: (done: number, total: number) => void;
+}
+
+/** FP8 rows of T tokens: e4m3 codes [T, K] and fp32 scales [T, K/128]. */
+interface QuantizedRows {
+  q: Uint8Array;
+  scales: Float32Array;
+}
+
+/** Which (token, slot) pairs each expert serves, in token order. */
+export function groupByExpert(routing: Routing, tokens: number, config: MoEConfig): Int32Array[] {
+  const k = config.topK;
+  const counts = new Int32Array(config.numExperts);
+  for (let i = 0; i < tokens * k; i++) {
+    const e = routing.ids[i];
+    if (e >= 0) counts[e]++;
+  }
+  const lists = Array.from({ length: config.numExperts }, (_, e) => new Int32Array(counts[e]));
+  counts.fill(0);
+  for (let i = 0; i < tokens * k; i++) {
+    const e = routing.ids[i];
+    if (e >= 0) lists[e][counts[e]++] = i; // i = token·k + slot
+  }
+  return lists;
+}
+
+/**
+ * One block-scaled FP8 GEMM row set: out[r, n] for the given activation rows against every row n of
+ * `w`. Per 128-wide K block the exact dot of the decoded FP8 values (in double: products of two e4m3
+ * values and their sums over one block are exact) is rounded to fp32, multiplied by the fp32 product
+ * of the two scales, and added to the fp32 accumulator, blocks in increasing K order.
+ */
+function blockScaledGemm(
+  rows: Float32Array[],
+  rowScales: Float32Array[],
+  w: BlockQuantized,
+  out: Float32Array[],
+): void {
+  const { rows: n, cols: k } = w;
+  const kBlocks = k / QUANT_BLOCK;
+  const wRow = new Float32Array(k);
+  for (let r = 0; r < n; r++) {
+    const base = r * k;
+    for (let i = 0; i < k; i++) wRow[i] = E4M3_DECODE[w.q[base + i]];
+    const scaleBase = Math.floor(r / QUANT_BLOCK) * kBlocks;
+    for (let t = 0; t < rows.length; t++) {
+      const a = rows[t];
+      const sa = rowScales[t];
+      let acc = 0;
+      for (let b = 0; b < kBlocks; b++) {
+        let partial = 0;
+        const end = (b + 1) * QUANT_BLOCK;
+        for (let i = b * QUANT_BLOCK; i < end; i++) partial += a[i] * wRow[i];
+        const scale = Math.fround(sa[b] * w.scales[scaleBase + b]);
+        acc = Math.fround(acc + Math.fround(Math.fround(partial) * scale));
+      }
+      out[t][r] = acc;
+    }
+  }
+}
+
+/** Decoded e4m3 values of row t of a [T, K] code matrix. */
+function decodeRow(q: Uint8Array, t: number, k: number): Float32Array {
+  const row = new Float32Array(k);
+  const base = t * k;
+  for (let i = 0; i < k; i++) row[i] = E4M3_DECODE[q[base + i]];
+  return row;
+}
+
+/**
+ * One expert MLP on FP8 rows: L1 → SwiGLU → re-quantization → L2. Returns the fp32 L2 results [H]
+ * of every row, in the order given.
+ */
+function expertForward(
+  config: MoEConfig,
+  weights: ExpertWeights,
+  rows: Float32Array[],
+  rowScales: Float32Array[],
+): Float32Array[] {
+  const inter = weights.w1.rows / 2;
+  const l1 = rows.map(() => new Float32Array(2 * inter));
+  blockScaledGemm(rows, rowScales, weights.w1, l1);
+  const hRows: Float32Array[] = [];
+  const hScales: Float32Array[] = [];
+  const h = new Float32Array(inter);
+  const hq = new Uint8Array(inter);
+  for (const acc of l1) {
+    for (let n = 0; n < inter; n++) h[n] = swiglu(acc[n], acc[inter + n], config.swigluClamp);
+    const scales = new Float32Array(inter / QUANT_BLOCK);
+    for (let b = 0; b < inter / QUANT_BLOCK; b++) {
+      quantizeRow128(h, b * QUANT_BLOCK, QUANT_BLOCK, config.scaleFormat, hq, b * QUANT_BLOCK, scales, b);
+    }
+    hRows.push(decodeRow(hq, 0, inter));
+    hScales.push(scales);
+  }
+  const out = rows.map(() => new Float32Array(config.hidden));
+  blockScaledGemm(hRows, hScales, weights.w2, out);
+  return out;
+}
+
+function quantizedTokenRows(x: QuantizedRows, tokens: number[], config: MoEConfig) {
+  const h = config.hidden;
+  const kb = h / QUANT_BLOCK;
+  return {
+    rows: tokens.map((t) => decodeRow(x.q, t, h)),
+    scales: tokens.map((t) => x.scales.subarray(t * kb, (t + 1) * kb)),
+  };
+}
+
+/**
+ * The reference layer: bf16 x [T, H] and routing in, bf16 [T, H] out (raw bits).
+ *
+ * Combine (per token, fixed order): acc = 0; for each routed slot in slot order,
+ * acc = fp32(acc + fp32(w · bf16(y_slot))); then acc = fp32(acc + bf16(y_shared)); out = bf16(acc).
+ */
+export function referenceMoE(
+  x: Uint16Array,
+  tokens: number,
+  routing: Routing,
+  source: MoEWeightSource,
+  options: ReferenceOptions = {},
+): Uint16Array {
+  const config = source.config;
+  const { hidden, topK: k } = config;
+  const useShared = (options.shared ?? true) && config.numShared > 0;
+  const xq = quantizeActivations(x, tokens, hidden, config.scaleFormat);
+  const lists = groupByExpert(routing, tokens, config);
+  const active = lists.map((l, e) => (l.length > 0 ? e : -1)).filter((e) => e >= 0);
+  const total = active.length + (useShared ? 1 : 0);
+  let done = 0;
+
+  // bf16-rounded L2 results per (token, slot), as the combine reads them.
+  const slotOut = new Float32Array(tokens * k * hidden);
+  for (const e of active) {
+    const pairs = Array.from(lists[e]);
+    const { rows, scales } = quantizedTokenRows(
+      xq,
+      pairs.map((p) => Math.floor(p / k)),
+      config,
+    );
+    const y = expertForward(config, source.expert(e), rows, scales);
+    pairs.forEach((p, i) => {
+      const dst = slotOut.subarray(p * hidden, (p + 1) * hidden);
+      for (let n = 0; n < hidden; n++) dst[n] = bf16BitsToF32(f32ToBf16Bits(y[i][n]));
+    });
+    options.onProgress?.(++done, total);
+  }
+
+  let sharedOut: Float32Array[] | null = null;
+  if (useShared) {
+    const weights = source.shared();
+    if (weights === null) throw new Error("config has shared experts but the weight source has none");
+    const all = Array.from({ length: tokens }, (_, t) => t);
+    const { rows, scales } = quantizedTokenRows(xq, all, config);
+    sharedOut = expertForward(config, weights, rows, scales);
+    options.onProgress?.(++done, total);
+  }
+
+  const out = new Uint16Array(tokens * hidden);
+  for (let t = 0; t < tokens; t++) {
+    for (let n = 0; n < hidden; n++) {
+      let acc = 0;
+      for (let s = 0; s < k; s++) {
+        if (routing.ids[t * k + s] < 0) continue;
+        const y = slotOut[(t * k + s) * hidden + n];
+        acc = Math.fround(acc + Math.fround(routing.weights[t * k + s] * y));
+      }
+      if (sharedOut !== null) acc = Math.fround(acc + bf16BitsToF32(f32ToBf16Bits(sharedOut[t][n])));
+      out[t * hidden + n] = f32ToBf16Bits(acc);
+    }
+  }
+  return out;
+}
+
+/** Dequantized weights of a block-quantized matrix, in double. */
+function dequantizeToF64(w: BlockQuantized): Float64Array {
+  const { rows, cols } = w;
+  const kb = cols / QUANT_BLOCK;
+  const out = new Float64Array(rows * cols);
+  for (let r = 0; r < rows; r++) {
+    for (let c = 0; c < cols; c++) {
+      const i = r * cols + c;
+      out[i] = E4M3_DECODE[w.q[i]] * w.scales[Math.floor(r / QUANT_BLOCK) * kb + Math.floor(c / QUANT_BLOCK)];
+    }
+  }
+  return out;
+}
+
+function idealMlpRow(config: MoEConfig, w1: Float64Array, w2: Float64Array, inter: number, x: Float64Array) {
+  const hidden = config.hidden;
+  const h = new Float64Array(inter);
+  const c = config.swigluClamp;
+  for (let n = 0; n < inter; n++) {
+    let g = 0;
+    let u = 0;
+    for (let i = 0; i < hidden; i++) {
+      g += x[i] * w1[n * hidden + i];
+      u += x[i] * w1[(inter + n) * hidden + i];
+    }
+    if (c !== null) {
+      g = Math.min(g, c);
+      u = Math.min(Math.max(u, -c), c);
+    }
+    h[n] = (g / (1 + Math.exp(-g))) * u;
+  }
+  const y = new Float64Array(hidden);
+  for (let n = 0; n < hidden; n++) {
+    let acc = 0;
+    for (let i = 0; i < inter; i++) acc += h[i] * w2[n * inter + i];
+    y[n] = acc;
+  }
+  return y;
+}
+
+/**
+ * The FP64 "ideal" layer: the same (dequantized FP8) weights, but no activation quantization and no
+ * intermediate rounding. Its distance to `referenceMoE` is the error FP8 itself costs.
+ */
+export function idealMoE(
+  x: Uint16Array,
+  tokens: number,
+  routing: Routing,
+  source: MoEWeightSource,
+  options: ReferenceOptions = {},
+): Float64Array {
+  const config = source.config;
+  const { hidden, topK: k } = config;
+  const useShared = (options.shared ?? true) && config.numShared > 0;
+  const xs = Array.from({ length: tokens }, (_, t) => {
+    const row = new Float64Array(hidden);
+    for (let i = 0; i < hidden; i++) row[i] = bf16BitsToF32(x[t * hidden + i]);
+    return row;
+  });
+  const out = new Float64Array(tokens * hidden);
+  const lists = groupByExpert(routing, tokens, config);
+  const active = lists.map((l, e) => (l.length > 0 ? e : -1)).filter((e) => e >= 0);
+  const total = active.length + (useShared ? 1 : 0);
+  let done = 0;
+  for (const e of active) {
+    const w = source.expert(e);
+    const w1 = dequantizeToF64(w.w1);
+    const w2 = dequantizeToF64(w.w2);
+    for (const p of lists[e]) {
+      const t = Math.floor(p / k);
+      const y = idealMlpRow(config, w1, w2, config.intermediate, xs[t]);
+      const weight = routing.weights[p];
+      for (let n = 0; n < hidden; n++) out[t * hidden + n] += weight * y[n];
+    }
+    options.onProgress?.(++done, total);
+  }
+  if (useShared) {
+    const w = source.shared();
+    if (w === null) throw new Error("config has shared experts but the weight source has none");
+    const w1 = dequantizeToF64(w.w1);
+    const w2 = dequantizeToF64(w.w2);
+    for (let t = 0; t < tokens; t++) {
+      const y = idealMlpRow(config, w1, w2, sharedIntermediate(config), xs[t]);
+      for (let n = 0; n < hidden; n++) out[t * hidden + n] += y[n];
+    }
+    options.onProgress?.(++done, total);
+  }
+  return out;
+}
