@@ -1,0 +1,247 @@
+/**
+ * Dense, contiguous device tensors: a device allocation with a dtype and a shape.
+ *
+ * Shape/dtype/host-array checks are pure functions (testable without a GPU). A tensor must be released
+ * with `dispose()`; one that is garbage-collected without it triggers a one-line warning naming its
+ * dtype, shape and allocation site. Its memory is then deliberately leaked, not freed: a CUDA graph or
+ * queued kernel may still use the address, and freeing under it would corrupt silently.
+ */
+
+import { type Device, disposeSymbol, type Stream } from "./driver.js";
+
+/** Element types a tensor may hold. fp8 and bf16 are raw bits on the host. */
+export type DType = "fp8_e4m3" | "bf16" | "fp32" | "int32" | "int64" | "uint8";
+
+/** Every dtype, in a stable order. */
+export const DTYPES: readonly DType[] = ["fp8_e4m3", "bf16", "fp32", "int32", "int64", "uint8"];
+
+/** Bytes per element. */
+export const DTYPE_BYTES: Readonly<Record<DType, number>> = {
+  fp8_e4m3: 1,
+  bf16: 2,
+  fp32: 4,
+  int32: 4,
+  int64: 8,
+  uint8: 1,
+};
+
+/** The host typed array holding a dtype's values (fp8 as bytes, bf16 as 16-bit bit patterns). */
+export interface HostArrayOf {
+  fp8_e4m3: Uint8Array;
+  bf16: Uint16Array;
+  fp32: Float32Array;
+  int32: Int32Array;
+  int64: BigInt64Array;
+  uint8: Uint8Array;
+}
+/** Host array type for dtype `D`. */
+export type HostArray<D extends DType> = HostArrayOf[D];
+
+const HOST_ARRAY_CTORS = {
+  fp8_e4m3: Uint8Array,
+  bf16: Uint16Array,
+  fp32: Float32Array,
+  int32: Int32Array,
+  int64: BigInt64Array,
+  uint8: Uint8Array,
+} as const;
+
+/** Whether a string is a known dtype. */
+export function isDType(x: string): x is DType {
+  return (DTYPES as readonly string[]).includes(x);
+}
+
+/** Validate a shape (non-negative safe integers) and return its element count. */
+export function elementCount(shape: readonly number[]): number {
+  let n = 1;
+  for (let i = 0; i < shape.length; i++) {
+    const d = shape[i]!;
+    if (!Number.isSafeInteger(d) || d < 0) {
+      throw new RangeError(`shape [${shape.join(", ")}]: dimension ${i} is ${d}, not a non-negative integer`);
+    }
+    n *= d;
+  }
+  if (!Number.isSafeInteger(n)) throw new RangeError(`shape [${shape.join(", ")}] has too many elements`);
+  return n;
+}
+
+/** Row-major strides (in elements) of a contiguous tensor. */
+export function contiguousStrides(shape: readonly number[]): number[] {
+  const strides = new Array<number>(shape.length);
+  let s = 1;
+  for (let i = shape.length - 1; i >= 0; i--) {
+    strides[i] = s;
+    s *= shape[i]!;
+  }
+  return strides;
+}
+
+/** Total bytes of a contiguous tensor. */
+export function tensorBytes(dtype: DType, shape: readonly number[]): number {
+  if (!isDType(dtype)) throw new TypeError(`unknown dtype "${dtype}" (expected one of ${DTYPES.join(", ")})`);
+  return elementCount(shape) * DTYPE_BYTES[dtype];
+}
+
+/** "bf16[4, 128]" */
+export function describeTensor(dtype: DType, shape: readonly number[]): string {
+  return `${dtype}[${shape.join(", ")}]`;
+}
+
+/**
+ * Check that `data` is the typed array `dtype` uses on the host and holds exactly the shape's element
+ * count; throws a TypeError / RangeError saying what was expected.
+ */
+export function checkHostArray<D extends DType>(
+  dtype: D,
+  shape: readonly number[],
+  data: unknown,
+): asserts data is HostArray<D> {
+  if (!isDType(dtype)) throw new TypeError(`unknown dtype "${dtype}" (expected one of ${DTYPES.join(", ")})`);
+  const ctor = HOST_ARRAY_CTORS[dtype];
+  const n = elementCount(shape);
+  if (!(data instanceof ctor)) {
+    const got = ArrayBuffer.isView(data) ? data.constructor.name : data === null ? "null" : typeof data;
+    throw new TypeError(`${describeTensor(dtype, shape)} needs a ${ctor.name} on the host, got ${got}`);
+  }
+  if (data.length !== n) {
+    throw new RangeError(
+      `${describeTensor(dtype, shape)} has ${n} elements but the ${ctor.name} has ${data.length}`,
+    );
+  }
+}
+
+/** A new zeroed host array for `dtype` with `count` elements. */
+export function allocHostArray<D extends DType>(dtype: D, count: number): HostArray<D> {
+  return new HOST_ARRAY_CTORS[dtype](count) as HostArray<D>;
+}
+
+interface LeakRecord {
+  description: string;
+  bytes: number;
+  site: { stack?: string };
+}
+
+let leakWarnings = 0;
+const leakRegistry = new FinalizationRegistry<LeakRecord>((record) => {
+  leakWarnings++;
+  const where = allocationSite(record.site.stack);
+  process.stderr.write(
+    `megamoe: warning: DeviceTensor ${record.description} (${record.bytes} bytes) was garbage-collected without dispose(); its device memory stays allocated${where ? `; allocated at ${where}` : ""}\n`,
+  );
+});
+
+/** The first stack frame outside this file, from a captured stack. */
+function allocationSite(stack: string | undefined): string | undefined {
+  if (!stack) return undefined;
+  for (const line of stack.split("\n").slice(1)) {
+    const frame = line.trim().replace(/^at /, "");
+    if (!frame.includes("/cuda/tensor.")) return frame;
+  }
+  return undefined;
+}
+
+/** Number of leak warnings printed so far (for tests). */
+export function tensorLeakWarnings(): number {
+  return leakWarnings;
+}
+
+/** A contiguous device tensor. Create with {@link DeviceTensor.empty} or {@link DeviceTensor.fromHost}; release with `dispose()`. */
+export class DeviceTensor<D extends DType = DType> {
+  readonly device: Device;
+  readonly dtype: D;
+  readonly shape: readonly number[];
+  /** Row-major strides in elements. */
+  readonly strides: readonly number[];
+  readonly numel: number;
+  readonly bytes: number;
+  private address: bigint;
+  private disposed = false;
+
+  private constructor(device: Device, dtype: D, shape: readonly number[]) {
+    this.bytes = tensorBytes(dtype, shape);
+    this.numel = elementCount(shape);
+    this.device = device;
+    this.dtype = dtype;
+    this.shape = Object.freeze([...shape]);
+    this.strides = Object.freeze(contiguousStrides(shape));
+    this.address = device.alloc(this.bytes);
+    const site: { stack?: string } = {};
+    Error.captureStackTrace(site); // formatted lazily by V8, only if a warning needs it
+    leakRegistry.register(this, { description: describeTensor(dtype, shape), bytes: this.bytes, site }, this);
+  }
+
+  /** Uninitialized tensor (use `fill` to poison it when a test must catch unwritten elements). */
+  static empty<D extends DType>(device: Device, dtype: D, shape: readonly number[]): DeviceTensor<D> {
+    return new DeviceTensor(device, dtype, shape);
+  }
+
+  /** Tensor holding a copy of `data` (whose typed-array kind and length must match dtype and shape). */
+  static fromHost<D extends DType>(
+    device: Device,
+    dtype: D,
+    shape: readonly number[],
+    data: HostArray<D>,
+  ): DeviceTensor<D> {
+    checkHostArray(dtype, shape, data);
+    const t = new DeviceTensor(device, dtype, shape);
+    try {
+      t.copyFromHost(data);
+    } catch (e) {
+      t.dispose();
+      throw e;
+    }
+    return t;
+  }
+
+  /** Device address of element 0. Throws after dispose. */
+  get ptr(): bigint {
+    if (this.disposed)
+      throw new Error(`DeviceTensor ${describeTensor(this.dtype, this.shape)} used after dispose()`);
+    return this.address;
+  }
+
+  /** Whether `dispose()` was called. */
+  get isDisposed(): boolean {
+    return this.disposed;
+  }
+
+  /** Overwrite the whole tensor from the host (synchronous without a stream). */
+  copyFromHost(data: HostArray<D>, stream?: Stream | null): void {
+    const ptr = this.ptr;
+    checkHostArray(this.dtype, this.shape, data);
+    if (this.bytes > 0) this.device.copyHtoD(ptr, data, this.bytes, stream);
+  }
+
+  /** Copy to a new host array (synchronous; waits for work queued before it on blocking streams). */
+  toHost(): HostArray<D> {
+    const ptr = this.ptr;
+    const out = allocHostArray(this.dtype, this.numel);
+    if (this.bytes > 0) this.device.copyDtoH(out, ptr, this.bytes);
+    return out;
+  }
+
+  /** Set every byte to `byte` (e.g. 0xff to poison fp8/bf16 outputs with NaNs). */
+  fill(byte: number, stream?: Stream | null): void {
+    const ptr = this.ptr;
+    if (!Number.isInteger(byte) || byte < 0 || byte > 255)
+      throw new RangeError(`fill: ${byte} is not a byte`);
+    if (this.bytes > 0) this.device.memsetD8(ptr, byte, this.bytes, stream);
+  }
+
+  /** Free the device memory. Idempotent. */
+  dispose(): void {
+    if (this.disposed) return;
+    this.disposed = true;
+    leakRegistry.unregister(this);
+    this.device.free(this.address);
+    this.address = 0n;
+  }
+
+  [disposeSymbol](): void {
+    this.dispose();
+  }
+
+  toString(): string {
+    return `DeviceTensor ${describeTensor(this.dtype, this.shape)}${this.disposed ? " (disposed)" : ""}`;
+  }
+}

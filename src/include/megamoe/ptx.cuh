@@ -1,0 +1,70 @@
+// Thin wrappers over PTX instructions that the megamoe kernels share.
+//
+// Everything here is inline PTX on purpose: the rounding and cache behaviour is then fixed by the
+// instruction itself, not by nvcc/NVRTC flags (--use_fast_math, -ftz, --fmad) or by what the
+// compiler chooses to fuse. No CUDA headers are included, so NVRTC needs no include path.
+#pragma once
+
+namespace megamoe {
+
+// ---- IEEE-rounded fp32 arithmetic (no .ftz, never contracted into an FMA) ----
+
+// x * y rounded to nearest even: what Math.fround(x * y) gives on the CPU.
+__device__ __forceinline__ float mul_rn(float x, float y) {
+  float r;
+  asm("mul.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(x), "f"(y));
+  return r;
+}
+
+// x / y correctly rounded (the division the CPU reference does), never the fast approximation.
+__device__ __forceinline__ float div_rn(float x, float y) {
+  float r;
+  asm("div.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(x), "f"(y));
+  return r;
+}
+
+// 1 / x correctly rounded; equal to div_rn(1, x) for every x.
+__device__ __forceinline__ float rcp_rn(float x) {
+  float r;
+  asm("rcp.rn.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
+
+// ---- Global memory ----
+
+struct u32x4 {
+  unsigned int x, y, z, w;
+};
+
+// 16-byte read of data this kernel reads once and never writes: the non-coherent path, without
+// allocating in L1 (streaming input would only evict useful lines there).
+__device__ __forceinline__ u32x4 ld_nc_v4(const void* ptr) {
+  u32x4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(ptr));
+  return v;
+}
+
+// 8-byte store; plain st.global so the result stays in L2 for the kernel that consumes it next.
+__device__ __forceinline__ void st_v2(void* ptr, unsigned int lo, unsigned int hi) {
+  asm volatile("st.global.v2.u32 [%0], {%1, %2};" ::"l"(ptr), "r"(lo), "r"(hi) : "memory");
+}
+
+__device__ __forceinline__ void st_f32(float* ptr, float v) {
+  asm volatile("st.global.f32 [%0], %1;" ::"l"(ptr), "f"(v) : "memory");
+}
+
+// ---- Warp ----
+
+// Max over the 16 lanes of this lane's half-warp (xor offsets below 16 never cross halves).
+// Every lane of the half gets the same value: max is exact, so the order cannot matter.
+__device__ __forceinline__ float half_warp_max(float v) {
+#pragma unroll
+  for (int offset = 8; offset > 0; offset >>= 1) {
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  }
+  return v;
+}
+
+}  // namespace megamoe

@@ -1,0 +1,84 @@
+/**
+ * The machine's ceilings, measured by the project's own kernels: device-copy bandwidth (the floor
+ * of every memory-bound kernel) and the host cost of one launch from Node (the floor of a small
+ * layer run launch by launch).
+ */
+import { compileKernel, type Device, KernelArgs, loadKernel, timeKernel } from "../../cuda/index.js";
+
+export interface Ceilings {
+  /** Device copy, bytes read plus bytes written per second, in TB/s. */
+  copyTbps: number;
+  copyBytes: number;
+  /** Host time of one `cuLaunchKernel` of an empty kernel from Node, in µs (median of batches). */
+  launchUs: number;
+  /** GPU time of one empty kernel in a back-to-back stream, in µs. */
+  emptyKernelUs: number;
+}
+
+function probeKernels(device: Device) {
+  const compiled = compileKernel({ source: "probe/probe.cu" });
+  return {
+    empty: loadKernel(device, compiled, "probe_empty"),
+    copy: loadKernel(device, compiled, "probe_copy"),
+  };
+}
+
+/** Copy bandwidth over `bytes` (default 2 GiB, capped at a quarter of the device's memory). */
+export function measureCopyCeiling(device: Device, bytes = 2 ** 31): { tbps: number; bytes: number } {
+  const size = Math.min(bytes, Math.floor(device.totalMemoryBytes / 4 / 16) * 16);
+  const { copy } = probeKernels(device);
+  const src = device.alloc(size);
+  const dst = device.alloc(size);
+  try {
+    device.memsetD32(src, 0x3c003c00, size / 4, device.nullStream);
+    const vectors = size / 16;
+    const args = new KernelArgs(3).ptr(0, src).ptr(1, dst).u64(2, BigInt(vectors));
+    const grid = device.smCount * 4;
+    const t = timeKernel(device, (s) => copy.launch(grid, 512, 0, s, args), {
+      warmup: 3,
+      iters: 20,
+      l2Flush: false,
+    });
+    return { tbps: (2 * size) / (t.usMedian * 1e-6) / 1e12, bytes: size };
+  } finally {
+    device.free(src);
+    device.free(dst);
+  }
+}
+
+/** Host cost per launch (Node → driver) and GPU time per empty kernel. */
+export function measureLaunchOverhead(
+  device: Device,
+  launches = 2000,
+): { launchUs: number; emptyKernelUs: number } {
+  const { empty } = probeKernels(device);
+  const args = new KernelArgs(0);
+  const stream = device.createStream();
+  try {
+    const batches: number[] = [];
+    for (let b = 0; b < 5; b++) {
+      stream.synchronize();
+      const t0 = performance.now();
+      for (let i = 0; i < launches; i++) empty.launch(1, 32, 0, stream, args);
+      batches.push(((performance.now() - t0) * 1000) / launches);
+    }
+    stream.synchronize();
+    batches.sort((a, b) => a - b);
+    const gpu = timeKernel(
+      device,
+      (s) => {
+        for (let i = 0; i < 100; i++) empty.launch(1, 32, 0, s, args);
+      },
+      { warmup: 2, iters: 10, graph: true, l2Flush: false, stream },
+    );
+    return { launchUs: batches[2], emptyKernelUs: gpu.usMedian / 100 };
+  } finally {
+    stream.destroy();
+  }
+}
+
+export function measureCeilings(device: Device): Ceilings {
+  const copy = measureCopyCeiling(device);
+  const launch = measureLaunchOverhead(device);
+  return { copyTbps: copy.tbps, copyBytes: copy.bytes, ...launch };
+}

@@ -1,0 +1,478 @@
+/**
+ * CPU reference of the gate (router): logits, scores, group-limited top-k and the routing weights.
+ *
+ * The rules (accumulation order, score formulas, tie breaking, epsilon) are written down in
+ * docs/router.md; this file implements exactly those rules so a GPU router can be checked against it.
+ */
+
+import { type MoEConfig, type ScoringFunction, validateConfig } from "../config/config.js";
+import { f32FromBf16Array } from "../numerics/bf16.js";
+
+const fround = Math.fround;
+
+/** Added to the sum of the chosen weights before renormalizing (DeepSeek-V3's constant); see docs/router.md. */
+export const RENORMALIZE_EPSILON = 1e-20;
+/** Above this logit softplus(l) is taken as l (PyTorch's softplus threshold). */
+export const SOFTPLUS_THRESHOLD = 20;
+
+export class RouterError extends Error {
+  override name = "RouterError";
+}
+
+export interface Gate {
+  /** bf16 bits, [numExperts, hidden] row-major. */
+  weight: Uint16Array;
+  /** Per-expert correction bias, used for selection only; null when the config has none. */
+  bias: Float32Array | null;
+}
+
+export interface RouteOptions {
+  /** [tokens]; 0 marks a masked (padding) token: its k ids are −1 and its weights 0. */
+  tokenMask?: Uint8Array;
+}
+
+export interface Routing {
+  /** [tokens, topK] expert ids in descending selection-score order; −1 for masked tokens. */
+  ids: Int32Array;
+  /** [tokens, topK] fp32 routing weights; 0 for masked tokens. */
+  weights: Float32Array;
+}
+
+export interface RouteResult extends Routing {
+  /** [tokens, numExperts] fp32 gate logits; rows of masked tokens are 0 (their x is never read). */
+  logits: Float32Array;
+}
+
+function requireLength(name: string, array: ArrayLike<number>, expected: number, shape: string): void {
+  if (array.length !== expected) {
+    throw new RouterError(`${name} has ${array.length} elements, expected ${expected} (${shape})`);
+  }
+}
+
+function requireCount(name: string, value: number): void {
+  if (!Number.isInteger(value) || value < 0) {
+    throw new RouterError(`${name} must be a non-negative integer, got ${value}`);
+  }
+}
+
+/** bf16 is non-finite when its 8 exponent bits are all ones (inf or NaN). */
+function isBf16NonFinite(bits: number): boolean {
+  return (bits & 0x7f80) === 0x7f80;
+}
+
+function hex16(bits: number): string {
+  return `0x${bits.toString(16).padStart(4, "0")}`;
+}
+
+function checkTokenMask(tokenMask: Uint8Array | undefined, tokens: number): void {
+  if (tokenMask !== undefined) requireLength("tokenMask", tokenMask, tokens, `[tokens=${tokens}]`);
+}
+
+function isActive(tokenMask: Uint8Array | undefined, t: number): boolean {
+  return tokenMask === undefined || tokenMask[t] !== 0;
+}
+
+/**
+ * logits[t, e] = Σ_h x[t, h] · w[e, h].
+ *
+ * Each bf16×bf16 product is exact (8-bit significands give a 16-bit product, which fits fp32 and
+ * double); the products are summed in double in increasing h starting from 0, and the sum is rounded
+ * once to fp32. Rows of masked tokens are not read (they may hold anything) and come out as 0.
+ */
+export function gateLogits(
+  x: Uint16Array,
+  weight: Uint16Array,
+  tokens: number,
+  hidden: number,
+  numExperts: number,
+  opts: RouteOptions = {},
+): Float32Array {
+  requireCount("tokens", tokens);
+  requireCount("hidden", hidden);
+  requireCount("numExperts", numExperts);
+  requireLength("x", x, tokens * hidden, `[tokens=${tokens}, hidden=${hidden}]`);
+  requireLength("gate.weight", weight, numExperts * hidden, `[numExperts=${numExperts}, hidden=${hidden}]`);
+  const { tokenMask } = opts;
+  checkTokenMask(tokenMask, tokens);
+  for (let i = 0; i < weight.length; i++) {
+    if (isBf16NonFinite(weight[i])) {
+      const e = Math.floor(i / hidden);
+      throw new RouterError(
+        `gate.weight[${e}, ${i - e * hidden}] is not finite (bf16 bits ${hex16(weight[i])})`,
+      );
+    }
+  }
+  for (let t = 0; t < tokens; t++) {
+    if (!isActive(tokenMask, t)) continue;
+    for (let h = 0; h < hidden; h++) {
+      const bits = x[t * hidden + h];
+      if (isBf16NonFinite(bits)) {
+        throw new RouterError(`x[${t}, ${h}] is not finite (bf16 bits ${hex16(bits)})`);
+      }
+    }
+  }
+  const xf = f32FromBf16Array(x);
+  const wf = f32FromBf16Array(weight);
+  const logits = new Float32Array(tokens * numExperts);
+  for (let t = 0; t < tokens; t++) {
+    if (!isActive(tokenMask, t)) continue;
+    const xRow = t * hidden;
+    for (let e = 0; e < numExperts; e++) {
+      const wRow = e * hidden;
+      let sum = 0; // double: exact products, one rounding to fp32 at the end
+      for (let h = 0; h < hidden; h++) sum += xf[xRow + h] * wf[wRow + h];
+      logits[t * numExperts + e] = sum;
+    }
+  }
+  return logits;
+}
+
+/** sigmoid(l) = 1 / (1 + exp(−l)), in double. */
+export function sigmoid(l: number): number {
+  return 1 / (1 + Math.exp(-l));
+}
+
+/** softplus(l) = log1p(exp(l)), taken as l above SOFTPLUS_THRESHOLD so exp cannot overflow. */
+export function softplus(l: number): number {
+  return l > SOFTPLUS_THRESHOLD ? l : Math.log1p(Math.exp(l));
+}
+
+/** sqrtsoftplus(l) = sqrt(softplus(l)), in double. */
+export function sqrtSoftplus(l: number): number {
+  return Math.sqrt(softplus(l));
+}
+
+/**
+ * Scores [tokens, numExperts] from fp32 logits, computed in double and rounded once to fp32.
+ * Softmax subtracts the row maximum and sums the exponentials in increasing expert order.
+ * Rows of masked tokens are 0.
+ */
+export function scoreLogits(
+  logits: Float32Array,
+  tokens: number,
+  numExperts: number,
+  scoring: ScoringFunction,
+  opts: RouteOptions = {},
+): Float32Array {
+  requireCount("tokens", tokens);
+  requireCount("numExperts", numExperts);
+  requireLength("logits", logits, tokens * numExperts, `[tokens=${tokens}, numExperts=${numExperts}]`);
+  const { tokenMask } = opts;
+  checkTokenMask(tokenMask, tokens);
+  const scores = new Float32Array(tokens * numExperts);
+  for (let t = 0; t < tokens; t++) {
+    if (!isActive(tokenMask, t)) continue;
+    const row = t * numExperts;
+    for (let e = 0; e < numExperts; e++) {
+      if (!Number.isFinite(logits[row + e])) {
+        // An fp32 overflow of the gate GEMM: softmax would turn it into NaN, so refuse it here.
+        throw new RouterError(`logits[${t}, ${e}] is not finite (${logits[row + e]})`);
+      }
+    }
+    switch (scoring) {
+      case "sigmoid":
+        for (let e = 0; e < numExperts; e++) scores[row + e] = sigmoid(logits[row + e]);
+        break;
+      case "sqrtsoftplus":
+        for (let e = 0; e < numExperts; e++) scores[row + e] = sqrtSoftplus(logits[row + e]);
+        break;
+      case "softmax": {
+        let max = -Infinity;
+        for (let e = 0; e < numExperts; e++) max = Math.max(max, logits[row + e]);
+        let sum = 0;
+        for (let e = 0; e < numExperts; e++) sum += Math.exp(logits[row + e] - max);
+        for (let e = 0; e < numExperts; e++) scores[row + e] = Math.exp(logits[row + e] - max) / sum;
+        break;
+      }
+      default:
+        throw new RouterError(`unknown scoring function ${String(scoring)}`);
+    }
+  }
+  return scores;
+}
+
+/** The fixed order of candidates: higher value first, then the lower index. */
+function ranksBefore(valueA: number, indexA: number, valueB: number, indexB: number): boolean {
+  return valueA > valueB || (valueA === valueB && indexA < indexB);
+}
+
+/**
+ * Keeps the best `count` candidates of `values[0..n)` where `allowed(i)`, in rank order, writing their
+ * indices to `out` (length ≥ count) and returning how many were kept. Insertion into a sorted prefix:
+ * the order is total, so the result does not depend on the algorithm.
+ */
+function bestIndices(
+  values: Float64Array,
+  n: number,
+  count: number,
+  out: Int32Array,
+  allowed: (i: number) => boolean,
+): number {
+  let kept = 0;
+  for (let i = 0; i < n; i++) {
+    if (!allowed(i)) continue;
+    const v = values[i];
+    if (kept === count && !ranksBefore(v, i, values[out[kept - 1]], out[kept - 1])) continue;
+    let slot = kept < count ? kept++ : count - 1;
+    while (slot > 0 && ranksBefore(v, i, values[out[slot - 1]], out[slot - 1])) {
+      out[slot] = out[slot - 1];
+      slot--;
+    }
+    out[slot] = i;
+  }
+  return kept;
+}
+
+/**
+ * Chooses topK experts per token from fp32 scores [tokens, numExperts] and computes their weights.
+ *
+ * Selection score = fround(score + bias[e]) with a bias, else the score. With nGroup > 1 the experts
+ * form nGroup contiguous groups; a group's score is fround(top1 + top2) of its selection scores (the
+ * single score when groups hold one expert); the topkGroup best groups are kept and the experts of the
+ * other groups cannot be chosen. Ties: higher value first, then the lower index (experts and groups).
+ * Weights are the unbiased scores of the chosen experts, renormalized over the k (w / (Σw + 1e-20))
+ * when config.router.renormalize, times routedScalingFactor, computed in double and rounded to fp32.
+ */
+export function selectTopK(
+  scores: Float32Array,
+  bias: Float32Array | null,
+  tokens: number,
+  config: MoEConfig,
+  opts: RouteOptions = {},
+): Routing {
+  validateConfig(config);
+  const { numExperts, topK } = config;
+  const { nGroup, topkGroup, renormalize, routedScalingFactor } = config.router;
+  requireCount("tokens", tokens);
+  requireLength("scores", scores, tokens * numExperts, `[tokens=${tokens}, numExperts=${numExperts}]`);
+  if (bias !== null) checkBias(bias, numExperts);
+  const { tokenMask } = opts;
+  checkTokenMask(tokenMask, tokens);
+
+  const groupSize = numExperts / nGroup;
+  const ids = new Int32Array(tokens * topK);
+  const weights = new Float32Array(tokens * topK);
+  const selection = new Float64Array(numExperts);
+  const groupScores = new Float64Array(nGroup);
+  const keptGroups = new Int32Array(topkGroup);
+  const groupKept = new Uint8Array(nGroup);
+  const chosen = new Int32Array(topK);
+  const expertAllowed = (e: number): boolean => groupKept[Math.floor(e / groupSize)] === 1;
+  const anyExpert = (_e: number): boolean => true;
+
+  for (let t = 0; t < tokens; t++) {
+    const out = t * topK;
+    if (!isActive(tokenMask, t)) {
+      ids.fill(-1, out, out + topK);
+      continue;
+    }
+    const row = t * numExperts;
+    for (let e = 0; e < numExperts; e++) {
+      const s = scores[row + e];
+      if (!Number.isFinite(s)) throw new RouterError(`scores[${t}, ${e}] is not finite (${s})`);
+      selection[e] = bias === null ? s : fround(s + bias[e]);
+    }
+
+    let allowed = anyExpert;
+    if (nGroup > 1) {
+      for (let g = 0; g < nGroup; g++) {
+        let top1 = -Infinity;
+        let top2 = -Infinity;
+        for (let e = g * groupSize; e < (g + 1) * groupSize; e++) {
+          const v = selection[e];
+          if (v > top1) {
+            top2 = top1;
+            top1 = v;
+          } else if (v > top2) {
+            top2 = v;
+          }
+        }
+        groupScores[g] = groupSize === 1 ? top1 : fround(top1 + top2);
+      }
+      bestIndices(groupScores, nGroup, topkGroup, keptGroups, anyExpert);
+      groupKept.fill(0);
+      for (const g of keptGroups) groupKept[g] = 1;
+      allowed = expertAllowed;
+    }
+    bestIndices(selection, numExperts, topK, chosen, allowed);
+
+    let sum = 0;
+    if (renormalize) for (let j = 0; j < topK; j++) sum += scores[row + chosen[j]];
+    for (let j = 0; j < topK; j++) {
+      const s = scores[row + chosen[j]];
+      ids[out + j] = chosen[j];
+      weights[out + j] = renormalize
+        ? (s / (sum + RENORMALIZE_EPSILON)) * routedScalingFactor
+        : s * routedScalingFactor;
+    }
+  }
+  return { ids, weights };
+}
+
+function checkBias(bias: Float32Array, numExperts: number): void {
+  requireLength("gate.bias", bias, numExperts, `[numExperts=${numExperts}]`);
+  for (let e = 0; e < numExperts; e++) {
+    if (!Number.isFinite(bias[e])) throw new RouterError(`gate.bias[${e}] is not finite (${bias[e]})`);
+  }
+}
+
+/**
+ * The whole router: x bf16 bits [tokens, hidden] → ids and weights [tokens, topK] and the logits.
+ * The gate must carry a bias exactly when config.router.correctionBias is set.
+ */
+export function routeTokens(
+  x: Uint16Array,
+  tokens: number,
+  gate: Gate,
+  config: MoEConfig,
+  opts: RouteOptions = {},
+): RouteResult {
+  validateConfig(config);
+  const { numExperts, hidden } = config;
+  if (config.router.correctionBias && gate.bias === null) {
+    throw new RouterError("config.router.correctionBias is set but gate.bias is null");
+  }
+  if (!config.router.correctionBias && gate.bias !== null) {
+    throw new RouterError("gate.bias is given but config.router.correctionBias is false");
+  }
+  if (gate.bias !== null) checkBias(gate.bias, numExperts);
+  const logits = gateLogits(x, gate.weight, tokens, hidden, numExperts, opts);
+  const scores = scoreLogits(logits, tokens, numExperts, config.router.scoring, opts);
+  return { ...selectTopK(scores, gate.bias, tokens, config, opts), logits };
+}
+
+/**
+ * Checks routing handed to the layer: lengths [tokens, topK], ids integers in [−1, numExperts), no
+ * expert twice in a token's row (−1 may repeat), finite weights. Throws RouterError naming token and slot.
+ */
+export function validateRouting(
+  ids: Int32Array,
+  weights: Float32Array,
+  tokens: number,
+  config: MoEConfig,
+): void {
+  validateConfig(config);
+  const { numExperts, topK } = config;
+  requireCount("tokens", tokens);
+  requireLength("ids", ids, tokens * topK, `[tokens=${tokens}, topK=${topK}]`);
+  requireLength("weights", weights, tokens * topK, `[tokens=${tokens}, topK=${topK}]`);
+  for (let t = 0; t < tokens; t++) {
+    for (let j = 0; j < topK; j++) {
+      const id = ids[t * topK + j];
+      if (id < -1 || id >= numExperts) {
+        throw new RouterError(`token ${t} slot ${j}: expert id ${id} is outside [-1, ${numExperts})`);
+      }
+      for (let i = 0; i < j && id !== -1; i++) {
+        if (ids[t * topK + i] === id) {
+          throw new RouterError(`token ${t} slot ${j}: expert ${id} already chosen in slot ${i}`);
+        }
+      }
+      const w = weights[t * topK + j];
+      if (!Number.isFinite(w)) throw new RouterError(`token ${t} slot ${j}: weight ${w} is not finite`);
+    }
+  }
+}
+
+/** mulberry32: a small seeded PRNG giving floats in [0, 1). */
+function mulberry32(seed: number): () => number {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let r = Math.imul(a ^ (a >>> 15), 1 | a);
+    r = (r + Math.imul(r ^ (r >>> 7), 61 | r)) ^ r;
+    return ((r ^ (r >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+export interface RandomRoutingOptions {
+  /** Every active token routes to this expert (in addition to k − 1 random others). */
+  hotExpert?: number;
+  /** Experts that no token routes to. */
+  emptyExperts?: number[];
+  /** Tokens whose ids are all −1 and weights 0. */
+  maskedTokens?: number[];
+}
+
+function checkExpertId(name: string, id: number, numExperts: number): void {
+  if (!Number.isInteger(id) || id < 0 || id >= numExperts) {
+    throw new RouterError(`${name} ${id} is outside [0, ${numExperts})`);
+  }
+}
+
+/**
+ * Valid random routing for benchmarks and edge cases (it ignores group limits): per active token k
+ * distinct ids, weights drawn in [0.5, 1.5), normalized to sum to routedScalingFactor (up to fp32
+ * rounding), slots ordered by weight descending then id ascending like the router's output.
+ */
+export function randomRouting(
+  seed: number,
+  tokens: number,
+  config: MoEConfig,
+  opts: RandomRoutingOptions = {},
+): Routing {
+  validateConfig(config);
+  if (!Number.isInteger(seed)) throw new RouterError(`seed must be an integer, got ${seed}`);
+  const { numExperts, topK } = config;
+  const scale = config.router.routedScalingFactor;
+  requireCount("tokens", tokens);
+  const empty = new Set<number>();
+  for (const e of opts.emptyExperts ?? []) {
+    checkExpertId("emptyExperts entry", e, numExperts);
+    empty.add(e);
+  }
+  const hot = opts.hotExpert;
+  if (hot !== undefined) {
+    checkExpertId("hotExpert", hot, numExperts);
+    if (empty.has(hot)) throw new RouterError(`hotExpert ${hot} is also listed in emptyExperts`);
+  }
+  const masked = new Uint8Array(tokens);
+  for (const t of opts.maskedTokens ?? []) {
+    if (!Number.isInteger(t) || t < 0 || t >= tokens) {
+      throw new RouterError(`maskedTokens entry ${t} is outside [0, ${tokens})`);
+    }
+    masked[t] = 1;
+  }
+  // The random draws come from `pool`; the hot expert, when given, is placed in slot 0 before drawing.
+  const pool: number[] = [];
+  for (let e = 0; e < numExperts; e++) if (!empty.has(e) && e !== hot) pool.push(e);
+  const drawn = hot === undefined ? topK : topK - 1;
+  if (pool.length < drawn) {
+    throw new RouterError(
+      `only ${pool.length + (hot === undefined ? 0 : 1)} experts can receive tokens, fewer than topK (${topK})`,
+    );
+  }
+
+  const random = mulberry32(seed);
+  const ids = new Int32Array(tokens * topK);
+  const weights = new Float32Array(tokens * topK);
+  const slotIds = new Array<number>(topK);
+  const raw = new Array<number>(topK);
+  const order = new Array<number>(topK);
+  for (let t = 0; t < tokens; t++) {
+    const out = t * topK;
+    if (masked[t] === 1) {
+      ids.fill(-1, out, out + topK);
+      continue;
+    }
+    let slot = 0;
+    if (hot !== undefined) slotIds[slot++] = hot;
+    // Partial Fisher–Yates over the pool: uniform distinct draws from any starting arrangement.
+    for (let i = 0; i < drawn; i++) {
+      const j = i + Math.floor(random() * (pool.length - i));
+      [pool[i], pool[j]] = [pool[j], pool[i]];
+      slotIds[slot++] = pool[i];
+    }
+    let sum = 0;
+    for (let j = 0; j < topK; j++) {
+      raw[j] = 0.5 + random();
+      sum += raw[j];
+      order[j] = j;
+    }
+    order.sort((a, b) => raw[b] - raw[a] || slotIds[a] - slotIds[b]);
+    for (let j = 0; j < topK; j++) {
+      ids[out + j] = slotIds[order[j]];
+      weights[out + j] = (raw[order[j]] / sum) * scale;
+    }
+  }
+  return { ids, weights };
+}

@@ -1,0 +1,271 @@
+/**
+ * Seeded random MoE weights and activations, made from the counter-based hash (counter-rng.ts).
+ *
+ * Every value depends only on (seed, tensor name, element index), so one expert made alone equals the
+ * same expert made in a full run, and a CUDA kernel can make the same weights on the device. Experts are
+ * made lazily and only a few are cached: a flash-shaped layer (6.4 GB of FP8) never exists in memory at
+ * once. docs/weights.md gives the exact recipe.
+ */
+import { type MoEConfig, QUANT_BLOCK, sharedIntermediate, validateConfig } from "../config/config.js";
+import { bf16FromF32Array } from "../numerics/bf16.js";
+import { quantizeWeightBlocks } from "../numerics/quant.js";
+import { fillHash32, fillUniform, hash32, tensorKey } from "./counter-rng.js";
+import type { BlockQuantized, ExpertWeights, GateWeights, MoEWeightSource } from "./types.js";
+
+/**
+ * Per-block magnitude factors 2^−1, 2^0, 2^1 are equally likely, so E[factor²] = (1/4 + 1 + 4)/3 = 7/4;
+ * the base scale divides it out to keep the matrix std at 1/sqrt(fanIn). uniformSym has variance 1/3.
+ */
+const BLOCK_FACTOR_MEAN_SQUARE = 7 / 4;
+/** Correction-bias magnitude: small against sigmoid-like scores in (0, 1), as trained biases are. */
+export const GATE_BIAS_SCALE = 2 ** -4;
+
+/** Hash-stream names of the generated tensors (they are the generator's keys, not checkpoint names). */
+export const generatorNames = {
+  expertW1: (e: number) => `experts.${e}.w1`,
+  expertW2: (e: number) => `experts.${e}.w2`,
+  sharedW1: "shared_experts.w1",
+  sharedW2: "shared_experts.w2",
+  gateWeight: "gate.weight",
+  gateBias: "gate.bias",
+  /** Stream of the per-block exponent of the named matrix. */
+  blockExponent: (matrix: string) => `${matrix}.block_exp`,
+  input: "input",
+  inputTokenScale: "input.token_scale",
+} as const;
+
+/** fp32 base scale of a block-scaled matrix: sqrt(3 / (7/4 · fanIn)), computed in double, rounded once. */
+export function matrixBaseScale(fanIn: number): number {
+  return Math.fround(Math.sqrt(3 / (BLOCK_FACTOR_MEAN_SQUARE * fanIn)));
+}
+
+/** Exponent in {−1, 0, 1} of the magnitude factor of block `blockIndex` (row-major over blocks). */
+export function blockExponent(seed: number, matrixName: string, blockIndex: number): number {
+  return (hash32(seed, tensorKey(generatorNames.blockExponent(matrixName)), blockIndex) % 3) - 1;
+}
+
+function checkSeed(seed: number): void {
+  if (!Number.isSafeInteger(seed)) throw new RangeError(`seed must be a safe integer, got ${seed}`);
+}
+
+/**
+ * The fp32 matrix [rows, cols] named `name` before quantization: element (r, c) is
+ * fround(uniformSym(seed, key(name), r·cols + c) · blockScale(r/128, c/128)), where
+ * blockScale = base · 2^blockExponent (exact). Written into `out` when given (it must hold rows·cols).
+ */
+export function generateMatrix(
+  seed: number,
+  name: string,
+  rows: number,
+  cols: number,
+  fanIn: number,
+  out?: Float32Array,
+): Float32Array {
+  checkSeed(seed);
+  if (rows % QUANT_BLOCK !== 0 || cols % QUANT_BLOCK !== 0 || rows <= 0 || cols <= 0) {
+    throw new RangeError(
+      `${name}: rows and cols must be positive multiples of ${QUANT_BLOCK}, got ${rows}×${cols}`,
+    );
+  }
+  if (rows * cols > 2 ** 32)
+    throw new RangeError(`${name}: ${rows}×${cols} elements exceed 2^32 hash indices`);
+  const w = out === undefined ? new Float32Array(rows * cols) : out.subarray(0, rows * cols);
+  if (w.length !== rows * cols)
+    throw new RangeError(`${name}: scratch holds ${w.length} < ${rows * cols} values`);
+  const key = tensorKey(name);
+  const expKey = tensorKey(generatorNames.blockExponent(name));
+  const base = matrixBaseScale(fanIn);
+  const blockCols = cols / QUANT_BLOCK;
+  const rowScales = new Float32Array(blockCols);
+  for (let r = 0; r < rows; r++) {
+    if (r % QUANT_BLOCK === 0) {
+      const br = r / QUANT_BLOCK;
+      for (let bc = 0; bc < blockCols; bc++) {
+        const exponent = (hash32(seed, expKey, br * blockCols + bc) % 3) - 1;
+        rowScales[bc] = base * 2 ** exponent;
+      }
+    }
+    const rowStart = r * cols;
+    for (let bc = 0; bc < blockCols; bc++) {
+      const at = rowStart + bc * QUANT_BLOCK;
+      fillUniform(w, seed, key, at, rowScales[bc], at, QUANT_BLOCK);
+    }
+  }
+  return w;
+}
+
+/** The named matrix, generated then block-quantized to FP8 with `quantizeWeightBlocks`. */
+export function generateBlockQuantized(
+  seed: number,
+  name: string,
+  rows: number,
+  cols: number,
+  fanIn: number,
+  scratch?: Float32Array,
+): BlockQuantized {
+  const w = generateMatrix(seed, name, rows, cols, fanIn, scratch);
+  const { q, scales } = quantizeWeightBlocks(w, rows, cols);
+  return { q, scales, rows, cols };
+}
+
+function checkExpertIndex(config: MoEConfig, e: number): void {
+  if (!Number.isInteger(e) || e < 0 || e >= config.numExperts) {
+    throw new RangeError(`expert index must be an integer in [0, ${config.numExperts}), got ${e}`);
+  }
+}
+
+/** Routed expert e: W1 [2I, H] (fan-in H), W2 [H, I] (fan-in I). */
+export function generateExpert(
+  config: MoEConfig,
+  seed: number,
+  e: number,
+  scratch?: Float32Array,
+): ExpertWeights {
+  checkExpertIndex(config, e);
+  const { hidden: h, intermediate: i } = config;
+  return {
+    w1: generateBlockQuantized(seed, generatorNames.expertW1(e), 2 * i, h, h, scratch),
+    w2: generateBlockQuantized(seed, generatorNames.expertW2(e), h, i, i, scratch),
+  };
+}
+
+/** The fused shared experts (intermediate · numShared), or null when numShared is 0. */
+export function generateSharedExpert(
+  config: MoEConfig,
+  seed: number,
+  scratch?: Float32Array,
+): ExpertWeights | null {
+  if (config.numShared === 0) return null;
+  const h = config.hidden;
+  const si = sharedIntermediate(config);
+  return {
+    w1: generateBlockQuantized(seed, generatorNames.sharedW1, 2 * si, h, h, scratch),
+    w2: generateBlockQuantized(seed, generatorNames.sharedW2, h, si, si, scratch),
+  };
+}
+
+/**
+ * Gate weight [E, H]: bf16(fround(uniformSym · sqrt(3/H))) (std 1/sqrt(H), no block factors: the gate is
+ * not block-quantized); bias [E] = fround(uniformSym · 2^−4) when the config has a correction bias.
+ */
+export function generateGate(config: MoEConfig, seed: number): GateWeights {
+  checkSeed(seed);
+  const { numExperts: e, hidden: h } = config;
+  const w = new Float32Array(e * h);
+  fillUniform(w, seed, tensorKey(generatorNames.gateWeight), 0, Math.fround(Math.sqrt(3 / h)));
+  let bias: Float32Array | null = null;
+  if (config.router.correctionBias) {
+    bias = new Float32Array(e);
+    fillUniform(bias, seed, tensorKey(generatorNames.gateBias), 0, GATE_BIAS_SCALE);
+  }
+  return { weight: bf16FromF32Array(w), bias };
+}
+
+export interface GeneratedWeightsOptions {
+  /** Routed experts kept in memory, least recently used evicted first (default 4). */
+  cachedExperts?: number;
+}
+
+/** Seeded weights for a config, made on demand; see docs/weights.md. */
+export class GeneratedWeights implements MoEWeightSource {
+  readonly config: MoEConfig;
+  readonly seed: number;
+  private readonly cachedExperts: number;
+  /** Insertion order is recency order: a hit is moved to the end, the first key is evicted. */
+  private readonly experts = new Map<number, ExpertWeights>();
+  private sharedWeights: ExpertWeights | null | undefined;
+  private gateWeights: GateWeights | undefined;
+  /** One fp32 buffer reused for every matrix before quantization, to spare the GC 100 MB per expert. */
+  private scratch: Float32Array | undefined;
+
+  constructor(config: MoEConfig, seed: number, opts: GeneratedWeightsOptions = {}) {
+    this.config = validateConfig(config);
+    checkSeed(seed);
+    this.seed = seed;
+    this.cachedExperts = opts.cachedExperts ?? 4;
+    if (!Number.isInteger(this.cachedExperts) || this.cachedExperts < 1) {
+      throw new RangeError(`cachedExperts must be a positive integer, got ${this.cachedExperts}`);
+    }
+  }
+
+  expert(e: number): ExpertWeights {
+    checkExpertIndex(this.config, e);
+    const hit = this.experts.get(e);
+    if (hit !== undefined) {
+      this.experts.delete(e);
+      this.experts.set(e, hit);
+      return hit;
+    }
+    const made = generateExpert(this.config, this.seed, e, this.scratchFor(this.config.intermediate));
+    this.experts.set(e, made);
+    if (this.experts.size > this.cachedExperts) {
+      const oldest = this.experts.keys().next().value;
+      if (oldest !== undefined) this.experts.delete(oldest);
+    }
+    return made;
+  }
+
+  shared(): ExpertWeights | null {
+    if (this.sharedWeights === undefined) {
+      const si = sharedIntermediate(this.config);
+      this.sharedWeights =
+        si === 0 ? null : generateSharedExpert(this.config, this.seed, this.scratchFor(si));
+    }
+    return this.sharedWeights;
+  }
+
+  gate(): GateWeights {
+    this.gateWeights ??= generateGate(this.config, this.seed);
+    return this.gateWeights;
+  }
+
+  /** The scratch buffer, grown to hold W1 of an MLP with this intermediate size (W1 ≥ W2 in size). */
+  private scratchFor(intermediate: number): Float32Array {
+    const need = 2 * intermediate * this.config.hidden;
+    if (this.scratch === undefined || this.scratch.length < need) this.scratch = new Float32Array(need);
+    return this.scratch;
+  }
+}
+
+/** Token scale factors, chosen by the top two bits of the token's hash: per-token norm variety. */
+const TOKEN_SCALES = [0.25, 0.5, 1, 2] as const;
+/** An element whose hash has low byte 0 (1 in 256) is an outlier, 8× larger. */
+const OUTLIER_FACTOR = 8;
+/**
+ * fp32 base of the activations: sqrt(3 / (E[ts²] · E[o²])) with E[ts²] = 85/64 and
+ * E[o²] = 1 + 63/256 = 319/256, so the overall std is ≈ 1.
+ */
+export const ACTIVATION_BASE = Math.fround(Math.sqrt(3 / ((85 / 64) * (319 / 256))));
+
+/**
+ * Activations x [tokens, hidden] as bf16 bits: std ≈ 1, a per-token scale in {1/4, 1/2, 1, 2} and about
+ * one outlier (8×) per 256 channels, as real hidden states have. Element (t, c) with h = hash32(seed,
+ * key("input"), t·hidden + c) is bf16(fround(((h >>> 8) − 2^23) · 2^−23 · s_t · (h & 0xFF ? 1 : 8))),
+ * s_t = fround(ACTIVATION_BASE · TOKEN_SCALES[hash32(seed, key("input.token_scale"), t) >>> 30]).
+ */
+export function generateActivations(seed: number, tokens: number, hidden: number): Uint16Array {
+  checkSeed(seed);
+  if (!Number.isInteger(tokens) || tokens < 0 || !Number.isInteger(hidden) || hidden <= 0) {
+    throw new RangeError(`tokens and hidden must be non-negative integers, got ${tokens} and ${hidden}`);
+  }
+  if (tokens * hidden > 2 ** 32)
+    throw new RangeError(`tokens·hidden = ${tokens * hidden} exceeds 2^32 indices`);
+  const key = tensorKey(generatorNames.input);
+  const tokenKey = tensorKey(generatorNames.inputTokenScale);
+  const hashes = new Uint32Array(hidden);
+  const row = new Float32Array(hidden);
+  const out = new Uint16Array(tokens * hidden);
+  for (let t = 0; t < tokens; t++) {
+    const s = ACTIVATION_BASE * TOKEN_SCALES[hash32(seed, tokenKey, t) >>> 30];
+    // Both factors are exact powers of two times an fp32, so each step is exact (no extra rounding).
+    const step = s * 2 ** -23;
+    const outlierStep = step * OUTLIER_FACTOR;
+    fillHash32(hashes, seed, key, t * hidden);
+    for (let c = 0; c < hidden; c++) {
+      const h = hashes[c];
+      row[c] = ((h >>> 8) - 8388608) * ((h & 0xff) === 0 ? outlierStep : step);
+    }
+    out.set(bf16FromF32Array(row), t * hidden);
+  }
+  return out;
+}
