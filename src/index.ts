@@ -1,1 +1,67 @@
-export const VERSION = "0.1.0";
+/**
+ * megamoe: the MoE layer of DeepSeek-V4-class models in FP8.
+ *
+ * The public API: configs, the layer object, the CPU reference that defines the numerics, weights
+ * (generated or from safetensors), the codecs, and the CUDA layer for those who launch kernels.
+ */
+
+export {
+  ConfigError,
+  type MoEConfig,
+  PRESETS,
+  presetNames,
+  QUANT_BLOCK,
+  type RouterConfig,
+  resolveConfig,
+  type ScaleFormat,
+  type ScoringFunction,
+  sharedIntermediate,
+  validateConfig,
+} from "./config/config.js";
+export * as cuda from "./cuda/index.js";
+export { quantizeOnDevice } from "./kernels/quant/quant.js";
+export {
+  type Backend,
+  type ForwardOptions,
+  type ForwardResult,
+  InputError,
+  MoELayer,
+  validateInput,
+} from "./layer.js";
+export {
+  bf16BitsToF32,
+  bf16FromF32Array,
+  f32FromBf16Array,
+  f32ToBf16Bits,
+  roundToBf16,
+} from "./numerics/bf16.js";
+export {
+  decodeE4m3,
+  decodeE5m2,
+  E4M3_DECODE,
+  E5M2_DECODE,
+  encodeE4m3,
+  encodeE5m2,
+  FP8_E4M3_MAX,
+  FP8_E5M2_MAX,
+} from "./numerics/fp8.js";
+export {
+  dequantizeActivations,
+  dequantizeWeightBlocks,
+  quantizeActivations,
+  quantizeWeightBlocks,
+} from "./numerics/quant.js";
+export { calcDiff, checksum, l2Norm, relativeError } from "./reference/metrics.js";
+export { groupByExpert, idealMoE, type ReferenceOptions, referenceMoE } from "./reference/moe.js";
+export {
+  type Gate,
+  gateLogits,
+  RouterError,
+  type Routing,
+  randomRouting,
+  routeTokens,
+  validateRouting,
+} from "./reference/router.js";
+export { GeneratedWeights, generateActivations } from "./weights/generate.js";
+export { loadMoEWeights, SafetensorsError, saveMoEWeights } from "./weights/safetensors.js";
+export type { BlockQuantized, ExpertWeights, GateWeights, MoEWeightSource } from "./weights/types.js";

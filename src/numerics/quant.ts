@@ -24,17 +24,19 @@ const scratchF32 = new Float32Array(1);
 const scratchU32 = new Uint32Array(scratchF32.buffer);
 
 /**
- * Smallest power of two ≥ scale (scale a positive finite float32): a nonzero mantissa bumps the exponent
- * and clears the mantissa. The result is exactly representable as UE8M0 (an 8-bit biased exponent).
+ * Rounds a positive finite float32 scale up to a power of two: a nonzero mantissa bumps the exponent field
+ * and clears the mantissa (for a normal scale: the smallest power of two ≥ scale). The result is exactly
+ * representable as UE8M0 (an 8-bit biased exponent).
  */
 export function ue8m0Ceil(scale: number): number {
-  if (!(scale > 0 && scale <= F32_MAX)) {
-    throw new RangeError(`ue8m0Ceil: scale must be positive and finite, got ${scale}`);
-  }
   scratchF32[0] = scale;
+  if (!(scratchF32[0] > 0 && scratchF32[0] <= F32_MAX)) {
+    throw new RangeError(`ue8m0Ceil: scale must be a positive finite float32, got ${scale}`);
+  }
   const bits = scratchU32[0];
   if ((bits & F32_MANTISSA_MASK) === 0) return scratchF32[0];
-  // For a subnormal this gives 2^-126, still the smallest power of two above it.
+  // The literal bit rule: a subnormal becomes 2^-126 (above it, if not the nearest power of two). Scales
+  // from quantization are ≥ fround(1e-10)/448 ≈ 2.2e-13, always normal.
   scratchU32[0] = (bits & F32_EXP_MASK) + 0x00800000;
   const up = scratchF32[0];
   if (up === Number.POSITIVE_INFINITY) throw new RangeError(`ue8m0Ceil: ${scale} rounds up past float32`);

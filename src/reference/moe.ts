@@ -10,13 +10,10 @@ import { bf16BitsToF32, f32ToBf16Bits } from "../numerics/bf16.js";
 import { E4M3_DECODE } from "../numerics/fp8.js";
 import { quantizeActivations, quantizeRow128 } from "../numerics/quant.js";
 import type { BlockQuantized, ExpertWeights, MoEWeightSource } from "../weights/types.js";
+import type { Routing } from "./router.js";
 import { swiglu } from "./swiglu.js";
 
-/** Top-k routing of T tokens: ids [T, k] (−1 = slot not routed) and fp32 weights [T, k]. */
-export interface Routing {
-  ids: Int32Array;
-  weights: Float32Array;
-}
+export type { Routing };
 
 export interface ReferenceOptions {
   /** Include the shared expert(s) (default: when the config has them). */

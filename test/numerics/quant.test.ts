@@ -78,8 +78,8 @@ describe("ue8m0Ceil", () => {
   });
 
   it("rejects non-positive and non-finite scales", () => {
-    for (const bad of [0, -1, Number.NaN, Number.POSITIVE_INFINITY]) {
-      assert.throws(() => ue8m0Ceil(bad), /positive and finite/);
+    for (const bad of [0, -1, Number.NaN, Number.POSITIVE_INFINITY, 1e-50, 1e39]) {
+      assert.throws(() => ue8m0Ceil(bad), /positive finite float32/);
     }
   });
 });

@@ -1,0 +1,79 @@
+import assert from "node:assert/strict";
+import { spawnSync } from "node:child_process";
+import fs from "node:fs";
+import os from "node:os";
+import path from "node:path";
+import { describe, it } from "node:test";
+import { fileURLToPath } from "node:url";
+
+const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../..");
+const main = path.join(root, "src/cli/main.ts");
+
+function megamoe(...args: string[]) {
+  const r = spawnSync(process.execPath, ["--import", "tsx", main, ...args], { cwd: root, encoding: "utf8" });
+  return { code: r.status, stdout: r.stdout, stderr: r.stderr };
+}
+
+describe("megamoe CLI", () => {
+  it("run prints a deterministic JSON summary", () => {
+    const a = megamoe("run", "--shape", "tiny", "--tokens", "5", "--seed", "3", "--json");
+    assert.equal(a.code, 0, a.stderr);
+    const s = JSON.parse(a.stdout);
+    assert.equal(s.shape, "tiny");
+    assert.equal(s.tokens, 5);
+    assert.match(s.checksum, /^[0-9a-f]{8}$/);
+    assert.ok(s.norm > 0);
+    const b = megamoe("run", "--shape", "tiny", "--tokens", "5", "--seed", "3", "--json");
+    assert.equal(JSON.parse(b.stdout).checksum, s.checksum);
+    const c = megamoe("run", "--shape", "tiny", "--tokens", "5", "--seed", "4", "--json");
+    assert.notEqual(JSON.parse(c.stdout).checksum, s.checksum);
+  });
+
+  it("run from saved weights gives the same output as generated weights", () => {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), "megamoe-cli-"));
+    try {
+      const file = path.join(dir, "w.safetensors");
+      const saved = megamoe("run", "--tokens", "4", "--seed", "9", "--save-weights", file, "--json");
+      assert.equal(saved.code, 0, saved.stderr);
+      const loaded = megamoe("run", "--tokens", "4", "--seed", "9", "--weights", file, "--json");
+      const generated = megamoe("run", "--tokens", "4", "--seed", "9", "--json");
+      assert.equal(JSON.parse(loaded.stdout).checksum, JSON.parse(generated.stdout).checksum);
+      assert.equal(JSON.parse(saved.stdout).checksum, JSON.parse(generated.stdout).checksum);
+    } finally {
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+  it("check reports the FP8 error against the FP64 ideal", () => {
+    const r = megamoe("check", "--tokens", "8", "--json");
+    assert.equal(r.code, 0, r.stderr);
+    const c = JSON.parse(r.stdout);
+    assert.ok(c.relError > 0 && c.relError < 0.1, String(c.relError));
+    assert.ok(c.calcDiff > 0 && c.calcDiff < 5e-3, String(c.calcDiff));
+  });
+
+  it("info runs without a GPU and says why there is none", () => {
+    const r = megamoe("info", "--json");
+    assert.equal(r.code, 0, r.stderr);
+    const info = JSON.parse(r.stdout);
+    assert.equal(typeof info.node, "string");
+    if (info.cuda === null) assert.ok(info.cudaUnavailable.length > 0);
+  });
+
+  it("bad arguments fail with a clear message and exit code 1", () => {
+    const cases: [string[], RegExp][] = [
+      [["run", "--shape", "huge"], /unknown shape "huge"/],
+      [["run", "--tokens", "0"], /tokens must be a positive integer/],
+      [["run", "--tokens", "abc"], /tokens must be a positive integer/],
+      [["run", "--routing", "magic"], /--routing must be/],
+      [["run", "--backend", "tpu"], /--backend tpu/],
+      [["run", "--shared", "2"], /must be 0 or 1/],
+      [["run", "--weights", "/nonexistent/w.safetensors"], /w\.safetensors/],
+    ];
+    for (const [args, message] of cases) {
+      const r = megamoe(...args);
+      assert.notEqual(r.code, 0, args.join(" "));
+      assert.match(r.stderr, message, args.join(" "));
+    }
+  });
+});
