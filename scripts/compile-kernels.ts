@@ -13,7 +13,7 @@ import os from "node:os";
 import path from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
 import { promisify } from "node:util";
-import { describeDefines, defineFlags, type KernelVariant } from "../src/kernels/variants.js";
+import { defineFlags, describeDefines, type KernelVariant } from "../src/kernels/variants.js";
 
 const run = promisify(execFile);
 
@@ -73,19 +73,28 @@ async function variantsFor(source: string): Promise<readonly KernelVariant[]> {
   const mod: unknown = await import(pathToFileURL(variantsFile).href);
   const list = (mod as { variants?: unknown }).variants;
   if (!Array.isArray(list) || list.length === 0 || !list.every(isKernelVariant)) {
-    throw new Error(`${path.relative(repoRoot, variantsFile)} must export a non-empty \`variants: KernelVariant[]\``);
+    throw new Error(
+      `${path.relative(repoRoot, variantsFile)} must export a non-empty \`variants: KernelVariant[]\``,
+    );
   }
   return list;
 }
 
 /** Splits ptxas -v output into one report per entry function. */
-export function parsePtxasReport(log: string): FunctionReport[] {
+function parsePtxasReport(log: string): FunctionReport[] {
   const reports: FunctionReport[] = [];
   let current: FunctionReport | undefined;
   for (const line of log.split("\n")) {
     const entry = /Compiling entry function '([^']+)'/.exec(line);
     if (entry) {
-      current = { name: entry[1], registers: 0, stackBytes: 0, spillStores: 0, spillLoads: 0, sharedBytes: 0 };
+      current = {
+        name: entry[1],
+        registers: 0,
+        stackBytes: 0,
+        spillStores: 0,
+        spillLoads: 0,
+        sharedBytes: 0,
+      };
       reports.push(current);
       continue;
     }
@@ -121,7 +130,13 @@ async function compile(nvcc: string, job: CompileJob, outDir: string, index: num
   try {
     const { stdout, stderr } = await run(nvcc, args, { cwd: repoRoot, maxBuffer: 16 << 20 });
     const log = `${stdout}${stderr}`;
-    return { job, ok: true, functions: parsePtxasReport(log), log, seconds: (performance.now() - started) / 1000 };
+    return {
+      job,
+      ok: true,
+      functions: parsePtxasReport(log),
+      log,
+      seconds: (performance.now() - started) / 1000,
+    };
   } catch (err) {
     const e = err as { stdout?: string; stderr?: string; message?: string };
     const log = `${e.stdout ?? ""}${e.stderr ?? ""}` || (e.message ?? String(err));
@@ -130,7 +145,11 @@ async function compile(nvcc: string, job: CompileJob, outDir: string, index: num
 }
 
 /** Runs `worker` over `items` with at most `limit` in flight, keeping the input order in the result. */
-async function mapLimited<T, R>(items: readonly T[], limit: number, worker: (item: T, i: number) => Promise<R>) {
+async function mapLimited<T, R>(
+  items: readonly T[],
+  limit: number,
+  worker: (item: T, i: number) => Promise<R>,
+) {
   const results = new Array<R>(items.length);
   let next = 0;
   const lanes = Array.from({ length: Math.min(limit, items.length) }, async () => {
@@ -164,7 +183,9 @@ async function findNvcc(): Promise<string | undefined> {
 function table(header: string[], rows: string[][]): string {
   const widths = header.map((h, c) => Math.max(h.length, ...rows.map((r) => r[c].length)));
   const line = (cells: string[]) => cells.map((cell, c) => cell.padEnd(widths[c])).join("  ");
-  return [line(header), line(widths.map((w) => "-".repeat(w))), ...rows.map(line)].map((l) => l.trimEnd()).join("\n");
+  return [line(header), line(widths.map((w) => "-".repeat(w))), ...rows.map(line)]
+    .map((l) => l.trimEnd())
+    .join("\n");
 }
 
 function problemsOf(result: CompileResult): string[] {
@@ -173,7 +194,8 @@ function problemsOf(result: CompileResult): string[] {
   if (!result.job.variant.noSpill) return [];
   return result.functions.flatMap((f) => {
     const p: string[] = [];
-    if (f.spillStores > 0 || f.spillLoads > 0) p.push(`${f.name} spills (${f.spillStores}/${f.spillLoads} B)`);
+    if (f.spillStores > 0 || f.spillLoads > 0)
+      p.push(`${f.name} spills (${f.spillStores}/${f.spillLoads} B)`);
     if (f.stackBytes > 0) p.push(`${f.name} uses a ${f.stackBytes} B stack frame`);
     return p;
   });
@@ -188,10 +210,13 @@ async function main(): Promise<number> {
   const sources = listCudaSources(kernelsDir);
   const jobs: CompileJob[] = [];
   for (const source of sources) {
-    for (const variant of await variantsFor(source)) jobs.push({ source: path.relative(repoRoot, source), variant });
+    for (const variant of await variantsFor(source))
+      jobs.push({ source: path.relative(repoRoot, source), variant });
   }
   const parallel = Math.max(1, Number(process.env.KERNELS_JOBS ?? 2));
-  console.log(`kernels:check: ${jobs.length} compiles of ${sources.length} sources with ${nvcc}, ${parallel} at a time`);
+  console.log(
+    `kernels:check: ${jobs.length} compiles of ${sources.length} sources with ${nvcc}, ${parallel} at a time`,
+  );
 
   const outDir = mkdtempSync(path.join(os.tmpdir(), "megamoe-"));
   const started = performance.now();
@@ -230,7 +255,8 @@ async function main(): Promise<number> {
     table(["source", "variant", "kernel", "regs", "smem B", "stack B", "spill st/ld B", "s", "status"], rows),
   );
   for (const r of results) {
-    if (!r.ok) console.error(`\n--- ${r.job.source} [${describeDefines(r.job.variant.defines)}] ---\n${r.log}`);
+    if (!r.ok)
+      console.error(`\n--- ${r.job.source} [${describeDefines(r.job.variant.defines)}] ---\n${r.log}`);
   }
   const seconds = ((performance.now() - started) / 1000).toFixed(1);
   if (failures.length > 0) {

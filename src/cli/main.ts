@@ -2,6 +2,7 @@
 /** The megamoe command line: run a layer, compare backends, show the machine. */
 import { Command, InvalidArgumentError } from "commander";
 import pc from "picocolors";
+import { parseList, runBench } from "./bench.js";
 import { runCheck } from "./check.js";
 import { runInfo } from "./info.js";
 import { runLayer } from "./run.js";
@@ -67,6 +68,19 @@ program
   .option("--no-measure", "skip measuring the copy bandwidth and launch overhead")
   .action(async (opts) => {
     await runInfo(opts);
+  });
+
+program
+  .command("bench")
+  .description("time a kernel family over a sweep on the GPU: table, results JSON")
+  .option("--impl <name>", "kernel family: quant", "quant")
+  .option("--tokens <list>", "token counts", parseList, [1, 7, 129, 1024, 4096, 8192])
+  .option("--hidden <list>", "hidden sizes", parseList, [4096, 7168])
+  .option("--format <fmt>", "activation scale format: fp32 or ue8m0", "fp32")
+  .option("--out <file>", "write the results JSON here (bench/results/...)")
+  .option("--json", "print the rows as JSON")
+  .action(async (opts) => {
+    await runBench(opts);
   });
 
 program.parseAsync(process.argv).catch((err: unknown) => {

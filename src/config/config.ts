@@ -139,7 +139,9 @@ export function validateConfig(c: MoEConfig): MoEConfig {
   requireInteger("maxTokens", c.maxTokens, 1, MAX_TOKENS_LIMIT);
   const r = c.router;
   if (!["sigmoid", "softmax", "sqrtsoftplus"].includes(r.scoring)) {
-    throw new ConfigError(`router.scoring must be sigmoid, softmax or sqrtsoftplus, got ${String(r.scoring)}`);
+    throw new ConfigError(
+      `router.scoring must be sigmoid, softmax or sqrtsoftplus, got ${String(r.scoring)}`,
+    );
   }
   requireInteger("router.nGroup", r.nGroup, 1, c.numExperts);
   if (c.numExperts % r.nGroup !== 0) {
@@ -152,7 +154,9 @@ export function validateConfig(c: MoEConfig): MoEConfig {
     );
   }
   if (!(Number.isFinite(r.routedScalingFactor) && r.routedScalingFactor > 0)) {
-    throw new ConfigError(`router.routedScalingFactor must be positive and finite, got ${r.routedScalingFactor}`);
+    throw new ConfigError(
+      `router.routedScalingFactor must be positive and finite, got ${r.routedScalingFactor}`,
+    );
   }
   return c;
 }
@@ -170,7 +174,9 @@ export function presetNames(): string[] {
 export function resolveConfig(name: string, overrides: Partial<MoEConfig> = {}): MoEConfig {
   const base = PRESETS[name];
   if (base === undefined) {
-    throw new ConfigError(`unknown shape "${name}": expected one of ${presetNames().join(", ")} or a custom shape`);
+    throw new ConfigError(
+      `unknown shape "${name}": expected one of ${presetNames().join(", ")} or a custom shape`,
+    );
   }
   return validateConfig({ ...base, ...overrides, router: { ...base.router, ...(overrides.router ?? {}) } });
 }

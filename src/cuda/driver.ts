@@ -129,12 +129,11 @@ const TENSOR_MAP_ELEMENT_BYTES: Record<number, number> = {
 // Errors
 
 /** A few error names, for messages when `cuGetErrorName` itself is unavailable. */
-const FALLBACK_ERROR_NAMES: Record<number, string> = {
+export const FALLBACK_ERROR_NAMES: Record<number, string> = {
   1: "CUDA_ERROR_INVALID_VALUE",
   2: "CUDA_ERROR_OUT_OF_MEMORY",
   3: "CUDA_ERROR_NOT_INITIALIZED",
   34: "CUDA_ERROR_STUB_LIBRARY",
-  35: "CUDA_ERROR_INSUFFICIENT_DRIVER",
   100: "CUDA_ERROR_NO_DEVICE",
   101: "CUDA_ERROR_INVALID_DEVICE",
   200: "CUDA_ERROR_INVALID_IMAGE",
@@ -1141,7 +1140,7 @@ export function tensorMapTiledProblems(desc: TensorMapTiledDesc): string[] {
 }
 
 /**
- * Encode a tiled TMA descriptor into `out` (128 bytes, 64-byte aligned: a `KernelArgs.tensorMap(i)` slot
+ * Encode a tiled TMA descriptor into `out` (128 bytes, 64-byte aligned at least: a `KernelArgs.tensorMap(i)` slot
  * or `allocTensorMapBytes()`). The description is validated first so mistakes read as sentences
  * rather than CUDA_ERROR_INVALID_VALUE.
  */

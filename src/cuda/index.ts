@@ -1,6 +1,18 @@
 /**
  * CUDA from TypeScript: driver bindings, device tensors, JIT compilation and timing.
  * Knows nothing of MoE; everything GPU-facing in megamoe is built on these pieces.
+ *
+ * @example
+ * const device = openDevice(0); // throws cudaAvailability().reason when CUDA is unusable
+ * const compiled = compileKernel({ source: "quant/act_quant.cu", defines: { BLOCK: 128 } });
+ * const kernel = loadKernel(device, compiled, "act_quant"); // extern "C" name
+ * const x = DeviceTensor.fromHost(device, "bf16", [tokens, hidden], bits);
+ * const args = new KernelArgs(3).ptr(0, x.ptr).ptr(1, out.ptr).i32(2, tokens); // once per launch site
+ * kernel.launch([blocks, 1, 1], 256, 0, stream, args);
+ * const t = timeKernel(device, (s) => kernel.launch(blocks, 256, 0, s, args));
+ *
+ * GPU tests: on the CPU machine `npm run build:test` compiles test/ and src/ to dist-test/; the GPU host
+ * (no dev dependencies, no tsx) then runs `npm run test:gpu`.
  */
 
 export {

@@ -3,7 +3,7 @@
  *
  * `cuLaunchKernel` takes `void** kernelParams`: an array whose i-th entry is the address of the i-th
  * argument's value. Here every argument value lives in one host buffer (8-byte slots for scalars and
- * pointers, 128-byte 64-byte-aligned slots for `CUtensorMap`s, optional larger slots for by-value
+ * pointers, 128-byte slots aligned to 128 for `CUtensorMap`s, optional larger slots for by-value
  * structs) and `params` holds the slot addresses. Setting an argument writes into its slot; nothing is
  * allocated per launch.
  *
@@ -16,8 +16,11 @@ import { hostAddress } from "./ffi.js";
 
 /** Bytes of a `CUtensorMap` (CU_TENSOR_MAP_NUM_QWORDS = 16 quadwords). */
 export const TENSOR_MAP_BYTES = 128;
-/** Alignment the driver requires for a `CUtensorMap`. */
-export const TENSOR_MAP_ALIGN = 64;
+/**
+ * Alignment of a `CUtensorMap`: `cuTensorMapEncodeTiled` documents 64 bytes, but CUDA 13's cuda.h
+ * declares the type `alignas(128)`; 128 satisfies both.
+ */
+export const TENSOR_MAP_ALIGN = 128;
 /** Bytes of a scalar / pointer slot. */
 export const SCALAR_SLOT_BYTES = 8;
 
@@ -27,7 +30,7 @@ const KIND_STRUCT = 2;
 
 /** Which slots are not plain 8-byte scalars. */
 export interface KernelArgsLayout {
-  /** Argument indices that are `const __grid_constant__ CUtensorMap` (128 bytes, 64-aligned). */
+  /** Argument indices that are `const __grid_constant__ CUtensorMap` (128 bytes, 128-aligned). */
   tensorMaps?: readonly number[];
   /** Argument index → size in bytes of a struct passed by value (16-byte aligned slot). */
   structs?: Readonly<Record<number, number>>;
@@ -48,7 +51,7 @@ export function alignedHostBytes(bytes: number, align: number): { view: Uint8Arr
   return { view: new Uint8Array(buffer, pad, bytes), address: base + BigInt(pad) };
 }
 
-/** A 128-byte, 64-byte-aligned host buffer for one `CUtensorMap` (e.g. for `encodeTensorMapTiled`). */
+/** A 128-byte, 128-byte-aligned host buffer for one `CUtensorMap` (e.g. for `encodeTensorMapTiled`). */
 export function allocTensorMapBytes(): Uint8Array {
   return alignedHostBytes(TENSOR_MAP_BYTES, TENSOR_MAP_ALIGN).view;
 }
@@ -103,7 +106,7 @@ export class KernelArgs {
         throw new RangeError(`KernelArgs: struct ${i} has bad size ${size}`);
       this.kinds[i] = KIND_STRUCT;
     }
-    // Offsets relative to a 64-aligned start: tensor maps on 64, structs on 16, scalars on 8.
+    // Offsets relative to an aligned start: tensor maps on TENSOR_MAP_ALIGN, structs on 16, scalars on 8.
     let end = 0;
     for (let i = 0; i < count; i++) {
       const kind = this.kinds[i];
@@ -191,7 +194,7 @@ export class KernelArgs {
     return this;
   }
 
-  /** The 128-byte, 64-aligned slot of tensor-map argument `i`, to be filled by `encodeTensorMapTiled`. */
+  /** The 128-byte, 128-aligned slot of tensor-map argument `i`, to be filled by `encodeTensorMapTiled`. */
   tensorMap(i: number): Uint8Array {
     if (this.kinds[i] !== KIND_TENSOR_MAP || i >= this.count) {
       throw new RangeError(`KernelArgs: argument ${i} was not declared as a tensor map`);

@@ -7,6 +7,7 @@ import { spawnSync } from "node:child_process";
 import path from "node:path";
 import { test } from "node:test";
 import { pathToFileURL } from "node:url";
+import type { TensorMapTiledDesc } from "../../src/cuda/driver.js";
 
 const driverUrl = pathToFileURL(path.resolve(import.meta.dirname, "../../src/cuda/driver.ts")).href;
 
@@ -23,7 +24,10 @@ test("cudaAvailability says why CUDA is unusable, and openDevice throws that rea
   assert.match(a.reason, /libcuda|cuInit|no CUDA device/);
   assert.ok(!a.reason.includes("undefined"), a.reason);
   assert.equal(cudaAvailability(), a, "the probe runs once");
-  assert.throws(() => openDevice(0), (e: Error) => e.message.includes(a.reason));
+  assert.throws(
+    () => openDevice(0),
+    (e: Error) => e.message.includes(a.reason),
+  );
 });
 
 test("MEGAMOE_LIBCUDA pointing at a missing file is the reason given", () => {
@@ -52,7 +56,7 @@ test("tensor-map descriptions are validated before the driver sees them", async 
   const { tensorMapTiledProblems, TensorMapDataType, TensorMapSwizzle, encodeTensorMapTiled } = await import(
     "../../src/cuda/driver.js"
   );
-  const good = {
+  const good: TensorMapTiledDesc = {
     dataType: TensorMapDataType.UINT8,
     globalAddress: 0x7f0000000000n,
     globalDims: [512, 256],
@@ -60,22 +64,43 @@ test("tensor-map descriptions are validated before the driver sees them", async 
     boxDims: [128, 64],
   };
   assert.deepEqual(tensorMapTiledProblems(good), []);
-  assert.deepEqual(tensorMapTiledProblems({ ...good, dataType: TensorMapDataType.BFLOAT16, boxDims: [64, 64], swizzle: TensorMapSwizzle.B128 }), []);
-  const cases: [Partial<typeof good> & { swizzle?: number; elementStrides?: number[] }, RegExp][] = [
+  assert.deepEqual(
+    tensorMapTiledProblems({
+      ...good,
+      dataType: TensorMapDataType.BFLOAT16,
+      boxDims: [64, 64],
+      swizzle: TensorMapSwizzle.B128,
+    }),
+    [],
+  );
+  const cases: [Partial<TensorMapTiledDesc>, RegExp][] = [
     [{ globalAddress: 0x7f0000000008n }, /not 16-byte aligned/],
     [{ globalStridesBytes: [500] }, /multiple of 16/],
     [{ globalStridesBytes: [] }, /expected rank-1 = 1/],
     [{ boxDims: [128, 300] }, /boxDims\[1\] = 300/],
     [{ boxDims: [8, 64] }, /not a multiple of 16/],
     [{ swizzle: TensorMapSwizzle.B64 }, /exceeds the 64-byte swizzle span/],
-    [{ globalDims: [1, 2, 3, 4, 5, 6], globalStridesBytes: [16, 32, 48, 64, 80], boxDims: [16, 1, 1, 1, 1, 1] }, /rank 6/],
+    [
+      {
+        globalDims: [1, 2, 3, 4, 5, 6],
+        globalStridesBytes: [16, 32, 48, 64, 80],
+        boxDims: [16, 1, 1, 1, 1, 1],
+      },
+      /rank 6/,
+    ],
     [{ globalDims: [0, 256] }, /globalDims\[0\] = 0/],
     [{ elementStrides: [1, 9] }, /elementStrides\[1\] = 9/],
     [{ dataType: 99 }, /unknown dataType 99/],
   ];
   for (const [change, pattern] of cases) {
     const problems = tensorMapTiledProblems({ ...good, ...change });
-    assert.ok(problems.some((p) => pattern.test(p)), `${JSON.stringify(change, (_k, v) => (typeof v === "bigint" ? `${v}` : v))}: ${problems.join("; ")}`);
+    assert.ok(
+      problems.some((p) => pattern.test(p)),
+      `${JSON.stringify(change, (_k, v) => (typeof v === "bigint" ? `${v}` : v))}: ${problems.join("; ")}`,
+    );
   }
-  assert.throws(() => encodeTensorMapTiled(new Uint8Array(128), good), /CUDA is not available|64-byte aligned/);
+  assert.throws(
+    () => encodeTensorMapTiled(new Uint8Array(128), good),
+    /CUDA is not available|64-byte aligned/,
+  );
 });

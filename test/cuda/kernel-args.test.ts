@@ -1,7 +1,12 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import koffi from "koffi";
-import { alignedHostBytes, allocTensorMapBytes, KernelArgs } from "../../src/cuda/kernel-args.js";
+import {
+  alignedHostBytes,
+  allocTensorMapBytes,
+  KernelArgs,
+  TENSOR_MAP_ALIGN,
+} from "../../src/cuda/kernel-args.js";
 
 /** Read `n` bytes of native memory at `address` (checks the addresses in `params` really point at the slots). */
 function readNative(address: bigint, n: number): Uint8Array {
@@ -18,7 +23,13 @@ test("scalar slots are 8 bytes apart and params holds their addresses", () => {
 
 test("setters write little-endian values into the slots the driver reads", () => {
   const args = new KernelArgs(6);
-  args.ptr(0, 0x1122334455667788n).i32(1, -2).u32(2, 0xdeadbeef).f32(3, 1.5).u64(4, 2n ** 64n - 2n).i64(5, -3n);
+  args
+    .ptr(0, 0x1122334455667788n)
+    .i32(1, -2)
+    .u32(2, 0xdeadbeef)
+    .f32(3, 1.5)
+    .u64(4, 2n ** 64n - 2n)
+    .i64(5, -3n);
   assert.deepEqual([...readNative(args.params[0]!, 8)], [0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11]);
   assert.deepEqual([...readNative(args.params[1]!, 4)], [0xfe, 0xff, 0xff, 0xff]);
   assert.deepEqual([...readNative(args.params[2]!, 4)], [0xef, 0xbe, 0xad, 0xde]);
@@ -33,16 +44,20 @@ test("setters write little-endian values into the slots the driver reads", () =>
   assert.deepEqual([...args.slotBytes(0)], [42, 0, 0, 0, 0, 0, 0, 0]);
 });
 
-test("tensor-map slots are 128 bytes, 64-byte aligned, between scalar slots", () => {
+test("tensor-map slots are 128 bytes, aligned as cuda.h declares CUtensorMap, between scalar slots", () => {
+  assert.ok(TENSOR_MAP_ALIGN >= 64 && TENSOR_MAP_ALIGN % 64 === 0);
   const args = new KernelArgs(5, { tensorMaps: [1, 3] });
   for (const i of [1, 3]) {
-    assert.equal(args.params[i]! % 64n, 0n, `slot ${i} alignment`);
+    assert.equal(args.params[i]! % BigInt(TENSOR_MAP_ALIGN), 0n, `slot ${i} alignment`);
     const view = args.tensorMap(i);
     assert.equal(view.byteLength, 128);
     assert.equal(koffi.address(view), args.params[i]);
   }
   // slots do not overlap
-  const spans = [0, 1, 2, 3, 4].map((i) => [args.params[i]!, args.params[i]! + BigInt(args.slotBytes(i).byteLength)]);
+  const spans = [0, 1, 2, 3, 4].map((i) => [
+    args.params[i]!,
+    args.params[i]! + BigInt(args.slotBytes(i).byteLength),
+  ]);
   spans.sort((a, b) => (a[0]! < b[0]! ? -1 : 1));
   for (let i = 1; i < spans.length; i++) assert.ok(spans[i]![0]! >= spans[i - 1]![1]!, "overlapping slots");
   const map = new Uint8Array(128).map((_, i) => (i * 7 + 1) & 0xff);
@@ -87,5 +102,5 @@ test("aligned host buffers", () => {
   assert.throws(() => alignedHostBytes(8, 48), /power of two/);
   const m = allocTensorMapBytes();
   assert.equal(m.byteLength, 128);
-  assert.equal(koffi.address(m) % 64n, 0n);
+  assert.equal(koffi.address(m) % BigInt(TENSOR_MAP_ALIGN), 0n);
 });

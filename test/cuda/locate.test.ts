@@ -10,7 +10,11 @@ import {
 } from "../../src/cuda/locate.js";
 
 /** A pretend machine: `files` exist, nothing else does. Counts python3 site lookups. */
-function fakeEnv(files: string[], env: NodeJS.ProcessEnv = {}, sites: string[] = []): LocateEnv & { siteCalls: number } {
+function fakeEnv(
+  files: string[],
+  env: NodeJS.ProcessEnv = {},
+  sites: string[] = [],
+): LocateEnv & { siteCalls: number } {
   const set = new Set(files);
   const le = {
     env,
@@ -31,7 +35,11 @@ test("an explicit MEGAMOE_LIBCUDA naming a missing file fails with a reason (rea
   try {
     const r = locateLibcuda();
     assert.equal(r.ok, false);
-    if (!r.ok) assert.match(r.reason, /MEGAMOE_LIBCUDA=\/nonexistent\/megamoe\/libcuda\.so\.1 does not name an existing file/);
+    if (!r.ok)
+      assert.match(
+        r.reason,
+        /MEGAMOE_LIBCUDA=\/nonexistent\/megamoe\/libcuda\.so\.1 does not name an existing file/,
+      );
   } finally {
     if (saved === undefined) delete process.env.MEGAMOE_LIBCUDA;
     else process.env.MEGAMOE_LIBCUDA = saved;
@@ -39,9 +47,17 @@ test("an explicit MEGAMOE_LIBCUDA naming a missing file fails with a reason (rea
 });
 
 test("explicit overrides win and are not second-guessed", () => {
-  const le = fakeEnv(["/opt/x/libcuda.so.1", "/usr/local/nvidia/lib64/libcuda.so.1"], { MEGAMOE_LIBCUDA: "/opt/x/libcuda.so.1" });
-  assert.deepEqual(locateLibcuda(le), { ok: true, path: "/opt/x/libcuda.so.1", searched: ["/opt/x/libcuda.so.1"] });
-  const missing = fakeEnv(["/usr/local/nvidia/lib64/libcuda.so.1"], { MEGAMOE_LIBNVRTC: "/missing/libnvrtc.so.13" });
+  const le = fakeEnv(["/opt/x/libcuda.so.1", "/usr/local/nvidia/lib64/libcuda.so.1"], {
+    MEGAMOE_LIBCUDA: "/opt/x/libcuda.so.1",
+  });
+  assert.deepEqual(locateLibcuda(le), {
+    ok: true,
+    path: "/opt/x/libcuda.so.1",
+    searched: ["/opt/x/libcuda.so.1"],
+  });
+  const missing = fakeEnv(["/usr/local/nvidia/lib64/libcuda.so.1"], {
+    MEGAMOE_LIBNVRTC: "/missing/libnvrtc.so.13",
+  });
   const r = locateLibnvrtc(missing);
   assert.equal(r.ok, false);
   if (!r.ok) assert.match(r.reason, /MEGAMOE_LIBNVRTC/);
@@ -60,21 +76,32 @@ test("search order: LD_LIBRARY_PATH, CUDA_HOME, /usr/local/nvidia, system, /usr/
     const r = locateLibcuda(fakeEnv(all.slice(i), env));
     if (process.arch === "x64" || !all[i]!.includes("x86_64")) assert.equal(r.ok && r.path, all[i]);
   }
-  const targets = locateLibcuda(fakeEnv(["/cudahome/targets/x86_64-linux/lib/libcuda.so.1"], { CUDA_PATH: "/cudahome" }));
-  if (process.arch === "x64") assert.equal(targets.ok && targets.path, "/cudahome/targets/x86_64-linux/lib/libcuda.so.1");
+  const targets = locateLibcuda(
+    fakeEnv(["/cudahome/targets/x86_64-linux/lib/libcuda.so.1"], { CUDA_PATH: "/cudahome" }),
+  );
+  if (process.arch === "x64")
+    assert.equal(targets.ok && targets.path, "/cudahome/targets/x86_64-linux/lib/libcuda.so.1");
 });
 
 test("libnvrtc.so.13 anywhere beats libnvrtc.so.12 earlier in the order", () => {
-  const le = fakeEnv(["/usr/local/nvidia/lib64/libnvrtc.so.12", "/usr/local/cuda-13.0/targets/x86_64-linux/lib/libnvrtc.so.13"]);
+  const le = fakeEnv([
+    "/usr/local/nvidia/lib64/libnvrtc.so.12",
+    "/usr/local/cuda-13.0/targets/x86_64-linux/lib/libnvrtc.so.13",
+  ]);
   const r = locateLibnvrtc(le);
-  if (process.arch === "x64") assert.equal(r.ok && r.path, "/usr/local/cuda-13.0/targets/x86_64-linux/lib/libnvrtc.so.13");
+  if (process.arch === "x64")
+    assert.equal(r.ok && r.path, "/usr/local/cuda-13.0/targets/x86_64-linux/lib/libnvrtc.so.13");
   const only12 = locateLibnvrtc(fakeEnv(["/usr/local/cuda/lib64/libnvrtc.so.12"]));
   assert.equal(only12.ok && only12.path, "/usr/local/cuda/lib64/libnvrtc.so.12");
 });
 
 test("pip wheels are searched last, and python3 is asked only when needed", () => {
   const site = "/venv/lib/python3.11/site-packages";
-  const found = fakeEnv([`${site}/nvidia/cuda_nvrtc/lib/libnvrtc.so.12`, `${site}/nvidia/cu13/lib/libnvrtc.so.13`], {}, [site]);
+  const found = fakeEnv(
+    [`${site}/nvidia/cuda_nvrtc/lib/libnvrtc.so.12`, `${site}/nvidia/cu13/lib/libnvrtc.so.13`],
+    {},
+    [site],
+  );
   const r = locateLibnvrtc(found);
   assert.equal(r.ok && r.path, `${site}/nvidia/cu13/lib/libnvrtc.so.13`);
   assert.equal(found.siteCalls, 1);
@@ -87,7 +114,13 @@ test("nothing found: the reason lists every folder searched", () => {
   const r = locateLibcuda(fakeEnv([], { CUDA_HOME: "/cudahome" }, ["/site"]));
   assert.equal(r.ok, false);
   if (!r.ok) {
-    for (const dir of ["/cudahome/lib64", "/usr/local/nvidia/lib64", "/usr/local/cuda/lib64", "/usr/local/cuda-12.8/lib64", "/site/nvidia/cu13/lib"]) {
+    for (const dir of [
+      "/cudahome/lib64",
+      "/usr/local/nvidia/lib64",
+      "/usr/local/cuda/lib64",
+      "/usr/local/cuda-12.8/lib64",
+      "/site/nvidia/cu13/lib",
+    ]) {
       assert.ok(r.reason.includes(dir), `reason should mention ${dir}: ${r.reason}`);
     }
     assert.match(r.reason, /^libcuda not found \(libcuda\.so\.1\)/);

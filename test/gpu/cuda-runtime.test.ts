@@ -9,14 +9,14 @@ import assert from "node:assert/strict";
 import path from "node:path";
 import { describe, test } from "node:test";
 import {
-  CudaGraph,
   type CompiledKernel,
+  CudaGraph,
   compileKernel,
   cudaAvailability,
   type Device,
   DeviceTensor,
-  encodeTensorMapTiled,
   Event,
+  encodeTensorMapTiled,
   KernelArgs,
   loadKernel,
   openDevice,
@@ -121,7 +121,12 @@ describe("CUDA runtime on a GPU", { skip }, () => {
 
   test("fill poisons every byte; memsetD32 writes words", () => {
     const d = device();
-    const t = DeviceTensor.fromHost(d, "bf16", [3, 333], new Uint16Array(999).map(() => 1 + Math.floor(random() * 60000)));
+    const t = DeviceTensor.fromHost(
+      d,
+      "bf16",
+      [3, 333],
+      new Uint16Array(999).map(() => 1 + Math.floor(random() * 60000)),
+    );
     try {
       t.fill(0xab);
       assert.ok(t.toHost().every((v) => v === 0xabab));

@@ -78,6 +78,8 @@ extern "C" __global__ void __launch_bounds__(kMaxThreads, 4)
         f[2 * k + 1] = megamoe::bf16x2_high_to_float(words[k]);
         amax = fmaxf(amax, fmaxf(fabsf(f[2 * k]), fabsf(f[2 * k + 1])));
       }
+      // Exact and order-free. Under -ftz a subnormal amax may read as 0: both lie below the 1e-10
+      // floor, so the scale is the same.
       amax = megamoe::half_warp_max(amax);
       const megamoe::GroupScale s = megamoe::activation_scale<SCALE_UE8M0 != 0>(amax);
       scale[u] = s.scale;

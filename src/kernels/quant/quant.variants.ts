@@ -16,4 +16,6 @@ export function quantDefines(hidden: number, format: ScaleFormat): KernelDefines
 /** Every hidden size of a preset × both formats (a layer may run either format on any preset). */
 export const variants: readonly KernelVariant[] = [...new Set(Object.values(PRESETS).map((p) => p.hidden))]
   .sort((a, b) => a - b)
-  .flatMap((hidden) => SCALE_FORMATS.map((format) => ({ defines: quantDefines(hidden, format), noSpill: true })));
+  .flatMap((hidden) =>
+    SCALE_FORMATS.map((format) => ({ defines: quantDefines(hidden, format), noSpill: true })),
+  );
