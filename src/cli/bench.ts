@@ -36,7 +36,7 @@ export function resultsTable(rows: readonly ResultRow[]): string {
     head: ["config", "tokens", "impl", "µs median", "floor µs", "floor/time", "TB/s", "TFLOP/s"].map((h) =>
       pc.bold(h),
     ),
-    style: { head: [] },
+    style: { head: [], border: [] },
     colAligns: ["left", "right", "left", "right", "right", "right", "right", "right"],
   });
   for (const r of rows) {

@@ -1,0 +1,722 @@
+// FP8 grouped GEMM with per-128 block scales for Hopper (sm_90a): the mainloop the MoE kernels reuse.
+//
+//   out[r, n] = Σ_b  P_b(r, n) · (sa[b, r] · sw[g, n / 128, b])      r in group g's rows, b over K / 128
+//   P_b(r, n) = Σ_{k in block b} a[r, k] · w[g·N + n, k]              (tensor cores, fp32)
+//
+// P_b comes from wgmma into a fresh accumulator per 128-wide K block; the math threads then promote it
+// into a separate fp32 accumulator, acc += P_b · (sa · sw), so the tensor cores' reduced-precision fp8
+// accumulation never spans more than one block. The CPU spec is src/reference/moe.ts blockScaledGemm.
+//
+// Operands (all row-major, K contiguous):
+//   A    e4m3 [M_total, K]        TMA map, box {128, BLOCK_M}, 128-byte swizzle
+//   B    e4m3 [G·N, K]            TMA map, box {128, BLOCK_N}, 128-byte swizzle; group g's rows start at g·N
+//   sa   fp32 [K/128, M_pad]      TMA map, box {BLOCK_M, 1}; M_pad = M_total rounded up to 4 (16-byte rows)
+//   sw   fp32 [G, N/128, K/128]   plain loads
+//   group_offsets int32 [G + 1]   rows [off[g], off[g+1]) of A and out belong to group g (any sizes, 0 too)
+//   out  fp32 or bf16 [M_total, N]
+//   status int32 [4]              written only when the pipeline watchdog fires (see kWatchdogNs)
+//
+// Structure. One CTA per SM walks tiles (group, n-block, m-block) round-robin over the grid. Warpgroups
+// 0..NUM_MATH_WARPGROUPS-1 are math warpgroups (wgmma, promotion, epilogue); the last warpgroup is the
+// producer, of which one thread issues the TMA loads into a NUM_STAGES-deep ring of shared-memory stages.
+// Stage s has a `full` barrier (producer arrive + expect_tx, completed by the copies' bytes) and an
+// `empty` barrier (one arrive per math warp once its wgmmas reading the stage have completed).
+// Tile order: within a group, n-block major and m-block minor, so the CTAs working at the same time on
+// one group share each B tile through L2 and a group's A rows stay hot across its n-blocks.
+//
+// Compile-time parameters (-D from src/kernels/gemm/grouped_gemm.ts; defaults build the file alone):
+//   BLOCK_M 64|128, BLOCK_N 64|128|256, BLOCK_K 128, NUM_STAGES, NUM_MATH_WARPGROUPS 1|2,
+//   N (output columns), K, NUM_GROUPS, OUT_BF16 0|1.
+
+#ifndef BLOCK_M
+#define BLOCK_M 128
+#endif
+#ifndef BLOCK_N
+#define BLOCK_N 128
+#endif
+#ifndef BLOCK_K
+#define BLOCK_K 128
+#endif
+#ifndef NUM_STAGES
+#define NUM_STAGES 6
+#endif
+#ifndef NUM_MATH_WARPGROUPS
+#define NUM_MATH_WARPGROUPS 2
+#endif
+#ifndef N
+#define N 4096
+#endif
+#ifndef K
+#define K 4096
+#endif
+#ifndef NUM_GROUPS
+#define NUM_GROUPS 256
+#endif
+#ifndef OUT_BF16
+#define OUT_BF16 0
+#endif
+// Nanoseconds a barrier wait may take before the kernel gives up and reports a stalled pipeline.
+// 0 turns off the register hand-over between warpgroups (setmaxnreg), for diagnosis.
+#ifndef GEMM_SETMAXNREG
+#define GEMM_SETMAXNREG 1
+#endif
+#ifndef GEMM_WATCHDOG_NS
+#define GEMM_WATCHDOG_NS 2000000000ull
+#endif
+
+namespace gemm_shape {
+constexpr int kN = N;
+constexpr int kK = K;
+}  // namespace gemm_shape
+// Captured above: one-letter macros must not leak into anything below.
+#undef N
+#undef K
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------------
+// Configuration
+
+constexpr int kBlockM = BLOCK_M;
+constexpr int kBlockN = BLOCK_N;
+constexpr int kBlockK = BLOCK_K;
+constexpr int kStages = NUM_STAGES;
+constexpr int kMathWarpgroups = NUM_MATH_WARPGROUPS;
+constexpr int kShapeN = gemm_shape::kN;
+constexpr int kShapeK = gemm_shape::kK;
+constexpr int kGroups = NUM_GROUPS;
+constexpr bool kOutBf16 = OUT_BF16 != 0;
+constexpr unsigned long long kWatchdogNs = GEMM_WATCHDOG_NS;
+
+constexpr int kQuantBlock = 128;  // edge of a weight-scale block and width of an activation scale
+constexpr int kMathThreads = 128 * kMathWarpgroups;
+constexpr int kThreads = kMathThreads + 128;
+constexpr int kKBlocks = kShapeK / kBlockK;
+constexpr int kNBlocks = kShapeN / kBlockN;
+constexpr int kScaleRowsPerGroup = kShapeN / kQuantBlock;  // sw rows (128 output columns each) per group
+
+static_assert(kBlockK == 128, "BLOCK_K must be 128: one wgmma batch per activation/weight scale block");
+static_assert(kBlockM == 64 || kBlockM == 128, "BLOCK_M must be 64 or 128");
+static_assert(kBlockN == 64 || kBlockN == 128 || kBlockN == 256, "BLOCK_N must be 64, 128 or 256");
+static_assert(kMathWarpgroups == 1 || kMathWarpgroups == 2, "NUM_MATH_WARPGROUPS must be 1 or 2");
+static_assert(kStages >= 2 && kStages <= 16, "NUM_STAGES must be in 2..16");
+static_assert(kShapeK > 0 && kShapeK % kBlockK == 0, "K must be a positive multiple of 128");
+static_assert(kShapeN > 0 && kShapeN % kQuantBlock == 0, "N must be a positive multiple of 128");
+static_assert(kShapeN % kBlockN == 0, "N must be a multiple of BLOCK_N (a B tile never crosses groups)");
+static_assert(kGroups >= 1 && kGroups <= 1024, "NUM_GROUPS must be in 1..1024");
+static_assert(kShapeK <= 65536, "K above 65536 would overflow the tile bookkeeping");
+
+// How the math warpgroups split the BLOCK_M × BLOCK_N tile: along M first (64 rows each), then along N.
+// A warpgroup owns kWgRows × kWgCols, computed as kWavesM × kChunksN wgmmas of m64 × n(kMmaN).
+constexpr int kWgAlongM = (kBlockM / 64) < kMathWarpgroups ? (kBlockM / 64) : kMathWarpgroups;
+constexpr int kWgAlongN = kMathWarpgroups / kWgAlongM;
+constexpr int kWgRows = kBlockM / kWgAlongM;
+constexpr int kWgCols = kBlockN / kWgAlongN;
+constexpr int kWavesM = kWgRows / 64;
+constexpr int kMmaN = kWgCols < 128 ? kWgCols : 128;
+constexpr int kChunksN = kWgCols / kMmaN;
+constexpr int kAccum = kMmaN / 2;  // fp32 accumulator registers per thread of one m64 × n(kMmaN) wgmma
+static_assert(kWgAlongM * kWgAlongN == kMathWarpgroups, "math warpgroups must tile the block");
+static_assert(kMmaN == 32 || kMmaN == 64 || kMmaN == 128, "unsupported wgmma N");
+static_assert(kWavesM * kChunksN * kAccum <= 128, "promoted accumulators would not fit in registers");
+
+// Weight scales of one tile: kSwRows rows of kKBlocks values (a 256-wide tile spans two 128-row blocks).
+constexpr int kSwRows = (kBlockN + kQuantBlock - 1) / kQuantBlock;
+constexpr int kSwPerTile = kSwRows * kKBlocks;
+constexpr int kSwPerThread = (kSwPerTile + kMathThreads - 1) / kMathThreads;
+
+// Registers: with three warpgroups the entry cap is 65536 / 384 → 168; the producer gives most of its
+// share to the math warpgroups (2 · 128 · 232 + 128 · 40 = 64512 ≤ 65536). Two warpgroups fit 255 each.
+constexpr bool kReconfigureRegisters = kMathWarpgroups == 2 && GEMM_SETMAXNREG != 0;
+constexpr int kProducerRegisters = 40;
+constexpr int kMathRegisters = 232;
+
+// ---------------------------------------------------------------------------------------------------
+// Shared memory layout (byte offsets from a 1024-aligned base; grouped_gemm.ts mirrors this formula)
+
+constexpr unsigned align_up(unsigned x, unsigned a) { return (x + a - 1) / a * a; }
+
+constexpr unsigned kATileBytes = kBlockM * kBlockK;  // e4m3
+constexpr unsigned kBTileBytes = kBlockN * kBlockK;
+constexpr unsigned kSaBytes = kBlockM * 4;
+constexpr unsigned kSaStride = align_up(kSaBytes, 128);
+constexpr unsigned kStageTxBytes = kATileBytes + kBTileBytes + kSaBytes;
+
+constexpr unsigned kOffA = 0;
+constexpr unsigned kOffB = kOffA + kStages * kATileBytes;
+constexpr unsigned kOffSa = kOffB + kStages * kBTileBytes;
+constexpr unsigned kOffSw = kOffSa + kStages * kSaStride;
+constexpr unsigned kOffFull = align_up(kOffSw + 2 * kSwPerTile * 4, 8);
+constexpr unsigned kOffEmpty = kOffFull + 8 * kStages;
+constexpr unsigned kOffGroups = kOffEmpty + 8 * kStages;  // GroupRows[kGroups]
+constexpr unsigned kOffPrefix = kOffGroups + 8 * kGroups;  // int[kGroups + 1]: first tile of each group
+constexpr unsigned kSmemBytes = kOffPrefix + 4 * (kGroups + 1);
+constexpr unsigned kSmemAlign = 1024;  // the 128-byte swizzle pattern repeats every 1024 bytes
+constexpr unsigned kDynamicSmemBytes = kSmemBytes + kSmemAlign;  // + slack to align the base
+static_assert(kATileBytes % 1024 == 0 && kBTileBytes % 1024 == 0, "tiles must keep 1024-byte alignment");
+static_assert(kDynamicSmemBytes <= 232448, "shared memory above the 227 KB opt-in limit");
+
+// Status codes written to status[0] (status[1..3]: block, stage, k-block iteration).
+constexpr int kStatusProducerStalled = 1;
+constexpr int kStatusMathStalled = 2;
+constexpr int kStatusSharedMemoryTooSmall = 3;
+
+// ---------------------------------------------------------------------------------------------------
+// PTX wrappers
+
+struct alignas(64) TensorMap {
+  unsigned long long words[16];
+};
+
+struct GroupRows {
+  int begin;
+  int end;
+};
+
+__device__ __forceinline__ unsigned smem_u32(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ unsigned long long global_timer_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(unsigned bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive_expect_tx(unsigned bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ bool mbar_try_wait(unsigned bar, unsigned parity) {
+  unsigned done;
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(bar), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+
+// Waits for the phase of parity `parity` to complete. A wait that outlasts kWatchdogNs means the
+// pipeline is wedged (a bug): the first thread to notice records where in `status`, and the thread
+// exits so the kernel ends and the host can report it instead of hanging the GPU.
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity, int* status, int code, int stage,
+                                          int iteration) {
+  if (mbar_try_wait(bar, parity)) return;
+  const unsigned long long start = global_timer_ns();
+  while (!mbar_try_wait(bar, parity)) {
+    if (global_timer_ns() - start > kWatchdogNs) {
+      if (status != nullptr && atomicCAS(status, 0, code) == 0) {
+        status[1] = static_cast<int>(blockIdx.x);
+        status[2] = stage;
+        status[3] = iteration;
+        __threadfence();
+      }
+      asm volatile("exit;");
+    }
+  }
+}
+
+__device__ __forceinline__ void tma_load_2d(unsigned dst, const TensorMap* map, unsigned bar, int x, int y) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::
+          "r"(dst),
+      "l"(reinterpret_cast<unsigned long long>(map)), "r"(x), "r"(y), "r"(bar)
+      : "memory");
+}
+
+__device__ __forceinline__ void prefetch_tensor_map(const TensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<unsigned long long>(map)) : "memory");
+}
+
+__device__ __forceinline__ void named_barrier_sync(unsigned id, unsigned threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+template <int kRegisters>
+__device__ __forceinline__ void registers_increase() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kRegisters));
+}
+
+template <int kRegisters>
+__device__ __forceinline__ void registers_decrease() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kRegisters));
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+
+// Pins accumulator registers at this point of the program: the compiler may not move their reads or
+// writes across it (wgmma writes them asynchronously, behind the compiler's back).
+template <int kCount>
+__device__ __forceinline__ void fence_registers(float (&r)[kCount]) {
+#pragma unroll
+  for (int i = 0; i < kCount; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+
+// Shared-memory matrix descriptor of a K-major e4m3 tile written by TMA with the 128-byte swizzle:
+// rows of 128 bytes, 8-row core-matrix groups 1024 bytes apart (stride byte offset), the leading byte
+// offset unused for swizzled K-major layouts, layout type 1 = 128B swizzle in bits 62-63.
+constexpr unsigned long long kDescriptorHigh = (1024ull >> 4) | (1ull << 30);
+__device__ __forceinline__ unsigned long long smem_descriptor(unsigned address) {
+  return (kDescriptorHigh << 32) | ((address >> 4) & 0x3fffu);
+}
+
+}  // namespace
+
+// Named (not anonymous) so that the overloads a build does not use draw no unused-function warning.
+namespace sm90 {
+
+// wgmma_e4m3 (overloaded on n = 2 · accumulator count: 32, 64, 128):
+// D[64 × n] (+)= A[64 × 32] · B[n × 32]ᵀ, e4m3 operands from shared memory; accumulate = 0 overwrites D.
+// Accumulator fragment (PTX ISA, wgmma .m64nNk32 D layout): thread t of the warpgroup holds, for each
+// i < n/8, d[4i], d[4i+1] at row 16·(t/32) + (t%32)/4, columns 8i + 2·(t%4) + {0, 1}, and d[4i+2],
+// d[4i+3] at the row 8 below.
+__device__ __forceinline__ void wgmma_e4m3(float (&d)[16], unsigned long long desc_a,
+                                                unsigned long long desc_b, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "setp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 "
+      "{"
+      "%0, %1, %2, %3, %4, %5, %6, %7, "
+      "%8, %9, %10, %11, %12, %13, %14, %15 "
+      "}, %16, %17, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+
+__device__ __forceinline__ void wgmma_e4m3(float (&d)[32], unsigned long long desc_a,
+                                                unsigned long long desc_b, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "setp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
+      "{"
+      "%0, %1, %2, %3, %4, %5, %6, %7, "
+      "%8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, "
+      "%24, %25, %26, %27, %28, %29, %30, %31 "
+      "}, %32, %33, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+
+__device__ __forceinline__ void wgmma_e4m3(float (&d)[64], unsigned long long desc_a,
+                                                 unsigned long long desc_b, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "setp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
+      "{"
+      "%0, %1, %2, %3, %4, %5, %6, %7, "
+      "%8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, "
+      "%24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, "
+      "%40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, "
+      "%56, %57, %58, %59, %60, %61, %62, %63 "
+      "}, %64, %65, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+
+}  // namespace sm90
+
+namespace {
+
+__device__ __forceinline__ float load_scale(const float* p) {
+  float v;
+  asm volatile("ld.global.nc.f32 %0, [%1];" : "=f"(v) : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ float load_shared_f32(unsigned address) {
+  float v;
+  asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v) : "r"(address));
+  return v;
+}
+
+__device__ __forceinline__ void store_shared_f32(unsigned address, float v) {
+  asm volatile("st.shared.f32 [%0], %1;" ::"r"(address), "f"(v) : "memory");
+}
+
+// Two adjacent output columns of one row.
+__device__ __forceinline__ void store_pair(void* out, unsigned long long element, float x, float y) {
+  if constexpr (kOutBf16) {
+    unsigned packed;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(packed) : "f"(y), "f"(x));  // first source → high half
+    unsigned short* p = static_cast<unsigned short*>(out) + element;
+    asm volatile("st.global.b32 [%0], %1;" ::"l"(p), "r"(packed) : "memory");
+  } else {
+    float* p = static_cast<float*>(out) + element;
+    asm volatile("st.global.v2.f32 [%0], {%1, %2};" ::"l"(p), "f"(x), "f"(y) : "memory");
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Tile schedule
+
+struct Tile {
+  int group;
+  int row0;     // first A/out row of the tile
+  int row_end;  // end of the group's rows: rows at or past it are computed but never stored
+  int n0;       // first output column
+};
+
+// Tiles are numbered group by group; prefix[g] is group g's first tile and prefix[kGroups] the total.
+// `cursor` only moves forward, as every role visits its tiles in increasing order.
+__device__ __forceinline__ Tile decode_tile(int tile, int& cursor, const int* prefix, const GroupRows* groups) {
+  while (tile >= prefix[cursor + 1]) ++cursor;
+  const int first = prefix[cursor];
+  const int m_blocks = (prefix[cursor + 1] - first) / kNBlocks;
+  const int local = tile - first;
+  const int n_block = local / m_blocks;
+  const int m_block = local - n_block * m_blocks;
+  const GroupRows rows = groups[cursor];
+  return Tile{cursor, rows.begin + m_block * kBlockM, rows.end, n_block * kBlockN};
+}
+
+// Group row ranges (clamped into [0, m_total] so bad offsets cannot write out of bounds) and the tile
+// prefix, by one warp: each lane takes a run of consecutive groups, then a warp scan joins the runs.
+__device__ __forceinline__ void build_schedule(const int* group_offsets, int m_total, GroupRows* groups,
+                                               int* prefix) {
+  constexpr int kPerLane = (kGroups + 31) / 32;
+  const int lane = static_cast<int>(threadIdx.x & 31u);
+  const int first = lane * kPerLane;
+  const int last = first + kPerLane < kGroups ? first + kPerLane : kGroups;
+  int tiles = 0;
+  for (int g = first; g < last; ++g) {
+    const int lo = min(max(group_offsets[g], 0), m_total);
+    const int hi = min(max(group_offsets[g + 1], lo), m_total);
+    groups[g] = GroupRows{lo, hi};
+    tiles += (hi - lo + kBlockM - 1) / kBlockM * kNBlocks;
+  }
+  int inclusive = tiles;
+#pragma unroll
+  for (int offset = 1; offset < 32; offset <<= 1) {
+    const int other = __shfl_up_sync(0xffffffffu, inclusive, offset);
+    if (lane >= offset) inclusive += other;
+  }
+  int running = inclusive - tiles;
+  for (int g = first; g < last; ++g) {
+    prefix[g] = running;
+    running += (groups[g].end - groups[g].begin + kBlockM - 1) / kBlockM * kNBlocks;
+  }
+  if (lane == 31) prefix[kGroups] = inclusive;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------------
+// The kernel. Launch: grid = number of SMs (or fewer), block = kThreads, dynamic shared memory =
+// kDynamicSmemBytes (grouped_gemm.ts: gemmSharedBytes).
+
+extern "C" __global__ void __launch_bounds__(kThreads, 1)
+    megamoe_fp8_grouped_gemm(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
+                             const __grid_constant__ TensorMap map_sa, const float* __restrict__ b_scales,
+                             const int* __restrict__ group_offsets, void* __restrict__ out, int m_total,
+                             int* __restrict__ status) {
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const unsigned raw = smem_u32(smem_raw);
+  const unsigned base = (raw + kSmemAlign - 1) & ~(kSmemAlign - 1);
+  unsigned char* const smem = smem_raw + (base - raw);
+  GroupRows* const groups = reinterpret_cast<GroupRows*>(smem + kOffGroups);
+  int* const prefix = reinterpret_cast<int*>(smem + kOffPrefix);
+  const unsigned full_bar = base + kOffFull;    // + 8 · stage
+  const unsigned empty_bar = base + kOffEmpty;  // + 8 · stage
+
+  unsigned dynamic_bytes;
+  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dynamic_bytes));
+  if (dynamic_bytes < kDynamicSmemBytes) {  // launched with a layout other than this build's
+    if (threadIdx.x == 0 && status != nullptr && atomicCAS(status, 0, kStatusSharedMemoryTooSmall) == 0) {
+      status[1] = static_cast<int>(dynamic_bytes);
+      status[2] = static_cast<int>(kDynamicSmemBytes);
+    }
+    return;
+  }
+
+  const int warpgroup = static_cast<int>(threadIdx.x / 128);
+  if (threadIdx.x < 32) build_schedule(group_offsets, m_total, groups, prefix);
+  if (threadIdx.x == kMathThreads) {
+    prefetch_tensor_map(&map_a);
+    prefetch_tensor_map(&map_b);
+    prefetch_tensor_map(&map_sa);
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(full_bar + 8 * s, 1);                       // the producer's arrive.expect_tx
+      mbar_init(empty_bar + 8 * s, kMathWarpgroups * 4);  // one arrive per math warp
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  const int total_tiles = prefix[kGroups];
+
+  if (warpgroup == kMathWarpgroups) {
+    // ---------------- Producer: one thread streams A, its scales and B through the stage ring.
+    if constexpr (kReconfigureRegisters) registers_decrease<kProducerRegisters>();
+    if (threadIdx.x != kMathThreads) return;
+    const unsigned a_smem = base + kOffA;
+    const unsigned b_smem = base + kOffB;
+    const unsigned sa_smem = base + kOffSa;
+    int stage = 0;
+    unsigned phase = 0;
+    int cursor = 0;
+    int iteration = 0;
+    for (int tile = static_cast<int>(blockIdx.x); tile < total_tiles; tile += static_cast<int>(gridDim.x)) {
+      const Tile t = decode_tile(tile, cursor, prefix, groups);
+      const int b_row = t.group * kShapeN + t.n0;
+      for (int kb = 0; kb < kKBlocks; ++kb, ++iteration) {
+        // A fresh barrier counts as having completed the phase before its first, so the first pass
+        // through the ring does not wait.
+        mbar_wait(empty_bar + 8 * stage, phase ^ 1u, status, kStatusProducerStalled, stage, iteration);
+        const unsigned bar = full_bar + 8 * stage;
+        mbar_arrive_expect_tx(bar, kStageTxBytes);
+        tma_load_2d(a_smem + stage * kATileBytes, &map_a, bar, kb * kBlockK, t.row0);
+        tma_load_2d(sa_smem + stage * kSaStride, &map_sa, bar, t.row0, kb);
+        tma_load_2d(b_smem + stage * kBTileBytes, &map_b, bar, kb * kBlockK, b_row);
+        if (++stage == kStages) {
+          stage = 0;
+          phase ^= 1u;
+        }
+      }
+    }
+    return;
+  }
+
+  // ---------------- Math warpgroups.
+  if constexpr (kReconfigureRegisters) registers_increase<kMathRegisters>();
+  const int math_thread = static_cast<int>(threadIdx.x);  // 0 .. kMathThreads-1
+  const int lane = math_thread & 31;
+  const int warp_in_wg = (math_thread / 32) & 3;
+  const int wg_row0 = (warpgroup % kWgAlongM) * kWgRows;  // this warpgroup's rows and columns in the tile
+  const int wg_col0 = (warpgroup / kWgAlongM) * kWgCols;
+  const int frag_row = warp_in_wg * 16 + lane / 4;  // accumulator fragment row (and row + 8)
+  const int frag_col = 2 * (lane & 3);
+
+  const unsigned a_smem = base + kOffA + wg_row0 * kBlockK;
+  const unsigned b_smem = base + kOffB + wg_col0 * kBlockK;
+  const unsigned sa_smem = base + kOffSa + (wg_row0 + frag_row) * 4;
+  const unsigned sw_smem = base + kOffSw;  // two buffers of kSwPerTile floats, alternating per tile
+
+  // Weight scales of the next tile travel through registers while the current tile runs.
+  float sw_prefetch[kSwPerThread];
+  auto load_weight_scales = [&](const Tile& t) {
+    const float* src = b_scales + (static_cast<long long>(t.group) * kScaleRowsPerGroup + t.n0 / kQuantBlock) *
+                                      kKBlocks;
+#pragma unroll
+    for (int i = 0; i < kSwPerThread; ++i) {
+      const int idx = math_thread + i * kMathThreads;
+      // Rows are contiguous in sw ([G, N/128, K/128]), so the tile's kSwRows rows are one run.
+      sw_prefetch[i] = idx < kSwPerTile ? load_scale(src + idx) : 0.0f;
+    }
+  };
+  auto store_weight_scales = [&](int buffer) {
+#pragma unroll
+    for (int i = 0; i < kSwPerThread; ++i) {
+      const int idx = math_thread + i * kMathThreads;
+      if (idx < kSwPerTile) store_shared_f32(sw_smem + (buffer * kSwPerTile + idx) * 4, sw_prefetch[i]);
+    }
+  };
+
+  int stage = 0;
+  unsigned phase = 0;
+  int cursor = 0;
+  int iteration = 0;
+  int tile = static_cast<int>(blockIdx.x);
+  Tile current{};
+  if (tile < total_tiles) {
+    current = decode_tile(tile, cursor, prefix, groups);
+    load_weight_scales(current);
+    store_weight_scales(0);
+  }
+
+  float promoted[kWavesM][kChunksN][kAccum];
+  float partial[kAccum];
+
+  for (int local_tile = 0; tile < total_tiles; ++local_tile) {
+    // Makes this tile's weight scales visible, and guarantees every math thread is done reading the
+    // buffer that the prefetch below will overwrite (it served the previous tile).
+    named_barrier_sync(1, kMathThreads);
+    const int next_tile = tile + static_cast<int>(gridDim.x);
+    Tile next{};
+    if (next_tile < total_tiles) {
+      next = decode_tile(next_tile, cursor, prefix, groups);
+      load_weight_scales(next);
+    }
+    const unsigned sw_tile = sw_smem + (local_tile & 1) * kSwPerTile * 4;
+
+    bool wave_active[kWavesM];
+#pragma unroll
+    for (int w = 0; w < kWavesM; ++w) wave_active[w] = current.row0 + wg_row0 + w * 64 < current.row_end;
+    // The weight-scale row of each chunk (a 256-wide tile spans two 128-column scale blocks).
+    int sw_row[kChunksN];
+#pragma unroll
+    for (int c = 0; c < kChunksN; ++c) sw_row[c] = ((current.n0 % kQuantBlock) + wg_col0 + c * kMmaN) / kQuantBlock;
+
+#pragma unroll
+    for (int w = 0; w < kWavesM; ++w)
+#pragma unroll
+      for (int c = 0; c < kChunksN; ++c)
+#pragma unroll
+        for (int i = 0; i < kAccum; ++i) promoted[w][c][i] = 0.0f;
+
+    for (int kb = 0; kb < kKBlocks; ++kb, ++iteration) {
+      float sw[kChunksN];
+#pragma unroll
+      for (int c = 0; c < kChunksN; ++c) sw[c] = load_shared_f32(sw_tile + (sw_row[c] * kKBlocks + kb) * 4);
+
+      mbar_wait(full_bar + 8 * stage, phase, status, kStatusMathStalled, stage, iteration);
+
+      const unsigned sa_stage = sa_smem + stage * kSaStride;
+      float sa_lo[kWavesM], sa_hi[kWavesM];
+#pragma unroll
+      for (int w = 0; w < kWavesM; ++w) {
+        sa_lo[w] = load_shared_f32(sa_stage + w * 64 * 4);
+        sa_hi[w] = load_shared_f32(sa_stage + (w * 64 + 8) * 4);
+      }
+
+      const unsigned a_stage = a_smem + stage * kATileBytes;
+      const unsigned b_stage = b_smem + stage * kBTileBytes;
+#pragma unroll
+      for (int w = 0; w < kWavesM; ++w) {
+        if (!wave_active[w]) continue;  // every row of this wave lies past the group: nothing to store
+#pragma unroll
+        for (int c = 0; c < kChunksN; ++c) {
+          fence_registers(partial);
+          wgmma_fence();
+#pragma unroll
+          for (int k = 0; k < kBlockK / 32; ++k) {
+            // Within a 128-byte swizzled row, the k-th 32-byte slice starts 32·k bytes further.
+            const unsigned long long da = smem_descriptor(a_stage + w * 64 * kBlockK + k * 32);
+            const unsigned long long db = smem_descriptor(b_stage + c * kMmaN * kBlockK + k * 32);
+            sm90::wgmma_e4m3(partial, da, db, k > 0 ? 1 : 0);  // overload by accumulator count = n/2
+          }
+          wgmma_commit();
+          wgmma_wait_all();
+          fence_registers(partial);
+
+          const float scale_lo = sa_lo[w] * sw[c];
+          const float scale_hi = sa_hi[w] * sw[c];
+#pragma unroll
+          for (int i = 0; i < kAccum / 4; ++i) {
+            promoted[w][c][4 * i + 0] = fmaf(partial[4 * i + 0], scale_lo, promoted[w][c][4 * i + 0]);
+            promoted[w][c][4 * i + 1] = fmaf(partial[4 * i + 1], scale_lo, promoted[w][c][4 * i + 1]);
+            promoted[w][c][4 * i + 2] = fmaf(partial[4 * i + 2], scale_hi, promoted[w][c][4 * i + 2]);
+            promoted[w][c][4 * i + 3] = fmaf(partial[4 * i + 3], scale_hi, promoted[w][c][4 * i + 3]);
+          }
+        }
+      }
+      // This warp's wgmmas have completed (wait_group 0), so its reads of the stage are done.
+      if (lane == 0) mbar_arrive(empty_bar + 8 * stage);
+      if (++stage == kStages) {
+        stage = 0;
+        phase ^= 1u;
+      }
+    }
+
+    if (next_tile < total_tiles) store_weight_scales((local_tile + 1) & 1);
+
+    // Epilogue: each thread writes pairs of adjacent columns of rows frag_row and frag_row + 8.
+#pragma unroll
+    for (int w = 0; w < kWavesM; ++w) {
+      if (!wave_active[w]) continue;
+      const int row_lo = current.row0 + wg_row0 + w * 64 + frag_row;
+      const int row_hi = row_lo + 8;
+      const bool store_lo = row_lo < current.row_end;
+      const bool store_hi = row_hi < current.row_end;
+#pragma unroll
+      for (int c = 0; c < kChunksN; ++c) {
+        const int col = current.n0 + wg_col0 + c * kMmaN + frag_col;
+#pragma unroll
+        for (int i = 0; i < kAccum / 4; ++i) {
+          const unsigned long long lo = static_cast<unsigned long long>(row_lo) * kShapeN + col + 8 * i;
+          const unsigned long long hi = lo + 8ull * kShapeN;
+          if (store_lo) store_pair(out, lo, promoted[w][c][4 * i + 0], promoted[w][c][4 * i + 1]);
+          if (store_hi) store_pair(out, hi, promoted[w][c][4 * i + 2], promoted[w][c][4 * i + 3]);
+        }
+      }
+    }
+
+    current = next;
+    tile = next_tile;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Reference kernel: the same formula on CUDA cores, one thread per output element, no TMA, no wgmma.
+// Slow; for diagnosing the fast kernel on the GPU (same inputs, plain pointers; sa may be read with
+// any row stride, so it takes the same [K/128, M_pad] layout as the fast kernel).
+
+extern "C" __global__ void __launch_bounds__(256)
+    megamoe_fp8_grouped_gemm_reference(const unsigned char* __restrict__ a, const unsigned char* __restrict__ b,
+                                       const float* __restrict__ a_scales, int m_pad,
+                                       const float* __restrict__ b_scales, const int* __restrict__ group_offsets,
+                                       void* __restrict__ out, int m_total) {
+  const long long index = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (index >= static_cast<long long>(m_total) * kShapeN) return;
+  const int row = static_cast<int>(index / kShapeN);
+  const int col = static_cast<int>(index % kShapeN);
+  int group = -1;
+  for (int g = 0; g < kGroups; ++g) {
+    if (row >= group_offsets[g] && row < group_offsets[g + 1]) {
+      group = g;
+      break;
+    }
+  }
+  if (group < 0) return;  // a row of no group is left untouched, like the fast kernel does
+  const unsigned char* a_row = a + static_cast<long long>(row) * kShapeK;
+  const unsigned char* b_row = b + (static_cast<long long>(group) * kShapeN + col) * kShapeK;
+  const float* sw = b_scales + (static_cast<long long>(group) * kScaleRowsPerGroup + col / kQuantBlock) * kKBlocks;
+  float acc = 0.0f;
+  for (int kb = 0; kb < kKBlocks; ++kb) {
+    float block_sum = 0.0f;
+    for (int k = kb * kBlockK; k < (kb + 1) * kBlockK; k += 2) {
+      const unsigned short a2 = *reinterpret_cast<const unsigned short*>(a_row + k);
+      const unsigned short b2 = *reinterpret_cast<const unsigned short*>(b_row + k);
+      unsigned a_half2, b_half2;  // e4m3x2 → f16x2 is exact
+      asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(a_half2) : "h"(a2));
+      asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(b_half2) : "h"(b2));
+      float a0, a1, b0, b1;
+      asm("{\n.reg .f16 l, h;\nmov.b32 {l, h}, %2;\ncvt.f32.f16 %0, l;\ncvt.f32.f16 %1, h;\n}\n"
+          : "=f"(a0), "=f"(a1)
+          : "r"(a_half2));
+      asm("{\n.reg .f16 l, h;\nmov.b32 {l, h}, %2;\ncvt.f32.f16 %0, l;\ncvt.f32.f16 %1, h;\n}\n"
+          : "=f"(b0), "=f"(b1)
+          : "r"(b_half2));
+      block_sum = fmaf(a0, b0, block_sum);
+      block_sum = fmaf(a1, b1, block_sum);
+    }
+    const float scale = a_scales[static_cast<long long>(kb) * m_pad + row] * sw[kb];
+    acc = fmaf(block_sum, scale, acc);
+  }
+  if constexpr (kOutBf16) {
+    unsigned short bits;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(bits) : "f"(acc));
+    static_cast<unsigned short*>(out)[index] = bits;
+  } else {
+    static_cast<float*>(out)[index] = acc;
+  }
+}
