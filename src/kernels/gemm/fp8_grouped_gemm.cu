@@ -26,7 +26,8 @@
 //
 // Compile-time parameters (-D from src/kernels/gemm/grouped_gemm.ts; defaults build the file alone):
 //   BLOCK_M 64|128, BLOCK_N 64|128|256, BLOCK_K 128, NUM_STAGES, NUM_MATH_WARPGROUPS 1|2,
-//   N (output columns), K, NUM_GROUPS, OUT_BF16 0|1.
+//   N (output columns), K, NUM_GROUPS, OUT_BF16 0|1. Diagnosis only: GEMM_SETMAXNREG 0|1 (default 1),
+//   GEMM_WATCHDOG_NS (default 2 s).
 
 #ifndef BLOCK_M
 #define BLOCK_M 128
@@ -55,11 +56,11 @@
 #ifndef OUT_BF16
 #define OUT_BF16 0
 #endif
-// Nanoseconds a barrier wait may take before the kernel gives up and reports a stalled pipeline.
 // 0 turns off the register hand-over between warpgroups (setmaxnreg), for diagnosis.
 #ifndef GEMM_SETMAXNREG
 #define GEMM_SETMAXNREG 1
 #endif
+// Nanoseconds a barrier wait may take before the kernel gives up and reports a stalled pipeline.
 #ifndef GEMM_WATCHDOG_NS
 #define GEMM_WATCHDOG_NS 2000000000ull
 #endif
@@ -400,6 +401,8 @@ __device__ __forceinline__ Tile decode_tile(int tile, int& cursor, const int* pr
   return Tile{cursor, rows.begin + m_block * kBlockM, rows.end, n_block * kBlockN};
 }
 
+__device__ __forceinline__ int clamp_int(int x, int lo, int hi) { return x < lo ? lo : (x > hi ? hi : x); }
+
 // Group row ranges (clamped into [0, m_total] so bad offsets cannot write out of bounds) and the tile
 // prefix, by one warp: each lane takes a run of consecutive groups, then a warp scan joins the runs.
 __device__ __forceinline__ void build_schedule(const int* group_offsets, int m_total, GroupRows* groups,
@@ -410,8 +413,8 @@ __device__ __forceinline__ void build_schedule(const int* group_offsets, int m_t
   const int last = first + kPerLane < kGroups ? first + kPerLane : kGroups;
   int tiles = 0;
   for (int g = first; g < last; ++g) {
-    const int lo = min(max(group_offsets[g], 0), m_total);
-    const int hi = min(max(group_offsets[g + 1], lo), m_total);
+    const int lo = clamp_int(group_offsets[g], 0, m_total);
+    const int hi = clamp_int(group_offsets[g + 1], lo, m_total);
     groups[g] = GroupRows{lo, hi};
     tiles += (hi - lo + kBlockM - 1) / kBlockM * kNBlocks;
   }
@@ -667,8 +670,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
 
 // ---------------------------------------------------------------------------------------------------
 // Reference kernel: the same formula on CUDA cores, one thread per output element, no TMA, no wgmma.
-// Slow; for diagnosing the fast kernel on the GPU (same inputs, plain pointers; sa may be read with
-// any row stride, so it takes the same [K/128, M_pad] layout as the fast kernel).
+// Slow; for diagnosing the fast kernel on the GPU: the same operands through plain pointers (sa in the
+// same [K/128, M_pad] layout), so a layout fault shows in both kernels and a fast-path fault in one.
 
 extern "C" __global__ void __launch_bounds__(256)
     megamoe_fp8_grouped_gemm_reference(const unsigned char* __restrict__ a, const unsigned char* __restrict__ b,

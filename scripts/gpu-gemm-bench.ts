@@ -1,0 +1,49 @@
+/**
+ * On the GPU host: every grouped-GEMM tile on the flash expert shapes (32 groups, M per group 64, 512,
+ * 4096), so the plan's cost model can be checked against measurement. Writes results JSON to argv[2].
+ */
+import { deviceSummary, gitCommit, openDevice, writeResults } from "../src/cuda/index.js";
+import {
+  benchmarkGroupedGemm,
+  type GroupedGemmBenchCase,
+  planGroupedGemm,
+} from "../src/kernels/gemm/grouped_gemm.js";
+
+const device = openDevice(0);
+const tiles = ["m64n128", "m128n128", "m64n256", "m128n256"] as const;
+const shapes = [
+  { name: "flash-L1", n: 4096, k: 4096 },
+  { name: "flash-L2", n: 4096, k: 2048 },
+];
+const rows = [];
+for (const s of shapes) {
+  for (const m of [64, 512, 4096]) {
+    const cases: GroupedGemmBenchCase[] = [
+      { config: s.name, groups: 32, mPerGroup: m, n: s.n, k: s.k },
+      ...tiles.map((tile) => ({ config: s.name, groups: 32, mPerGroup: m, n: s.n, k: s.k, tile })),
+    ];
+    for (const c of cases) {
+      try {
+        const [row] = benchmarkGroupedGemm(device, [c], { warmup: 5, iters: 20 });
+        const picked = c.tile === undefined ? "plan" : "forced";
+        rows.push({ ...row, choice: picked });
+        console.log(
+          `${s.name} M/group=${m} ${picked.padEnd(6)} ${String(row.tile).padEnd(9)} ${row.us_median.toFixed(1).padStart(8)} µs  floor ${row.floor_us.toFixed(1).padStart(7)}  ${row.tflops.toFixed(0).padStart(5)} TFLOP/s`,
+        );
+      } catch (e) {
+        console.log(
+          `${s.name} M/group=${m} ${c.tile ?? "plan"}: FAILED ${(e as Error).message.split("\n")[0]}`,
+        );
+      }
+    }
+  }
+}
+void planGroupedGemm;
+if (process.argv[2]) {
+  writeResults(process.argv[2], {
+    device: deviceSummary(device),
+    commit: process.env.MEGAMOE_COMMIT ?? gitCommit(),
+    command: "node dist-test/scripts/gpu-gemm-bench.js",
+    rows,
+  });
+}
