@@ -368,7 +368,15 @@ function nvrtcBackend(): Backend | { reason: string } {
   ): { cubin: Uint8Array; log: string } => {
     archNumber(arch);
     const source = fs.readFileSync(sourcePath, "utf8");
-    const all = [`--gpu-architecture=${arch}`, "-std=c++17", "-DMEGAMOE_JIT_NVRTC=1", ...options];
+    // -default-device: unannotated helpers are device code, as nvcc (which builds CI's check) treats
+    // constexpr ones; without it NVRTC rejects a kernel that nvcc accepted.
+    const all = [
+      `--gpu-architecture=${arch}`,
+      "-std=c++17",
+      "-default-device",
+      "-DMEGAMOE_JIT_NVRTC=1",
+      ...options,
+    ];
     if (cudaInclude.ok) all.push(`-I${cudaInclude.path}`);
     const outcome = nvrtcCompile(n, source, sourcePath, all);
     if (!outcome.ok) throw new KernelCompileError(sourcePath, "nvrtc", outcome.error, outcome.log);

@@ -135,7 +135,7 @@ constexpr int kMathRegisters = 232;
 // ---------------------------------------------------------------------------------------------------
 // Shared memory layout (byte offsets from a 1024-aligned base; grouped_gemm.ts mirrors this formula)
 
-constexpr unsigned align_up(unsigned x, unsigned a) { return (x + a - 1) / a * a; }
+__host__ __device__ constexpr unsigned align_up(unsigned x, unsigned a) { return (x + a - 1) / a * a; }
 
 constexpr unsigned kATileBytes = kBlockM * kBlockK;  // e4m3
 constexpr unsigned kBTileBytes = kBlockN * kBlockK;
