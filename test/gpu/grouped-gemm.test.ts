@@ -211,8 +211,8 @@ function bf16Step(x: number): number {
 
 /**
  * Compares output rows with expected rows (fp32 spec values). fp32 output: an element is bad when off
- * by more than 1e-2 relative to the row's RMS. bf16 output: bad when more than one bf16 step from the
- * expected value rounded to bf16.
+ * by more than 1e-2 relative to the row's RMS. bf16 output: bad when further than one bf16 step plus
+ * that bound from the expected value rounded to bf16.
  */
 function compareRows(
   got: (row: number, col: number) => number,
@@ -237,7 +237,9 @@ function compareRows(
       checked++;
       const isBad =
         outDtype === "bf16"
-          ? !(Math.abs(g - bf16BitsToF32(f32ToBf16Bits(r))) <= bf16Step(r) * 1.0001)
+          ? // FP8 wgmma accumulates with less than fp32 precision (DeepSeek-V3 reports ~14 bits), so
+            // allow the fp32 bound on top of one bf16 step.
+            !(Math.abs(g - bf16BitsToF32(f32ToBf16Bits(r))) <= bf16Step(r) * 1.0001 + 1e-2 * rms)
           : !(Math.abs(d) <= 1e-2 * rms);
       if (isBad) {
         bad++;
@@ -535,7 +537,11 @@ describe("grouped GEMM on a GPU", { skip }, () => {
     device = openDevice(0);
   });
 
-  for (const c of CASES) {
+  // Diagnosis: MEGAMOE_GEMM_CASE (a substring of case names) and MEGAMOE_GEMM_TILES (a comma list)
+  // narrow the run, so one failing tile can be studied alone (e.g. under compute-sanitizer).
+  const caseFilter = process.env.MEGAMOE_GEMM_CASE;
+  const tileFilter = process.env.MEGAMOE_GEMM_TILES?.split(",");
+  for (const c of CASES.filter((x) => caseFilter === undefined || x.name.includes(caseFilter))) {
     test(c.name, () => {
       const p = makeProblem(c.n, c.k, c.sizes, c.lead ?? 0, c.tail ?? 0);
       const kb = c.k / QUANT_BLOCK;
@@ -598,7 +604,7 @@ describe("grouped GEMM on a GPU", { skip }, () => {
           allRows.set(r, v);
         }
 
-        for (const tile of c.tiles) {
+        for (const tile of c.tiles.filter((t) => tileFilter === undefined || tileFilter.includes(t))) {
           const args: GroupedGemmArgs =
             tile === "plan" ? base : tile === "plan-1cta" ? { ...base, maxCtas: 1 } : { ...base, tile };
           out.fill(0xff);

@@ -139,7 +139,11 @@ __host__ __device__ constexpr unsigned align_up(unsigned x, unsigned a) { return
 
 constexpr unsigned kATileBytes = kBlockM * kBlockK;  // e4m3
 constexpr unsigned kBTileBytes = kBlockN * kBlockK;
-constexpr unsigned kSaBytes = kBlockM * 4;
+// A scales arrive by TMA from row0 rounded down to a multiple of 4: a box's start in the inner
+// dimension must be 16-byte aligned (an unaligned start is an illegal instruction), and groups start
+// at any row. So the box holds 4 more rows, and readers skip row0 % 4 of them.
+constexpr unsigned kSaBoxRows = kBlockM + 4;
+constexpr unsigned kSaBytes = kSaBoxRows * 4;
 constexpr unsigned kSaStride = align_up(kSaBytes, 128);
 constexpr unsigned kStageTxBytes = kATileBytes + kBTileBytes + kSaBytes;
 
@@ -498,7 +502,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
         const unsigned bar = full_bar + 8 * stage;
         mbar_arrive_expect_tx(bar, kStageTxBytes);
         tma_load_2d(a_smem + stage * kATileBytes, &map_a, bar, kb * kBlockK, t.row0);
-        tma_load_2d(sa_smem + stage * kSaStride, &map_sa, bar, t.row0, kb);
+        tma_load_2d(sa_smem + stage * kSaStride, &map_sa, bar, t.row0 & ~3, kb);
         tma_load_2d(b_smem + stage * kBTileBytes, &map_b, bar, kb * kBlockK, b_row);
         if (++stage == kStages) {
           stage = 0;
@@ -593,7 +597,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
 
       mbar_wait(full_bar + 8 * stage, phase, status, kStatusMathStalled, stage, iteration);
 
-      const unsigned sa_stage = sa_smem + stage * kSaStride;
+      const unsigned sa_stage = sa_smem + stage * kSaStride + (current.row0 & 3) * 4;
       float sa_lo[kWavesM], sa_hi[kWavesM];
 #pragma unroll
       for (int w = 0; w < kWavesM; ++w) {

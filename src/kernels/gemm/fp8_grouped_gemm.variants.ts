@@ -63,7 +63,8 @@ export function gemmSharedBytes(tile: GemmTile, stages: number, k: number, group
   const swRows = Math.ceil(tile.blockN / QUANT_BLOCK);
   const aTile = tile.blockM * GEMM_BLOCK_K;
   const bTile = tile.blockN * GEMM_BLOCK_K;
-  const saStride = alignUp(tile.blockM * 4, 128);
+  // A-scale box: BLOCK_M + 4 rows, its start aligned down to 4 rows (16 bytes), as the kernel loads it.
+  const saStride = alignUp((tile.blockM + 4) * 4, 128);
   const offSw = stages * (aTile + bTile + saStride);
   const offFull = alignUp(offSw + 2 * swRows * kBlocks * 4, 8);
   const offGroups = offFull + 16 * stages;

@@ -424,7 +424,7 @@ function encodeMaps(entry: GemmKernel, plan: GroupedGemmPlan, args: GroupedGemmA
     globalAddress: args.aScales.ptr,
     globalDims: [mPad, k / QUANT_BLOCK],
     globalStridesBytes: [mPad * 4],
-    boxDims: [blockM, 1],
+    boxDims: [blockM + 4, 1], // 4 more rows: the kernel aligns the box start down to 16 bytes
   });
   entry.mapsKey = mapsKey;
 }
