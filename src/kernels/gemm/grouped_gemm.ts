@@ -116,11 +116,13 @@ export interface GroupedGemmPlan {
  * Assumed tensor-core efficiency of a tile shape (fraction of the fp8 peak one SM reaches on a long K
  * loop). Two math warpgroups hide each other's promotion; one cannot. Guesses to calibrate on the GPU.
  */
+// Fractions of the dense FP8 rate each tile reached on the H200 at 512–4096 rows per group (flash L1/L2
+// shapes, bench/results/2026-12-03-h200-grouped-gemm-tiles.json).
 const TILE_EFFICIENCY: Readonly<Record<GemmTileName, number>> = {
-  m128n128: 0.78,
-  m128n256: 0.76, // until measured: the register-heavy shape must beat DeepGEMM's shape to be chosen
-  m64n256: 0.7,
-  m64n128: 0.45,
+  m128n128: 0.57,
+  m128n256: 0.65,
+  m64n256: 0.61,
+  m64n128: 0.43,
 };
 /** Bandwidth one SM can draw from memory with its TMA pipeline (a guess; caps small grids). */
 const PER_SM_BYTES_PER_S = 1.2e11;
