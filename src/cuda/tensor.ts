@@ -166,17 +166,46 @@ export class DeviceTensor<D extends DType = DType> {
   readonly bytes: number;
   private address: bigint;
   private disposed = false;
+  /** For a view: the tensor whose memory it reads (a view owns nothing). */
+  private readonly base: DeviceTensor | null;
 
-  private constructor(device: Device, dtype: D, shape: readonly number[]) {
+  private constructor(
+    device: Device,
+    dtype: D,
+    shape: readonly number[],
+    view?: { base: DeviceTensor; address: bigint },
+  ) {
     this.bytes = tensorBytes(dtype, shape);
     this.numel = elementCount(shape);
     this.device = device;
     this.dtype = dtype;
     this.shape = Object.freeze([...shape]);
     this.strides = Object.freeze(contiguousStrides(shape));
+    this.base = view?.base ?? null;
+    if (view !== undefined) {
+      this.address = view.address;
+      return;
+    }
     this.address = device.alloc(this.bytes);
     const record = { description: describeTensor(dtype, shape), bytes: this.bytes, site: allocationSite() };
     leakRegistry.register(this, record, this);
+  }
+
+  /**
+   * A tensor of `shape` over this one's memory from element `offset` on (buffers sized for a maximum
+   * are used at the batch's size). It owns nothing: disposing it is a no-op, and it is unusable once
+   * the tensor it views is disposed.
+   */
+  view(shape: readonly number[], offset = 0): DeviceTensor<D> {
+    const count = elementCount(shape);
+    if (!Number.isInteger(offset) || offset < 0 || offset + count > this.numel) {
+      throw new RangeError(
+        `view ${describeTensor(this.dtype, shape)} at element ${offset} does not fit in ${describeTensor(this.dtype, this.shape)}`,
+      );
+    }
+    const root = this.base ?? this;
+    const address = this.ptr + BigInt(offset * DTYPE_BYTES[this.dtype]);
+    return new DeviceTensor(this.device, this.dtype, shape, { base: root, address });
   }
 
   /** Uninitialized tensor (use `fill` to poison it when a test must catch unwritten elements). */
@@ -204,7 +233,7 @@ export class DeviceTensor<D extends DType = DType> {
 
   /** Device address of element 0. Throws after dispose. */
   get ptr(): bigint {
-    if (this.disposed)
+    if (this.disposed || this.base?.isDisposed)
       throw new Error(`DeviceTensor ${describeTensor(this.dtype, this.shape)} used after dispose()`);
     return this.address;
   }
@@ -241,6 +270,7 @@ export class DeviceTensor<D extends DType = DType> {
   dispose(): void {
     if (this.disposed) return;
     this.disposed = true;
+    if (this.base !== null) return;
     leakRegistry.unregister(this);
     this.device.free(this.address);
     this.address = 0n;

@@ -14,4 +14,11 @@ __device__ __forceinline__ float bf16x2_high_to_float(unsigned int word) {
   return __uint_as_float(word & 0xffff0000u);
 }
 
+// Two fp32 values to packed bf16, round to nearest even (NaN stays NaN), element `lo` in the low half.
+__device__ __forceinline__ unsigned int bf16x2_from_floats(float lo, float hi) {
+  unsigned int packed;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(packed) : "f"(hi), "f"(lo));  // first source -> high half
+  return packed;
+}
+
 }  // namespace megamoe

@@ -23,6 +23,13 @@ __device__ __forceinline__ float div_rn(float x, float y) {
   return r;
 }
 
+// x + y rounded to nearest even: what Math.fround(x + y) gives on the CPU (never fused with a multiply).
+__device__ __forceinline__ float add_rn(float x, float y) {
+  float r;
+  asm("add.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(x), "f"(y));
+  return r;
+}
+
 // 1 / x correctly rounded; equal to div_rn(1, x) for every x.
 __device__ __forceinline__ float rcp_rn(float x) {
   float r;
