@@ -1,6 +1,7 @@
 /** `megamoe bench`: time a kernel family over a sweep, print a table, write the results file. */
 import Table from "cli-table3";
 import pc from "picocolors";
+import { benchmarkUnfusedLayer } from "../bench/layer.js";
 import {
   cudaAvailability,
   deviceSummary,
@@ -15,12 +16,20 @@ import { progressBar } from "./progress.js";
 
 export interface BenchOptions {
   impl: string;
-  tokens: number[];
+  shape: string;
+  shared: boolean;
+  seed: number;
+  graph?: boolean;
+  tokens?: number[];
   hidden: number[];
   format: string;
   out?: string;
   json?: boolean;
 }
+
+/** 1, 2, 4, …, 8192. */
+export const LAYER_TOKENS = Array.from({ length: 14 }, (_, i) => 2 ** i);
+const QUANT_TOKENS = [1, 7, 129, 1024, 4096, 8192];
 
 export function parseList(value: string): number[] {
   const list = value.split(",").map((v) => Number(v.trim()));
@@ -59,21 +68,37 @@ export function resultsTable(rows: readonly ResultRow[]): string {
 export async function runBench(opts: BenchOptions): Promise<void> {
   const cuda = cudaAvailability();
   if (!cuda.ok) throw new Error(`bench needs a CUDA GPU: ${cuda.reason}`);
-  if (opts.impl !== "quant") throw new Error(`--impl must be "quant" in this version, got "${opts.impl}"`);
+  if (opts.impl !== "quant" && opts.impl !== "unfused") {
+    throw new Error(`--impl must be "quant" or "unfused", got "${opts.impl}"`);
+  }
   if (opts.format !== "fp32" && opts.format !== "ue8m0") {
     throw new Error(`--format must be fp32 or ue8m0, got "${opts.format}"`);
   }
   const device = openDevice(0);
   const copy = measureCopyCeiling(device);
-  const shapes = opts.hidden.flatMap((hidden) => opts.tokens.map((tokens) => ({ tokens, hidden })));
   const bar = progressBar(`bench ${opts.impl}`);
   const rows: ResultRow[] = [];
-  shapes.forEach((shape, i) => {
+  if (opts.impl === "unfused") {
     rows.push(
-      ...benchmarkQuant(device, [shape], { format: opts.format as "fp32" | "ue8m0", copyTbps: copy.tbps }),
+      ...benchmarkUnfusedLayer(device, {
+        shape: opts.shape,
+        tokens: opts.tokens ?? LAYER_TOKENS,
+        shared: opts.shared,
+        seed: opts.seed,
+        copyTbps: copy.tbps,
+        graph: opts.graph,
+        onProgress: (d, t) => bar.update(d, t),
+      }),
     );
-    bar.update(i + 1, shapes.length);
-  });
+  } else {
+    const tokens = opts.tokens ?? QUANT_TOKENS;
+    const shapes = opts.hidden.flatMap((hidden) => tokens.map((t) => ({ tokens: t, hidden })));
+    shapes.forEach((shape, i) => {
+      const format = opts.format as "fp32" | "ue8m0";
+      rows.push(...benchmarkQuant(device, [shape], { format, copyTbps: copy.tbps }));
+      bar.update(i + 1, shapes.length);
+    });
+  }
   bar.stop();
   if (opts.out !== undefined) {
     writeResults(opts.out, {

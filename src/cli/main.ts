@@ -72,10 +72,16 @@ program
 
 program
   .command("bench")
-  .description("time a kernel family over a sweep on the GPU: table, results JSON")
-  .option("--impl <name>", "kernel family: quant", "quant")
-  .option("--tokens <list>", "token counts", parseList, [1, 7, 129, 1024, 4096, 8192])
-  .option("--hidden <list>", "hidden sizes", parseList, [4096, 7168])
+  .description(
+    "time the layer (unfused) or a kernel (quant) over a token sweep on the GPU: table, results JSON",
+  )
+  .option("--impl <name>", "unfused (the layer) or quant (the input quantization kernel)", "unfused")
+  .option("--shape <name>", shapeHelp, "flash-ep8")
+  .option("--shared <0|1>", "include the shared expert", sharedFlag, true)
+  .option("--seed <n>", "seed of weights, inputs and routing", nonNegativeInt, 1)
+  .option("--graph", "time CUDA-graph replays (launch cost hidden)")
+  .option("--tokens <list>", "token counts (default 1,2,4,…,8192; quant: 1,7,129,1024,4096,8192)", parseList)
+  .option("--hidden <list>", "quant only: hidden sizes", parseList, [4096, 7168])
   .option("--format <fmt>", "activation scale format: fp32 or ue8m0", "fp32")
   .option("--out <file>", "write the results JSON here (bench/results/...)")
   .option("--json", "print the rows as JSON")
