@@ -13,3 +13,6 @@ for shared in 1 0; do
   timeout 300 node dist/cli/main.js bench --impl unfused --shape flash-ep8 --shared $shared \
     --out "$out/unfused-flash-ep8-shared$shared.json" 2>&1 | tee "$out/bench-flash-ep8-shared$shared.txt"
 done
+export PYTHONUNBUFFERED=1
+timeout 200 python3 bench/peers/torch_moe.py --shape flash-ep8 --shared 1 --out "$out/torch-flash-ep8-shared1.json" 2>&1 | tail -16
+timeout 100 python3 bench/peers/torch_moe.py --grouped-gemm-only --out "$out/torch-grouped-gemm.json" 2>&1 | tail -8
