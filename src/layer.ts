@@ -4,57 +4,120 @@
  */
 import { type MoEConfig, validateConfig } from "./config/config.js";
 import { cudaAvailability, type Device, DeviceTensor, openDevice, type Stream } from "./cuda/index.js";
-import { UnfusedPipeline } from "./pipeline/unfused.js";
+import { forwardProblem, UnfusedPipeline } from "./pipeline/unfused.js";
 import { type Routing, referenceMoE } from "./reference/moe.js";
 import { routeTokens, validateRouting } from "./reference/router.js";
 import { DeviceMoEWeights } from "./weights/device.js";
+import { GeneratedWeights } from "./weights/generate.js";
 import type { MoEWeightSource } from "./weights/types.js";
 
 export type Backend = "cpu" | "cuda";
 
-/** The GPU side of a layer: weights, the pipeline and I/O buffers, all sized for maxTokens. */
+export interface MoELayerOptions {
+  /** "cpu" (default): the reference. "cuda": the GPU pipeline. */
+  backend?: Backend;
+  /** The GPU of a "cuda" layer: a Device or its ordinal (default 0). */
+  device?: Device | number;
+}
+
+/** Operands of `MoELayer.forwardDevice`, all on the layer's device. */
+export interface DeviceForwardArgs {
+  /** bf16 [tokens, hidden]. Not checked for non-finite values (that would cost a host copy). */
+  x: DeviceTensor;
+  /** int32 [tokens, topK]: expert ids, −1 for an unused slot (ids outside [0, E) count as −1). */
+  ids: DeviceTensor;
+  /** fp32 [tokens, topK]: routing weights. */
+  weights: DeviceTensor;
+  /** bf16 [tokens, hidden], written. */
+  out: DeviceTensor;
+  tokens: number;
+  /** Include the shared expert (default: true when the config has one). */
+  shared?: boolean;
+}
+
+/** A device generator of seeded weights (src/weights/device.ts), when that module provides one. */
+interface DeviceWeightGenerator {
+  generate(device: Device, config: MoEConfig, seed: number): DeviceMoEWeights;
+}
+
+function hasDeviceGenerator(c: object): c is DeviceWeightGenerator {
+  return typeof (c as Partial<DeviceWeightGenerator>).generate === "function";
+}
+
+/**
+ * The layer's weights on the device: generated there from the seed when the source is a
+ * `GeneratedWeights` (the same values, without making every expert on the CPU first), else uploaded.
+ */
+function deviceWeightsFor(device: Device, source: MoEWeightSource): DeviceMoEWeights {
+  if (source instanceof GeneratedWeights && hasDeviceGenerator(DeviceMoEWeights)) {
+    return DeviceMoEWeights.generate(device, source.config, source.seed);
+  }
+  return DeviceMoEWeights.upload(device, source);
+}
+
+/** The GPU side of a layer: weights, the pipeline and host-facing I/O buffers, all sized for maxTokens. */
 class CudaState {
+  readonly device: Device;
   readonly weights: DeviceMoEWeights;
   readonly pipeline: UnfusedPipeline;
-  readonly x: DeviceTensor;
-  readonly ids: DeviceTensor;
-  readonly routingWeights: DeviceTensor;
-  readonly out: DeviceTensor;
-  readonly stream: Stream;
+  private readonly owned: DeviceTensor[] = [];
+  private readonly x: DeviceTensor;
+  private readonly ids: DeviceTensor;
+  private readonly routingWeights: DeviceTensor;
+  private readonly out: DeviceTensor;
+  private readonly stream: Stream;
 
-  constructor(
-    readonly device: Device,
-    source: MoEWeightSource,
-  ) {
+  constructor(device: Device, source: MoEWeightSource) {
     const c = source.config;
-    this.weights = DeviceMoEWeights.upload(device, source);
-    this.pipeline = new UnfusedPipeline(device, this.weights, c.maxTokens);
-    this.x = DeviceTensor.empty(device, "bf16", [c.maxTokens, c.hidden]);
-    this.ids = DeviceTensor.empty(device, "int32", [c.maxTokens, c.topK]);
-    this.routingWeights = DeviceTensor.empty(device, "fp32", [c.maxTokens, c.topK]);
-    this.out = DeviceTensor.empty(device, "bf16", [c.maxTokens, c.hidden]);
-    this.stream = device.createStream();
+    this.device = device;
+    this.weights = deviceWeightsFor(device, source);
+    try {
+      this.pipeline = new UnfusedPipeline(device, this.weights, c.maxTokens);
+    } catch (e) {
+      this.weights.dispose();
+      throw e;
+    }
+    const alloc = (dtype: "bf16" | "int32" | "fp32", shape: number[]) => {
+      const t = DeviceTensor.empty(device, dtype, shape);
+      this.owned.push(t);
+      return t;
+    };
+    try {
+      this.x = alloc("bf16", [c.maxTokens, c.hidden]);
+      this.ids = alloc("int32", [c.maxTokens, c.topK]);
+      this.routingWeights = alloc("fp32", [c.maxTokens, c.topK]);
+      this.out = alloc("bf16", [c.maxTokens, c.hidden]);
+      this.stream = device.createStream();
+    } catch (e) {
+      this.release();
+      throw e;
+    }
   }
 
+  /** Uploads x and the routing, runs the pipeline, downloads the bf16 output (waits for it). */
   forward(x: Uint16Array, tokens: number, routing: Routing, shared: boolean): Uint16Array {
     const c = this.weights.config;
     const xv = this.x.view([tokens, c.hidden]);
     const ids = this.ids.view([tokens, c.topK]);
-    const w = this.routingWeights.view([tokens, c.topK]);
+    const weights = this.routingWeights.view([tokens, c.topK]);
     const out = this.out.view([tokens, c.hidden]);
     xv.copyFromHost(x, this.stream);
     ids.copyFromHost(routing.ids, this.stream);
-    w.copyFromHost(routing.weights, this.stream);
-    this.pipeline.forward({ x: xv, ids, weights: w, out, tokens, shared }, this.stream);
+    weights.copyFromHost(routing.weights, this.stream);
+    this.pipeline.forward({ x: xv, ids, weights, out, tokens, shared }, this.stream);
     this.stream.synchronize();
     return out.toHost() as Uint16Array;
   }
 
   dispose(): void {
+    this.stream.destroy();
+    this.release();
+  }
+
+  private release(): void {
     this.pipeline.dispose();
     this.weights.dispose();
-    for (const t of [this.x, this.ids, this.routingWeights, this.out]) t.dispose();
-    this.stream.destroy();
+    for (const t of this.owned) t.dispose();
   }
 }
 
@@ -76,18 +139,23 @@ export interface ForwardResult {
   routing: Routing;
 }
 
-/** Throws InputError unless x is bf16 bits [tokens, hidden] of finite values and tokens fits. */
-export function validateInput(x: unknown, tokens: number, config: MoEConfig): asserts x is Uint16Array {
-  if (!(x instanceof Uint16Array)) {
-    const kind = x === null || typeof x !== "object" ? typeof x : (x.constructor?.name ?? "object");
-    throw new InputError(`x must be a Uint16Array of bf16 bits, got ${kind}`);
-  }
+/** Throws InputError unless tokens is a positive integer no larger than the layer's maxTokens. */
+export function validateTokens(tokens: number, config: MoEConfig): void {
   if (!Number.isInteger(tokens) || tokens < 1) {
     throw new InputError(`tokens must be a positive integer, got ${tokens}`);
   }
   if (tokens > config.maxTokens) {
     throw new InputError(`too many tokens: ${tokens} > maxTokens ${config.maxTokens} of this layer`);
   }
+}
+
+/** Throws InputError unless x is bf16 bits [tokens, hidden] of finite values and tokens fits. */
+export function validateInput(x: unknown, tokens: number, config: MoEConfig): asserts x is Uint16Array {
+  if (!(x instanceof Uint16Array)) {
+    const kind = x === null || typeof x !== "object" ? typeof x : (x.constructor?.name ?? "object");
+    throw new InputError(`x must be a Uint16Array of bf16 bits, got ${kind}`);
+  }
+  validateTokens(tokens, config);
   if (x.length !== tokens * config.hidden) {
     throw new InputError(
       `x has ${x.length} elements; expected tokens × hidden = ${tokens} × ${config.hidden} = ${tokens * config.hidden}`,
@@ -105,33 +173,48 @@ export class MoELayer {
   readonly config: MoEConfig;
   readonly backend: Backend;
   private readonly weights: MoEWeightSource;
-
   private readonly cuda: CudaState | null = null;
+  private disposed = false;
 
   /**
-   * backend "cuda" uploads the weights to the device (default ordinal 0) and sizes every buffer for
-   * config.maxTokens; call `dispose()` to free them.
+   * backend "cuda" puts the weights on the device (generated there for a `GeneratedWeights` source,
+   * uploaded otherwise) and sizes every buffer for config.maxTokens; call `dispose()` to free them.
    */
-  constructor(weights: MoEWeightSource, options: { backend?: Backend; device?: number } = {}) {
+  constructor(weights: MoEWeightSource, options: MoELayerOptions = {}) {
     this.config = validateConfig(weights.config);
     this.weights = weights;
     this.backend = options.backend ?? "cpu";
     if (this.backend === "cuda") {
-      const a = cudaAvailability();
-      if (!a.ok) throw new InputError(`backend "cuda" needs a CUDA GPU: ${a.reason}`);
-      this.cuda = new CudaState(openDevice(options.device ?? 0), weights);
+      const device = options.device ?? 0;
+      if (typeof device === "number") {
+        const a = cudaAvailability();
+        if (!a.ok) throw new InputError(`backend "cuda" needs a CUDA GPU: ${a.reason}`);
+      }
+      this.cuda = new CudaState(typeof device === "number" ? openDevice(device) : device, weights);
     } else if (this.backend !== "cpu") {
       throw new InputError(`unknown backend "${String(this.backend)}" (expected "cpu" or "cuda")`);
     }
   }
 
-  /** Frees the device memory of a "cuda" layer (a no-op on the CPU). */
+  /** The GPU of a "cuda" layer (null on the CPU). */
+  get device(): Device | null {
+    return this.cuda?.device ?? null;
+  }
+
+  /** Frees the device memory of a "cuda" layer (a no-op on the CPU). Idempotent. */
   dispose(): void {
+    if (this.disposed) return;
+    this.disposed = true;
     this.cuda?.dispose();
+  }
+
+  private checkUsable(): void {
+    if (this.disposed) throw new InputError("MoELayer used after dispose()");
   }
 
   /** Routes (unless routing is given) and computes the layer for bf16 x [tokens, hidden]. */
   forward(x: Uint16Array, tokens: number, options: ForwardOptions = {}): ForwardResult {
+    this.checkUsable();
     validateInput(x, tokens, this.config);
     let routing = options.routing;
     if (routing === undefined) {
@@ -149,5 +232,23 @@ export class MoELayer {
       onProgress: options.onProgress,
     });
     return { out, routing };
+  }
+
+  /**
+   * Queues the layer on device tensors (benchmarks, callers that keep activations on the GPU) on
+   * `stream` (null: the legacy default stream) and returns without waiting. Routing must be given:
+   * the gate runs on the CPU. Checks tokens, dtypes, shapes and the device (InputError); x and the
+   * routing values stay on the device unchecked. "cuda" backend only.
+   */
+  forwardDevice(args: DeviceForwardArgs, stream: Stream | null = null): void {
+    this.checkUsable();
+    if (this.cuda === null)
+      throw new InputError(`forwardDevice needs the "cuda" backend, not "${this.backend}"`);
+    validateTokens(args.tokens, this.config);
+    const shared = (args.shared ?? true) && this.config.numShared > 0;
+    const f = { ...args, shared };
+    const problem = forwardProblem(this.config, this.config.maxTokens, this.cuda.device, f);
+    if (problem !== null) throw new InputError(problem);
+    this.cuda.pipeline.forward(f, stream);
   }
 }

@@ -70,7 +70,7 @@ class TorchMoE:
             return torch._scaled_grouped_mm(
                 a, w.transpose(-2, -1), sa, sw, offs=offs, out_dtype=torch.bfloat16, use_fast_accum=True
             )
-        out = torch.empty(a.shape[0], w.shape[1], device="cuda", dtype=torch.bfloat16)
+        out = torch.zeros(a.shape[0], w.shape[1], device="cuda", dtype=torch.bfloat16)
         start = 0
         for e, end in enumerate(offs.tolist()):
             if end > start:
@@ -94,14 +94,17 @@ class TorchMoE:
         T = x.shape[0]
         xq, xs = quant_rows(x)
         flat = ids.reshape(-1)
+        # No host synchronization (graph-capturable): rows are laid out for the upper bound
+        # T·k + 15·E (each expert padded to 16), and output sizes are given to repeat_interleave.
         order = torch.argsort(flat, stable=True)
-        counts = torch.bincount(flat, minlength=E)
+        counts = torch.zeros(E, device="cuda", dtype=torch.int64).scatter_add_(0, flat, torch.ones_like(flat))
         padded = (counts + 15) // 16 * 16
         offs = torch.cumsum(padded, 0).to(torch.int32)
         starts = offs - padded
-        rank = torch.arange(T * k, device="cuda") - torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts)
-        dest = torch.repeat_interleave(starts, counts) + rank
-        rows = int(offs[-1].item()) if self.grouped else int(offs[-1])
+        n = T * k
+        first = torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts, output_size=n)
+        dest = torch.repeat_interleave(starts, counts, output_size=n) + torch.arange(n, device="cuda") - first
+        rows = n + 15 * E
         src_tok = order // k
         a = torch.zeros(rows, p["H"], device="cuda", dtype=torch.uint8)
         sa = torch.ones(rows, device="cuda", dtype=torch.float32)
@@ -215,7 +218,11 @@ def main():
                 print(f"_scaled_grouped_mm failed ({str(e).splitlines()[0]}); falling back to a _scaled_mm loop", flush=True)
                 moe.grouped = False
                 impl = "torch-loop"
-            med, lo, hi = time_cuda(f, args.iters, args.graph and moe.grouped, flush)
+            try:
+                med, lo, hi = time_cuda(f, args.iters, args.graph and moe.grouped, flush)
+            except RuntimeError as e:
+                print(f"T={T}: graph capture failed ({str(e).splitlines()[0]}); timing eagerly", flush=True)
+                med, lo, hi = time_cuda(f, args.iters, False, flush)
             rows.append(dict(config=args.shape, tokens=T, shared=args.shared == 1, impl=impl, us_median=med, us_min=lo, us_max=hi,
                              floor_us=0.0, tflops=0.0, tbps=0.0, graph=args.graph))
             print(f"{args.shape} T={T}: {med:.1f} us ({impl})", flush=True)

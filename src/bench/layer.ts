@@ -69,6 +69,34 @@ export interface LayerBenchOptions {
   onProgress?: (done: number, total: number) => void;
 }
 
+/**
+ * Keeps the GPU busy for a few hundred milliseconds before the first measurement: an idle H200 sits at
+ * a low clock (345 MHz seen), and the first case of a sweep would otherwise pay for the ramp.
+ */
+function warmUp(
+  device: Device,
+  pipeline: UnfusedPipeline,
+  config: MoEConfig,
+  tokens: number,
+  shared: boolean,
+) {
+  const routing = randomRouting(1, tokens, config);
+  const x = DeviceTensor.empty(device, "bf16", [tokens, config.hidden]);
+  const ids = DeviceTensor.fromHost(device, "int32", [tokens, config.topK], routing.ids);
+  const w = DeviceTensor.fromHost(device, "fp32", [tokens, config.topK], routing.weights);
+  const out = DeviceTensor.empty(device, "bf16", [tokens, config.hidden]);
+  try {
+    x.fill(0x3c); // bf16 0x3c3c ≈ 0.0115: finite and nonzero
+    const start = performance.now();
+    while (performance.now() - start < 300) {
+      pipeline.forward({ x, ids, weights: w, out, tokens, shared }, null);
+      device.synchronize();
+    }
+  } finally {
+    for (const t of [x, ids, w, out]) t.dispose();
+  }
+}
+
 /** Times the unfused pipeline at every token count (L2 flushed before each run). */
 export function benchmarkUnfusedLayer(device: Device, o: LayerBenchOptions): ResultRow[] {
   const maxTokens = Math.max(...o.tokens);
@@ -77,6 +105,7 @@ export function benchmarkUnfusedLayer(device: Device, o: LayerBenchOptions): Res
   const pipeline = new UnfusedPipeline(device, weights, maxTokens);
   const rows: ResultRow[] = [];
   try {
+    warmUp(device, pipeline, config, maxTokens, o.shared);
     o.tokens.forEach((tokens, i) => {
       const routing = randomRouting(o.seed + tokens, tokens, config);
       const x = DeviceTensor.fromHost(
@@ -91,7 +120,7 @@ export function benchmarkUnfusedLayer(device: Device, o: LayerBenchOptions): Res
       try {
         const run = (s: Parameters<Parameters<typeof timeKernel>[1]>[0]) =>
           pipeline.forward({ x, ids, weights: w, out, tokens, shared: o.shared }, s);
-        const t = timeKernel(device, run, { warmup: 3, iters: o.iters ?? 20, graph: o.graph ?? false });
+        const t = timeKernel(device, run, { warmup: 5, iters: o.iters ?? 30, graph: o.graph ?? false });
         const f = layerFloor(config, tokens, routing, o.shared, o.copyTbps, o.fp8Tflops);
         rows.push({
           config: config.name,

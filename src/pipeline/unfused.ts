@@ -1,240 +1,342 @@
 /**
- * The MoE layer on the GPU as a sequence of launches: quantize → layout → gather → L1 grouped GEMM
- * → SwiGLU + re-quantization → L2 grouped GEMM → shared expert (the same three steps as one group)
- * → combine. Every buffer is sized once for `maxTokens`; `forward` allocates nothing and never waits
- * on the host (the GEMMs are sized by the upper bound T·k rows, and rows that belong to no expert are
- * skipped on the device), so a forward can be captured in a CUDA graph.
+ * The MoE layer on the GPU as a sequence of launches (the unfused baseline):
+ *
+ *   quantize x → dispatch layout → gather → L1 grouped GEMM (fp32) → SwiGLU + re-quantization
+ *   → L2 grouped GEMM (bf16) → shared expert (scale transpose, L1, SwiGLU, L2 as one group) → combine
+ *
+ * Every buffer is allocated once, sized for `maxTokens`; a forward uses views of them. Nothing waits on
+ * the host: the expert-sorted buffers and the GEMMs are sized by the upper bound T·k rows, and the real
+ * row count group_offsets[E] is read on the device (rows that belong to no expert are skipped). So a
+ * forward can be captured in a CUDA graph, once `warmup(tokens)` (or an eager forward of that size) has
+ * compiled and loaded every kernel it uses: compilation, module loading and the GEMM's one-time status
+ * buffer are host work that capture forbids.
  */
-import { QUANT_BLOCK, sharedIntermediate } from "../config/config.js";
-import {
-  compileKernel,
-  type Device,
-  DeviceTensor,
-  type Kernel,
-  KernelArgs,
-  loadKernel,
-  type Stream,
-} from "../cuda/index.js";
+import { type MoEConfig, QUANT_BLOCK, sharedIntermediate } from "../config/config.js";
+import { type Device, DeviceTensor, type Stream } from "../cuda/index.js";
 import { aScalesRows, groupedGemmFp8 } from "../kernels/gemm/grouped_gemm.js";
-import { moeUnfusedDefines } from "../kernels/moe/moe_unfused.variants.js";
+import {
+  combineOnDevice,
+  dispatchLayoutOnDevice,
+  expectTensor,
+  gatherRowsOnDevice,
+  loadMoeKernels,
+  MOE_MAX_EXPERTS,
+  type RowCount,
+  swigluQuantizeOnDevice,
+} from "../kernels/moe/moe.js";
 import { quantizeOnDevice } from "../kernels/quant/quant.js";
 import type { DeviceExpertPair, DeviceMoEWeights } from "../weights/device.js";
 
+/** One forward's operands, all on the pipeline's device. */
 export interface UnfusedForward {
   /** bf16 [T, H]. */
   x: DeviceTensor;
-  /** int32 [T, k], −1 = slot not routed. */
+  /** int32 [T, k]: expert ids; −1 (or any id outside [0, E)) = slot not routed. */
   ids: DeviceTensor;
-  /** fp32 [T, k]. */
+  /** fp32 [T, k]: routing weights. */
   weights: DeviceTensor;
-  /** bf16 [T, H]. */
+  /** bf16 [T, H], written. */
   out: DeviceTensor;
   tokens: number;
+  /** Add the shared expert (ignored when the layer has none, as in the CPU reference). */
   shared: boolean;
 }
 
-const THREADS = 256;
-
-interface MoeKernels {
-  layout: Kernel;
-  gather: Kernel;
-  transpose: Kernel;
-  swiglu: Kernel;
-  combine: Kernel;
+/**
+ * The first thing wrong with a forward's operands (dtype, shape, device), or null. Pure host checks, so
+ * the layer can turn them into its own error type.
+ */
+export function forwardProblem(
+  config: MoEConfig,
+  maxTokens: number,
+  device: Device,
+  f: UnfusedForward,
+): string | null {
+  const { tokens } = f;
+  if (!Number.isInteger(tokens) || tokens < 1 || tokens > maxTokens) {
+    return `tokens must be an integer in [1, ${maxTokens}], got ${tokens}`;
+  }
+  const H = config.hidden;
+  const k = config.topK;
+  try {
+    expectTensor("forward", "x", f.x, "bf16", [tokens, H], device);
+    expectTensor("forward", "ids", f.ids, "int32", [tokens, k], device);
+    expectTensor("forward", "weights", f.weights, "fp32", [tokens, k], device);
+    expectTensor("forward", "out", f.out, "bf16", [tokens, H], device);
+  } catch (e) {
+    return (e as Error).message;
+  }
+  return null;
 }
 
-/** Intermediate buffers of one expert MLP, sized for `rows` rows. */
+/** Buffers of one expert MLP over `rows` rows (the routed experts: T·k; the shared expert: T). */
 interface MlpBuffers {
-  aq: DeviceTensor;
-  aScales: DeviceTensor;
+  /** fp32 [rows, 2I]. */
   l1: DeviceTensor;
+  /** e4m3 [rows, I]. */
   hq: DeviceTensor;
+  /** fp32 [I/128, M_pad]. */
   hScales: DeviceTensor;
+  /** bf16 [rows, H]. */
   l2: DeviceTensor;
 }
 
-function mlpBuffers(
+function allocMlp(
   device: Device,
   rows: number,
   hidden: number,
   inter: number,
-  withInput: boolean,
+  owned: DeviceTensor[],
 ): MlpBuffers {
-  const pad = aScalesRows(rows);
-  return {
-    aq: DeviceTensor.empty(device, "fp8_e4m3", [withInput ? rows : 1, hidden]),
-    aScales: DeviceTensor.empty(device, "fp32", [hidden / QUANT_BLOCK, pad]),
-    l1: DeviceTensor.empty(device, "fp32", [rows, 2 * inter]),
-    hq: DeviceTensor.empty(device, "fp8_e4m3", [rows, inter]),
-    hScales: DeviceTensor.empty(device, "fp32", [inter / QUANT_BLOCK, pad]),
-    l2: DeviceTensor.empty(device, "bf16", [rows, hidden]),
+  const alloc = (dtype: "fp32" | "fp8_e4m3" | "bf16", shape: number[]) => {
+    const t = DeviceTensor.empty(device, dtype, shape);
+    owned.push(t);
+    return t;
   };
+  return {
+    l1: alloc("fp32", [rows, 2 * inter]),
+    hq: alloc("fp8_e4m3", [rows, inter]),
+    hScales: alloc("fp32", [(inter / QUANT_BLOCK) * aScalesRows(rows)]),
+    l2: alloc("bf16", [rows, hidden]),
+  };
+}
+
+/** Views of an MLP's buffers for `rows` rows, in the shapes the launchers check. */
+function mlpViews(b: MlpBuffers, rows: number, hidden: number, inter: number): MlpBuffers {
+  return {
+    l1: b.l1.view([rows, 2 * inter]),
+    hq: b.hq.view([rows, inter]),
+    hScales: b.hScales.view([inter / QUANT_BLOCK, aScalesRows(rows)]),
+    l2: b.l2.view([rows, hidden]),
+  };
+}
+
+/** Every view one token count uses (made once per token count, kept for the next forward). */
+interface BatchViews {
+  tokens: number;
+  xq: DeviceTensor;
+  xScales: DeviceTensor;
+  /** The gathered routed rows: e4m3 [T·k, H] and fp32 [H/128, pad(T·k)]. */
+  aq: DeviceTensor;
+  aScales: DeviceTensor;
+  routed: MlpBuffers;
+  /** fp32 [H/128, pad(T)]: x's scales transposed for the shared expert's GEMM. */
+  sharedScales: DeviceTensor | null;
+  shared: MlpBuffers | null;
+}
+
+/** One expert MLP's launch sequence: which weights, groups and rows, and where its data lives. */
+interface MlpRun {
+  weights: DeviceExpertPair;
+  groups: number;
+  /** int32 [groups + 1]: the GEMMs' row ranges, read on the device. */
+  offsets: DeviceTensor;
+  /** The real row count for SwiGLU (null: all `rows`). */
+  rowCount: RowCount | null;
+  /** e4m3 [rows, H] and fp32 [H/128, pad(rows)]: the L1 input. */
+  a: DeviceTensor;
+  aScales: DeviceTensor;
+  buffers: MlpBuffers;
+  /** Upper bound of the rows: the GEMMs' mTotal and the buffers' layout. */
+  rows: number;
 }
 
 export class UnfusedPipeline {
   readonly device: Device;
   readonly weights: DeviceMoEWeights;
+  readonly config: MoEConfig;
   readonly maxTokens: number;
-  private readonly kernels: MoeKernels;
+  private readonly owned: DeviceTensor[] = [];
   private readonly xq: DeviceTensor;
   private readonly xScales: DeviceTensor;
   private readonly groupOffsets: DeviceTensor;
   private readonly sharedOffsets: DeviceTensor;
   private readonly rowSource: DeviceTensor;
   private readonly slotRow: DeviceTensor;
+  private readonly aq: DeviceTensor;
+  private readonly aScales: DeviceTensor;
   private readonly routed: MlpBuffers;
-  private readonly sharedBuffers: MlpBuffers | null;
-  private readonly args = {
-    layout: new KernelArgs(6),
-    gather: new KernelArgs(11),
-    transpose: new KernelArgs(5),
-    swiglu: new KernelArgs(9),
-    combine: new KernelArgs(8),
-  };
+  private readonly sharedScales: DeviceTensor | null;
+  private readonly shared: MlpBuffers | null;
+  private views: BatchViews | null = null;
   private disposed = false;
 
+  /** Allocates every intermediate buffer for `maxTokens` tokens and loads the pipeline's own kernels. */
   constructor(device: Device, weights: DeviceMoEWeights, maxTokens: number) {
     const c = weights.config;
-    if (!Number.isInteger(maxTokens) || maxTokens < 1)
-      throw new RangeError(`maxTokens must be ≥ 1, got ${maxTokens}`);
-    if (c.numExperts > 1024)
-      throw new RangeError(`the unfused layout kernel supports up to 1024 experts, got ${c.numExperts}`);
+    if (!Number.isInteger(maxTokens) || maxTokens < 1) {
+      throw new RangeError(`maxTokens must be a positive integer, got ${maxTokens}`);
+    }
+    if (c.numExperts > MOE_MAX_EXPERTS) {
+      throw new RangeError(
+        `the unfused pipeline supports up to ${MOE_MAX_EXPERTS} experts, got ${c.numExperts}`,
+      );
+    }
     this.device = device;
     this.weights = weights;
+    this.config = c;
     this.maxTokens = maxTokens;
-    const compiled = compileKernel({
-      source: "moe/moe_unfused.cu",
-      defines: moeUnfusedDefines(c.scaleFormat === "ue8m0"),
-    });
-    this.kernels = {
-      layout: loadKernel(device, compiled, "moe_layout"),
-      gather: loadKernel(device, compiled, "moe_gather"),
-      transpose: loadKernel(device, compiled, "moe_transpose_scales"),
-      swiglu: loadKernel(device, compiled, "moe_swiglu_quant"),
-      combine: loadKernel(device, compiled, "moe_combine"),
-    };
+    loadMoeKernels(device, c.scaleFormat);
     const H = c.hidden;
+    const kb = H / QUANT_BLOCK;
     const slots = maxTokens * c.topK;
-    this.xq = DeviceTensor.empty(device, "fp8_e4m3", [maxTokens, H]);
-    this.xScales = DeviceTensor.empty(device, "fp32", [maxTokens, H / QUANT_BLOCK]);
-    this.groupOffsets = DeviceTensor.empty(device, "int32", [c.numExperts + 1]);
-    this.sharedOffsets = DeviceTensor.empty(device, "int32", [2]);
-    this.rowSource = DeviceTensor.empty(device, "int32", [slots]);
-    this.slotRow = DeviceTensor.empty(device, "int32", [slots]);
-    this.routed = mlpBuffers(device, slots, H, c.intermediate, true);
-    this.sharedBuffers =
-      c.numShared > 0 ? mlpBuffers(device, maxTokens, H, sharedIntermediate(c), false) : null;
+    const alloc = (dtype: "fp32" | "fp8_e4m3" | "int32", shape: number[]) => {
+      const t = DeviceTensor.empty(device, dtype, shape);
+      this.owned.push(t);
+      return t;
+    };
+    try {
+      this.xq = alloc("fp8_e4m3", [maxTokens, H]);
+      this.xScales = alloc("fp32", [maxTokens, kb]);
+      this.groupOffsets = alloc("int32", [c.numExperts + 1]);
+      this.sharedOffsets = alloc("int32", [2]);
+      this.rowSource = alloc("int32", [slots]);
+      this.slotRow = alloc("int32", [slots]);
+      this.aq = alloc("fp8_e4m3", [slots, H]);
+      this.aScales = alloc("fp32", [kb * aScalesRows(slots)]);
+      this.routed = allocMlp(device, slots, H, c.intermediate, this.owned);
+      const hasShared = weights.shared !== null;
+      this.sharedScales = hasShared ? alloc("fp32", [kb * aScalesRows(maxTokens)]) : null;
+      this.shared = hasShared ? allocMlp(device, maxTokens, H, sharedIntermediate(c), this.owned) : null;
+    } catch (e) {
+      this.dispose();
+      throw e;
+    }
   }
 
-  /** Queues one layer forward on `stream`. Inputs are checked by the caller (MoELayer). */
+  /** Views of the buffers for `tokens` tokens (cached for the last token count). */
+  private viewsFor(tokens: number): BatchViews {
+    if (this.views?.tokens === tokens) return this.views;
+    const c = this.config;
+    const H = c.hidden;
+    const kb = H / QUANT_BLOCK;
+    const slots = tokens * c.topK;
+    this.views = {
+      tokens,
+      xq: this.xq.view([tokens, H]),
+      xScales: this.xScales.view([tokens, kb]),
+      aq: this.aq.view([slots, H]),
+      aScales: this.aScales.view([kb, aScalesRows(slots)]),
+      routed: mlpViews(this.routed, slots, H, c.intermediate),
+      sharedScales: this.sharedScales?.view([kb, aScalesRows(tokens)]) ?? null,
+      shared: this.shared === null ? null : mlpViews(this.shared, tokens, H, sharedIntermediate(c)),
+    };
+    return this.views;
+  }
+
+  /**
+   * Queues one layer forward on `stream` (null: the legacy default stream). Checks the operands'
+   * dtypes and shapes; does not check the values (ids outside [0, E) count as not routed).
+   */
   forward(f: UnfusedForward, stream: Stream | null): void {
     if (this.disposed) throw new Error("UnfusedPipeline used after dispose()");
-    const c = this.weights.config;
+    const problem = forwardProblem(this.config, this.maxTokens, this.device, f);
+    if (problem !== null) throw new RangeError(`UnfusedPipeline.forward: ${problem}`);
+    const c = this.config;
+    const d = this.device;
     const { tokens } = f;
-    if (tokens < 1 || tokens > this.maxTokens) {
-      throw new RangeError(`tokens must be in [1, ${this.maxTokens}], got ${tokens}`);
-    }
-    const H = c.hidden;
-    const k = c.topK;
-    const slots = tokens * k;
-    const xq = this.xq.view([tokens, H]);
-    const xScales = this.xScales.view([tokens, H / QUANT_BLOCK]);
-    quantizeOnDevice(this.device, f.x, { q: xq, scales: xScales }, c.scaleFormat, stream);
+    const E = c.numExperts;
+    const slots = tokens * c.topK;
+    const v = this.viewsFor(tokens);
 
-    const a = this.args;
-    a.layout.ptr(0, f.ids.ptr).i32(1, slots).i32(2, c.numExperts).ptr(3, this.groupOffsets.ptr);
-    a.layout.ptr(4, this.rowSource.ptr).ptr(5, this.slotRow.ptr);
-    this.kernels.layout.launch(1, 1024, 0, stream, a.layout);
-
-    const r = this.routed;
-    const pad = aScalesRows(slots);
-    const aq = r.aq.view([slots, H]);
-    const aScales = r.aScales.view([H / QUANT_BLOCK, pad]);
-    a.gather.ptr(0, xq.ptr).ptr(1, xScales.ptr).ptr(2, this.rowSource.ptr).ptr(3, this.groupOffsets.ptr);
-    a.gather
-      .i32(4, c.numExperts)
-      .i32(5, k)
-      .i32(6, H)
-      .i32(7, slots)
-      .i32(8, pad)
-      .ptr(9, aq.ptr)
-      .ptr(10, aScales.ptr);
-    this.kernels.gather.launch(
-      Math.min(Math.ceil(slots / (THREADS / 32)), 4 * this.device.smCount),
-      THREADS,
-      0,
+    quantizeOnDevice(d, f.x, { q: v.xq, scales: v.xScales }, c.scaleFormat, stream);
+    dispatchLayoutOnDevice(
+      d,
+      f.ids,
+      E,
+      {
+        groupOffsets: this.groupOffsets,
+        rowSource: this.rowSource,
+        slotRow: this.slotRow,
+        sharedOffsets: this.sharedOffsets,
+      },
       stream,
-      a.gather,
     );
-    this.expertMlp(this.weights.routed, r, aq, aScales, slots, c.numExperts, this.groupOffsets, true, stream);
+    const routedRows: RowCount = { offsets: this.groupOffsets, index: E };
+    gatherRowsOnDevice(
+      d,
+      {
+        xq: v.xq,
+        xScales: v.xScales,
+        rowSource: this.rowSource,
+        topK: c.topK,
+        rows: slots,
+        rowCount: routedRows,
+        aq: v.aq,
+        aScales: v.aScales,
+      },
+      stream,
+    );
+    this.expertMlp(
+      {
+        weights: this.weights.routed,
+        groups: E,
+        offsets: this.groupOffsets,
+        rowCount: routedRows,
+        a: v.aq,
+        aScales: v.aScales,
+        buffers: v.routed,
+        rows: slots,
+      },
+      stream,
+    );
 
     let sharedOut: DeviceTensor | null = null;
-    if (f.shared && this.sharedBuffers !== null && this.weights.shared !== null) {
-      const s = this.sharedBuffers;
-      const sPad = aScalesRows(tokens);
-      const sScales = s.aScales.view([H / QUANT_BLOCK, sPad]);
-      a.transpose
-        .ptr(0, xScales.ptr)
-        .i32(1, tokens)
-        .i32(2, H / QUANT_BLOCK)
-        .i32(3, sPad)
-        .ptr(4, sScales.ptr);
-      this.kernels.transpose.launch(
-        Math.ceil((tokens * (H / QUANT_BLOCK)) / THREADS),
-        THREADS,
-        0,
+    const sharedWeights = this.weights.shared;
+    if (f.shared && sharedWeights !== null && v.shared !== null && v.sharedScales !== null) {
+      // The shared expert reads x's quantized rows in place: only their scales need the GEMM's layout.
+      gatherRowsOnDevice(
+        d,
+        {
+          xq: v.xq,
+          xScales: v.xScales,
+          rowSource: null,
+          topK: c.topK,
+          rows: tokens,
+          rowCount: null,
+          aq: null,
+          aScales: v.sharedScales,
+        },
         stream,
-        a.transpose,
       );
-      this.setSharedOffsets(tokens, stream);
-      this.expertMlp(this.weights.shared, s, xq, sScales, tokens, 1, this.sharedOffsets, false, stream);
-      sharedOut = s.l2.view([tokens, H]);
+      this.expertMlp(
+        {
+          weights: sharedWeights,
+          groups: 1,
+          offsets: this.sharedOffsets,
+          rowCount: null,
+          a: v.xq,
+          aScales: v.sharedScales,
+          buffers: v.shared,
+          rows: tokens,
+        },
+        stream,
+      );
+      sharedOut = v.shared.l2;
     }
 
-    a.combine
-      .ptr(0, r.l2.ptr)
-      .ptr(1, this.slotRow.ptr)
-      .ptr(2, f.weights.ptr)
-      .ptr(3, sharedOut?.ptr ?? 0n);
-    a.combine.i32(4, tokens).i32(5, k).i32(6, H).ptr(7, f.out.ptr);
-    this.kernels.combine.launch(Math.ceil((tokens * (H / 8)) / THREADS), THREADS, 0, stream, a.combine);
-  }
-
-  /** [0, tokens] as the shared expert's one group, written on the stream (graph-capturable). */
-  private readonly sharedOffsetsHost = new Int32Array(2);
-  private setSharedOffsets(tokens: number, stream: Stream | null): void {
-    if (this.sharedOffsetsHost[1] === tokens) return;
-    this.sharedOffsetsHost[1] = tokens;
-    this.device.memsetD32(this.sharedOffsets.ptr + 4n, tokens, 1, stream);
-    this.device.memsetD32(this.sharedOffsets.ptr, 0, 1, stream);
+    combineOnDevice(
+      d,
+      { l2: v.routed.l2, slotRow: this.slotRow, weights: f.weights, sharedOut, out: f.out },
+      stream,
+    );
   }
 
   /** L1 GEMM → SwiGLU + quantization → L2 GEMM over `rows` rows (an upper bound: the groups say which). */
-  private expertMlp(
-    w: DeviceExpertPair,
-    b: MlpBuffers,
-    aq: DeviceTensor,
-    aScales: DeviceTensor,
-    rows: number,
-    groups: number,
-    offsets: DeviceTensor,
-    rowsOnDevice: boolean,
-    stream: Stream | null,
-  ): void {
-    const c = this.weights.config;
+  private expertMlp(run: MlpRun, stream: Stream | null): void {
+    const { weights: w, groups, offsets, rowCount, a, aScales, buffers: m, rows } = run;
+    const c = this.config;
     const H = c.hidden;
-    const I = w.w2.shape[2];
-    const pad = aScalesRows(rows);
-    const l1 = b.l1.view([rows, 2 * I]);
+    const I = m.hq.shape[1]!;
     groupedGemmFp8(
       this.device,
       {
-        a: aq,
+        a,
         aScales,
         b: w.w1,
         bScales: w.w1Scales,
         groupOffsets: offsets,
-        out: l1,
+        out: m.l1,
         mTotal: rows,
         n: 2 * I,
         k: H,
@@ -242,37 +344,28 @@ export class UnfusedPipeline {
       },
       stream,
     );
-    const hq = b.hq.view([rows, I]);
-    const hScales = b.hScales.view([I / QUANT_BLOCK, pad]);
-    const s = this.args.swiglu;
-    // Routed rows: as many as group_offsets[E] says (read on the device); shared: all `rows`.
-    s.ptr(0, l1.ptr)
-      .ptr(1, rowsOnDevice ? offsets.ptr + BigInt(4 * groups) : 0n)
-      .i32(2, rows)
-      .i32(3, I)
-      .i32(4, pad);
-    s.i32(5, c.swigluClamp === null ? 0 : 1)
-      .f32(6, c.swigluClamp ?? 0)
-      .ptr(7, hq.ptr)
-      .ptr(8, hScales.ptr);
-    const warps = rows * (I / QUANT_BLOCK);
-    this.kernels.swiglu.launch(
-      Math.min(Math.ceil(warps / (THREADS / 32)), 8 * this.device.smCount),
-      THREADS,
-      0,
+    swigluQuantizeOnDevice(
+      this.device,
+      {
+        l1: m.l1,
+        rows,
+        rowCount,
+        clamp: c.swigluClamp,
+        format: c.scaleFormat,
+        hq: m.hq,
+        hScales: m.hScales,
+      },
       stream,
-      s,
     );
-    const l2 = b.l2.view([rows, H]);
     groupedGemmFp8(
       this.device,
       {
-        a: hq,
-        aScales: hScales,
+        a: m.hq,
+        aScales: m.hScales,
         b: w.w2,
         bScales: w.w2Scales,
         groupOffsets: offsets,
-        out: l2,
+        out: m.l2,
         mTotal: rows,
         n: H,
         k: I,
@@ -282,11 +375,47 @@ export class UnfusedPipeline {
     );
   }
 
+  /**
+   * Runs one forward of `tokens` tokens on scratch inputs (nothing routed, shared expert on) and waits
+   * for it: every kernel such a forward uses is then compiled and loaded, so forwards of this size can
+   * be captured in a CUDA graph. Allocates (and frees) its scratch inputs.
+   */
+  warmup(tokens: number, stream: Stream | null = null): void {
+    const c = this.config;
+    const scratch: DeviceTensor[] = [];
+    const make = (dtype: "bf16" | "int32" | "fp32", shape: number[], byte: number) => {
+      const t = DeviceTensor.empty(this.device, dtype, shape);
+      scratch.push(t);
+      t.fill(byte, stream);
+      return t;
+    };
+    try {
+      const x = make("bf16", [tokens, c.hidden], 0x3f); // 0x3F3F: a finite bf16 (0.75)
+      const ids = make("int32", [tokens, c.topK], 0xff); // −1: no slot routed
+      const weights = make("fp32", [tokens, c.topK], 0);
+      const out = make("bf16", [tokens, c.hidden], 0);
+      this.forward({ x, ids, weights, out, tokens, shared: true }, stream);
+      if (stream === null) this.device.synchronize();
+      else stream.synchronize();
+    } finally {
+      for (const t of scratch) t.dispose();
+    }
+  }
+
+  /**
+   * For tests: sets every byte of every intermediate buffer to `byte` (0xFF: NaN in every float and
+   * FP8 format), so that a step reading something no earlier step of the forward wrote shows up.
+   */
+  fillScratch(byte: number, stream: Stream | null = null): void {
+    if (this.disposed) throw new Error("UnfusedPipeline used after dispose()");
+    for (const t of this.owned) t.fill(byte, stream);
+  }
+
+  /** Frees every buffer. Idempotent; the weights stay (their owner disposes them). */
   dispose(): void {
     if (this.disposed) return;
     this.disposed = true;
-    const all = [this.xq, this.xScales, this.groupOffsets, this.sharedOffsets, this.rowSource, this.slotRow];
-    for (const b of [this.routed, this.sharedBuffers]) if (b !== null) all.push(...Object.values(b));
-    for (const t of all) t.dispose();
+    this.views = null;
+    for (const t of this.owned) t.dispose();
   }
 }

@@ -1,12 +1,25 @@
 /**
- * A layer's weights on the GPU, in the layouts the kernels read (docs/numerics.md):
- * W1 fp8 [E, 2·IH, H] (gate rows, then up rows) with scales [E, 2IH/128, H/128], W2 fp8 [E, H, IH]
- * with scales [E, H/128, IH/128], and the shared expert's pair.
+ * A layer's weights on the GPU, in the layouts the kernels read (docs/weights.md, all row-major):
+ * W1 fp8 [E, 2·I, H] (gate rows, then up rows) with scales fp32 [E, 2I/128, H/128], W2 fp8 [E, H, I]
+ * with scales [E, H/128, I/128], the fused shared expert's pair with a leading dimension of 1 (I → SI),
+ * the gate weight bf16 [E, H] and its correction bias fp32 [E].
+ *
+ * `generate` makes the seeded weights on the device (src/kernels/weightgen), bit-identical to
+ * `GeneratedWeights` on the CPU, so flash- and pro-sized layers (6–25 GB of FP8) need no host
+ * generation or upload; `upload` copies any CPU source (e.g. a safetensors file) expert by expert.
  */
-import { type MoEConfig, QUANT_BLOCK, sharedIntermediate } from "../config/config.js";
+import { type MoEConfig, QUANT_BLOCK, sharedIntermediate, validateConfig } from "../config/config.js";
 import { type Device, DeviceTensor, type Stream } from "../cuda/index.js";
+import {
+  generateActivationsInto,
+  generateGateBiasOnDevice,
+  generateGateWeightOnDevice,
+  generateMatrixOnDevice,
+} from "../kernels/weightgen/weightgen.js";
+import { generatorNames } from "./generate.js";
 import type { BlockQuantized, MoEWeightSource } from "./types.js";
 
+/** One MLP's weights for `experts` experts: W1 [experts, 2I, H], W2 [experts, H, I] and their scales. */
 export interface DeviceExpertPair {
   w1: DeviceTensor<"fp8_e4m3">;
   w1Scales: DeviceTensor<"fp32">;
@@ -14,14 +27,34 @@ export interface DeviceExpertPair {
   w2Scales: DeviceTensor<"fp32">;
 }
 
+const GIB = 2 ** 30;
+/** Kept free beyond the layer for the CUDA context, kernels' workspaces and other tensors. */
+const MEMORY_RESERVE_BYTES = GIB;
+
+/** Device bytes of one MLP pair (codes and scales) for `experts` experts. */
+function pairBytes(experts: number, hidden: number, inter: number): number {
+  const codes = 3 * inter * hidden;
+  return experts * (codes + (4 * codes) / QUANT_BLOCK ** 2);
+}
+
 function allocPair(device: Device, experts: number, hidden: number, inter: number): DeviceExpertPair {
   const b = QUANT_BLOCK;
-  return {
-    w1: DeviceTensor.empty(device, "fp8_e4m3", [experts, 2 * inter, hidden]),
-    w1Scales: DeviceTensor.empty(device, "fp32", [experts, (2 * inter) / b, hidden / b]),
-    w2: DeviceTensor.empty(device, "fp8_e4m3", [experts, hidden, inter]),
-    w2Scales: DeviceTensor.empty(device, "fp32", [experts, hidden / b, inter / b]),
+  const made: DeviceTensor[] = [];
+  const keep = <T extends DeviceTensor>(t: T): T => {
+    made.push(t);
+    return t;
   };
+  try {
+    return {
+      w1: keep(DeviceTensor.empty(device, "fp8_e4m3", [experts, 2 * inter, hidden])),
+      w1Scales: keep(DeviceTensor.empty(device, "fp32", [experts, (2 * inter) / b, hidden / b])),
+      w2: keep(DeviceTensor.empty(device, "fp8_e4m3", [experts, hidden, inter])),
+      w2Scales: keep(DeviceTensor.empty(device, "fp32", [experts, hidden / b, inter / b])),
+    };
+  } catch (e) {
+    for (const t of made) t.dispose();
+    throw e;
+  }
 }
 
 function disposePair(p: DeviceExpertPair | null): void {
@@ -33,82 +66,261 @@ function checkMatrix(what: string, m: BlockQuantized, rows: number, cols: number
   if (m.rows !== rows || m.cols !== cols) {
     throw new Error(`${what} is [${m.rows}, ${m.cols}], expected [${rows}, ${cols}]`);
   }
+  if (m.q.length !== rows * cols || m.scales.length !== (rows / QUANT_BLOCK) * (cols / QUANT_BLOCK)) {
+    throw new Error(
+      `${what}: ${m.q.length} codes and ${m.scales.length} scales do not match [${rows}, ${cols}]`,
+    );
+  }
+}
+
+function checkSeed(seed: number): void {
+  if (!Number.isSafeInteger(seed)) throw new RangeError(`seed must be a safe integer, got ${seed}`);
+}
+
+function gib(bytes: number): string {
+  return `${(bytes / GIB).toFixed(2)} GiB`;
+}
+
+/**
+ * Throws unless the device can hold `need` more bytes. The CUDA layer has no cuMemGetInfo, so "free" is
+ * the device's total less what megamoe allocated on it and a reserve for the context and workspaces.
+ */
+function checkDeviceMemory(device: Device, need: number, what: string): void {
+  const allocated = device.allocatedBytes;
+  const available = device.totalMemoryBytes - allocated - MEMORY_RESERVE_BYTES;
+  if (need > available) {
+    throw new Error(
+      `${what} needs ${gib(need)} on the device, but ${device.name} has ${gib(device.totalMemoryBytes)} ` +
+        `of which megamoe already holds ${gib(allocated)} (and keeps ${gib(MEMORY_RESERVE_BYTES)} in reserve): ` +
+        `about ${gib(Math.max(0, available))} free`,
+    );
+  }
 }
 
 export class DeviceMoEWeights {
   readonly config: MoEConfig;
+  /** Routed experts: W1 [E, 2I, H], W2 [E, H, I] and scales. */
   readonly routed: DeviceExpertPair;
+  /** The fused shared experts, [1, 2SI, H] and [1, H, SI] (one group for the grouped GEMM); null without. */
   readonly shared: DeviceExpertPair | null;
+  /** bf16 [E, H]. */
+  readonly gateWeight: DeviceTensor<"bf16">;
+  /** fp32 [E], or null when the config has no correction bias. */
+  readonly gateBias: DeviceTensor<"fp32"> | null;
+  private disposed = false;
 
-  private constructor(config: MoEConfig, routed: DeviceExpertPair, shared: DeviceExpertPair | null) {
+  private constructor(
+    config: MoEConfig,
+    routed: DeviceExpertPair,
+    shared: DeviceExpertPair | null,
+    gateWeight: DeviceTensor<"bf16">,
+    gateBias: DeviceTensor<"fp32"> | null,
+  ) {
     this.config = config;
     this.routed = routed;
     this.shared = shared;
+    this.gateWeight = gateWeight;
+    this.gateBias = gateBias;
   }
 
-  /** Device bytes a layer of this config needs (weights and scales). */
+  get w1(): DeviceTensor<"fp8_e4m3"> {
+    return this.routed.w1;
+  }
+  get w1Scales(): DeviceTensor<"fp32"> {
+    return this.routed.w1Scales;
+  }
+  get w2(): DeviceTensor<"fp8_e4m3"> {
+    return this.routed.w2;
+  }
+  get w2Scales(): DeviceTensor<"fp32"> {
+    return this.routed.w2Scales;
+  }
+
+  /** Device bytes a layer of this config needs: expert weights and scales, gate weight and bias. */
   static bytesFor(config: MoEConfig): number {
-    const pair = (experts: number, inter: number) =>
-      experts * (3 * inter * config.hidden + (3 * inter * config.hidden * 4) / QUANT_BLOCK ** 2);
-    return (
-      pair(config.numExperts, config.intermediate) +
-      (config.numShared > 0 ? pair(1, sharedIntermediate(config)) : 0)
-    );
+    const { numExperts: e, hidden: h } = config;
+    const shared = config.numShared > 0 ? pairBytes(1, h, sharedIntermediate(config)) : 0;
+    const gate = 2 * e * h + (config.router.correctionBias ? 4 * e : 0);
+    return pairBytes(e, h, config.intermediate) + shared + gate;
+  }
+
+  /** Allocates every tensor of the layer (uninitialized), after checking that the device can hold it. */
+  private static allocate(device: Device, config: MoEConfig, what: string): DeviceMoEWeights {
+    const c = validateConfig(config);
+    checkDeviceMemory(device, DeviceMoEWeights.bytesFor(c), what);
+    const H = c.hidden;
+    let routed: DeviceExpertPair | null = null;
+    let shared: DeviceExpertPair | null = null;
+    let gateWeight: DeviceTensor<"bf16"> | null = null;
+    try {
+      routed = allocPair(device, c.numExperts, H, c.intermediate);
+      if (c.numShared > 0) shared = allocPair(device, 1, H, sharedIntermediate(c));
+      gateWeight = DeviceTensor.empty(device, "bf16", [c.numExperts, H]);
+      const gateBias = c.router.correctionBias ? DeviceTensor.empty(device, "fp32", [c.numExperts]) : null;
+      return new DeviceMoEWeights(c, routed, shared, gateWeight, gateBias);
+    } catch (e) {
+      disposePair(routed);
+      disposePair(shared);
+      gateWeight?.dispose();
+      throw e;
+    }
+  }
+
+  /**
+   * The weights `new GeneratedWeights(config, seed)` holds, made on the device bit for bit: every
+   * routed expert, the shared expert, the gate weight and bias. Returns when they are complete (about
+   * 10 ms of GPU time for a flash layer on an H200, plus the first call's kernel compile).
+   */
+  static generate(
+    device: Device,
+    config: MoEConfig,
+    seed: number,
+    stream: Stream | null = null,
+  ): DeviceMoEWeights {
+    checkSeed(seed);
+    const w = DeviceMoEWeights.allocate(device, config, `the generated ${config.name} layer`);
+    try {
+      w.regenerate(seed, stream);
+      (stream ?? device.nullStream).synchronize();
+    } catch (e) {
+      w.dispose();
+      throw e;
+    }
+    return w;
+  }
+
+  /**
+   * Overwrites every tensor with the weights of `seed`, queued on `stream` (null: the legacy default
+   * stream) without waiting: work on another stream must wait for `stream` before reading them.
+   */
+  regenerate(seed: number, stream: Stream | null = null): void {
+    checkSeed(seed);
+    const device = this.gateWeight.device;
+    const c = this.config;
+    const H = c.hidden;
+    const I = c.intermediate;
+    const r = this.routed;
+    const w1Size = 2 * I * H;
+    const w1Blocks = w1Size / QUANT_BLOCK ** 2;
+    for (let e = 0; e < c.numExperts; e++) {
+      const w1 = { name: generatorNames.expertW1(e), rows: 2 * I, cols: H, fanIn: H };
+      const w2 = { name: generatorNames.expertW2(e), rows: H, cols: I, fanIn: I };
+      generateMatrixOnDevice(device, seed, w1, r.w1, e * w1Size, r.w1Scales, e * w1Blocks, stream);
+      generateMatrixOnDevice(
+        device,
+        seed,
+        w2,
+        r.w2,
+        (e * w1Size) / 2,
+        r.w2Scales,
+        (e * w1Blocks) / 2,
+        stream,
+      );
+    }
+    const s = this.shared;
+    if (s !== null) {
+      const SI = sharedIntermediate(c);
+      const w1 = { name: generatorNames.sharedW1, rows: 2 * SI, cols: H, fanIn: H };
+      const w2 = { name: generatorNames.sharedW2, rows: H, cols: SI, fanIn: SI };
+      generateMatrixOnDevice(device, seed, w1, s.w1, 0, s.w1Scales, 0, stream);
+      generateMatrixOnDevice(device, seed, w2, s.w2, 0, s.w2Scales, 0, stream);
+    }
+    generateGateWeightOnDevice(device, seed, c.numExperts, H, this.gateWeight, stream);
+    if (this.gateBias !== null) generateGateBiasOnDevice(device, seed, c.numExperts, this.gateBias, stream);
   }
 
   /**
    * Uploads every expert from a CPU source (generated, or read from safetensors), one expert at a
-   * time, so host memory holds one expert's weights at once.
+   * time, so host memory holds one expert's weights at once. Returns when the copies are complete.
    */
   static upload(device: Device, source: MoEWeightSource, stream: Stream | null = null): DeviceMoEWeights {
-    const c = source.config;
-    const need = DeviceMoEWeights.bytesFor(c);
-    if (need > device.totalMemoryBytes * 0.9) {
-      throw new Error(
-        `the ${c.name} layer needs ${(need / 2 ** 30).toFixed(1)} GiB of weights; ${device.name} has ${(device.totalMemoryBytes / 2 ** 30).toFixed(1)} GiB`,
-      );
-    }
-    const H = c.hidden;
-    const I = c.intermediate;
-    const routed = allocPair(device, c.numExperts, H, I);
-    let shared: DeviceExpertPair | null = null;
+    const c = validateConfig(source.config);
+    const w = DeviceMoEWeights.allocate(device, c, `the ${c.name} layer`);
     try {
-      const w1Bytes = 2 * I * H;
-      const s1 = ((2 * I) / QUANT_BLOCK) * (H / QUANT_BLOCK);
-      const s2 = (H / QUANT_BLOCK) * (I / QUANT_BLOCK);
-      for (let e = 0; e < c.numExperts; e++) {
-        const w = source.expert(e);
-        checkMatrix(`expert ${e} W1`, w.w1, 2 * I, H);
-        checkMatrix(`expert ${e} W2`, w.w2, H, I);
-        device.copyHtoD(routed.w1.ptr + BigInt(e * w1Bytes), w.w1.q, w1Bytes, stream);
-        device.copyHtoD(routed.w1Scales.ptr + BigInt(e * s1 * 4), w.w1.scales, s1 * 4, stream);
-        device.copyHtoD(routed.w2.ptr + BigInt(e * w1Bytes) / 2n, w.w2.q, w1Bytes / 2, stream);
-        device.copyHtoD(routed.w2Scales.ptr + BigInt(e * s2 * 4), w.w2.scales, s2 * 4, stream);
-        // The copies above read host memory the source may reuse for the next expert.
-        stream?.synchronize();
-      }
-      const sw = c.numShared > 0 ? source.shared() : null;
-      if (c.numShared > 0) {
-        if (sw === null) throw new Error("the config has a shared expert but the weight source has none");
-        const SI = sharedIntermediate(c);
-        checkMatrix("shared W1", sw.w1, 2 * SI, H);
-        checkMatrix("shared W2", sw.w2, H, SI);
-        shared = allocPair(device, 1, H, SI);
-        shared.w1.copyFromHost(sw.w1.q);
-        shared.w1Scales.copyFromHost(sw.w1.scales);
-        shared.w2.copyFromHost(sw.w2.q);
-        shared.w2Scales.copyFromHost(sw.w2.scales);
-      }
+      w.uploadFrom(source, stream);
     } catch (e) {
-      disposePair(routed);
-      disposePair(shared);
+      w.dispose();
       throw e;
     }
-    return new DeviceMoEWeights(c, routed, shared);
+    return w;
   }
 
+  private uploadFrom(source: MoEWeightSource, stream: Stream | null): void {
+    const c = this.config;
+    const device = this.gateWeight.device;
+    const H = c.hidden;
+    const I = c.intermediate;
+    const r = this.routed;
+    const w1Bytes = 2 * I * H;
+    const w1ScaleBytes = (4 * w1Bytes) / QUANT_BLOCK ** 2;
+    for (let e = 0; e < c.numExperts; e++) {
+      const x = source.expert(e);
+      checkMatrix(`expert ${e} W1`, x.w1, 2 * I, H);
+      checkMatrix(`expert ${e} W2`, x.w2, H, I);
+      device.copyHtoD(r.w1.ptr + BigInt(e * w1Bytes), x.w1.q, w1Bytes, stream);
+      device.copyHtoD(r.w1Scales.ptr + BigInt(e * w1ScaleBytes), x.w1.scales, w1ScaleBytes, stream);
+      device.copyHtoD(r.w2.ptr + BigInt((e * w1Bytes) / 2), x.w2.q, w1Bytes / 2, stream);
+      device.copyHtoD(r.w2Scales.ptr + BigInt((e * w1ScaleBytes) / 2), x.w2.scales, w1ScaleBytes / 2, stream);
+      // The copies read host memory the source may reuse or drop for the next expert.
+      stream?.synchronize();
+    }
+    const s = this.shared;
+    if (s !== null) {
+      const sw = source.shared();
+      if (sw === null) throw new Error("the config has a shared expert but the weight source has none");
+      const SI = sharedIntermediate(c);
+      checkMatrix("shared W1", sw.w1, 2 * SI, H);
+      checkMatrix("shared W2", sw.w2, H, SI);
+      s.w1.copyFromHost(sw.w1.q, stream);
+      s.w1Scales.copyFromHost(sw.w1.scales, stream);
+      s.w2.copyFromHost(sw.w2.q, stream);
+      s.w2Scales.copyFromHost(sw.w2.scales, stream);
+    }
+    const gate = source.gate();
+    this.gateWeight.copyFromHost(gate.weight, stream);
+    if (this.gateBias !== null) {
+      if (gate.bias === null)
+        throw new Error("the config has a gate correction bias but the weight source has none");
+      this.gateBias.copyFromHost(gate.bias, stream);
+    }
+    stream?.synchronize();
+  }
+
+  /** Frees every tensor. Idempotent. */
   dispose(): void {
+    if (this.disposed) return;
+    this.disposed = true;
     disposePair(this.routed);
     disposePair(this.shared);
+    this.gateWeight.dispose();
+    this.gateBias?.dispose();
   }
+}
+
+/**
+ * `generateActivations(seed, tokens, hidden)` made on the device: bf16 [tokens, hidden], queued on
+ * `stream` (null: the legacy default stream). Written into `out` when given (bf16 with exactly
+ * tokens·hidden elements, returned); otherwise into a new tensor the caller disposes.
+ */
+export function generateActivationsOnDevice(
+  device: Device,
+  seed: number,
+  tokens: number,
+  hidden: number,
+  out?: DeviceTensor<"bf16">,
+  stream: Stream | null = null,
+): DeviceTensor<"bf16"> {
+  if (out !== undefined && out.numel !== tokens * hidden) {
+    throw new RangeError(
+      `activations: out holds ${out.numel} elements, not tokens·hidden = ${tokens * hidden}`,
+    );
+  }
+  const x = out ?? DeviceTensor.empty(device, "bf16", [tokens, hidden]);
+  try {
+    generateActivationsInto(device, seed, tokens, hidden, x, stream);
+  } catch (e) {
+    if (out === undefined) x.dispose();
+    throw e;
+  }
+  return x;
 }

@@ -58,6 +58,12 @@ __device__ __forceinline__ void st_v2(void* ptr, unsigned int lo, unsigned int h
   asm volatile("st.global.v2.u32 [%0], {%1, %2};" ::"l"(ptr), "r"(lo), "r"(hi) : "memory");
 }
 
+// 16-byte store, plain st.global like st_v2.
+__device__ __forceinline__ void st_v4(void* ptr, u32x4 v) {
+  asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(ptr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+               : "memory");
+}
+
 __device__ __forceinline__ void st_f32(float* ptr, float v) {
   asm volatile("st.global.f32 [%0], %1;" ::"l"(ptr), "f"(v) : "memory");
 }

@@ -1,12 +1,17 @@
-/** Specializations of moe_unfused.cu: only the activation scale format is compiled in. */
+/**
+ * Specializations of moe_unfused.cu: only the activation scale format is compiled in (sizes are
+ * run-time arguments). Shared by the launchers and the CI compile check.
+ */
+import type { ScaleFormat } from "../../config/config.js";
 import { SCALE_FORMATS } from "../quant/quant.variants.js";
 import type { KernelDefines, KernelVariant } from "../variants.js";
 
-export function moeUnfusedDefines(ue8m0: boolean): KernelDefines {
-  return { SCALE_UE8M0: ue8m0 ? 1 : 0 };
+/** The -D macros of moe_unfused.cu for one scale format. */
+export function moeUnfusedDefines(format: ScaleFormat): KernelDefines {
+  return { SCALE_UE8M0: format === "ue8m0" ? 1 : 0 };
 }
 
-export const variants: readonly KernelVariant[] = SCALE_FORMATS.map((f) => ({
-  defines: moeUnfusedDefines(f === "ue8m0"),
+export const variants: readonly KernelVariant[] = SCALE_FORMATS.map((format) => ({
+  defines: moeUnfusedDefines(format),
   noSpill: true,
 }));

@@ -1,0 +1,239 @@
+/**
+ * Launchers of weightgen.cu: the seeded generator of src/weights/generate.ts run on the device, bit for
+ * bit. The host computes each tensor's 32-bit hash stream with the CPU generator's own functions
+ * (`streamKey(seed, tensorKey(name))`) and passes it as a kernel argument, so the names, keys and seed
+ * handling cannot drift from the CPU; the kernels only hash indices.
+ *
+ * Every size is a runtime argument (one compiled image for every preset). Launches are asynchronous on
+ * the given stream and allocate nothing.
+ */
+
+import { QUANT_BLOCK } from "../../config/config.js";
+import {
+  compileKernel,
+  type Device,
+  type DeviceTensor,
+  type DType,
+  describeTensor,
+  type Kernel,
+  KernelArgs,
+  loadKernel,
+  type Stream,
+} from "../../cuda/index.js";
+import { streamKey, tensorKey } from "../../weights/counter-rng.js";
+import { ACTIVATION_BASE, GATE_BIAS_SCALE, generatorNames, matrixBaseScale } from "../../weights/generate.js";
+
+/** The kernel source, relative to src/kernels. */
+export const WEIGHTGEN_KERNEL_SOURCE = "weightgen/weightgen.cu";
+
+// Mirrors of weightgen.cu's block sizes.
+const MATRIX_THREADS = 256;
+const STREAM_THREADS = 256;
+const ACTIVATIONS_PER_THREAD = 8;
+/** Enough resident blocks to saturate any Hopper part; the stream kernels grid-stride past it. */
+const MAX_STREAM_BLOCKS = 4096;
+const INDEX_LIMIT = 2 ** 32;
+
+interface WeightgenKernels {
+  matrix: Kernel;
+  uniform: Kernel;
+  activations: Kernel;
+  matrixArgs: KernelArgs;
+  uniformArgs: KernelArgs;
+  activationArgs: KernelArgs;
+}
+
+const kernelsByDevice = new WeakMap<Device, WeightgenKernels>();
+
+/** The three kernels on `device`, compiled (or read from the JIT cache) once, with reusable arguments. */
+function kernelsFor(device: Device): WeightgenKernels {
+  let k = kernelsByDevice.get(device);
+  if (k === undefined) {
+    const compiled = compileKernel({ source: WEIGHTGEN_KERNEL_SOURCE });
+    k = {
+      matrix: loadKernel(device, compiled, "megamoe_weightgen_matrix"),
+      uniform: loadKernel(device, compiled, "megamoe_weightgen_uniform"),
+      activations: loadKernel(device, compiled, "megamoe_weightgen_activations"),
+      // cuLaunchKernel copies the argument values, so one set per kernel serves every launch.
+      matrixArgs: new KernelArgs(7),
+      uniformArgs: new KernelArgs(5),
+      activationArgs: new KernelArgs(6),
+    };
+    kernelsByDevice.set(device, k);
+  }
+  return k;
+}
+
+/** The 32-bit stream every element hash of tensor `name` starts from (counter-rng.ts). */
+export function tensorStream(seed: number, name: string): number {
+  return streamKey(seed, tensorKey(name));
+}
+
+function checkSeed(seed: number): void {
+  if (!Number.isSafeInteger(seed)) throw new RangeError(`seed must be a safe integer, got ${seed}`);
+}
+
+function checkTensor(
+  what: string,
+  t: DeviceTensor,
+  dtype: DType,
+  count: number,
+  offset: number,
+  device: Device,
+): void {
+  if (t.device !== device) {
+    throw new Error(`${what} lives on device ${t.device.ordinal}, not on device ${device.ordinal}`);
+  }
+  if (t.dtype !== dtype) {
+    throw new Error(`${what} must hold ${dtype}, got ${describeTensor(t.dtype, t.shape)}`);
+  }
+  if (!Number.isInteger(offset) || offset < 0 || offset + count > t.numel) {
+    throw new RangeError(
+      `${what}: elements [${offset}, ${offset + count}) do not fit in ${describeTensor(t.dtype, t.shape)}`,
+    );
+  }
+}
+
+/** One block-quantized matrix to make: its generator name, shape and fan-in. */
+export interface MatrixSpec {
+  name: string;
+  rows: number;
+  cols: number;
+  fanIn: number;
+}
+
+/**
+ * Queues the generation of matrix `spec` (what `generateBlockQuantized(seed, name, rows, cols, fanIn)`
+ * makes on the CPU) into q (e4m3) from element `qOffset` on and its [rows/128, cols/128] fp32 scales
+ * into `scales` from element `scalesOffset` on.
+ */
+export function generateMatrixOnDevice(
+  device: Device,
+  seed: number,
+  spec: MatrixSpec,
+  q: DeviceTensor,
+  qOffset: number,
+  scales: DeviceTensor,
+  scalesOffset: number,
+  stream: Stream | null,
+): void {
+  checkSeed(seed);
+  const { name, rows, cols, fanIn } = spec;
+  if (rows <= 0 || cols <= 0 || rows % QUANT_BLOCK !== 0 || cols % QUANT_BLOCK !== 0) {
+    throw new RangeError(
+      `${name}: rows and cols must be positive multiples of ${QUANT_BLOCK}, got ${rows}×${cols}`,
+    );
+  }
+  if (rows * cols > INDEX_LIMIT)
+    throw new RangeError(`${name}: ${rows}×${cols} elements exceed 2^32 hash indices`);
+  const blocks = (rows / QUANT_BLOCK) * (cols / QUANT_BLOCK);
+  checkTensor(`${name} codes`, q, "fp8_e4m3", rows * cols, qOffset, device);
+  checkTensor(`${name} scales`, scales, "fp32", blocks, scalesOffset, device);
+  const k = kernelsFor(device);
+  k.matrixArgs
+    .ptr(0, q.ptr + BigInt(qOffset))
+    .ptr(1, scales.ptr + BigInt(4 * scalesOffset))
+    .u32(2, tensorStream(seed, name))
+    .u32(3, tensorStream(seed, generatorNames.blockExponent(name)))
+    .u32(4, rows)
+    .u32(5, cols)
+    .f32(6, matrixBaseScale(fanIn));
+  k.matrix.launch(blocks, MATRIX_THREADS, 0, stream, k.matrixArgs);
+}
+
+function streamBlocks(work: number): number {
+  return Math.max(1, Math.min(MAX_STREAM_BLOCKS, Math.ceil(work / STREAM_THREADS)));
+}
+
+/**
+ * Queues out[i] = fround(uniformSym(seed, key(name), i) · scale) for i < count, stored as bf16 (round
+ * to nearest even) or fp32 by `out`'s dtype: `fillUniform` (plus `bf16FromF32Array`) on the device.
+ */
+export function generateUniformOnDevice(
+  device: Device,
+  seed: number,
+  name: string,
+  scale: number,
+  out: DeviceTensor,
+  count: number,
+  stream: Stream | null,
+): void {
+  checkSeed(seed);
+  if (out.dtype !== "bf16" && out.dtype !== "fp32") {
+    throw new Error(`${name}: output must be bf16 or fp32, got ${describeTensor(out.dtype, out.shape)}`);
+  }
+  if (!Number.isInteger(count) || count < 0 || count > INDEX_LIMIT - 1) {
+    throw new RangeError(`${name}: count ${count} must be an integer in [0, 2^32)`);
+  }
+  checkTensor(name, out, out.dtype, count, 0, device);
+  if (count === 0) return;
+  const k = kernelsFor(device);
+  k.uniformArgs
+    .ptr(0, out.ptr)
+    .u32(1, count)
+    .u32(2, tensorStream(seed, name))
+    .f32(3, Math.fround(scale))
+    .i32(4, out.dtype === "bf16" ? 1 : 0);
+  k.uniform.launch(streamBlocks(count), STREAM_THREADS, 0, stream, k.uniformArgs);
+}
+
+/** The gate weight bf16 [E, H] of `generateGate` into `weight`. */
+export function generateGateWeightOnDevice(
+  device: Device,
+  seed: number,
+  experts: number,
+  hidden: number,
+  weight: DeviceTensor,
+  stream: Stream | null,
+): void {
+  if (weight.dtype !== "bf16") throw new Error(`gate weight must be bf16, got ${weight.dtype}`);
+  const scale = Math.fround(Math.sqrt(3 / hidden));
+  generateUniformOnDevice(device, seed, generatorNames.gateWeight, scale, weight, experts * hidden, stream);
+}
+
+/** The gate correction bias fp32 [E] of `generateGate` into `bias`. */
+export function generateGateBiasOnDevice(
+  device: Device,
+  seed: number,
+  experts: number,
+  bias: DeviceTensor,
+  stream: Stream | null,
+): void {
+  if (bias.dtype !== "fp32") throw new Error(`gate bias must be fp32, got ${bias.dtype}`);
+  generateUniformOnDevice(device, seed, generatorNames.gateBias, GATE_BIAS_SCALE, bias, experts, stream);
+}
+
+/**
+ * Queues `generateActivations(seed, tokens, hidden)` into out (bf16, at least tokens·hidden elements,
+ * written from element 0). tokens·hidden must be below 2^32 (the CPU allows exactly 2^32, 16 GiB of
+ * bf16, which no test needs).
+ */
+export function generateActivationsInto(
+  device: Device,
+  seed: number,
+  tokens: number,
+  hidden: number,
+  out: DeviceTensor,
+  stream: Stream | null,
+): void {
+  checkSeed(seed);
+  if (!Number.isInteger(tokens) || tokens < 0)
+    throw new RangeError(`tokens must be a non-negative integer, got ${tokens}`);
+  if (!Number.isInteger(hidden) || hidden <= 0 || hidden % QUANT_BLOCK !== 0) {
+    throw new RangeError(`hidden must be a positive multiple of ${QUANT_BLOCK}, got ${hidden}`);
+  }
+  if (tokens * hidden >= INDEX_LIMIT)
+    throw new RangeError(`tokens·hidden = ${tokens * hidden} must be below 2^32`);
+  checkTensor("activations", out, "bf16", tokens * hidden, 0, device);
+  if (tokens === 0) return;
+  const k = kernelsFor(device);
+  k.activationArgs
+    .ptr(0, out.ptr)
+    .u32(1, tokens)
+    .u32(2, hidden)
+    .u32(3, tensorStream(seed, generatorNames.input))
+    .u32(4, tensorStream(seed, generatorNames.inputTokenScale))
+    .f32(5, ACTIVATION_BASE);
+  const chunks = (tokens * hidden) / ACTIVATIONS_PER_THREAD;
+  k.activations.launch(streamBlocks(chunks), STREAM_THREADS, 0, stream, k.activationArgs);
+}
