@@ -35,23 +35,13 @@ export interface DeviceForwardArgs {
   shared?: boolean;
 }
 
-/** A device generator of seeded weights (src/weights/device.ts), when that module provides one. */
-interface DeviceWeightGenerator {
-  generate(device: Device, config: MoEConfig, seed: number): DeviceMoEWeights;
-}
-
-function hasDeviceGenerator(c: object): c is DeviceWeightGenerator {
-  return typeof (c as Partial<DeviceWeightGenerator>).generate === "function";
-}
-
 /**
  * The layer's weights on the device: generated there from the seed when the source is a
- * `GeneratedWeights` (the same values, without making every expert on the CPU first), else uploaded.
+ * `GeneratedWeights` (bit-identical, without making every expert on the CPU first), else uploaded.
  */
 function deviceWeightsFor(device: Device, source: MoEWeightSource): DeviceMoEWeights {
-  if (source instanceof GeneratedWeights && hasDeviceGenerator(DeviceMoEWeights)) {
+  if (source instanceof GeneratedWeights)
     return DeviceMoEWeights.generate(device, source.config, source.seed);
-  }
   return DeviceMoEWeights.upload(device, source);
 }
 

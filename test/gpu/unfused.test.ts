@@ -1,22 +1,52 @@
 /**
- * The unfused GPU pipeline against the CPU reference (same numerics) and the FP64 ideal, on fresh
- * random data, with poisoned outputs and the edge cases. Small shapes run the CPU reference live;
- * flash-ep8 compares a sample of tokens with references made beforehand on the CPU machine by
- * scripts/make-layer-fixtures.ts (MEGAMOE_FIXTURES, default .fixtures), regenerated from their seeds.
+ * The unfused GPU pipeline (src/pipeline/unfused.ts) and its kernels (src/kernels/moe):
+ *
+ * - each small kernel alone: the dispatch layout (counts, offsets, row_source and slot_row mutual
+ *   inverses), the gather (exact copies), SwiGLU + re-quantization (the CPU rule up to the fp32 SwiGLU's
+ *   few ulps) and the combine (bit-exact);
+ * - the whole layer against the CPU reference (same numerics: ‖Δ‖/‖ref‖ < 1e-2, calc_diff < 1e-4, as
+ *   they differ only by fp32 accumulation order and SwiGLU ulps, which can flip FP8 roundings) and the
+ *   FP64 ideal (reported), on tiny and on E=16 H=512 IH=256 top-4, both scale formats, shared on and
+ *   off, and the edge cases (empty experts, one expert for every token, masked tokens);
+ * - determinism, CUDA-graph replay, and the MoELayer "cuda" backend (same API and error messages).
+ *
+ * Outputs and every intermediate buffer are poisoned with 0xFF (NaN) before each run, so a value that
+ * no step wrote shows up. flash-ep8 compares a sample of tokens with references made beforehand on the
+ * CPU machine by scripts/make-layer-fixtures.ts (MEGAMOE_FIXTURES, default .fixtures).
  * Skips with the reason without a GPU; with MEGAMOE_REQUIRE_GPU=1 it fails instead.
  */
 import assert from "node:assert/strict";
 import fs from "node:fs";
 import path from "node:path";
 import { describe, test } from "node:test";
-import { type MoEConfig, resolveConfig } from "../../src/config/config.js";
-import { cudaAvailability, type Device, DeviceTensor, openDevice } from "../../src/cuda/index.js";
-import { MoELayer } from "../../src/layer.js";
-import { bf16BitsToF32 } from "../../src/numerics/bf16.js";
+import { type MoEConfig, QUANT_BLOCK, resolveConfig, type ScaleFormat } from "../../src/config/config.js";
+import {
+  CudaGraph,
+  cudaAvailability,
+  type Device,
+  DeviceTensor,
+  type DType,
+  type HostArray,
+  openDevice,
+} from "../../src/cuda/index.js";
+import { aScalesRows, takeGroupedGemmStatus } from "../../src/kernels/gemm/grouped_gemm.js";
+import {
+  combineOnDevice,
+  dispatchLayoutOnDevice,
+  gatherRowsOnDevice,
+  swigluQuantizeOnDevice,
+} from "../../src/kernels/moe/moe.js";
+import { variants } from "../../src/kernels/moe/moe_unfused.variants.js";
+import { allocQuantOutputs, quantizeOnDevice } from "../../src/kernels/quant/quant.js";
+import { InputError, MoELayer } from "../../src/layer.js";
+import { bf16BitsToF32, f32ToBf16Bits } from "../../src/numerics/bf16.js";
+import { E4M3_DECODE } from "../../src/numerics/fp8.js";
+import { quantizeRow128 } from "../../src/numerics/quant.js";
 import { UnfusedPipeline } from "../../src/pipeline/unfused.js";
 import { calcDiff, relativeError } from "../../src/reference/metrics.js";
 import { idealMoE, referenceMoE } from "../../src/reference/moe.js";
 import { type RandomRoutingOptions, type Routing, randomRouting } from "../../src/reference/router.js";
+import { swiglu } from "../../src/reference/swiglu.js";
 import { DeviceMoEWeights } from "../../src/weights/device.js";
 import { GeneratedWeights, generateActivations } from "../../src/weights/generate.js";
 
@@ -26,18 +56,84 @@ const availability = cudaAvailability();
 const requireGpu = process.env.MEGAMOE_REQUIRE_GPU === "1";
 const skip = availability.ok || requireGpu ? false : `no usable GPU: ${availability.reason}`;
 
-/** Same numerics, different fp32 accumulation inside the tensor cores: FP8 roundings may flip. */
-const MAX_REL_VS_REFERENCE = 2e-2;
-const MAX_DIFF_VS_REFERENCE = 2e-4;
+/**
+ * Same numerics, different fp32 accumulation inside the tensor cores: FP8 roundings of the
+ * intermediate may flip. With a handful of tokens one flip weighs more (a first H200 run saw up to
+ * 8.6e-3 at T = 1, 2–5e-3 elsewhere), so below 8 tokens the relative bound is doubled.
+ */
+const MAX_REL_VS_REFERENCE = 1e-2;
+const MAX_REL_VS_REFERENCE_FEW_TOKENS = 2e-2;
+const FEW_TOKENS = 8;
+const MAX_DIFF_VS_REFERENCE = 1e-4;
 
-const toF64 = (bits: Uint16Array) => Float64Array.from(bits, bf16BitsToF32);
+/** mulberry32: small, fast, good enough for test data. */
+function rng(s: number): () => number {
+  let a = s >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+const random = rng(seed);
+const randomInt = (n: number) => Math.floor(random() * n);
+
+const tinyRouter = resolveConfig("tiny").router;
+/** The custom small shape: E=16, H=512, IH=256, top-4 (no group limit). */
+const custom = (overrides: Partial<MoEConfig> = {}) =>
+  resolveConfig("tiny", {
+    numExperts: 16,
+    hidden: 512,
+    intermediate: 256,
+    topK: 4,
+    ...overrides,
+    router: { ...tinyRouter, nGroup: 1, topkGroup: 1 },
+  });
+
+let cachedDevice: Device | undefined;
+const device = () => {
+  cachedDevice ??= openDevice(0);
+  return cachedDevice;
+};
+
+/** Owns the tensors a test makes; `dispose()` frees them all. */
+class Tensors {
+  private readonly all: DeviceTensor[] = [];
+  empty<D extends DType>(dtype: D, shape: number[], poison?: number): DeviceTensor<D> {
+    const t = DeviceTensor.empty(device(), dtype, shape);
+    this.all.push(t);
+    if (poison !== undefined) t.fill(poison);
+    return t;
+  }
+  from<D extends DType>(dtype: D, shape: number[], data: HostArray<D>): DeviceTensor<D> {
+    const t = DeviceTensor.fromHost(device(), dtype, shape, data);
+    this.all.push(t);
+    return t;
+  }
+  dispose(): void {
+    for (const t of this.all) t.dispose();
+  }
+}
+
+/** Float bits, for exact comparisons that NaN poison cannot fool. */
+const bitsOf = (f: Float32Array) => new Uint32Array(f.buffer, f.byteOffset, f.length);
+const POISON32 = 0xffffffff;
+
+// ---------------------------------------------------------------------------------------------------
+// CPU side of the comparisons
 
 interface Errors {
   relRef: number;
   diffRef: number;
   relIdeal: number;
   diffIdeal: number;
+  /** The reference's own distance to the ideal (what FP8 costs), for scale. */
+  refRelIdeal: number;
 }
+
+const toF64 = (bits: Uint16Array) => Float64Array.from(bits, bf16BitsToF32);
 
 function errors(gpu: Uint16Array, ref: Uint16Array, ideal: Float64Array): Errors {
   const g = toF64(gpu);
@@ -47,26 +143,62 @@ function errors(gpu: Uint16Array, ref: Uint16Array, ideal: Float64Array): Errors
     diffRef: calcDiff(g, r),
     relIdeal: relativeError(g, ideal),
     diffIdeal: calcDiff(g, ideal),
+    refRelIdeal: relativeError(r, ideal),
   };
 }
 
-function report(label: string, e: Errors): void {
+function report(label: string, e: Errors, tokens: number): void {
   console.log(
     `  ${label}: vs reference ‖Δ‖/‖ref‖ ${e.relRef.toExponential(2)}, calc_diff ${e.diffRef.toExponential(2)}; ` +
-      `vs FP64 ideal ${e.relIdeal.toExponential(2)}, calc_diff ${e.diffIdeal.toExponential(2)}`,
+      `vs FP64 ideal ${e.relIdeal.toExponential(2)}, calc_diff ${e.diffIdeal.toExponential(2)} ` +
+      `(reference vs ideal ${e.refRelIdeal.toExponential(2)})`,
   );
-  assert.ok(e.relRef < MAX_REL_VS_REFERENCE, `${label}: relative error vs reference ${e.relRef}`);
+  const maxRel = tokens < FEW_TOKENS ? MAX_REL_VS_REFERENCE_FEW_TOKENS : MAX_REL_VS_REFERENCE;
+  assert.ok(e.relRef < maxRel, `${label}: relative error vs reference ${e.relRef} (bound ${maxRel})`);
   assert.ok(e.diffRef < MAX_DIFF_VS_REFERENCE, `${label}: calc_diff vs reference ${e.diffRef}`);
-  assert.ok(e.relIdeal < 0.1, `${label}: relative error vs ideal ${e.relIdeal}`);
+  assert.ok(Number.isFinite(e.relIdeal), `${label}: relative error vs ideal ${e.relIdeal}`);
 }
 
-let cachedDevice: Device | undefined;
-const device = () => {
-  cachedDevice ??= openDevice(0);
-  return cachedDevice;
-};
+/** The combine of docs/numerics.md on host data (bit-exact reference for the kernel). */
+function combineOnCpu(
+  l2: Uint16Array,
+  slotRow: Int32Array,
+  weights: Float32Array,
+  shared: Uint16Array | null,
+  tokens: number,
+  topK: number,
+  hidden: number,
+): Uint16Array {
+  const out = new Uint16Array(tokens * hidden);
+  for (let t = 0; t < tokens; t++) {
+    for (let n = 0; n < hidden; n++) {
+      let acc = 0;
+      for (let s = 0; s < topK; s++) {
+        const row = slotRow[t * topK + s];
+        if (row < 0) continue;
+        acc = Math.fround(acc + Math.fround(weights[t * topK + s] * bf16BitsToF32(l2[row * hidden + n])));
+      }
+      if (shared !== null) acc = Math.fround(acc + bf16BitsToF32(shared[t * hidden + n]));
+      out[t * hidden + n] = f32ToBf16Bits(acc);
+    }
+  }
+  return out;
+}
 
-/** One poisoned forward through the pipeline; returns the output (every element must be written). */
+/** Random finite bf16 values whose magnitude varies by row (2^-8 .. 2^4). */
+function randomBf16Rows(rows: number, cols: number): Uint16Array {
+  const out = new Uint16Array(rows * cols);
+  for (let r = 0; r < rows; r++) {
+    const m = 2 ** (randomInt(13) - 8);
+    for (let c = 0; c < cols; c++) out[r * cols + c] = f32ToBf16Bits((random() * 2 - 1) * m);
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Pipeline runs
+
+/** One poisoned forward (output and every intermediate buffer NaN first); returns the output. */
 function runPipeline(
   pipeline: UnfusedPipeline,
   config: MoEConfig,
@@ -75,125 +207,593 @@ function runPipeline(
   routing: Routing,
   shared: boolean,
 ): Uint16Array {
-  const d = device();
-  const xt = DeviceTensor.fromHost(d, "bf16", [tokens, config.hidden], x);
-  const ids = DeviceTensor.fromHost(d, "int32", [tokens, config.topK], routing.ids);
-  const w = DeviceTensor.fromHost(d, "fp32", [tokens, config.topK], routing.weights);
-  const out = DeviceTensor.empty(d, "bf16", [tokens, config.hidden]);
+  const ts = new Tensors();
   try {
-    out.fill(0xff); // bf16 NaN: an unwritten element fails the comparison
+    const xt = ts.from("bf16", [tokens, config.hidden], x);
+    const ids = ts.from("int32", [tokens, config.topK], routing.ids);
+    const w = ts.from("fp32", [tokens, config.topK], routing.weights);
+    const out = ts.empty("bf16", [tokens, config.hidden], 0xff); // bf16 NaN: an unwritten element fails
+    pipeline.fillScratch(0xff);
     pipeline.forward({ x: xt, ids, weights: w, out, tokens, shared }, null);
-    d.synchronize();
-    const result = out.toHost() as Uint16Array;
+    device().synchronize();
+    const stall = takeGroupedGemmStatus(device());
+    assert.equal(stall, null, `a grouped GEMM stalled: ${JSON.stringify(stall)}`);
+    const result = out.toHost();
     const unwritten = result.indexOf(0xffff);
     assert.equal(unwritten, -1, `output element ${unwritten} was never written`);
     return result;
   } finally {
-    for (const t of [xt, ids, w, out]) t.dispose();
+    ts.dispose();
   }
 }
 
-describe("unfused MoE pipeline on a GPU", { skip }, () => {
-  const small = (overrides: Partial<MoEConfig> = {}) =>
-    resolveConfig("tiny", { numExperts: 16, hidden: 512, intermediate: 256, topK: 4, ...overrides });
+/** Runs the pipeline and compares with the reference and the ideal computed live on the CPU. */
+function checkAgainstReference(
+  label: string,
+  pipeline: UnfusedPipeline,
+  weights: GeneratedWeights,
+  x: Uint16Array,
+  tokens: number,
+  routing: Routing,
+  shared: boolean,
+): void {
+  const config = weights.config;
+  const gpu = runPipeline(pipeline, config, x, tokens, routing, shared);
+  const ref = referenceMoE(x, tokens, routing, weights, { shared });
+  const ideal = idealMoE(x, tokens, routing, weights, { shared });
+  report(`${label} T=${tokens} shared=${shared ? "on" : "off"}`, errors(gpu, ref, ideal), tokens);
+}
 
-  for (const [name, config] of [
-    ["tiny", resolveConfig("tiny")],
-    [
-      "E=16 H=512 IH=256 top-4",
-      small({ router: { ...resolveConfig("tiny").router, nGroup: 1, topkGroup: 1 } }),
-    ],
-    [
-      "E=16 H=512 IH=256 top-4, UE8M0, no clamp",
-      small({
-        scaleFormat: "ue8m0",
-        swigluClamp: null,
-        router: { ...resolveConfig("tiny").router, nGroup: 1, topkGroup: 1 },
-      }),
-    ],
-  ] as const) {
-    test(`${name}: T = 1, 7, 64, 129, 1024, shared on and off`, () => {
-      const weights = new GeneratedWeights(config, seed);
-      const dw = DeviceMoEWeights.upload(device(), weights);
-      const pipeline = new UnfusedPipeline(device(), dw, 1024);
+/** A pipeline with uploaded weights for `config`; `body` runs with it, then both are freed. */
+function withPipeline(
+  config: MoEConfig,
+  weightSeed: number,
+  maxTokens: number,
+  body: (pipeline: UnfusedPipeline, weights: GeneratedWeights) => void,
+): void {
+  const weights = new GeneratedWeights(config, weightSeed, { cachedExperts: config.numExperts });
+  const dw = DeviceMoEWeights.upload(device(), weights);
+  let pipeline: UnfusedPipeline | undefined;
+  try {
+    pipeline = new UnfusedPipeline(device(), dw, maxTokens);
+    body(pipeline, weights);
+  } finally {
+    pipeline?.dispose();
+    dw.dispose();
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------
+
+describe("unfused pipeline: checks that need no GPU", () => {
+  test("kernel variants: one per scale format, no spills allowed", () => {
+    assert.deepEqual(
+      variants.map((v) => v.defines),
+      [{ SCALE_UE8M0: 0 }, { SCALE_UE8M0: 1 }],
+    );
+    assert.ok(variants.every((v) => v.noSpill));
+  });
+
+  test("the cuda backend says why it cannot start", {
+    skip: availability.ok ? "a GPU is present (the GPU tests below cover the backend)" : false,
+  }, () => {
+    const source = new GeneratedWeights(resolveConfig("tiny"), seed);
+    assert.throws(
+      () => new MoELayer(source, { backend: "cuda" }),
+      (e: unknown) => e instanceof InputError && /backend "cuda" needs a CUDA GPU/.test(e.message),
+    );
+  });
+});
+
+describe("unfused MoE pipeline on a GPU", { skip }, () => {
+  test("dispatch layout: counts, offsets, row_source and slot_row are mutual inverses", () => {
+    const cases = [
+      { tokens: 1, k: 1, experts: 1, hot: false },
+      { tokens: 7, k: 2, experts: 8, hot: false },
+      { tokens: 129, k: 6, experts: 256, hot: false },
+      { tokens: 8192, k: 6, experts: 256, hot: false }, // T·k = 49152
+      { tokens: 1000, k: 8, experts: 1024, hot: false },
+      { tokens: 3000, k: 4, experts: 32, hot: true },
+    ];
+    for (const { tokens, k, experts, hot } of cases) {
+      const slots = tokens * k;
+      const ids = new Int32Array(slots);
+      for (let i = 0; i < slots; i++) {
+        const u = random();
+        // Not routed: −1 mostly, and ids outside [0, E) (the kernel treats them as −1 too).
+        if (u < 0.1) ids[i] = -1;
+        else if (u < 0.12) ids[i] = [experts, experts + 5, -7][randomInt(3)];
+        else ids[i] = hot && i % k === 0 ? 3 % experts : randomInt(experts);
+      }
+      const ts = new Tensors();
       try {
+        const groupOffsets = ts.empty("int32", [experts + 1], 0x7f);
+        const rowSource = ts.empty("int32", [slots], 0x7f);
+        const slotRow = ts.empty("int32", [slots], 0x7f);
+        const sharedOffsets = ts.empty("int32", [2], 0x7f);
+        dispatchLayoutOnDevice(
+          device(),
+          ts.from("int32", [tokens, k], ids),
+          experts,
+          { groupOffsets, rowSource, slotRow, sharedOffsets },
+          null,
+        );
+        const offsets = groupOffsets.toHost();
+        const source = rowSource.toHost();
+        const rowOf = slotRow.toHost();
+        const label = `T=${tokens} k=${k} E=${experts}`;
+        assert.deepEqual(Array.from(sharedOffsets.toHost()), [0, tokens], `${label}: shared offsets`);
+
+        const counts = new Int32Array(experts);
+        for (const e of ids) if (e >= 0 && e < experts) counts[e]++;
+        assert.equal(offsets[0], 0, `${label}: offsets[0]`);
+        for (let e = 0; e < experts; e++) {
+          assert.equal(offsets[e + 1] - offsets[e], counts[e], `${label}: count of expert ${e}`);
+        }
+        const m = offsets[experts];
+        assert.equal(
+          m,
+          counts.reduce((a, b) => a + b, 0),
+          `${label}: M`,
+        );
+        for (let i = 0; i < slots; i++) {
+          const e = ids[i];
+          const row = rowOf[i];
+          if (e < 0 || e >= experts) {
+            assert.equal(row, -1, `${label}: slot ${i} (id ${e}) must not be routed`);
+            continue;
+          }
+          assert.ok(
+            row >= offsets[e] && row < offsets[e + 1],
+            `${label}: slot ${i} row ${row} outside expert ${e}`,
+          );
+          assert.equal(source[row], i, `${label}: row_source[slot_row[${i}]]`);
+        }
+        // Every row below M is some slot's row (with the check above: a bijection).
+        for (let r = 0; r < m; r++) {
+          const i = source[r];
+          assert.ok(i >= 0 && i < slots && rowOf[i] === r, `${label}: slot_row[row_source[${r}]]`);
+        }
+      } finally {
+        ts.dispose();
+      }
+    }
+  });
+
+  test("gather: sorted rows and transposed scales are exact copies; rows past M untouched", () => {
+    for (const hidden of [512, 7168]) {
+      const tokens = 100;
+      const k = 4;
+      const experts = 16;
+      const slots = tokens * k;
+      const kb = hidden / QUANT_BLOCK;
+      const config = custom({ hidden, numExperts: experts, topK: k });
+      const routing = randomRouting(seed + hidden, tokens, config, { maskedTokens: [0, 17, 99] });
+      const ts = new Tensors();
+      try {
+        const x = ts.from("bf16", [tokens, hidden], randomBf16Rows(tokens, hidden));
+        const q = allocQuantOutputs(device(), tokens, hidden);
+        try {
+          quantizeOnDevice(device(), x, q, "fp32", null);
+          const groupOffsets = ts.empty("int32", [experts + 1]);
+          const rowSource = ts.empty("int32", [slots], 0xff);
+          const slotRow = ts.empty("int32", [slots]);
+          dispatchLayoutOnDevice(
+            device(),
+            ts.from("int32", [tokens, k], routing.ids),
+            experts,
+            { groupOffsets, rowSource, slotRow, sharedOffsets: null },
+            null,
+          );
+          const pad = aScalesRows(slots);
+          const aq = ts.empty("fp8_e4m3", [slots, hidden], 0xab);
+          const aScales = ts.empty("fp32", [kb, pad], 0xff);
+          gatherRowsOnDevice(
+            device(),
+            {
+              xq: q.q,
+              xScales: q.scales,
+              rowSource,
+              topK: k,
+              rows: slots,
+              rowCount: { offsets: groupOffsets, index: experts },
+              aq,
+              aScales,
+            },
+            null,
+          );
+          const tPad = aScalesRows(tokens);
+          const sharedScales = ts.empty("fp32", [kb, tPad], 0xff);
+          gatherRowsOnDevice(
+            device(),
+            {
+              xq: q.q,
+              xScales: q.scales,
+              rowSource: null,
+              topK: k,
+              rows: tokens,
+              rowCount: null,
+              aq: null,
+              aScales: sharedScales,
+            },
+            null,
+          );
+          const xq = q.q.toHost() as Uint8Array;
+          const xs = bitsOf(q.scales.toHost() as Float32Array);
+          const m = groupOffsets.toHost()[experts];
+          const source = rowSource.toHost();
+          const rows = aq.toHost();
+          const scales = bitsOf(aScales.toHost());
+          const label = `H=${hidden}`;
+          for (let r = 0; r < slots; r++) {
+            const row = rows.subarray(r * hidden, (r + 1) * hidden);
+            if (r >= m) {
+              assert.ok(
+                row.every((b) => b === 0xab),
+                `${label}: row ${r} ≥ M = ${m} was written`,
+              );
+              for (let b = 0; b < kb; b++)
+                assert.equal(scales[b * pad + r], POISON32, `${label}: scale (${b}, ${r})`);
+              continue;
+            }
+            const t = Math.floor(source[r] / k);
+            assert.deepEqual(
+              row,
+              xq.subarray(t * hidden, (t + 1) * hidden),
+              `${label}: row ${r} (token ${t})`,
+            );
+            for (let b = 0; b < kb; b++) {
+              assert.equal(scales[b * pad + r], xs[t * kb + b], `${label}: scale (${b}, ${r}) of token ${t}`);
+            }
+          }
+          for (let b = 0; b < kb; b++) {
+            for (let r = slots; r < pad; r++)
+              assert.equal(scales[b * pad + r], POISON32, `${label}: pad (${b}, ${r})`);
+          }
+          const st = bitsOf(sharedScales.toHost());
+          for (let b = 0; b < kb; b++) {
+            for (let t = 0; t < tPad; t++) {
+              const want = t < tokens ? xs[t * kb + b] : POISON32;
+              assert.equal(st[b * tPad + t], want, `${label}: shared scale (${b}, ${t})`);
+            }
+          }
+        } finally {
+          q.q.dispose();
+          q.scales.dispose();
+        }
+      } finally {
+        ts.dispose();
+      }
+    }
+  });
+
+  test("SwiGLU + re-quantization: the CPU rule within the fp32 SwiGLU's ulps; rows past M untouched", () => {
+    const inter = 256;
+    const rows = 77;
+    const live = 70; // the device-side row count: rows 70..76 must stay untouched
+    const groups = inter / QUANT_BLOCK;
+    const pad = aScalesRows(rows);
+    for (const format of ["fp32", "ue8m0"] as ScaleFormat[]) {
+      for (const clamp of [10, null]) {
+        const label = `${format}, clamp ${clamp ?? "none"}`;
+        const l1 = new Float32Array(rows * 2 * inter);
+        for (let r = 0; r < rows; r++) {
+          const m = 2 ** (randomInt(12) - 6); // 2^-6 .. 2^5: the clamp at 10 engages
+          for (let c = 0; c < 2 * inter; c++) l1[r * 2 * inter + c] = Math.fround((random() * 2 - 1) * m * 4);
+        }
+        const ts = new Tensors();
+        try {
+          const hq = ts.empty("fp8_e4m3", [rows, inter], 0xee);
+          const hScales = ts.empty("fp32", [groups, pad], 0xff);
+          swigluQuantizeOnDevice(
+            device(),
+            {
+              l1: ts.from("fp32", [rows, 2 * inter], l1),
+              rows,
+              rowCount: { offsets: ts.from("int32", [2], Int32Array.from([5, live])), index: 1 },
+              clamp,
+              format,
+              hq,
+              hScales,
+            },
+            null,
+          );
+          const codes = hq.toHost();
+          const scales = hScales.toHost();
+          const h = new Float32Array(inter);
+          const wantCodes = new Uint8Array(inter);
+          const wantScales = new Float32Array(groups);
+          let codeMismatches = 0;
+          let scaleMismatches = 0;
+          for (let r = 0; r < rows; r++) {
+            if (r >= live) {
+              assert.ok(
+                codes.subarray(r * inter, (r + 1) * inter).every((b) => b === 0xee),
+                `${label}: row ${r} ≥ ${live} written`,
+              );
+              for (let g = 0; g < groups; g++)
+                assert.ok(Number.isNaN(scales[g * pad + r]), `${label}: scale (${g}, ${r})`);
+              continue;
+            }
+            for (let j = 0; j < inter; j++)
+              h[j] = swiglu(l1[r * 2 * inter + j], l1[r * 2 * inter + inter + j], clamp);
+            for (let g = 0; g < groups; g++)
+              quantizeRow128(h, g * 128, 128, format, wantCodes, g * 128, wantScales, g);
+            for (let g = 0; g < groups; g++) {
+              const s = scales[g * pad + r];
+              const want = wantScales[g];
+              if (s !== want) scaleMismatches++;
+              // fp32: amax is a few ulps off at most; ue8m0: the power of two may move at a boundary.
+              const close =
+                format === "fp32"
+                  ? Math.abs(s / want - 1) <= 1e-5
+                  : s === want || s === 2 * want || 2 * s === want;
+              assert.ok(close, `${label}: row ${r} group ${g} scale ${s}, CPU ${want}`);
+              for (let j = g * 128; j < (g + 1) * 128; j++) {
+                const code = codes[r * inter + j];
+                if (code !== wantCodes[j]) codeMismatches++;
+                // The quantization bound of docs/numerics.md around the CPU's h, widened by a few ulps.
+                const dq = E4M3_DECODE[code] * s;
+                const bound =
+                  Math.max(2 ** -4 * Math.abs(h[j]), 2 ** -10 * s) * (1 + 1e-5) +
+                  2e-6 * Math.abs(h[j]) +
+                  1e-30;
+                assert.ok(
+                  Math.abs(dq - h[j]) <= bound,
+                  `${label}: (${r}, ${j}) dequantizes to ${dq}, h = ${h[j]}`,
+                );
+              }
+            }
+          }
+          const totalCodes = live * inter;
+          console.log(
+            `  SwiGLU+quant ${label}: ${codeMismatches}/${totalCodes} codes and ${scaleMismatches}/${live * groups} scales differ from the CPU`,
+          );
+          assert.ok(codeMismatches <= totalCodes * 0.02, `${label}: ${codeMismatches} codes differ`);
+          if (format === "ue8m0") assert.ok(scaleMismatches <= Math.max(1, live * groups * 0.02));
+        } finally {
+          ts.dispose();
+        }
+      }
+    }
+  });
+
+  test("combine: bit-exact against the CPU rule, masked slots skipped, shared on and off", () => {
+    const tokens = 150;
+    const k = 6;
+    const hidden = 512;
+    const slots = tokens * k;
+    const l2 = randomBf16Rows(slots, hidden);
+    const sharedRows = randomBf16Rows(tokens, hidden);
+    // Rows in a random order, ~15% of the slots unrouted, token 3 entirely.
+    const order = Array.from({ length: slots }, (_, i) => i);
+    for (let i = slots - 1; i > 0; i--) {
+      const j = randomInt(i + 1);
+      [order[i], order[j]] = [order[j], order[i]];
+    }
+    const slotRow = Int32Array.from(order, (row, i) =>
+      random() < 0.15 || Math.floor(i / k) === 3 ? -1 : row,
+    );
+    const weights = Float32Array.from({ length: slots }, () => Math.fround(random() * 1.5));
+    const ts = new Tensors();
+    try {
+      const l2t = ts.from("bf16", [slots, hidden], l2);
+      const slotRowT = ts.from("int32", [slots], slotRow);
+      const weightsT = ts.from("fp32", [tokens, k], weights);
+      const sharedT = ts.from("bf16", [tokens, hidden], sharedRows);
+      for (const shared of [true, false]) {
+        const out = ts.empty("bf16", [tokens, hidden], 0xff);
+        combineOnDevice(
+          device(),
+          { l2: l2t, slotRow: slotRowT, weights: weightsT, sharedOut: shared ? sharedT : null, out },
+          null,
+        );
+        const want = combineOnCpu(l2, slotRow, weights, shared ? sharedRows : null, tokens, k, hidden);
+        assert.deepEqual(out.toHost(), want, `combine, shared ${shared ? "on" : "off"}`);
+      }
+    } finally {
+      ts.dispose();
+    }
+  });
+
+  const layers: [string, MoEConfig][] = [
+    ["tiny", resolveConfig("tiny")],
+    ["tiny UE8M0", resolveConfig("tiny", { scaleFormat: "ue8m0" })],
+    ["E=16 H=512 IH=256 top-4", custom()],
+    ["E=16 H=512 IH=256 top-4 UE8M0 no clamp", custom({ scaleFormat: "ue8m0", swigluClamp: null })],
+  ];
+  for (const [name, config] of layers) {
+    test(`${name}: T = 1, 7, 64, 129, 1024 against the live CPU reference`, () => {
+      withPipeline(config, seed + 1, 1024, (pipeline, weights) => {
         for (const tokens of [1, 7, 64, 129, 1024]) {
           const x = generateActivations(seed + tokens, tokens, config.hidden);
           const routing = randomRouting(seed + 2 * tokens, tokens, config);
-          for (const shared of [true, false]) {
-            const gpu = runPipeline(pipeline, config, x, tokens, routing, shared);
-            const ref = referenceMoE(x, tokens, routing, weights, { shared });
-            const ideal = idealMoE(x, tokens, routing, weights, { shared });
-            report(`${name} T=${tokens} shared=${shared ? 1 : 0}`, errors(gpu, ref, ideal));
+          checkAgainstReference(name, pipeline, weights, x, tokens, routing, true);
+          // Shared off on a subset: the CPU reference is the slow part.
+          if (tokens === 7 || tokens === 1024) {
+            checkAgainstReference(name, pipeline, weights, x, tokens, routing, false);
           }
         }
-      } finally {
-        pipeline.dispose();
-        dw.dispose();
-      }
+      });
     });
   }
 
-  test("edge cases: empty experts, one hot expert, masked tokens, odd counts", () => {
+  for (const format of ["fp32", "ue8m0"] as ScaleFormat[]) {
+    test(`edge cases (${format}): empty experts, one expert for all tokens, masked tokens`, () => {
+      const config = custom({ scaleFormat: format });
+      withPipeline(config, seed + 7, 256, (pipeline, weights) => {
+        const cases: [string, number, RandomRoutingOptions][] = [
+          ["experts 0, 3, 5 empty", 33, { emptyExperts: [0, 3, 5] }],
+          ["every token to expert 2", 200, { hotExpert: 2 }],
+          ["masked tokens 0, 5, 16", 17, { maskedTokens: [0, 5, 16] }],
+          ["one token, masked", 1, { maskedTokens: [0] }],
+        ];
+        for (const [label, tokens, opts] of cases) {
+          const x = generateActivations(seed + 11, tokens, config.hidden);
+          const routing = randomRouting(seed + 12, tokens, config, opts);
+          for (const shared of [true, false]) {
+            checkAgainstReference(`${format} ${label}`, pipeline, weights, x, tokens, routing, shared);
+          }
+        }
+        // Only expert 9, in slot 0; slots 1..k−1 unused: one group holds every row, 15 are empty.
+        const tokens = 150;
+        const ids = new Int32Array(tokens * config.topK).fill(-1);
+        const w = new Float32Array(tokens * config.topK);
+        for (let t = 0; t < tokens; t++) {
+          ids[t * config.topK] = 9;
+          w[t * config.topK] = Math.fround(0.5 + random());
+        }
+        const x = generateActivations(seed + 13, tokens, config.hidden);
+        for (const shared of [true, false]) {
+          checkAgainstReference(
+            `${format} only expert 9`,
+            pipeline,
+            weights,
+            x,
+            tokens,
+            { ids, weights: w },
+            shared,
+          );
+        }
+      });
+    });
+  }
+
+  test("bit-identical repeats, and a CUDA graph replay equal to the eager run", () => {
     const config = resolveConfig("tiny");
-    const weights = new GeneratedWeights(config, seed + 7);
-    const dw = DeviceMoEWeights.upload(device(), weights);
-    const pipeline = new UnfusedPipeline(device(), dw, 1024);
-    try {
-      const cases: [string, number, RandomRoutingOptions][] = [
-        ["empty experts 0,3,5", 33, { emptyExperts: [0, 3, 5] }],
-        ["all tokens to expert 2", 200, { hotExpert: 2 }],
-        ["masked tokens", 17, { maskedTokens: [0, 5, 16] }],
-        ["one token, masked", 1, { maskedTokens: [0] }],
-      ];
-      for (const [label, tokens, opts] of cases) {
-        const x = generateActivations(seed + 11, tokens, config.hidden);
-        const routing = randomRouting(seed + 12, tokens, config, opts);
-        const gpu = runPipeline(pipeline, config, x, tokens, routing, true);
-        const ref = referenceMoE(x, tokens, routing, weights);
-        report(label, errors(gpu, ref, idealMoE(x, tokens, routing, weights)));
+    withPipeline(config, seed + 21, 1024, (pipeline) => {
+      const tokens = 300;
+      const x = generateActivations(seed + 22, tokens, config.hidden);
+      const routing = randomRouting(seed + 23, tokens, config);
+      const a = runPipeline(pipeline, config, x, tokens, routing, true);
+      const b = runPipeline(pipeline, config, x, tokens, routing, true);
+      assert.deepEqual(a, b, "two eager runs differ");
+
+      const d = device();
+      const stream = d.createStream();
+      const ts = new Tensors();
+      let graph: CudaGraph | undefined;
+      try {
+        pipeline.warmup(tokens, stream);
+        const f = {
+          x: ts.from("bf16", [tokens, config.hidden], x),
+          ids: ts.from("int32", [tokens, config.topK], routing.ids),
+          weights: ts.from("fp32", [tokens, config.topK], routing.weights),
+          out: ts.empty("bf16", [tokens, config.hidden]),
+          tokens,
+          shared: true,
+        };
+        graph = CudaGraph.capture(stream, (s) => pipeline.forward(f, s));
+        for (let replay = 0; replay < 2; replay++) {
+          pipeline.fillScratch(0xff, stream);
+          f.out.fill(0xff, stream);
+          graph.launch(stream);
+          stream.synchronize();
+          assert.deepEqual(f.out.toHost(), a, `graph replay ${replay} differs from the eager run`);
+        }
+      } finally {
+        graph?.destroy();
+        ts.dispose();
+        stream.destroy();
       }
-    } finally {
-      pipeline.dispose();
-      dw.dispose();
-    }
+    });
   });
 
-  test("bit-identical repeat runs", () => {
+  test("MoELayer with backend cuda: same results and error messages as the CPU", () => {
     const config = resolveConfig("tiny");
-    const weights = new GeneratedWeights(config, seed + 21);
-    const dw = DeviceMoEWeights.upload(device(), weights);
-    const pipeline = new UnfusedPipeline(device(), dw, 1024);
-    try {
-      const x = generateActivations(seed + 22, 300, config.hidden);
-      const routing = randomRouting(seed + 23, 300, config);
-      const a = runPipeline(pipeline, config, x, 300, routing, true);
-      const b = runPipeline(pipeline, config, x, 300, routing, true);
-      assert.deepEqual(a, b);
-    } finally {
-      pipeline.dispose();
-      dw.dispose();
-    }
-  });
-
-  test("MoELayer with backend cuda: same API and errors as the CPU", () => {
-    const config = resolveConfig("tiny");
-    const source = new GeneratedWeights(config, seed + 31);
+    const source = new GeneratedWeights(config, seed + 31, { cachedExperts: config.numExperts });
     const gpuLayer = new MoELayer(source, { backend: "cuda" });
     const cpuLayer = new MoELayer(source, { backend: "cpu" });
+    const ts = new Tensors();
     try {
-      const x = generateActivations(seed + 32, 65, config.hidden);
-      const gpu = gpuLayer.forward(x, 65);
-      const cpu = cpuLayer.forward(x, 65);
+      const tokens = 65;
+      const H = config.hidden;
+      const x = generateActivations(seed + 32, tokens, H);
+      const gpu = gpuLayer.forward(x, tokens);
+      const cpu = cpuLayer.forward(x, tokens);
       assert.deepEqual(gpu.routing.ids, cpu.routing.ids);
       report(
-        "MoELayer tiny T=65 (gate routing)",
-        errors(gpu.out, cpu.out, idealMoE(x, 65, cpu.routing, source)),
+        "MoELayer tiny (gate routing)",
+        errors(gpu.out, cpu.out, idealMoE(x, tokens, cpu.routing, source)),
+        tokens,
       );
-      assert.throws(() => gpuLayer.forward(x, 66), /expected tokens × hidden/);
-      assert.throws(() => gpuLayer.forward(new Uint16Array(1025 * config.hidden), 1025), /too many tokens/);
+      const off = gpuLayer.forward(x, tokens, { routing: cpu.routing, shared: false });
+      const cpuOff = cpuLayer.forward(x, tokens, { routing: cpu.routing, shared: false });
+      report(
+        "MoELayer tiny shared off",
+        errors(off.out, cpuOff.out, idealMoE(x, tokens, cpu.routing, source, { shared: false })),
+        tokens,
+      );
+
+      // forwardDevice: the same pipeline on device tensors gives the same bits.
+      const out = ts.empty("bf16", [tokens, H], 0xff);
+      gpuLayer.forwardDevice({
+        x: ts.from("bf16", [tokens, H], x),
+        ids: ts.from("int32", [tokens, config.topK], cpu.routing.ids),
+        weights: ts.from("fp32", [tokens, config.topK], cpu.routing.weights),
+        out,
+        tokens,
+      });
+      device().synchronize();
+      assert.deepEqual(out.toHost(), gpu.out, "forwardDevice differs from forward");
+      assert.throws(
+        () =>
+          gpuLayer.forwardDevice({
+            x: ts.empty("fp32", [tokens, H]),
+            ids: ts.empty("int32", [tokens, config.topK]),
+            weights: ts.empty("fp32", [tokens, config.topK]),
+            out,
+            tokens,
+          }),
+        (e: unknown) =>
+          e instanceof InputError && /x must be bf16\[65, 256\], got fp32\[65, 256\]/.test(e.message),
+      );
+      assert.throws(
+        () => cpuLayer.forwardDevice({ x: out, ids: out, weights: out, out, tokens }),
+        (e: unknown) => e instanceof InputError && /needs the "cuda" backend/.test(e.message),
+      );
+
+      // Every invalid input fails with the CPU layer's error (class and message).
+      const bad = Uint16Array.from(x);
+      bad[3 * H + 5] = 0x7f80; // +inf
+      const badIds = Int32Array.from(cpu.routing.ids);
+      badIds[3 * config.topK + 1] = config.numExperts;
+      const dupIds = Int32Array.from(cpu.routing.ids);
+      dupIds[4 * config.topK + 1] = dupIds[4 * config.topK];
+      const badWeights = Float32Array.from(cpu.routing.weights);
+      badWeights[2] = Number.NaN;
+      const tooMany = config.maxTokens + 1;
+      const invalid: [string, () => [Uint16Array, number, { routing?: Routing }]][] = [
+        ["too many tokens", () => [new Uint16Array(tooMany * H), tooMany, {}]],
+        ["wrong length", () => [x, tokens + 1, {}]],
+        ["zero tokens", () => [new Uint16Array(0), 0, {}]],
+        ["non-finite x", () => [bad, tokens, {}]],
+        ["id out of range", () => [x, tokens, { routing: { ids: badIds, weights: cpu.routing.weights } }]],
+        [
+          "id twice in a token",
+          () => [x, tokens, { routing: { ids: dupIds, weights: cpu.routing.weights } }],
+        ],
+        ["non-finite weight", () => [x, tokens, { routing: { ids: cpu.routing.ids, weights: badWeights } }]],
+      ];
+      for (const [label, args] of invalid) {
+        let cpuError: Error | undefined;
+        try {
+          cpuLayer.forward(...args());
+        } catch (e) {
+          cpuError = e as Error;
+        }
+        assert.ok(cpuError !== undefined, `${label}: the CPU layer accepted it`);
+        assert.throws(
+          () => gpuLayer.forward(...args()),
+          (e: unknown) =>
+            e instanceof Error && e.constructor === cpuError!.constructor && e.message === cpuError!.message,
+          `${label}: expected ${cpuError!.name}: ${cpuError!.message}`,
+        );
+      }
     } finally {
+      ts.dispose();
       gpuLayer.dispose();
+      cpuLayer.dispose();
     }
   });
 
@@ -210,11 +810,11 @@ describe("unfused MoE pipeline on a GPU", { skip }, () => {
     const first = JSON.parse(fs.readFileSync(path.join(fixtureDir, fixtures[0]), "utf8"));
     const config = resolveConfig("flash-ep8", { maxTokens: 8192 });
     const t0 = performance.now();
-    const dw = DeviceMoEWeights.upload(
-      device(),
-      new GeneratedWeights(config, first.seed, { cachedExperts: 1 }),
+    // Made on the device: bit-identical to GeneratedWeights (test/gpu/weightgen.test.ts), seconds faster.
+    const dw = DeviceMoEWeights.generate(device(), config, first.seed);
+    console.log(
+      `  flash-ep8 weights made on the device in ${((performance.now() - t0) / 1000).toFixed(1)} s`,
     );
-    console.log(`  flash-ep8 weights made and uploaded in ${((performance.now() - t0) / 1000).toFixed(1)} s`);
     const pipeline = new UnfusedPipeline(device(), dw, 8192);
     try {
       for (const file of fixtures.sort(
@@ -232,6 +832,7 @@ describe("unfused MoE pipeline on a GPU", { skip }, () => {
         report(
           `flash-ep8 T=${f.tokens} (${f.sample.length} tokens sampled, seed ${f.seed})`,
           errors(sampled, Uint16Array.from(f.reference), Float64Array.from(f.ideal)),
+          f.sample.length,
         );
       }
     } finally {
