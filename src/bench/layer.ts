@@ -1,70 +1,110 @@
 /**
  * The layer benchmark: one MoE forward per token count, timed on the GPU, beside its physical floor.
  *
- * Floor = max(bytes / copy bandwidth, FLOPs / FP8 rate). Bytes: the FP8 weights and scales of every
- * expert the routing touches (each read at least once), the shared expert's when on, the bf16 input
- * and output. FLOPs: 2 per multiply-add of L1 (2·IH × H) and L2 (H × IH) for every routed row, and
- * of the shared expert for every token.
+ * Floor = max(bytes / copy bandwidth, FLOPs / FP8 rate). Bytes: the FP8 weights and fp32 block scales of
+ * every expert the routing touches (each must be read at least once), the shared expert's when on, the
+ * bf16 input and output. FLOPs: 2 per multiply-add of L1 (2·IH × H) and L2 (H × IH) for every routed
+ * row, and of the shared expert's for every token. The intermediate activations are left out: a fused
+ * kernel keeps them on chip, so the floor is what the best kernel could reach, not what this one must.
  */
 import { type MoEConfig, QUANT_BLOCK, resolveConfig, sharedIntermediate } from "../config/config.js";
-import { type Device, DeviceTensor, type ResultRow, timeKernel } from "../cuda/index.js";
+import { type Device, DeviceTensor, type ResultRow, type Stream, timeKernel } from "../cuda/index.js";
 import { UnfusedPipeline } from "../pipeline/unfused.js";
 import { type Routing, randomRouting } from "../reference/router.js";
-import { DeviceMoEWeights } from "../weights/device.js";
-import { generateActivations } from "../weights/generate.js";
+import { DeviceMoEWeights, generateActivationsOnDevice } from "../weights/device.js";
 
+/** Dense FP8 tensor-core rate assumed for the floor when nothing better is known (H100/H200 SXM). */
 export const DEFAULT_FP8_TFLOPS = 1500;
 
 export interface LayerFloor {
   bytes: number;
   flops: number;
+  /** Distinct routed experts that receive at least one row. */
   expertsTouched: number;
+  /** Routed (token, slot) pairs: the rows the routed GEMMs multiply. */
+  routedRows: number;
   floorUs: number;
+  /** Which term of the max is larger. */
+  bound: "memory" | "compute";
 }
 
-/** Bytes of one expert MLP's FP8 weights and fp32 block scales at intermediate size `inter`. */
+/** Bytes of one expert MLP's FP8 weights (W1: 2·inter × hidden, W2: hidden × inter) and fp32 block scales. */
 export function expertWeightBytes(hidden: number, inter: number): number {
   const elements = 3 * inter * hidden;
   return elements + (elements / QUANT_BLOCK ** 2) * 4;
 }
 
+/** Distinct experts and routed rows in a routing of `tokens` tokens (ids outside [0, E) are not routed). */
+export function routingFootprint(
+  config: MoEConfig,
+  tokens: number,
+  routing: Pick<Routing, "ids">,
+): { expertsTouched: number; routedRows: number } {
+  const touched = new Uint8Array(config.numExperts);
+  let expertsTouched = 0;
+  let routedRows = 0;
+  const slots = tokens * config.topK;
+  if (routing.ids.length < slots) {
+    throw new RangeError(`routing holds ${routing.ids.length} ids, fewer than tokens·k = ${slots}`);
+  }
+  for (let i = 0; i < slots; i++) {
+    const e = routing.ids[i]!;
+    if (e < 0 || e >= config.numExperts) continue;
+    routedRows++;
+    if (touched[e] === 0) {
+      touched[e] = 1;
+      expertsTouched++;
+    }
+  }
+  return { expertsTouched, routedRows };
+}
+
+/** The floor of one forward (see the module comment). Rates in TB/s and TFLOP/s. */
 export function layerFloor(
   config: MoEConfig,
   tokens: number,
-  routing: Routing,
+  routing: Pick<Routing, "ids">,
   shared: boolean,
   copyTbps: number,
-  fp8Tflops = DEFAULT_FP8_TFLOPS,
+  fp8Tflops: number = DEFAULT_FP8_TFLOPS,
 ): LayerFloor {
-  const H = config.hidden;
-  const touched = new Set<number>();
-  let rows = 0;
-  for (let i = 0; i < tokens * config.topK; i++) {
-    const e = routing.ids[i];
-    if (e >= 0) {
-      touched.add(e);
-      rows++;
-    }
+  if (!(copyTbps > 0) || !(fp8Tflops > 0)) {
+    throw new RangeError(`rates must be positive, got copy ${copyTbps} TB/s, FP8 ${fp8Tflops} TFLOP/s`);
   }
+  const H = config.hidden;
+  const IH = config.intermediate;
+  const { expertsTouched, routedRows } = routingFootprint(config, tokens, routing);
   const useShared = shared && config.numShared > 0;
-  const SI = sharedIntermediate(config);
+  const SIH = sharedIntermediate(config);
   const bytes =
-    touched.size * expertWeightBytes(H, config.intermediate) +
-    (useShared ? expertWeightBytes(H, SI) : 0) +
-    2 * tokens * H * 2;
-  const flops = 2 * rows * 3 * config.intermediate * H + (useShared ? 2 * tokens * 3 * SI * H : 0);
-  const floorUs = Math.max(bytes / (copyTbps * 1e12), flops / (fp8Tflops * 1e12)) * 1e6;
-  return { bytes, flops, expertsTouched: touched.size, floorUs };
+    expertsTouched * expertWeightBytes(H, IH) +
+    (useShared ? expertWeightBytes(H, SIH) : 0) +
+    2 * tokens * H * 2; // bf16 in and out
+  const flops =
+    2 * routedRows * (H * 2 * IH + IH * H) + (useShared ? 2 * tokens * (H * 2 * SIH + SIH * H) : 0);
+  const memoryUs = (bytes / (copyTbps * 1e12)) * 1e6;
+  const computeUs = (flops / (fp8Tflops * 1e12)) * 1e6;
+  return {
+    bytes,
+    flops,
+    expertsTouched,
+    routedRows,
+    floorUs: Math.max(memoryUs, computeUs),
+    bound: memoryUs >= computeUs ? "memory" : "compute",
+  };
 }
 
 export interface LayerBenchOptions {
   shape: string;
-  tokens: number[];
+  tokens: readonly number[];
   shared: boolean;
   seed: number;
+  /** Copy ceiling measured in the same process (TB/s). */
   copyTbps: number;
   fp8Tflops?: number;
+  /** Timed runs per case (default 30; at least 20 is what the project reports). */
   iters?: number;
+  /** Also time CUDA-graph replays of the forward (default true). */
   graph?: boolean;
   onProgress?: (done: number, total: number) => void;
 }
@@ -73,13 +113,7 @@ export interface LayerBenchOptions {
  * Keeps the GPU busy for a few hundred milliseconds before the first measurement: an idle H200 sits at
  * a low clock (345 MHz seen), and the first case of a sweep would otherwise pay for the ramp.
  */
-function warmUp(
-  device: Device,
-  pipeline: UnfusedPipeline,
-  config: MoEConfig,
-  tokens: number,
-  shared: boolean,
-) {
+function warmUpClock(device: Device, pipeline: UnfusedPipeline, config: MoEConfig, tokens: number): void {
   const routing = randomRouting(1, tokens, config);
   const x = DeviceTensor.empty(device, "bf16", [tokens, config.hidden]);
   const ids = DeviceTensor.fromHost(device, "int32", [tokens, config.topK], routing.ids);
@@ -89,7 +123,7 @@ function warmUp(
     x.fill(0x3c); // bf16 0x3c3c ≈ 0.0115: finite and nonzero
     const start = performance.now();
     while (performance.now() - start < 300) {
-      pipeline.forward({ x, ids, weights: w, out, tokens, shared }, null);
+      pipeline.forward({ x, ids, weights: w, out, tokens, shared: true }, null);
       device.synchronize();
     }
   } finally {
@@ -97,33 +131,46 @@ function warmUp(
   }
 }
 
-/** Times the unfused pipeline at every token count (L2 flushed before each run). */
+function errorLine(e: unknown): string {
+  return (e instanceof Error ? e.message : String(e)).split("\n")[0]!;
+}
+
+/**
+ * Times the unfused pipeline at every token count (L2 flushed before each run, median of `iters`).
+ * Per token count: one row of eager launches (`graph: false`) and, when the forward can be captured,
+ * one row of CUDA-graph replays (`graph: true`); a failed capture is recorded as `graph_error` on the
+ * eager row. Weights are generated once on the device, sized for the largest token count.
+ */
 export function benchmarkUnfusedLayer(device: Device, o: LayerBenchOptions): ResultRow[] {
+  if (o.tokens.length === 0) throw new RangeError("benchmarkUnfusedLayer: no token counts");
   const maxTokens = Math.max(...o.tokens);
   const config = resolveConfig(o.shape, { maxTokens: Math.max(maxTokens, resolveConfig(o.shape).maxTokens) });
+  const iters = o.iters ?? 30;
+  const withGraph = o.graph ?? true;
   // Made on the device, bit for bit what GeneratedWeights would give (a flash layer is 6.4 GB of FP8).
   const weights = DeviceMoEWeights.generate(device, config, o.seed);
-  const pipeline = new UnfusedPipeline(device, weights, maxTokens);
   const rows: ResultRow[] = [];
+  let pipeline: UnfusedPipeline | undefined;
   try {
-    warmUp(device, pipeline, config, maxTokens, o.shared);
+    pipeline = new UnfusedPipeline(device, weights, maxTokens);
+    const p = pipeline;
+    warmUpClock(device, p, config, maxTokens);
     o.tokens.forEach((tokens, i) => {
-      const routing = randomRouting(o.seed + tokens, tokens, config);
-      const x = DeviceTensor.fromHost(
-        device,
-        "bf16",
-        [tokens, config.hidden],
-        generateActivations(o.seed, tokens, config.hidden),
-      );
-      const ids = DeviceTensor.fromHost(device, "int32", [tokens, config.topK], routing.ids);
-      const w = DeviceTensor.fromHost(device, "fp32", [tokens, config.topK], routing.weights);
-      const out = DeviceTensor.empty(device, "bf16", [tokens, config.hidden]);
+      const routing = randomRouting(o.seed, tokens, config);
+      const inputs: DeviceTensor[] = [];
       try {
-        const run = (s: Parameters<Parameters<typeof timeKernel>[1]>[0]) =>
-          pipeline.forward({ x, ids, weights: w, out, tokens, shared: o.shared }, s);
-        const t = timeKernel(device, run, { warmup: 5, iters: o.iters ?? 30, graph: o.graph ?? false });
+        const x = generateActivationsOnDevice(device, o.seed, tokens, config.hidden);
+        inputs.push(x);
+        const ids = DeviceTensor.fromHost(device, "int32", [tokens, config.topK], routing.ids);
+        inputs.push(ids);
+        const w = DeviceTensor.fromHost(device, "fp32", [tokens, config.topK], routing.weights);
+        inputs.push(w);
+        const out = DeviceTensor.empty(device, "bf16", [tokens, config.hidden]);
+        inputs.push(out);
+        device.synchronize();
+        const run = (s: Stream) => p.forward({ x, ids, weights: w, out, tokens, shared: o.shared }, s);
         const f = layerFloor(config, tokens, routing, o.shared, o.copyTbps, o.fp8Tflops);
-        rows.push({
+        const row = (t: { usMedian: number; usMin: number; usMax: number }, graph: boolean): ResultRow => ({
           config: config.name,
           tokens,
           shared: o.shared,
@@ -135,15 +182,28 @@ export function benchmarkUnfusedLayer(device: Device, o: LayerBenchOptions): Res
           tflops: f.flops / (t.usMedian * 1e6),
           tbps: f.bytes / (t.usMedian * 1e6),
           experts_touched: f.expertsTouched,
-          graph: o.graph ?? false,
+          bytes: f.bytes,
+          flops: f.flops,
+          bound: f.bound,
+          graph,
         });
+        // Eager first: it also compiles and loads every kernel, which capture requires.
+        const eager = row(timeKernel(device, run, { warmup: 5, iters }), false);
+        rows.push(eager);
+        if (withGraph) {
+          try {
+            rows.push(row(timeKernel(device, run, { warmup: 3, iters, graph: true }), true));
+          } catch (e) {
+            eager.graph_error = errorLine(e);
+          }
+        }
       } finally {
-        for (const tensor of [x, ids, w, out]) tensor.dispose();
+        for (const t of inputs) t.dispose();
       }
       o.onProgress?.(i + 1, o.tokens.length);
     });
   } finally {
-    pipeline.dispose();
+    pipeline?.dispose();
     weights.dispose();
   }
   return rows;

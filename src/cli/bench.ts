@@ -1,35 +1,52 @@
-/** `megamoe bench`: time a kernel family over a sweep, print a table, write the results file. */
+/** `megamoe bench`: time the layer or one kernel family over a sweep, print a table, write results and a plot. */
+import path from "node:path";
 import Table from "cli-table3";
 import pc from "picocolors";
-import { benchmarkUnfusedLayer } from "../bench/layer.js";
+import { benchmarkUnfusedLayer, DEFAULT_FP8_TFLOPS } from "../bench/layer.js";
+import { matchPeerRow, type PeerResults, readPeerResults } from "../bench/peer.js";
+import { resolveConfig } from "../config/config.js";
 import {
   cudaAvailability,
+  type Device,
   deviceSummary,
   gitCommit,
   openDevice,
   type ResultRow,
   writeResults,
 } from "../cuda/index.js";
+import { benchmarkGroupedGemm, type GroupedGemmBenchCase } from "../kernels/gemm/grouped_gemm.js";
 import { measureCopyCeiling } from "../kernels/probe/probe.js";
 import { benchmarkQuant } from "../kernels/quant/quant.js";
-import { progressBar } from "./progress.js";
+import { plotTitle, renderTimePlot, writePlot } from "./plot.js";
+import { type Progress, progressBar } from "./progress.js";
 
 export interface BenchOptions {
   impl: string;
   shape: string;
   shared: boolean;
   seed: number;
+  /** Also time CUDA-graph replays (unfused; default true). */
   graph?: boolean;
   tokens?: number[];
   hidden: number[];
   format: string;
+  iters?: number;
+  fp8Tflops?: number;
+  peer?: string;
+  plot?: string;
   out?: string;
   json?: boolean;
 }
 
+export const BENCH_IMPLS = ["unfused", "quant", "grouped-gemm"] as const;
+
 /** 1, 2, 4, …, 8192. */
 export const LAYER_TOKENS = Array.from({ length: 14 }, (_, i) => 2 ** i);
 const QUANT_TOKENS = [1, 7, 129, 1024, 4096, 8192];
+/** Rows per expert of the grouped-GEMM cases: decode-like, mid, prefill-like. */
+export const GROUPED_GEMM_M = [64, 512, 4096];
+/** Groups of the grouped-GEMM cases: one rank's experts in an 8-way expert-parallel flash layer. */
+export const GROUPED_GEMM_GROUPS = 32;
 
 export function parseList(value: string): number[] {
   const list = value.split(",").map((v) => Number(v.trim()));
@@ -39,74 +56,183 @@ export function parseList(value: string): number[] {
   return list;
 }
 
-/** The results table: time, floor, how close to it, and the achieved rates. */
-export function resultsTable(rows: readonly ResultRow[]): string {
+function percentCell(frac: number): string {
+  const pct = `${(100 * frac).toFixed(0)}%`;
+  return frac >= 0.8 ? pc.green(pct) : frac >= 0.5 ? pc.yellow(pct) : pc.red(pct);
+}
+
+/**
+ * The results table: time, floor, how close to it, the achieved rates, and with a peer's rows the
+ * peer's time for the same case (same config, tokens, shared expert and timing mode) and peer/ours.
+ */
+export function resultsTable(rows: readonly ResultRow[], peer: readonly ResultRow[] = []): string {
+  const withMode = rows.some((r) => typeof r.graph === "boolean");
+  const peerName = peer[0]?.impl.replace(/-.*$/, "") ?? "peer";
+  const head = [
+    "config",
+    "T",
+    "impl",
+    ...(withMode ? ["mode"] : []),
+    "µs median",
+    "floor µs",
+    "floor/time",
+    "TFLOP/s",
+    "TB/s",
+    ...(peer.length > 0 ? [`${peerName} µs`, `${peerName}/ours`] : []),
+  ];
   const table = new Table({
-    head: ["config", "tokens", "impl", "µs median", "floor µs", "floor/time", "TB/s", "TFLOP/s"].map((h) =>
-      pc.bold(h),
-    ),
+    head: head.map((h) => pc.bold(h)),
     style: { head: [], border: [] },
-    colAligns: ["left", "right", "left", "right", "right", "right", "right", "right"],
+    colAligns: head.map((h, i) => (i === 0 || h === "impl" || h === "mode" ? "left" : "right")),
   });
   for (const r of rows) {
-    const frac = r.floor_us / r.us_median;
-    const pct = `${(100 * frac).toFixed(0)}%`;
-    table.push([
+    const cells = [
       String(r.config),
       String(r.tokens),
       r.impl,
+      ...(withMode ? [r.graph === true ? "graph" : "eager"] : []),
       r.us_median.toFixed(1),
       r.floor_us.toFixed(1),
-      frac >= 0.8 ? pc.green(pct) : frac >= 0.5 ? pc.yellow(pct) : pc.red(pct),
-      r.tbps.toFixed(2),
+      percentCell(r.floor_us / r.us_median),
       r.tflops.toFixed(1),
-    ]);
+      r.tbps.toFixed(2),
+    ];
+    if (peer.length > 0) {
+      const p = matchPeerRow(peer, r);
+      if (p === undefined) cells.push(pc.dim("—"), pc.dim("—"));
+      else {
+        const ratio = p.us_median / r.us_median;
+        const text = `${ratio.toFixed(2)}×`;
+        cells.push(p.us_median.toFixed(1), ratio >= 1 ? pc.green(text) : pc.red(text));
+      }
+    }
+    table.push(cells);
   }
   return table.toString();
 }
 
-export async function runBench(opts: BenchOptions): Promise<void> {
-  const cuda = cudaAvailability();
-  if (!cuda.ok) throw new Error(`bench needs a CUDA GPU: ${cuda.reason}`);
-  if (opts.impl !== "quant" && opts.impl !== "unfused") {
-    throw new Error(`--impl must be "quant" or "unfused", got "${opts.impl}"`);
+/** Checks everything that can be checked without a GPU, so a typo fails before minutes of setup. */
+function validate(opts: BenchOptions): void {
+  if (!(BENCH_IMPLS as readonly string[]).includes(opts.impl)) {
+    throw new Error(`--impl must be one of ${BENCH_IMPLS.join(", ")}, got "${opts.impl}"`);
   }
   if (opts.format !== "fp32" && opts.format !== "ue8m0") {
     throw new Error(`--format must be fp32 or ue8m0, got "${opts.format}"`);
   }
+  if (opts.impl !== "quant") resolveConfig(opts.shape); // throws naming an unknown shape
+  if (opts.plot !== undefined && opts.impl !== "unfused") {
+    throw new Error("--plot draws the layer's time against tokens: use it with --impl unfused");
+  }
+  if (opts.fp8Tflops !== undefined && !(opts.fp8Tflops > 0)) {
+    throw new Error(`--fp8-tflops must be a positive number, got ${opts.fp8Tflops}`);
+  }
+  if (opts.iters !== undefined && opts.iters < 20) {
+    throw new Error(`--iters must be at least 20 (medians of fewer runs are noise), got ${opts.iters}`);
+  }
+}
+
+/** The FP8 rate for the floor: --fp8-tflops, else the peer's measurement, else the default. */
+export function chooseFp8Rate(
+  explicit: number | undefined,
+  peer: PeerResults | undefined,
+): { tflops: number; source: string } {
+  if (explicit !== undefined) return { tflops: explicit, source: "--fp8-tflops" };
+  if (peer?.fp8Tflops !== undefined) {
+    return { tflops: peer.fp8Tflops, source: `measured by the peer (${path.basename(peer.file)})` };
+  }
+  return { tflops: DEFAULT_FP8_TFLOPS, source: "default" };
+}
+
+/** The grouped-GEMM cases: the shape's L1 (N = 2·IH, K = H) and L2 (N = H, K = IH), 32 groups. */
+export function groupedGemmCases(shape: string, mPerGroup: readonly number[]): GroupedGemmBenchCase[] {
+  const c = resolveConfig(shape);
+  const family = c.name.replace(/-ep\d+$/, "");
+  const gemms = [
+    { name: `${family}-L1`, n: 2 * c.intermediate, k: c.hidden },
+    { name: `${family}-L2`, n: c.hidden, k: c.intermediate },
+  ];
+  return gemms.flatMap((g) =>
+    mPerGroup.map((m) => ({
+      config: g.name,
+      groups: GROUPED_GEMM_GROUPS,
+      mPerGroup: m,
+      n: g.n,
+      k: g.k,
+      tokens: GROUPED_GEMM_GROUPS * m,
+    })),
+  );
+}
+
+function runCases(
+  device: Device,
+  opts: BenchOptions,
+  copyTbps: number,
+  fp8Tflops: number,
+  bar: Progress,
+): ResultRow[] {
+  if (opts.impl === "unfused") {
+    return benchmarkUnfusedLayer(device, {
+      shape: opts.shape,
+      tokens: opts.tokens ?? LAYER_TOKENS,
+      shared: opts.shared,
+      seed: opts.seed,
+      copyTbps,
+      fp8Tflops,
+      iters: opts.iters,
+      graph: opts.graph ?? true,
+      onProgress: (d, t) => bar.update(d, t),
+    });
+  }
+  const rows: ResultRow[] = [];
+  if (opts.impl === "grouped-gemm") {
+    const cases = groupedGemmCases(opts.shape, opts.tokens ?? GROUPED_GEMM_M);
+    cases.forEach((c, i) => {
+      rows.push(...benchmarkGroupedGemm(device, [c], { iters: opts.iters ?? 20 }));
+      bar.update(i + 1, cases.length);
+    });
+    return rows;
+  }
+  const tokens = opts.tokens ?? QUANT_TOKENS;
+  const shapes = opts.hidden.flatMap((hidden) => tokens.map((t) => ({ tokens: t, hidden })));
+  const format = opts.format as "fp32" | "ue8m0";
+  shapes.forEach((shape, i) => {
+    rows.push(...benchmarkQuant(device, [shape], { format, copyTbps }));
+    bar.update(i + 1, shapes.length);
+  });
+  return rows;
+}
+
+export async function runBench(opts: BenchOptions): Promise<void> {
+  validate(opts);
+  const peer = opts.peer === undefined ? undefined : readPeerResults(opts.peer);
+  const cuda = cudaAvailability();
+  if (!cuda.ok) throw new Error(`bench needs a CUDA GPU: ${cuda.reason}`);
+  const rate = chooseFp8Rate(opts.fp8Tflops, peer);
   const device = openDevice(0);
   const copy = measureCopyCeiling(device);
   const bar = progressBar(`bench ${opts.impl}`);
-  const rows: ResultRow[] = [];
-  if (opts.impl === "unfused") {
-    rows.push(
-      ...benchmarkUnfusedLayer(device, {
-        shape: opts.shape,
-        tokens: opts.tokens ?? LAYER_TOKENS,
-        shared: opts.shared,
-        seed: opts.seed,
-        copyTbps: copy.tbps,
-        graph: opts.graph,
-        onProgress: (d, t) => bar.update(d, t),
-      }),
-    );
-  } else {
-    const tokens = opts.tokens ?? QUANT_TOKENS;
-    const shapes = opts.hidden.flatMap((hidden) => tokens.map((t) => ({ tokens: t, hidden })));
-    shapes.forEach((shape, i) => {
-      const format = opts.format as "fp32" | "ue8m0";
-      rows.push(...benchmarkQuant(device, [shape], { format, copyTbps: copy.tbps }));
-      bar.update(i + 1, shapes.length);
-    });
+  let rows: ResultRow[];
+  try {
+    rows = runCases(device, opts, copy.tbps, rate.tflops, bar);
+  } finally {
+    bar.stop();
   }
-  bar.stop();
+  const peerRows = (peer?.rows ?? []).filter((p) => rows.some((r) => matchPeerRow([p], r) !== undefined));
+  const deviceInfo = { ...deviceSummary(device), copy_tbps: copy.tbps, fp8_tflops: rate.tflops };
   if (opts.out !== undefined) {
     writeResults(opts.out, {
-      device: { ...deviceSummary(device), copy_tbps: copy.tbps },
+      device: { ...deviceInfo, fp8_tflops_source: rate.source },
       commit: process.env.MEGAMOE_COMMIT ?? gitCommit(),
       command: `megamoe ${process.argv.slice(2).join(" ")}`,
-      rows,
+      rows: [...rows, ...peerRows.map((p) => ({ ...p, source: path.basename(peer!.file) }))],
     });
+  }
+  if (opts.plot !== undefined) {
+    const plotted = [
+      ...rows,
+      ...(peer?.rows ?? []).filter((p) => p.config === rows[0]?.config && p.shared === opts.shared),
+    ];
+    writePlot(opts.plot, renderTimePlot(plotted, { title: plotTitle(opts.shape, opts.shared, device.name) }));
   }
   if (opts.json) {
     process.stdout.write(`${JSON.stringify(rows)}\n`);
@@ -115,13 +241,28 @@ export async function runBench(opts: BenchOptions): Promise<void> {
   process.stdout.write(
     `${pc.bold(`megamoe bench ${opts.impl}`)} on ${device.name}, copy ceiling ${copy.tbps.toFixed(2)} TB/s\n`,
   );
-  process.stdout.write(`${resultsTable(rows)}\n`);
-  for (const r of rows) {
-    if (typeof r.fraction_of_copy === "number" && r.tokens * Number(r.hidden) >= 8192 * 4096) {
-      process.stdout.write(
-        `  T=${r.tokens} H=${r.hidden}: ${(100 * r.fraction_of_copy).toFixed(1)}% of copy bandwidth\n`,
-      );
+  process.stdout.write(`${resultsTable(rows, peerRows)}\n`);
+  if (opts.impl === "unfused") {
+    process.stdout.write(
+      `  floor = max(bytes / ${copy.tbps.toFixed(2)} TB/s, FLOPs / ${rate.tflops.toFixed(0)} TFLOP/s FP8 (${rate.source}))\n`,
+    );
+    const failed = rows.find((r) => typeof r.graph_error === "string");
+    if (failed)
+      process.stdout.write(`  ${pc.yellow("no CUDA-graph timing:")} ${String(failed.graph_error)}\n`);
+  } else if (opts.impl === "grouped-gemm") {
+    process.stdout.write("  floor = max(bytes / 4.25 TB/s, FLOPs / 1500 TFLOP/s) (the kernel's own model)\n");
+  } else {
+    for (const r of rows) {
+      if (typeof r.fraction_of_copy === "number" && r.tokens * Number(r.hidden) >= 8192 * 4096) {
+        process.stdout.write(
+          `  T=${r.tokens} H=${r.hidden}: ${(100 * r.fraction_of_copy).toFixed(1)}% of copy bandwidth\n`,
+        );
+      }
     }
   }
+  if (peer !== undefined && peerRows.length === 0) {
+    process.stdout.write(`  ${pc.yellow("the peer file has no row for these cases:")} ${peer.file}\n`);
+  }
   if (opts.out !== undefined) process.stdout.write(`results written to ${opts.out}\n`);
+  if (opts.plot !== undefined) process.stdout.write(`plot written to ${opts.plot}\n`);
 }

@@ -5,6 +5,7 @@ import pc from "picocolors";
 import { parseList, runBench } from "./bench.js";
 import { runCheck } from "./check.js";
 import { runInfo } from "./info.js";
+import { runPlot } from "./plot.js";
 import { runLayer } from "./run.js";
 
 function positiveInt(name: string) {
@@ -18,6 +19,12 @@ function positiveInt(name: string) {
 function nonNegativeInt(value: string): number {
   const n = Number(value);
   if (!Number.isInteger(n) || n < 0) throw new InvalidArgumentError("must be a non-negative integer");
+  return n;
+}
+
+function positiveNumber(value: string): number {
+  const n = Number(value);
+  if (!Number.isFinite(n) || n <= 0) throw new InvalidArgumentError("must be a positive number");
   return n;
 }
 
@@ -73,20 +80,45 @@ program
 program
   .command("bench")
   .description(
-    "time the layer (unfused) or a kernel (quant) over a token sweep on the GPU: table, results JSON",
+    "time the layer (unfused) or a kernel (quant, grouped-gemm) over a sweep on the GPU: table, results JSON, plot",
   )
-  .option("--impl <name>", "unfused (the layer) or quant (the input quantization kernel)", "unfused")
+  .option("--impl <name>", "unfused (the layer), quant (input quantization) or grouped-gemm", "unfused")
   .option("--shape <name>", shapeHelp, "flash-ep8")
   .option("--shared <0|1>", "include the shared expert", sharedFlag, true)
   .option("--seed <n>", "seed of weights, inputs and routing", nonNegativeInt, 1)
-  .option("--graph", "time CUDA-graph replays (launch cost hidden)")
-  .option("--tokens <list>", "token counts (default 1,2,4,…,8192; quant: 1,7,129,1024,4096,8192)", parseList)
+  .option("--graph", "unfused: also time CUDA-graph replays (the default)")
+  .option("--no-graph", "unfused: time eager launches only")
+  .option(
+    "--tokens <list>",
+    "token counts (default 1,2,4,…,8192; quant: 1,7,129,1024,4096,8192; grouped-gemm: M per group 64,512,4096)",
+    parseList,
+  )
+  .option("--iters <n>", "timed runs per case (median; at least 20)", positiveInt("iters"))
+  .option(
+    "--fp8-tflops <rate>",
+    "FP8 rate for the floor (default: the peer's measurement, else 1500)",
+    positiveNumber,
+  )
+  .option("--peer <file>", "results JSON of a peer (bench/peers/torch_moe.py): its times beside ours")
+  .option("--plot <file>", "unfused: write an SVG plot of time against tokens (ours, the peer, the floor)")
   .option("--hidden <list>", "quant only: hidden sizes", parseList, [4096, 7168])
   .option("--format <fmt>", "activation scale format: fp32 or ue8m0", "fp32")
   .option("--out <file>", "write the results JSON here (bench/results/...)")
   .option("--json", "print the rows as JSON")
   .action(async (opts) => {
     await runBench(opts);
+  });
+
+program
+  .command("plot")
+  .description("plot time against tokens from results files (ours and peers'), as SVG; no GPU needed")
+  .argument("<files...>", "results JSON files")
+  .requiredOption("--out <file>", "the SVG to write")
+  .option("--shape <name>", "plot only rows of this config")
+  .option("--shared <0|1>", "plot only rows with the shared expert on (1) or off (0)", sharedFlag)
+  .option("--title <text>", "title (default: shape, shared expert, device)")
+  .action((files: string[], opts) => {
+    runPlot(files, opts);
   });
 
 program.parseAsync(process.argv).catch((err: unknown) => {
