@@ -59,12 +59,15 @@ const skip = availability.ok || requireGpu ? false : `no usable GPU: ${availabil
 /**
  * Same numerics, different fp32 accumulation inside the tensor cores: FP8 roundings of the
  * intermediate may flip. With a handful of tokens one flip weighs more (a first H200 run saw up to
- * 8.6e-3 at T = 1, 2–5e-3 elsewhere), so below 8 tokens the relative bound is doubled.
+ * 8.6e-3 at T = 1, 2–5e-3 elsewhere; a second, tiny at T = 7 without the shared expert: 1.57e-2 and
+ * calc_diff 1.22e-4, while its distance to the FP64 ideal equalled the CPU reference's), so below 8
+ * tokens both bounds are wider.
  */
 const MAX_REL_VS_REFERENCE = 1e-2;
 const MAX_REL_VS_REFERENCE_FEW_TOKENS = 2e-2;
 const FEW_TOKENS = 8;
 const MAX_DIFF_VS_REFERENCE = 1e-4;
+const MAX_DIFF_VS_REFERENCE_FEW_TOKENS = 3e-4;
 
 /** mulberry32: small, fast, good enough for test data. */
 function rng(s: number): () => number {
@@ -155,7 +158,13 @@ function report(label: string, e: Errors, tokens: number): void {
   );
   const maxRel = tokens < FEW_TOKENS ? MAX_REL_VS_REFERENCE_FEW_TOKENS : MAX_REL_VS_REFERENCE;
   assert.ok(e.relRef < maxRel, `${label}: relative error vs reference ${e.relRef} (bound ${maxRel})`);
-  assert.ok(e.diffRef < MAX_DIFF_VS_REFERENCE, `${label}: calc_diff vs reference ${e.diffRef}`);
+  const maxDiff = tokens < FEW_TOKENS ? MAX_DIFF_VS_REFERENCE_FEW_TOKENS : MAX_DIFF_VS_REFERENCE;
+  assert.ok(e.diffRef < maxDiff, `${label}: calc_diff vs reference ${e.diffRef} (bound ${maxDiff})`);
+  // The GPU must not be further from the FP64 ideal than the CPU reference is, beyond rounding noise.
+  assert.ok(
+    e.relIdeal < 1.25 * e.refRelIdeal,
+    `${label}: ${e.relIdeal} from the ideal vs the reference's ${e.refRelIdeal}`,
+  );
   assert.ok(Number.isFinite(e.relIdeal), `${label}: relative error vs ideal ${e.relIdeal}`);
 }
 
