@@ -1,22 +1,38 @@
-/** `megamoe check`: the FP8 reference against the FP64 ideal; GPU backends join as they are built. */
+/**
+ * `megamoe check`: the FP8 reference against the FP64 ideal (what FP8 costs) and, when a GPU is used,
+ * the GPU layer against both (what the GPU's accumulation order costs on top).
+ */
 import pc from "picocolors";
+import { MoELayer } from "../layer.js";
 import { bf16BitsToF32 } from "../numerics/bf16.js";
 import { calcDiff, relativeError } from "../reference/metrics.js";
 import { idealMoE, referenceMoE } from "../reference/moe.js";
 import { routeTokens } from "../reference/router.js";
 import { generateActivations } from "../weights/generate.js";
 import { progressBar } from "./progress.js";
-import { makeWeights, runConfig } from "./run.js";
+import { chooseBackend, makeWeights, runConfig } from "./run.js";
 
 export interface CheckOptions {
   shape: string;
   tokens: number;
   seed: number;
   shared: boolean;
+  backend: string;
   json?: boolean;
 }
 
+interface Comparison {
+  comparison: string;
+  relError: number;
+  calcDiff: number;
+}
+
+function compare(name: string, a: ArrayLike<number>, b: ArrayLike<number>): Comparison {
+  return { comparison: name, relError: relativeError(a, b), calcDiff: calcDiff(a, b) };
+}
+
 export async function runCheck(opts: CheckOptions): Promise<void> {
+  const backend = chooseBackend(opts.backend);
   const config = runConfig(opts.shape, opts.tokens);
   const weights = makeWeights(config, opts.seed);
   const x = generateActivations(opts.seed, opts.tokens, config.hidden);
@@ -37,21 +53,40 @@ export async function runCheck(opts: CheckOptions): Promise<void> {
   bar.stop();
 
   const refValues = Float64Array.from(ref, bf16BitsToF32);
+  const comparisons = [compare("reference(fp8) vs ideal(fp64)", refValues, ideal)];
+  if (backend === "cuda") {
+    const layer = new MoELayer(weights, { backend: "cuda" });
+    try {
+      const gpu = Float64Array.from(
+        layer.forward(x, opts.tokens, { routing, shared: opts.shared }).out,
+        bf16BitsToF32,
+      );
+      comparisons.push(
+        compare("cuda vs reference(fp8)", gpu, refValues),
+        compare("cuda vs ideal(fp64)", gpu, ideal),
+      );
+    } finally {
+      layer.dispose();
+    }
+  }
   const result = {
     shape: config.name,
     tokens: opts.tokens,
     seed: opts.seed,
     shared: opts.shared,
-    comparison: "reference(fp8) vs ideal(fp64)",
-    relError: relativeError(refValues, ideal),
-    calcDiff: calcDiff(refValues, ideal),
+    backend,
+    comparisons,
   };
   if (opts.json) {
     process.stdout.write(`${JSON.stringify(result)}\n`);
     return;
   }
-  process.stdout.write(`${pc.bold("megamoe check")} ${config.name}, T=${opts.tokens}, seed ${opts.seed}\n`);
-  process.stdout.write(`  ${result.comparison}\n`);
-  process.stdout.write(`  ‖ref − ideal‖/‖ideal‖  ${result.relError.toExponential(3)}\n`);
-  process.stdout.write(`  calc_diff             ${result.calcDiff.toExponential(3)}\n`);
+  process.stdout.write(
+    `${pc.bold("megamoe check")} ${config.name}, T=${opts.tokens}, seed ${opts.seed}, backend ${backend}\n`,
+  );
+  for (const c of comparisons) {
+    process.stdout.write(
+      `  ${c.comparison.padEnd(32)} ‖a − b‖/‖b‖ ${c.relError.toExponential(3)}   calc_diff ${c.calcDiff.toExponential(3)}\n`,
+    );
+  }
 }

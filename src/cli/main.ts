@@ -45,7 +45,7 @@ program
   .description("run one MoE layer forward on random weights and inputs, print a summary")
   .option("--shape <name>", shapeHelp, "tiny")
   .option("--tokens <n>", "tokens in the batch", positiveInt("tokens"), 16)
-  .option("--backend <name>", "cpu (the GPU layer is built in a later stage)", "cpu")
+  .option("--backend <name>", "auto (the GPU when there is one), cuda or cpu", "auto")
   .option("--seed <n>", "seed of weights, inputs and routing", nonNegativeInt, 1)
   .option("--shared <0|1>", "include the shared expert", sharedFlag, true)
   .option("--routing <kind>", "gate (the layer's router) or random", "gate")
@@ -58,7 +58,8 @@ program
 
 program
   .command("check")
-  .description("compare the FP8 reference with the FP64 ideal (and later, GPU backends) and print the errors")
+  .description("compare the FP8 reference, the FP64 ideal and the GPU layer; print ‖Δ‖/‖ref‖ and calc_diff")
+  .option("--backend <name>", "auto (add the GPU when there is one), cuda or cpu", "auto")
   .option("--shape <name>", shapeHelp, "tiny")
   .option("--tokens <n>", "tokens in the batch", positiveInt("tokens"), 16)
   .option("--seed <n>", "seed of weights, inputs and routing", nonNegativeInt, 1)

@@ -1,7 +1,8 @@
 /** `megamoe run`: one layer forward on seeded random data, with a summary a person or a script reads. */
 import pc from "picocolors";
 import { type MoEConfig, resolveConfig } from "../config/config.js";
-import { MoELayer } from "../layer.js";
+import { cudaAvailability } from "../cuda/index.js";
+import { type Backend, MoELayer } from "../layer.js";
 import { bf16BitsToF32 } from "../numerics/bf16.js";
 import { checksum, l2Norm } from "../reference/metrics.js";
 import type { Routing } from "../reference/moe.js";
@@ -45,10 +46,15 @@ export function makeRouting(
   throw new Error(`--routing must be "${layerGate}" or "random", got "${kind}"`);
 }
 
+/** "auto": the GPU when CUDA is usable, else the CPU reference. */
+export function chooseBackend(name: string): Backend {
+  if (name === "cpu" || name === "cuda") return name;
+  if (name === "auto") return cudaAvailability().ok ? "cuda" : "cpu";
+  throw new Error(`--backend ${name}: expected auto, cpu or cuda`);
+}
+
 export async function runLayer(opts: RunOptions): Promise<void> {
-  if (opts.backend !== "cpu") {
-    throw new Error(`--backend ${opts.backend}: only the cpu backend exists in this version`);
-  }
+  const backend = chooseBackend(opts.backend);
   const config = runConfig(opts.shape, opts.tokens);
   let weights = makeWeights(config, opts.seed, opts.weights);
   if (opts.saveWeights !== undefined) {
@@ -59,16 +65,22 @@ export async function runLayer(opts: RunOptions): Promise<void> {
   }
   const x = generateActivations(opts.seed, opts.tokens, config.hidden);
   const routing = makeRouting(opts.routing, "gate", opts.seed, opts.tokens, config);
-  const layer = new MoELayer(weights, { backend: "cpu" });
+  const layer = new MoELayer(weights, { backend });
   const bar = progressBar(`${config.name} T=${opts.tokens} experts`);
-  const start = performance.now();
-  const result = layer.forward(x, opts.tokens, {
-    routing,
-    shared: opts.shared,
-    onProgress: (d, t) => bar.update(d, t),
-  });
-  const ms = performance.now() - start;
-  bar.stop();
+  let result: ReturnType<MoELayer["forward"]>;
+  let ms: number;
+  try {
+    const start = performance.now();
+    result = layer.forward(x, opts.tokens, {
+      routing,
+      shared: opts.shared,
+      onProgress: (d, t) => bar.update(d, t),
+    });
+    ms = performance.now() - start; // on the GPU: the first call, JIT compile included
+  } finally {
+    bar.stop();
+    layer.dispose();
+  }
 
   const values = Float32Array.from(result.out, bf16BitsToF32);
   const experts = new Set(Array.from(result.routing.ids).filter((e) => e >= 0)).size;
@@ -80,7 +92,7 @@ export async function runLayer(opts: RunOptions): Promise<void> {
     topK: config.topK,
     shared: opts.shared && config.numShared > 0,
     tokens: opts.tokens,
-    backend: opts.backend,
+    backend,
     seed: opts.seed,
     routing: opts.routing,
     expertsTouched: experts,
@@ -101,7 +113,7 @@ export async function runLayer(opts: RunOptions): Promise<void> {
     ),
   );
   process.stdout.write(line("tokens", opts.tokens));
-  process.stdout.write(line("backend", `${opts.backend} (routing: ${opts.routing}, seed ${opts.seed})`));
+  process.stdout.write(line("backend", `${backend} (routing: ${opts.routing}, seed ${opts.seed})`));
   process.stdout.write(line("experts", `${experts} of ${config.numExperts} touched`));
   process.stdout.write(line("time", `${summary.ms} ms`));
   process.stdout.write(line("checksum", summary.checksum));

@@ -47,7 +47,8 @@ describe("megamoe CLI", () => {
   it("check reports the FP8 error against the FP64 ideal", () => {
     const r = megamoe("check", "--tokens", "8", "--json");
     assert.equal(r.code, 0, r.stderr);
-    const c = JSON.parse(r.stdout);
+    const [c] = JSON.parse(r.stdout).comparisons;
+    assert.equal(c.comparison, "reference(fp8) vs ideal(fp64)");
     assert.ok(c.relError > 0 && c.relError < 0.1, String(c.relError));
     assert.ok(c.calcDiff > 0 && c.calcDiff < 5e-3, String(c.calcDiff));
   });
@@ -66,7 +67,7 @@ describe("megamoe CLI", () => {
       [["run", "--tokens", "0"], /tokens must be a positive integer/],
       [["run", "--tokens", "abc"], /tokens must be a positive integer/],
       [["run", "--routing", "magic"], /--routing must be/],
-      [["run", "--backend", "tpu"], /--backend tpu/],
+      [["run", "--backend", "tpu"], /--backend tpu: expected auto, cpu or cuda/],
       [["run", "--shared", "2"], /must be 0 or 1/],
       [["run", "--weights", "/nonexistent/w.safetensors"], /w\.safetensors/],
     ];
