@@ -1,18 +1,9 @@
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
 import { decadeLabel, decadeRange, type PlotRow, plotTitle, renderTimePlot } from "../../src/cli/plot.js";
+import { rng, testSeed } from "../helpers/random.js";
 
-const seed = Number(process.env.MEGAMOE_SEED ?? Date.now() % 2 ** 31);
-console.log(`seed ${seed}`);
-
-function mulberry32(a: number): () => number {
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let r = Math.imul(a ^ (a >>> 15), 1 | a);
-    r = (r + Math.imul(r ^ (r >>> 7), 61 | r)) ^ r;
-    return ((r ^ (r >>> 14)) >>> 0) / 4294967296;
-  };
-}
+const seed = testSeed("plot");
 
 /** A sweep like the bench's: unfused eager and graph, torch, each with noise; floors on ours. */
 function sweepRows(random: () => number): PlotRow[] {
@@ -74,7 +65,7 @@ function pathPoints(d: string): { x: number; y: number }[] {
 
 describe("renderTimePlot", () => {
   it("is one well-formed SVG root of 800×500 with one path per series and a dashed floor", () => {
-    const svg = renderTimePlot(sweepRows(mulberry32(seed)), { title: "flash-ep8 · shared expert on · H200" });
+    const svg = renderTimePlot(sweepRows(rng(seed)), { title: "flash-ep8 · shared expert on · H200" });
     const tags = parseSvg(svg);
     assert.ok(svg.startsWith("<svg "));
     assert.equal(tags[0]!.name, "svg");

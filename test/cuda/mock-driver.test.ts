@@ -24,10 +24,10 @@ import {
 } from "../../src/cuda/index.js";
 import { compilerAvailable } from "../../src/cuda/jit.js";
 import { tensorLeakWarnings } from "../../src/cuda/tensor.js";
+import { testSeed } from "../helpers/random.js";
 import { buildMockLibcuda, fakeCubin, type MockBuild } from "./mock-cuda.js";
 
-const seed = Number(process.env.MEGAMOE_SEED ?? Date.now() % 2 ** 31);
-console.log(`seed ${seed}`);
+const seed = testSeed("mock-driver");
 
 let mock: MockBuild = { ok: false, reason: "not built" };
 try {

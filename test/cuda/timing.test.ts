@@ -4,9 +4,9 @@ import os from "node:os";
 import path from "node:path";
 import { test } from "node:test";
 import { gitCommit, median, type ResultRow, summarizeSamples, writeResults } from "../../src/cuda/timing.js";
+import { testSeed } from "../helpers/random.js";
 
-const seed = Number(process.env.MEGAMOE_SEED ?? Date.now() % 2 ** 31);
-console.log(`seed ${seed}`);
+const seed = testSeed("timing");
 
 test("median and summaries", () => {
   assert.equal(median([5]), 5);

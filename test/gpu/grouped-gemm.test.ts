@@ -44,21 +44,10 @@ import {
 } from "../../src/kernels/gemm/grouped_gemm.js";
 import { bf16BitsToF32, f32ToBf16Bits } from "../../src/numerics/bf16.js";
 import { E4M3_DECODE } from "../../src/numerics/fp8.js";
+import { rng, testSeed } from "../helpers/random.js";
 
-const seed = Number(process.env.MEGAMOE_SEED ?? Date.now() % 2 ** 31);
-console.log(`seed ${seed}`);
+const seed = testSeed("grouped-gemm");
 
-/** mulberry32: small, fast, good enough for test data. */
-function rng(s: number): () => number {
-  let a = s >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 const random = rng(seed);
 
 function definesKey(d: Readonly<Record<string, number>>): string {

@@ -49,9 +49,9 @@ import { type RandomRoutingOptions, type Routing, randomRouting } from "../../sr
 import { swiglu } from "../../src/reference/swiglu.js";
 import { DeviceMoEWeights } from "../../src/weights/device.js";
 import { GeneratedWeights, generateActivations } from "../../src/weights/generate.js";
+import { rng, testSeed } from "../helpers/random.js";
 
-const seed = Number(process.env.MEGAMOE_SEED ?? Date.now() % 2 ** 31);
-console.log(`unfused pipeline tests: seed ${seed}`);
+const seed = testSeed("unfused pipeline tests");
 const availability = cudaAvailability();
 const requireGpu = process.env.MEGAMOE_REQUIRE_GPU === "1";
 const skip = availability.ok || requireGpu ? false : `no usable GPU: ${availability.reason}`;
@@ -69,17 +69,6 @@ const FEW_TOKENS = 8;
 const MAX_DIFF_VS_REFERENCE = 1e-4;
 const MAX_DIFF_VS_REFERENCE_FEW_TOKENS = 3e-4;
 
-/** mulberry32: small, fast, good enough for test data. */
-function rng(s: number): () => number {
-  let a = s >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 const random = rng(seed);
 const randomInt = (n: number) => Math.floor(random() * n);
 

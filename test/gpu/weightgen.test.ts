@@ -25,9 +25,9 @@ import {
   generateSharedExpert,
 } from "../../src/weights/generate.js";
 import type { BlockQuantized } from "../../src/weights/types.js";
+import { testSeed } from "../helpers/random.js";
 
-const seed = Number(process.env.MEGAMOE_SEED ?? Date.now() % 2 ** 31);
-console.log(`seed ${seed}`);
+const seed = testSeed("weightgen");
 
 const availability = cudaAvailability();
 const requireGpu = process.env.MEGAMOE_REQUIRE_GPU === "1";

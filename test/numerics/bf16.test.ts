@@ -8,20 +8,9 @@ import {
   f32ToBf16Bits,
   roundToBf16,
 } from "../../src/numerics/bf16.js";
+import { rngU32, testSeed } from "../helpers/random.js";
 
-const seed = Number(process.env.MEGAMOE_SEED ?? Date.now() % 2 ** 31);
-console.log(`seed ${seed}`);
-
-function rng(s: number): () => number {
-  let a = s >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return (t ^ (t >>> 14)) >>> 0;
-  };
-}
+const seed = testSeed("bf16");
 
 const f32 = new Float32Array(1);
 const u32 = new Uint32Array(f32.buffer);
@@ -79,7 +68,7 @@ describe("bf16", () => {
   });
 
   it("bulk and scalar conversions agree on random float32 patterns", () => {
-    const next = rng(seed);
+    const next = rngU32(seed);
     const bits = new Uint32Array(100000);
     for (let i = 0; i < bits.length; i++) bits[i] = next();
     const src = new Float32Array(bits.buffer);

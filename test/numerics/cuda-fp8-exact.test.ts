@@ -23,9 +23,9 @@ import {
   encodeE5m2,
   encodeE5m2Array,
 } from "../../src/numerics/fp8.js";
+import { rngU32, testSeed } from "../helpers/random.js";
 
-const seed = Number(process.env.MEGAMOE_SEED ?? Date.now() % 2 ** 31);
-console.log(`seed ${seed}`);
+const seed = testSeed("cuda-fp8-exact");
 
 const RANDOM_UNIFORM = 1_000_000;
 const RANDOM_FP8_BAND = 500_000;
@@ -45,17 +45,6 @@ function findNvcc(): string | null {
     }
   }
   return null;
-}
-
-function rng(s: number): () => number {
-  let a = s >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return (t ^ (t >>> 14)) >>> 0;
-  };
 }
 
 const f32 = new Float32Array(1);
@@ -89,7 +78,7 @@ function structuredInputs(): number[] {
   ];
   out.push(...specials);
   // bf16 ties and near-ties at random high halves.
-  const next = rng(seed ^ 0x0b16);
+  const next = rngU32(seed ^ 0x0b16);
   for (let i = 0; i < 20000; i++) {
     const high = (next() & 0xffff) << 16;
     out.push((high | 0x8000) >>> 0, (high | 0x7fff) >>> 0, (high | 0x8001) >>> 0);
@@ -98,7 +87,7 @@ function structuredInputs(): number[] {
 }
 
 function randomInputs(): Uint32Array {
-  const next = rng(seed);
+  const next = rngU32(seed);
   const bits = new Uint32Array(RANDOM_UNIFORM + RANDOM_FP8_BAND);
   for (let i = 0; i < RANDOM_UNIFORM; i++) bits[i] = next();
   // Exponent fields 100..145 cover both formats' subnormals, normals and saturation region.

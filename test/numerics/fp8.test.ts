@@ -14,21 +14,9 @@ import {
   FP8_E4M3_MAX,
   FP8_E5M2_MAX,
 } from "../../src/numerics/fp8.js";
+import { rngU32, testSeed } from "../helpers/random.js";
 
-const seed = Number(process.env.MEGAMOE_SEED ?? Date.now() % 2 ** 31);
-console.log(`seed ${seed}`);
-
-/** mulberry32: small seeded 32-bit generator. */
-function rng(s: number): () => number {
-  let a = s >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return (t ^ (t >>> 14)) >>> 0;
-  };
-}
+const seed = testSeed("fp8");
 
 const hex = (c: number) => `0x${c.toString(16).padStart(2, "0")}`;
 
@@ -89,7 +77,7 @@ describe("e4m3fn", () => {
   });
 
   it("rounds to the nearest code, ties to even, on a random sweep", () => {
-    const next = rng(seed);
+    const next = rngU32(seed);
     const finite = [...E4M3_DECODE.entries()].filter(([, v]) => Number.isFinite(v));
     for (let i = 0; i < 5000; i++) {
       // Magnitudes from ~512 down into the subnormals and below.
@@ -162,7 +150,7 @@ describe("e5m2", () => {
 
 describe("bulk helpers", () => {
   it("agree with the scalar codecs", () => {
-    const next = rng(seed ^ 0x5bd1e995);
+    const next = rngU32(seed ^ 0x5bd1e995);
     const bits = new Uint32Array(50000);
     for (let i = 0; i < bits.length; i++) bits[i] = next();
     const src = new Float32Array(bits.buffer);

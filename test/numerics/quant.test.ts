@@ -12,20 +12,9 @@ import {
   quantizeWeightBlocks,
   ue8m0Ceil,
 } from "../../src/numerics/quant.js";
+import { rng, testSeed } from "../helpers/random.js";
 
-const seed = Number(process.env.MEGAMOE_SEED ?? Date.now() % 2 ** 31);
-console.log(`seed ${seed}`);
-
-function rng(s: number): () => number {
-  let a = s >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 2 ** 32;
-  };
-}
+const seed = testSeed("quant");
 
 /**
  * Round-trip bound. With y = fround(x·inv) the value handed to the e4m3 encoder, round-to-nearest errs by

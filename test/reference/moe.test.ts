@@ -10,9 +10,9 @@ import { idealMoE, type Routing, referenceMoE } from "../../src/reference/moe.js
 import { randomRouting } from "../../src/reference/router.js";
 import { GeneratedWeights, generateActivations } from "../../src/weights/generate.js";
 import type { BlockQuantized, MoEWeightSource } from "../../src/weights/types.js";
+import { testSeed } from "../helpers/random.js";
 
-const seed = Number(process.env.MEGAMOE_SEED ?? Date.now() % 2 ** 31);
-console.log(`moe reference tests: seed ${seed}`);
+const seed = testSeed("moe reference tests");
 
 /**
  * The spec's per-token formulation, written independently of the reference's expert grouping:

@@ -11,21 +11,11 @@ import {
   selectTopK,
   validateRouting,
 } from "../../src/reference/router.js";
+import { rng, testSeed } from "../helpers/random.js";
 
-const seed = Number(process.env.MEGAMOE_SEED ?? Date.now() % 2 ** 31);
-console.log(`seed ${seed}`);
+const seed = testSeed("router");
 
-/** mulberry32, independent of the one inside the router. */
-function makeRandom(s: number): () => number {
-  let a = s >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let r = Math.imul(a ^ (a >>> 15), 1 | a);
-    r = (r + Math.imul(r ^ (r >>> 7), 61 | r)) ^ r;
-    return ((r ^ (r >>> 14)) >>> 0) / 4294967296;
-  };
-}
-const random = makeRandom(seed);
+const random = rng(seed); // test/helpers' stream, independent of the router's own
 const randInt = (lo: number, hi: number): number => lo + Math.floor(random() * (hi - lo + 1));
 const pick = <T>(items: T[]): T => items[Math.floor(random() * items.length)];
 

@@ -8,9 +8,9 @@ import {
   tensorKey,
   uniformSym,
 } from "../../src/weights/counter-rng.js";
+import { testSeed } from "../helpers/random.js";
 
-const seed = Number(process.env.MEGAMOE_SEED ?? Date.now() % 2 ** 31);
-console.log(`counter-rng tests: seed ${seed}`);
+const seed = testSeed("counter-rng tests");
 
 const f32Bits = (x: number) => new Uint32Array(new Float32Array([x]).buffer)[0];
 

@@ -16,9 +16,9 @@ import {
   matrixBaseScale,
 } from "../../src/weights/generate.js";
 import type { BlockQuantized, ExpertWeights } from "../../src/weights/types.js";
+import { testSeed } from "../helpers/random.js";
 
-const seed = Number(process.env.MEGAMOE_SEED ?? Date.now() % 2 ** 31);
-console.log(`weight generator tests: seed ${seed}`);
+const seed = testSeed("weight generator tests");
 
 function tiny(overrides: Partial<MoEConfig> = {}): MoEConfig {
   return resolveConfig("tiny", overrides);

@@ -16,9 +16,9 @@ import {
   type TensorData,
   writeSafetensors,
 } from "../../src/weights/safetensors.js";
+import { testSeed } from "../helpers/random.js";
 
-const seed = Number(process.env.MEGAMOE_SEED ?? Date.now() % 2 ** 31);
-console.log(`safetensors tests: seed ${seed}`);
+const seed = testSeed("safetensors tests");
 
 let dir = "";
 before(() => {
