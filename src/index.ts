@@ -19,6 +19,7 @@ export {
   validateConfig,
 } from "./config/config.js";
 export * as cuda from "./cuda/index.js";
+export { groupedGemmFp8, planGroupedGemm } from "./kernels/gemm/grouped_gemm.js";
 export { quantizeOnDevice } from "./kernels/quant/quant.js";
 export {
   type Backend,
@@ -51,6 +52,7 @@ export {
   quantizeActivations,
   quantizeWeightBlocks,
 } from "./numerics/quant.js";
+export { type UnfusedForward, UnfusedPipeline } from "./pipeline/unfused.js";
 export { calcDiff, checksum, l2Norm, relativeError } from "./reference/metrics.js";
 export { groupByExpert, idealMoE, type ReferenceOptions, referenceMoE } from "./reference/moe.js";
 export {
@@ -62,6 +64,7 @@ export {
   routeTokens,
   validateRouting,
 } from "./reference/router.js";
+export { DeviceMoEWeights } from "./weights/device.js";
 export { GeneratedWeights, generateActivations } from "./weights/generate.js";
 export { loadMoEWeights, SafetensorsError, saveMoEWeights } from "./weights/safetensors.js";
 export type { BlockQuantized, ExpertWeights, GateWeights, MoEWeightSource } from "./weights/types.js";
