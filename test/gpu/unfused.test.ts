@@ -796,46 +796,50 @@ describe("unfused MoE pipeline on a GPU", { skip }, () => {
   });
 
   const fixtureDir = process.env.MEGAMOE_FIXTURES ?? ".fixtures";
-  const fixtures = fs.existsSync(fixtureDir)
-    ? fs.readdirSync(fixtureDir).filter((f) => f.startsWith("flash-ep8-") && f.endsWith(".json"))
+  const fixtureFiles = fs.existsSync(fixtureDir)
+    ? fs.readdirSync(fixtureDir).filter((f) => f.endsWith(".json"))
     : [];
-  test("flash-ep8 at T = 1 … 4096 against sampled CPU references", {
-    skip:
-      fixtures.length === 0
-        ? `no flash-ep8 fixtures in ${fixtureDir} (scripts/make-layer-fixtures.ts)`
-        : false,
-  }, () => {
-    const first = JSON.parse(fs.readFileSync(path.join(fixtureDir, fixtures[0]), "utf8"));
-    const config = resolveConfig("flash-ep8", { maxTokens: 8192 });
-    const t0 = performance.now();
-    // Made on the device: bit-identical to GeneratedWeights (test/gpu/weightgen.test.ts), seconds faster.
-    const dw = DeviceMoEWeights.generate(device(), config, first.seed);
-    console.log(
-      `  flash-ep8 weights made on the device in ${((performance.now() - t0) / 1000).toFixed(1)} s`,
-    );
-    const pipeline = new UnfusedPipeline(device(), dw, 8192);
-    try {
-      for (const file of fixtures.sort(
-        (a, b) => parseInt(a.split("T")[1], 10) - parseInt(b.split("T")[1], 10),
-      )) {
-        const f = JSON.parse(fs.readFileSync(path.join(fixtureDir, file), "utf8"));
-        const x = generateActivations(f.seed + 1, f.tokens, config.hidden);
-        const routing = randomRouting(f.seed + 2, f.tokens, config);
-        const gpu = runPipeline(pipeline, config, x, f.tokens, routing, f.shared);
-        const H = config.hidden;
-        const sampled = new Uint16Array(f.sample.length * H);
-        f.sample.forEach((t: number, i: number) => {
-          sampled.set(gpu.subarray(t * H, (t + 1) * H), i * H);
-        });
-        report(
-          `flash-ep8 T=${f.tokens} (${f.sample.length} tokens sampled, seed ${f.seed})`,
-          errors(sampled, Uint16Array.from(f.reference), Float64Array.from(f.ideal)),
-          f.sample.length,
-        );
+  const byTokens = (a: string, b: string) => parseInt(a.split("-T")[1], 10) - parseInt(b.split("-T")[1], 10);
+  // The large presets, each against the sampled CPU references scripts/make-layer-fixtures.ts made.
+  for (const shape of ["flash-ep8", "flash", "pro"]) {
+    const fixtures = fixtureFiles.filter((f) => f.startsWith(`${shape}-T`)).sort(byTokens);
+    test(`${shape} against sampled CPU references`, {
+      skip:
+        fixtures.length === 0
+          ? `no ${shape} fixtures in ${fixtureDir} (scripts/make-layer-fixtures.ts)`
+          : false,
+    }, () => {
+      const first = JSON.parse(fs.readFileSync(path.join(fixtureDir, fixtures[0]), "utf8"));
+      const config = resolveConfig(shape, { maxTokens: 8192 });
+      const t0 = performance.now();
+      // Made on the device: bit-identical to GeneratedWeights (test/gpu/weightgen.test.ts), seconds faster.
+      const dw = DeviceMoEWeights.generate(device(), config, first.seed);
+      console.log(
+        `  ${shape} weights made on the device in ${((performance.now() - t0) / 1000).toFixed(1)} s`,
+      );
+      const pipeline = new UnfusedPipeline(device(), dw, 8192);
+      try {
+        for (const file of fixtures) {
+          const f = JSON.parse(fs.readFileSync(path.join(fixtureDir, file), "utf8"));
+          assert.equal(f.seed, first.seed, `${file}: every ${shape} fixture must come from one seed`);
+          const x = generateActivations(f.seed + 1, f.tokens, config.hidden);
+          const routing = randomRouting(f.seed + 2, f.tokens, config);
+          const gpu = runPipeline(pipeline, config, x, f.tokens, routing, f.shared);
+          const H = config.hidden;
+          const sampled = new Uint16Array(f.sample.length * H);
+          f.sample.forEach((t: number, i: number) => {
+            sampled.set(gpu.subarray(t * H, (t + 1) * H), i * H);
+          });
+          report(
+            `${shape} T=${f.tokens} (${f.sample.length} tokens sampled, seed ${f.seed})`,
+            errors(sampled, Uint16Array.from(f.reference), Float64Array.from(f.ideal)),
+            f.sample.length,
+          );
+        }
+      } finally {
+        pipeline.dispose();
+        dw.dispose();
       }
-    } finally {
-      pipeline.dispose();
-      dw.dispose();
-    }
-  });
+    });
+  }
 });
