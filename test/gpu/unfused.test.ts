@@ -150,8 +150,9 @@ function report(label: string, e: Errors, tokens: number): void {
   const maxDiff = tokens < FEW_TOKENS ? MAX_DIFF_VS_REFERENCE_FEW_TOKENS : MAX_DIFF_VS_REFERENCE;
   assert.ok(e.diffRef < maxDiff, `${label}: calc_diff vs reference ${e.diffRef} (bound ${maxDiff})`);
   // The GPU must not be further from the FP64 ideal than the CPU reference is, beyond rounding noise.
+  // (≤: a fully masked token without the shared expert is exactly 0 in all three, so both are 0.)
   assert.ok(
-    e.relIdeal < 1.25 * e.refRelIdeal,
+    e.relIdeal <= 1.25 * e.refRelIdeal,
     `${label}: ${e.relIdeal} from the ideal vs the reference's ${e.refRelIdeal}`,
   );
   assert.ok(Number.isFinite(e.relIdeal), `${label}: relative error vs ideal ${e.relIdeal}`);
