@@ -84,8 +84,12 @@ export {
   type DType,
   describeTensor,
   elementCount,
+  expectOnDevice,
+  expectTensor,
   type HostArray,
   isDType,
+  sameShape,
+  type TensorLike,
   tensorBytes,
 } from "./tensor.js";
 export {

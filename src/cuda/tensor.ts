@@ -87,6 +87,45 @@ export function describeTensor(dtype: DType, shape: readonly number[]): string {
   return `${dtype}[${shape.join(", ")}]`;
 }
 
+/** A tensor's dtype and shape (a DeviceTensor, or a plain description for checks that need no GPU). */
+export interface TensorLike {
+  dtype: DType;
+  shape: readonly number[];
+}
+
+export function sameShape(a: readonly number[], b: readonly number[]): boolean {
+  return a.length === b.length && a.every((d, i) => d === b[i]);
+}
+
+type OneOrMany<T> = T | readonly T[];
+
+/**
+ * The operand check every launcher makes: throws unless `t` has one of `dtypes` and one of `shapes`,
+ * naming the caller and the operand ("where: what must be fp32[4, 8] or bf16[4, 8], got …").
+ */
+export function expectTensor(
+  where: string,
+  what: string,
+  t: TensorLike,
+  dtypes: OneOrMany<DType>,
+  shapes: OneOrMany<readonly number[]>,
+): void {
+  const dtypeList: readonly DType[] = typeof dtypes === "string" ? [dtypes] : dtypes;
+  const shapeList = (
+    shapes.length > 0 && Array.isArray(shapes[0]) ? shapes : [shapes]
+  ) as readonly (readonly number[])[];
+  if (dtypeList.includes(t.dtype) && shapeList.some((shape) => sameShape(t.shape, shape))) return;
+  const want = dtypeList.flatMap((d) => shapeList.map((shape) => describeTensor(d, shape))).join(" or ");
+  throw new Error(`${where}: ${what} must be ${want}, got ${describeTensor(t.dtype, t.shape)}`);
+}
+
+/** Throws unless `t` lives on `device`. */
+export function expectOnDevice(where: string, what: string, t: { device: Device }, device: Device): void {
+  if (t.device !== device) {
+    throw new Error(`${where}: ${what} lives on device ${t.device.ordinal}, not on device ${device.ordinal}`);
+  }
+}
+
 /**
  * Check that `data` is the typed array `dtype` uses on the host and holds exactly the shape's element
  * count; throws a TypeError / RangeError saying what was expected.

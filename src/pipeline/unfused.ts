@@ -17,7 +17,7 @@ import { aScalesRows, groupedGemmFp8 } from "../kernels/gemm/grouped_gemm.js";
 import {
   combineOnDevice,
   dispatchLayoutOnDevice,
-  expectTensor,
+  expectOperand,
   gatherRowsOnDevice,
   loadMoeKernels,
   MOE_MAX_EXPERTS,
@@ -59,10 +59,10 @@ export function forwardProblem(
   const H = config.hidden;
   const k = config.topK;
   try {
-    expectTensor("forward", "x", f.x, "bf16", [tokens, H], device);
-    expectTensor("forward", "ids", f.ids, "int32", [tokens, k], device);
-    expectTensor("forward", "weights", f.weights, "fp32", [tokens, k], device);
-    expectTensor("forward", "out", f.out, "bf16", [tokens, H], device);
+    expectOperand("forward", "x", f.x, "bf16", [tokens, H], device);
+    expectOperand("forward", "ids", f.ids, "int32", [tokens, k], device);
+    expectOperand("forward", "weights", f.weights, "fp32", [tokens, k], device);
+    expectOperand("forward", "out", f.out, "bf16", [tokens, H], device);
   } catch (e) {
     return (e as Error).message;
   }

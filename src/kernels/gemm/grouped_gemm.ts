@@ -21,18 +21,23 @@ import {
   type Device,
   DeviceTensor,
   type DType,
-  describeTensor,
   encodeTensorMapTiled,
+  expectOnDevice,
+  expectTensor,
   type Kernel,
   KernelArgs,
   loadKernel,
   type ResultRow,
   type Stream,
+  type TensorLike,
   TensorMapDataType,
   TensorMapL2Promotion,
   TensorMapSwizzle,
   timeKernel,
 } from "../../cuda/index.js";
+
+export type { TensorLike };
+
 import type { KernelDefines } from "../variants.js";
 import {
   GEMM_BLOCK_K,
@@ -239,10 +244,6 @@ export function planGroupedGemm(problem: GroupedGemmProblem, options: PlanOption
 // Argument checks
 
 /** The part of a tensor the checks look at (a DeviceTensor has it). */
-export interface TensorLike {
-  dtype: DType;
-  shape: readonly number[];
-}
 
 /** Operands and sizes of one grouped GEMM. */
 export interface GroupedGemmArgs<T extends TensorLike = DeviceTensor> {
@@ -263,19 +264,13 @@ export interface GroupedGemmArgs<T extends TensorLike = DeviceTensor> {
   maxCtas?: number;
 }
 
-function sameShape(t: TensorLike, shape: readonly number[]): boolean {
-  return t.shape.length === shape.length && t.shape.every((d, i) => d === shape[i]);
-}
-
 function expect(
   what: string,
   t: TensorLike,
   dtypes: readonly DType[],
   shapes: readonly (readonly number[])[],
-): void {
-  if (dtypes.includes(t.dtype) && shapes.some((s) => sameShape(t, s))) return;
-  const want = dtypes.flatMap((d) => shapes.map((s) => describeTensor(d, s))).join(" or ");
-  throw new Error(`groupedGemmFp8: ${what} must be ${want}, got ${describeTensor(t.dtype, t.shape)}`);
+) {
+  expectTensor("groupedGemmFp8", what, t, dtypes, shapes);
 }
 
 /**
@@ -326,13 +321,7 @@ function checkDevices(device: Device, args: GroupedGemmArgs): void {
     ["groupOffsets", args.groupOffsets],
     ["out", args.out],
   ];
-  for (const [what, t] of named) {
-    if (t.device !== device) {
-      throw new Error(
-        `groupedGemmFp8: ${what} lives on device ${t.device.ordinal}, not on device ${device.ordinal}`,
-      );
-    }
-  }
+  for (const [what, t] of named) expectOnDevice("groupedGemmFp8", what, t, device);
 }
 
 // ---------------------------------------------------------------------------------------------------

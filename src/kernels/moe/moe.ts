@@ -17,6 +17,8 @@ import {
   type DeviceTensor,
   type DType,
   describeTensor,
+  expectOnDevice,
+  expectTensor,
   type Kernel,
   KernelArgs,
   loadKernel,
@@ -89,12 +91,8 @@ export function loadMoeKernels(device: Device, format: ScaleFormat): void {
 // ---------------------------------------------------------------------------------------------------
 // Checks
 
-function sameShape(t: DeviceTensor, shape: readonly number[]): boolean {
-  return t.shape.length === shape.length && t.shape.every((d, i) => d === shape[i]);
-}
-
 /** Throws unless `t` is `dtype` with exactly `shape` on `device`; the message names the launcher and operand. */
-export function expectTensor(
+export function expectOperand(
   where: string,
   what: string,
   t: DeviceTensor,
@@ -102,14 +100,8 @@ export function expectTensor(
   shape: readonly number[],
   device: Device,
 ): void {
-  if (t.dtype !== dtype || !sameShape(t, shape)) {
-    throw new Error(
-      `${where}: ${what} must be ${describeTensor(dtype, shape)}, got ${describeTensor(t.dtype, t.shape)}`,
-    );
-  }
-  if (t.device !== device) {
-    throw new Error(`${where}: ${what} lives on device ${t.device.ordinal}, not on device ${device.ordinal}`);
-  }
+  expectTensor(where, what, t, dtype, shape);
+  expectOnDevice(where, what, t, device);
 }
 
 function expectAtLeast(
@@ -125,7 +117,7 @@ function expectAtLeast(
       `${where}: ${what} must be ${dtype} with at least ${count} elements, got ${describeTensor(t.dtype, t.shape)}`,
     );
   }
-  expectTensor(where, what, t, dtype, t.shape, device);
+  expectOperand(where, what, t, dtype, t.shape, device);
 }
 
 function positiveMultipleOf128(where: string, what: string, n: number): void {
@@ -184,12 +176,12 @@ export function dispatchLayoutOnDevice(
   if (!Number.isInteger(experts) || experts < 1 || experts > MOE_MAX_EXPERTS) {
     throw new Error(`${where}: experts must be an integer in [1, ${MOE_MAX_EXPERTS}], got ${experts}`);
   }
-  expectTensor(where, "ids", ids, "int32", [tokens, topK], device);
-  expectTensor(where, "groupOffsets", out.groupOffsets, "int32", [experts + 1], device);
+  expectOperand(where, "ids", ids, "int32", [tokens, topK], device);
+  expectOperand(where, "groupOffsets", out.groupOffsets, "int32", [experts + 1], device);
   expectAtLeast(where, "rowSource", out.rowSource, "int32", tokens * topK, device);
   expectAtLeast(where, "slotRow", out.slotRow, "int32", tokens * topK, device);
   if (out.sharedOffsets !== null)
-    expectTensor(where, "sharedOffsets", out.sharedOffsets, "int32", [2], device);
+    expectOperand(where, "sharedOffsets", out.sharedOffsets, "int32", [2], device);
   const k = moeKernels(device, "fp32").layout;
   k.args
     .ptr(0, ids.ptr)
@@ -242,12 +234,12 @@ export function gatherRowsOnDevice(device: Device, g: GatherArgs, stream: Stream
     throw new Error(`${where}: topK must be a positive integer, got ${g.topK}`);
   const kb = hidden / QUANT_BLOCK;
   const pad = aScalesPad(g.aScales, kb, where);
-  expectTensor(where, "xq", g.xq, "fp8_e4m3", [tokens, hidden], device);
-  expectTensor(where, "xScales", g.xScales, "fp32", [tokens, kb], device);
+  expectOperand(where, "xq", g.xq, "fp8_e4m3", [tokens, hidden], device);
+  expectOperand(where, "xScales", g.xScales, "fp32", [tokens, kb], device);
   if (g.rowSource !== null) expectAtLeast(where, "rowSource", g.rowSource, "int32", g.rows, device);
   else if (g.rows > tokens)
     throw new Error(`${where}: ${g.rows} rows without rowSource exceed the ${tokens} tokens`);
-  if (g.aq !== null) expectTensor(where, "aq", g.aq, "fp8_e4m3", [g.rows, hidden], device);
+  if (g.aq !== null) expectOperand(where, "aq", g.aq, "fp8_e4m3", [g.rows, hidden], device);
   if (pad < g.rows) throw new Error(`${where}: aScales has ${pad} columns for ${g.rows} rows`);
   const rowsPtr = rowCountPtr(where, g.rowCount, device);
   if (g.rows === 0) return;
@@ -304,8 +296,8 @@ export function swigluQuantizeOnDevice(device: Device, s: SwigluArgs, stream: St
   if (s.clamp !== null && !(Number.isFinite(s.clamp) && s.clamp > 0)) {
     throw new Error(`${where}: clamp must be a positive finite number or null, got ${s.clamp}`);
   }
-  expectTensor(where, "l1", s.l1, "fp32", [s.rows, 2 * inter], device);
-  expectTensor(where, "hq", s.hq, "fp8_e4m3", [s.rows, inter], device);
+  expectOperand(where, "l1", s.l1, "fp32", [s.rows, 2 * inter], device);
+  expectOperand(where, "hq", s.hq, "fp8_e4m3", [s.rows, inter], device);
   const pad = aScalesPad(s.hScales, inter / QUANT_BLOCK, where);
   if (pad < s.rows) throw new Error(`${where}: hScales has ${pad} columns for ${s.rows} rows`);
   const rowsPtr = rowCountPtr(where, s.rowCount, device);
@@ -352,16 +344,16 @@ export function combineOnDevice(device: Device, c: CombineArgs, stream: Stream |
   const [tokens, hidden] = c.out.shape as [number, number];
   const topK = c.weights.shape[1]!;
   positiveMultipleOf128(where, "hidden", hidden);
-  expectTensor(where, "out", c.out, "bf16", [tokens, hidden], device);
-  expectTensor(where, "weights", c.weights, "fp32", [tokens, topK], device);
+  expectOperand(where, "out", c.out, "bf16", [tokens, hidden], device);
+  expectOperand(where, "weights", c.weights, "fp32", [tokens, topK], device);
   expectAtLeast(where, "slotRow", c.slotRow, "int32", tokens * topK, device);
   if (c.l2.dtype !== "bf16" || c.l2.shape.length !== 2 || c.l2.shape[1] !== hidden) {
     throw new Error(
       `${where}: l2 must be bf16[rows, ${hidden}], got ${describeTensor(c.l2.dtype, c.l2.shape)}`,
     );
   }
-  expectTensor(where, "l2", c.l2, "bf16", c.l2.shape, device);
-  if (c.sharedOut !== null) expectTensor(where, "sharedOut", c.sharedOut, "bf16", [tokens, hidden], device);
+  expectOperand(where, "l2", c.l2, "bf16", c.l2.shape, device);
+  if (c.sharedOut !== null) expectOperand(where, "sharedOut", c.sharedOut, "bf16", [tokens, hidden], device);
   if (tokens === 0) return;
   const k = moeKernels(device, "fp32").combine;
   k.args

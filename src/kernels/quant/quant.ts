@@ -14,6 +14,8 @@ import {
   DeviceTensor,
   type DType,
   describeTensor,
+  expectOnDevice,
+  expectTensor,
   type Kernel,
   KernelArgs,
   loadKernel,
@@ -133,22 +135,15 @@ function quantKernelFor(device: Device, hidden: number, format: ScaleFormat): Qu
 // ---------------------------------------------------------------------------------------------------
 // Checks
 
-function expectTensor(
+function expectOperand(
   what: string,
   t: DeviceTensor,
   dtype: DType,
   shape: readonly number[],
   device: Device,
-): void {
-  const want = describeTensor(dtype, shape);
-  if (t.dtype !== dtype || t.shape.length !== shape.length || t.shape.some((d, i) => d !== shape[i])) {
-    throw new Error(`quantizeOnDevice: ${what} must be ${want}, got ${describeTensor(t.dtype, t.shape)}`);
-  }
-  if (t.device !== device) {
-    throw new Error(
-      `quantizeOnDevice: ${what} lives on device ${t.device.ordinal}, not on device ${device.ordinal}`,
-    );
-  }
+) {
+  expectTensor("quantizeOnDevice", what, t, dtype, shape);
+  expectOnDevice("quantizeOnDevice", what, t, device);
 }
 
 function checkInputs(
@@ -173,9 +168,9 @@ function checkInputs(
   if (tokens * (hidden / QUANT_BLOCK) > 2 ** 31) {
     throw new Error(`quantizeOnDevice: ${tokens}·${hidden} activations exceed the kernel's 2^31 groups`);
   }
-  expectTensor("x", x, "bf16", [tokens, hidden], device);
-  expectTensor("out.q", out.q, "fp8_e4m3", [tokens, hidden], device);
-  expectTensor("out.scales", out.scales, "fp32", [tokens, hidden / QUANT_BLOCK], device);
+  expectOperand("x", x, "bf16", [tokens, hidden], device);
+  expectOperand("out.q", out.q, "fp8_e4m3", [tokens, hidden], device);
+  expectOperand("out.scales", out.scales, "fp32", [tokens, hidden / QUANT_BLOCK], device);
   // 16-byte loads, 8-byte stores (device allocations are 256-byte aligned; this guards future views).
   if (tokens > 0 && (x.ptr % 16n !== 0n || out.q.ptr % 8n !== 0n || out.scales.ptr % 4n !== 0n)) {
     throw new Error("quantizeOnDevice: x must be 16-byte, out.q 8-byte and out.scales 4-byte aligned");
