@@ -11,7 +11,7 @@ import { E4M3_DECODE } from "../numerics/fp8.js";
 import { quantizeActivations, quantizeRow128 } from "../numerics/quant.js";
 import type { BlockQuantized, ExpertWeights, MoEWeightSource } from "../weights/types.js";
 import type { Routing } from "./router.js";
-import { swiglu } from "./swiglu.js";
+import { swiglu, swigluExact } from "./swiglu.js";
 
 export type { Routing };
 
@@ -128,6 +128,32 @@ function quantizedTokenRows(x: QuantizedRows, tokens: number[], config: MoEConfi
   };
 }
 
+/** Which experts a forward runs, in order, over which (token, slot) pairs; and whether the shared one runs. */
+interface ExpertWork {
+  lists: Int32Array[];
+  active: number[];
+  shared: ExpertWeights | null;
+  /** Experts to run in all (routed and shared), for progress. */
+  total: number;
+}
+
+function planExpertWork(
+  routing: Routing,
+  tokens: number,
+  source: MoEWeightSource,
+  options: ReferenceOptions,
+): ExpertWork {
+  const config = source.config;
+  const lists = groupByExpert(routing, tokens, config);
+  const active = lists.map((l, e) => (l.length > 0 ? e : -1)).filter((e) => e >= 0);
+  let shared: ExpertWeights | null = null;
+  if ((options.shared ?? true) && config.numShared > 0) {
+    shared = source.shared();
+    if (shared === null) throw new Error("config has shared experts but the weight source has none");
+  }
+  return { lists, active, shared, total: active.length + (shared !== null ? 1 : 0) };
+}
+
 /**
  * The reference layer: bf16 x [T, H] and routing in, bf16 [T, H] out (raw bits).
  *
@@ -143,11 +169,8 @@ export function referenceMoE(
 ): Uint16Array {
   const config = source.config;
   const { hidden, topK: k } = config;
-  const useShared = (options.shared ?? true) && config.numShared > 0;
   const xq = quantizeActivations(x, tokens, hidden, config.scaleFormat);
-  const lists = groupByExpert(routing, tokens, config);
-  const active = lists.map((l, e) => (l.length > 0 ? e : -1)).filter((e) => e >= 0);
-  const total = active.length + (useShared ? 1 : 0);
+  const { lists, active, shared, total } = planExpertWork(routing, tokens, source, options);
   let done = 0;
 
   // bf16-rounded L2 results per (token, slot), as the combine reads them.
@@ -168,12 +191,10 @@ export function referenceMoE(
   }
 
   let sharedOut: Float32Array[] | null = null;
-  if (useShared) {
-    const weights = source.shared();
-    if (weights === null) throw new Error("config has shared experts but the weight source has none");
+  if (shared !== null) {
     const all = Array.from({ length: tokens }, (_, t) => t);
     const { rows, scales } = quantizedTokenRows(xq, all, config);
-    sharedOut = expertForward(config, weights, rows, scales);
+    sharedOut = expertForward(config, shared, rows, scales);
     options.onProgress?.(++done, total);
   }
 
@@ -193,7 +214,10 @@ export function referenceMoE(
   return out;
 }
 
-/** Dequantized weights of a block-quantized matrix, in double. */
+/**
+ * Dequantized weights of a block-quantized matrix, in double: decode(q) · scale is exact there, which
+ * the fp32 dequantizeWeightBlocks is not (4 + 24 significant bits), and the ideal must not round.
+ */
 function dequantizeToF64(w: BlockQuantized): Float64Array {
   const { rows, cols } = w;
   const kb = cols / QUANT_BLOCK;
@@ -210,7 +234,6 @@ function dequantizeToF64(w: BlockQuantized): Float64Array {
 function idealMlpRow(config: MoEConfig, w1: Float64Array, w2: Float64Array, inter: number, x: Float64Array) {
   const hidden = config.hidden;
   const h = new Float64Array(inter);
-  const c = config.swigluClamp;
   for (let n = 0; n < inter; n++) {
     let g = 0;
     let u = 0;
@@ -218,11 +241,7 @@ function idealMlpRow(config: MoEConfig, w1: Float64Array, w2: Float64Array, inte
       g += x[i] * w1[n * hidden + i];
       u += x[i] * w1[(inter + n) * hidden + i];
     }
-    if (c !== null) {
-      g = Math.min(g, c);
-      u = Math.min(Math.max(u, -c), c);
-    }
-    h[n] = (g / (1 + Math.exp(-g))) * u;
+    h[n] = swigluExact(g, u, config.swigluClamp);
   }
   const y = new Float64Array(hidden);
   for (let n = 0; n < hidden; n++) {
@@ -246,16 +265,13 @@ export function idealMoE(
 ): Float64Array {
   const config = source.config;
   const { hidden, topK: k } = config;
-  const useShared = (options.shared ?? true) && config.numShared > 0;
   const xs = Array.from({ length: tokens }, (_, t) => {
     const row = new Float64Array(hidden);
     for (let i = 0; i < hidden; i++) row[i] = bf16BitsToF32(x[t * hidden + i]);
     return row;
   });
   const out = new Float64Array(tokens * hidden);
-  const lists = groupByExpert(routing, tokens, config);
-  const active = lists.map((l, e) => (l.length > 0 ? e : -1)).filter((e) => e >= 0);
-  const total = active.length + (useShared ? 1 : 0);
+  const { lists, active, shared, total } = planExpertWork(routing, tokens, source, options);
   let done = 0;
   for (const e of active) {
     const w = source.expert(e);
@@ -269,11 +285,9 @@ export function idealMoE(
     }
     options.onProgress?.(++done, total);
   }
-  if (useShared) {
-    const w = source.shared();
-    if (w === null) throw new Error("config has shared experts but the weight source has none");
-    const w1 = dequantizeToF64(w.w1);
-    const w2 = dequantizeToF64(w.w2);
+  if (shared !== null) {
+    const w1 = dequantizeToF64(shared.w1);
+    const w2 = dequantizeToF64(shared.w2);
     for (let t = 0; t < tokens; t++) {
       const y = idealMlpRow(config, w1, w2, sharedIntermediate(config), xs[t]);
       for (let n = 0; n < hidden; n++) out[t * hidden + n] += y[n];

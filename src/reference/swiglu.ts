@@ -6,11 +6,16 @@
  * follows absorbs that, and comparisons of GPU paths use error metrics, not bit equality.
  */
 export function swiglu(gate: number, up: number, clamp: number | null): number {
+  return Math.fround(swigluExact(gate, up, clamp));
+}
+
+/** The same rule in double, unrounded (the FP64 ideal layer uses it). */
+export function swigluExact(gate: number, up: number, clamp: number | null): number {
   let g = gate;
   let u = up;
   if (clamp !== null) {
     g = Math.min(g, clamp);
     u = Math.min(Math.max(u, -clamp), clamp);
   }
-  return Math.fround((g / (1 + Math.exp(-g))) * u);
+  return (g / (1 + Math.exp(-g))) * u;
 }
