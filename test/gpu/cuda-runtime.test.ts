@@ -12,8 +12,6 @@ import {
   type CompiledKernel,
   CudaGraph,
   compileKernel,
-  cudaAvailability,
-  type Device,
   DeviceTensor,
   Event,
   encodeTensorMapTiled,
@@ -24,6 +22,7 @@ import {
   TensorMapDataType,
   timeKernel,
 } from "../../src/cuda/index.js";
+import { availability, gpuSkip, testDevice } from "../helpers/gpu.js";
 import { rng, testSeed } from "../helpers/random.js";
 
 const seed = testSeed("cuda-runtime");
@@ -42,18 +41,12 @@ function randomFloats(n: number, lo: number, hi: number): Float32Array {
   return out;
 }
 
-const availability = cudaAvailability();
-const requireGpu = process.env.MEGAMOE_REQUIRE_GPU === "1";
-const skip = availability.ok || requireGpu ? false : `no usable GPU: ${availability.reason}`;
+const skip = gpuSkip;
 
 const SCALE = 2;
-let cachedDevice: Device | undefined;
 let cachedKernels: CompiledKernel | undefined;
 
-function device(): Device {
-  cachedDevice ??= openDevice(0);
-  return cachedDevice;
-}
+const device = testDevice;
 
 function kernels(): CompiledKernel {
   cachedKernels ??= compileKernel({

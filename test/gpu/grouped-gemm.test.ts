@@ -20,7 +20,7 @@
 import assert from "node:assert/strict";
 import { describe, test } from "node:test";
 import { PRESETS, QUANT_BLOCK } from "../../src/config/config.js";
-import { cudaAvailability, type Device, DeviceTensor, openDevice } from "../../src/cuda/index.js";
+import { type Device, DeviceTensor, openDevice } from "../../src/cuda/index.js";
 import {
   GEMM_TILE_NAMES,
   GEMM_TILES,
@@ -44,6 +44,7 @@ import {
 } from "../../src/kernels/gemm/grouped_gemm.js";
 import { bf16BitsToF32, f32ToBf16Bits } from "../../src/numerics/bf16.js";
 import { E4M3_DECODE } from "../../src/numerics/fp8.js";
+import { availability, gpuSkip } from "../helpers/gpu.js";
 import { rng, testSeed } from "../helpers/random.js";
 
 const seed = testSeed("grouped-gemm");
@@ -412,9 +413,7 @@ describe("grouped GEMM plan and variants", () => {
 // ---------------------------------------------------------------------------------------------------
 // GPU
 
-const availability = cudaAvailability();
-const requireGpu = process.env.MEGAMOE_REQUIRE_GPU === "1";
-const skip = availability.ok || requireGpu ? false : `no usable GPU: ${availability.reason}`;
+const skip = gpuSkip;
 
 interface GpuCase {
   name: string;

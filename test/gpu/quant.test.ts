@@ -12,15 +12,7 @@
 import assert from "node:assert/strict";
 import { describe, test } from "node:test";
 import { QUANT_BLOCK, type ScaleFormat } from "../../src/config/config.js";
-import {
-  compileKernel,
-  cudaAvailability,
-  type Device,
-  DeviceTensor,
-  KernelArgs,
-  loadKernel,
-  openDevice,
-} from "../../src/cuda/index.js";
+import { compileKernel, DeviceTensor, KernelArgs, loadKernel } from "../../src/cuda/index.js";
 import {
   allocQuantOutputs,
   QUANT_KERNEL_NAME,
@@ -35,6 +27,7 @@ import { quantDefines, SCALE_FORMATS } from "../../src/kernels/quant/quant.varia
 import { bf16BitsToF32, f32ToBf16Bits } from "../../src/numerics/bf16.js";
 import { encodeE4m3 } from "../../src/numerics/fp8.js";
 import { quantizeActivations } from "../../src/numerics/quant.js";
+import { availability, gpuSkip, testDevice } from "../helpers/gpu.js";
 import { rng, testSeed } from "../helpers/random.js";
 
 const seed = testSeed("quant");
@@ -243,15 +236,9 @@ function assertSameQuant(
 // ---------------------------------------------------------------------------------------------------
 // GPU
 
-const availability = cudaAvailability();
-const requireGpu = process.env.MEGAMOE_REQUIRE_GPU === "1";
-const skip = availability.ok || requireGpu ? false : `no usable GPU: ${availability.reason}`;
+const skip = gpuSkip;
 
-let cachedDevice: Device | undefined;
-function device(): Device {
-  cachedDevice ??= openDevice(0);
-  return cachedDevice;
-}
+const device = testDevice;
 
 /** Runs the launcher on poisoned outputs and returns them on the host. */
 function runOnDevice(x: Uint16Array, tokens: number, hidden: number, format: ScaleFormat) {

@@ -20,15 +20,7 @@ import fs from "node:fs";
 import path from "node:path";
 import { describe, test } from "node:test";
 import { type MoEConfig, QUANT_BLOCK, resolveConfig, type ScaleFormat } from "../../src/config/config.js";
-import {
-  CudaGraph,
-  cudaAvailability,
-  type Device,
-  DeviceTensor,
-  type DType,
-  type HostArray,
-  openDevice,
-} from "../../src/cuda/index.js";
+import { CudaGraph, DeviceTensor, type DType, type HostArray } from "../../src/cuda/index.js";
 import { aScalesRows, takeGroupedGemmStatus } from "../../src/kernels/gemm/grouped_gemm.js";
 import {
   combineOnDevice,
@@ -49,12 +41,11 @@ import { type RandomRoutingOptions, type Routing, randomRouting } from "../../sr
 import { swiglu } from "../../src/reference/swiglu.js";
 import { DeviceMoEWeights } from "../../src/weights/device.js";
 import { GeneratedWeights, generateActivations } from "../../src/weights/generate.js";
+import { availability, gpuSkip, testDevice } from "../helpers/gpu.js";
 import { rng, testSeed } from "../helpers/random.js";
 
 const seed = testSeed("unfused pipeline tests");
-const availability = cudaAvailability();
-const requireGpu = process.env.MEGAMOE_REQUIRE_GPU === "1";
-const skip = availability.ok || requireGpu ? false : `no usable GPU: ${availability.reason}`;
+const skip = gpuSkip;
 
 /**
  * Same numerics, different fp32 accumulation inside the tensor cores: FP8 roundings of the
@@ -84,11 +75,7 @@ const custom = (overrides: Partial<MoEConfig> = {}) =>
     router: { ...tinyRouter, nGroup: 1, topkGroup: 1 },
   });
 
-let cachedDevice: Device | undefined;
-const device = () => {
-  cachedDevice ??= openDevice(0);
-  return cachedDevice;
-};
+const device = testDevice;
 
 /** Owns the tensors a test makes; `dispose()` frees them all. */
 class Tensors {

@@ -11,7 +11,7 @@
 import assert from "node:assert/strict";
 import { describe, test } from "node:test";
 import { type MoEConfig, PRESETS, sharedIntermediate } from "../../src/config/config.js";
-import { cudaAvailability, type Device, type DeviceTensor, openDevice } from "../../src/cuda/index.js";
+import type { DeviceTensor } from "../../src/cuda/index.js";
 import {
   type DeviceExpertPair,
   DeviceMoEWeights,
@@ -25,19 +25,14 @@ import {
   generateSharedExpert,
 } from "../../src/weights/generate.js";
 import type { BlockQuantized } from "../../src/weights/types.js";
+import { availability, gpuSkip, testDevice } from "../helpers/gpu.js";
 import { testSeed } from "../helpers/random.js";
 
 const seed = testSeed("weightgen");
 
-const availability = cudaAvailability();
-const requireGpu = process.env.MEGAMOE_REQUIRE_GPU === "1";
-const skip = availability.ok || requireGpu ? false : `no usable GPU: ${availability.reason}`;
+const skip = gpuSkip;
 
-let cachedDevice: Device | undefined;
-function device(): Device {
-  cachedDevice ??= openDevice(0);
-  return cachedDevice;
-}
+const device = testDevice;
 
 function bytesOf(a: ArrayBufferView): Buffer {
   return Buffer.from(a.buffer, a.byteOffset, a.byteLength);
