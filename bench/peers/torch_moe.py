@@ -27,10 +27,12 @@ Before timing, one forward at min(64, max tokens) tokens is compared with an FP3
 the same FP8 weights; a grouped GEMM that is refused, or that fails the check, is replaced by a loop of
 torch._scaled_mm per expert (rows marked impl "torch-loop", and the reason printed).
 
-Floor (same model as megamoe's, see src/bench/layer.ts): max(bytes / copy bandwidth, FLOPs / FP8 rate),
-bytes = FP8 weights and 128x128 block scales of every expert touched + the shared expert's + bf16 in and
-out; the copy bandwidth (tensor.copy_ of 2 GiB) and the dense FP8 rate (torch._scaled_mm 8192^3, fast
-accumulation) are measured here and written to the JSON (copy_tbps, fp8_tflops).
+Floor (same model as megamoe's, see src/bench/layer.ts): max(bytes / read-stream bandwidth, FLOPs / FP8
+rate), bytes = FP8 weights and 128x128 block scales of every expert touched + the shared expert's + bf16
+in and out, all at the read rate (they are nearly all weight reads). The read stream (the fastest of a few
+full reductions over 2 GiB, see measure_read_tbps) and the dense FP8 rate (torch._scaled_mm 8192^3, fast
+accumulation) are measured here and written to the JSON (read_tbps, read_method, fp8_tflops); the device
+copy (tensor.copy_ of 2 GiB, read + write) is measured and written too (copy_tbps), for the record only.
 
 Usage (GPU host):
   python3 bench/peers/torch_moe.py --shape flash-ep8 --shared 1 --out torch-flash-ep8-shared1.json
@@ -81,7 +83,7 @@ CHECK_TOKENS = 64
 CHECK_TOLERANCE = 0.1
 # Floor constants of megamoe's grouped-GEMM benchmark (src/kernels/gemm/grouped_gemm.ts), so the two
 # grouped-GEMM floors are the same numbers.
-GEMM_FLOOR_COPY_TBPS = 4.25
+GEMM_FLOOR_READ_TBPS = 4.3
 GEMM_FLOOR_FP8_TFLOPS = 1500.0
 
 
@@ -316,14 +318,14 @@ def expert_bytes(H, inter):
     return elements + elements // (BLOCK * BLOCK) * 4
 
 
-def layer_floor(p, T, ids, shared, copy_tbps, fp8_tflops):
+def layer_floor(p, T, ids, shared, read_tbps, fp8_tflops):
     H, IH = p["H"], p["IH"]
     SIH = IH * p["shared"]
     use_shared = shared and p["shared"] > 0
     touched = int(torch.unique(ids).numel())
     nbytes = touched * expert_bytes(H, IH) + (expert_bytes(H, SIH) if use_shared else 0) + 4 * T * H
     flops = 2 * T * p["k"] * 3 * IH * H + (2 * T * 3 * SIH * H if use_shared else 0)
-    floor_us = max(nbytes / (copy_tbps * 1e12), flops / (fp8_tflops * 1e12)) * 1e6
+    floor_us = max(nbytes / (read_tbps * 1e12), flops / (fp8_tflops * 1e12)) * 1e6
     return nbytes, flops, touched, floor_us
 
 
@@ -395,6 +397,28 @@ def measure_fp8_rate(timer, dev):
     return 2 * n**3 / (us * 1e-6) / 1e12
 
 
+def measure_read_tbps(timer, dev):
+    """Read-stream bandwidth, bytes read per second (TB/s), over 2 GiB: torch has no read-only kernel, so
+    this times full reductions to one scalar (the 2 GiB read, a few bytes written) of the same buffer seen
+    as fp32, int64 and bf16 (each dtype takes its own vectorized reduce kernel), and keeps the fastest:
+    every one of them is a lower bound of the read ceiling. Returns (TB/s, which reduction)."""
+    size = 2**31
+    buf = torch.empty(size, dtype=torch.uint8, device=dev).fill_(0x3C)  # 0x3C3C... is finite as fp32 and bf16
+    candidates = (
+        ("sum of fp32", lambda: buf.view(torch.float32).sum()),
+        ("sum of int64", lambda: buf.view(torch.int64).sum()),
+        ("sum of bf16", lambda: buf.view(torch.bfloat16).sum(dtype=torch.float32)),
+    )
+    best = (0.0, "none")
+    for name, fn in candidates:
+        us, _, _ = timer.time(fn, flush=False)
+        tbps = size / (us * 1e-6) / 1e12
+        log(f"read stream by {name}: {tbps:.2f} TB/s")
+        best = max(best, (tbps, name))
+    del buf
+    return best
+
+
 def measure_copy_tbps(timer, dev):
     """Device copy bandwidth, bytes read + written per second (TB/s), over 2 GiB."""
     size = 2**31
@@ -438,7 +462,7 @@ def choose_gemm(p, weights, args, dev, gen, shared):
     return modes[-1], record
 
 
-def run_layer(args, dev, timer, copy_tbps, fp8_tflops):
+def run_layer(args, dev, timer, read_tbps, fp8_tflops):
     p = PRESETS[args.shape]
     shared = args.shared == 1
     t0 = time.perf_counter()
@@ -465,7 +489,7 @@ def run_layer(args, dev, timer, copy_tbps, fp8_tflops):
     for T in args.tokens:
         x = torch.randn(T, p["H"], generator=gen, device=dev, dtype=torch.bfloat16)
         ids, rw = random_routing(T, p, gen, dev)
-        nbytes, flops, touched, floor_us = layer_floor(p, T, ids, shared, copy_tbps, fp8_tflops)
+        nbytes, flops, touched, floor_us = layer_floor(p, T, ids, shared, read_tbps, fp8_tflops)
         row_mode = moe.gemm
         fn = lambda: moe.forward(x, ids, rw, shared)  # noqa: E731
         try:
@@ -550,7 +574,7 @@ def run_grouped_gemm(args, dev, timer):
             med, lo, hi = timer.time(lambda: grouped_mm(a, sa, w, sw, offs, mode))  # noqa: B023
             flops = 2 * G * m * n * k
             nbytes = gemm_bytes(G * m, n, k, G)
-            floor_us = max(nbytes / (GEMM_FLOOR_COPY_TBPS * 1e12), flops / (GEMM_FLOOR_FP8_TFLOPS * 1e12)) * 1e6
+            floor_us = max(nbytes / (GEMM_FLOOR_READ_TBPS * 1e12), flops / (GEMM_FLOOR_FP8_TFLOPS * 1e12)) * 1e6
             rows.append(
                 dict(
                     config=name,
@@ -608,7 +632,8 @@ def parse_args(argv):
     ap.add_argument("--grouped-gemm-only", action="store_true", help="time torch._scaled_grouped_mm alone")
     ap.add_argument("--m-per-group", type=int_list, help="grouped GEMM: rows per group (default 64,512,4096)")
     ap.add_argument("--fp8-tflops", type=float, help="FP8 rate for the floor instead of measuring it")
-    ap.add_argument("--copy-tbps", type=float, help="copy bandwidth for the floor instead of measuring it")
+    ap.add_argument("--read-tbps", type=float, help="read-stream bandwidth for the floor instead of measuring it")
+    ap.add_argument("--copy-tbps", type=float, help="copy bandwidth to record instead of measuring (not in the floor)")
     ap.add_argument("--dry-run", action="store_true", help="CPU tensors, emulated FP8 GEMMs: checks the plumbing")
     ap.add_argument("--out", help="write the results JSON here")
     args = ap.parse_args(argv)
@@ -638,14 +663,20 @@ def main(argv=None):
     timer = Timer(dev, args.iters, args.warmup)
     if args.dry_run:
         fp8_tflops = args.fp8_tflops or GEMM_FLOOR_FP8_TFLOPS
-        copy_tbps = args.copy_tbps or GEMM_FLOOR_COPY_TBPS
+        read_tbps, read_method = args.read_tbps or GEMM_FLOOR_READ_TBPS, "assumed (dry run)"
+        copy_tbps = args.copy_tbps
         device = dict(name="cpu (dry run)", torch=torch.__version__)
     else:
         props = torch.cuda.get_device_properties(dev)
         fp8_tflops = args.fp8_tflops or measure_fp8_rate(timer, dev)
         log(f"dense FP8 rate (_scaled_mm 8192^3, fast accum): {fp8_tflops:.0f} TFLOP/s")
+        if args.read_tbps:
+            read_tbps, read_method = args.read_tbps, "--read-tbps"
+        else:
+            read_tbps, read_method = measure_read_tbps(timer, dev)
+        log(f"read stream: {read_tbps:.2f} TB/s ({read_method}; the floor's bandwidth)")
         copy_tbps = args.copy_tbps or measure_copy_tbps(timer, dev)
-        log(f"device copy (copy_ of 2 GiB, read + write): {copy_tbps:.2f} TB/s")
+        log(f"device copy (copy_ of 2 GiB, read + write): {copy_tbps:.2f} TB/s (recorded, not in the floor)")
         device = dict(
             name=props.name,
             sms=props.multi_processor_count,
@@ -653,6 +684,8 @@ def main(argv=None):
             l2Bytes=getattr(props, "L2_cache_size", None),
             torch=torch.__version__,
             cuda=torch.version.cuda,
+            read_tbps=read_tbps,
+            read_method=read_method,
             copy_tbps=copy_tbps,
             fp8_tflops=fp8_tflops,
         )
@@ -660,13 +693,15 @@ def main(argv=None):
     if args.grouped_gemm_only:
         rows = run_grouped_gemm(args, dev, timer)
     else:
-        rows, check = run_layer(args, dev, timer, copy_tbps, fp8_tflops)
+        rows, check = run_layer(args, dev, timer, read_tbps, fp8_tflops)
     doc = dict(
         device=device,
         commit=commit(),
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(),
         command="python3 " + " ".join([os.path.relpath(sys.argv[0])] + sys.argv[1:]),
         fp8_tflops=None if args.dry_run else fp8_tflops,
+        read_tbps=None if args.dry_run else read_tbps,
+        read_method=None if args.dry_run else read_method,
         copy_tbps=None if args.dry_run else copy_tbps,
         dry_run=args.dry_run,
         check=check,

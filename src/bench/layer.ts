@@ -1,11 +1,17 @@
 /**
  * The layer benchmark: one MoE forward per token count, timed on the GPU, beside its physical floor.
  *
- * Floor = max(bytes / copy bandwidth, FLOPs / FP8 rate). Bytes: the FP8 weights and fp32 block scales of
- * every expert the routing touches (each must be read at least once), the shared expert's when on, the
- * bf16 input and output. FLOPs: 2 per multiply-add of L1 (2·IH × H) and L2 (H × IH) for every routed
- * row, and of the shared expert's for every token. The intermediate activations are left out: a fused
- * kernel keeps them on chip, so the floor is what the best kernel could reach, not what this one must.
+ * Floor = max(bytes / read-stream bandwidth, FLOPs / FP8 rate). Bytes: the FP8 weights and fp32 block
+ * scales of every expert the routing touches (each must be read at least once), the shared expert's when
+ * on, the bf16 input and output. FLOPs: 2 per multiply-add of L1 (2·IH × H) and L2 (H × IH) for every
+ * routed row, and of the shared expert's for every token. The intermediate activations are left out: a
+ * fused kernel keeps them on chip, so the floor is what the best kernel could reach, not what this one must.
+ *
+ * All bytes go at the read-stream rate (`probe_read`; 4.3 TB/s on the H200), the written ones too: where
+ * the floor is memory-bound the bytes are nearly all weight reads (on flash, flash-ep8 and pro the bf16
+ * output is under 1% of them), so a separate write rate would move it by under 1%. The copy rate (3.96
+ * TB/s, read + write) it replaced was no floor: the unfused layer beat it (flash, T=64: 5.01 GB in
+ * 1193 µs = 4.20 TB/s, 106% of it).
  */
 import { type MoEConfig, QUANT_BLOCK, resolveConfig, sharedIntermediate } from "../config/config.js";
 import { type Device, DeviceTensor, type ResultRow, type Stream, timeKernel } from "../cuda/index.js";
@@ -15,6 +21,8 @@ import { DeviceMoEWeights, generateActivationsOnDevice } from "../weights/device
 
 /** Dense FP8 tensor-core rate assumed for the floor when nothing better is known (H100/H200 SXM). */
 export const DEFAULT_FP8_TFLOPS = 1500;
+/** Read-stream bandwidth assumed for the floor when not measured (H200: torch's read stream, 4.34 TB/s). */
+export const DEFAULT_READ_TBPS = 4.3;
 
 export interface LayerFloor {
   bytes: number;
@@ -59,17 +67,20 @@ export function routingFootprint(
   return { expertsTouched, routedRows };
 }
 
-/** The floor of one forward (see the module comment). Rates in TB/s and TFLOP/s. */
+/**
+ * The floor of one forward (see the module comment): max(bytes / `readTbps`, FLOPs / `fp8Tflops`).
+ * Rates in TB/s (read stream) and TFLOP/s.
+ */
 export function layerFloor(
   config: MoEConfig,
   tokens: number,
   routing: Pick<Routing, "ids">,
   shared: boolean,
-  copyTbps: number,
+  readTbps: number = DEFAULT_READ_TBPS,
   fp8Tflops: number = DEFAULT_FP8_TFLOPS,
 ): LayerFloor {
-  if (!(copyTbps > 0) || !(fp8Tflops > 0)) {
-    throw new RangeError(`rates must be positive, got copy ${copyTbps} TB/s, FP8 ${fp8Tflops} TFLOP/s`);
+  if (!(readTbps > 0) || !(fp8Tflops > 0)) {
+    throw new RangeError(`rates must be positive, got read ${readTbps} TB/s, FP8 ${fp8Tflops} TFLOP/s`);
   }
   const H = config.hidden;
   const IH = config.intermediate;
@@ -82,7 +93,7 @@ export function layerFloor(
     2 * tokens * H * 2; // bf16 in and out
   const flops =
     2 * routedRows * (H * 2 * IH + IH * H) + (useShared ? 2 * tokens * (H * 2 * SIH + SIH * H) : 0);
-  const memoryUs = (bytes / (copyTbps * 1e12)) * 1e6;
+  const memoryUs = (bytes / (readTbps * 1e12)) * 1e6;
   const computeUs = (flops / (fp8Tflops * 1e12)) * 1e6;
   return {
     bytes,
@@ -99,8 +110,8 @@ export interface LayerBenchOptions {
   tokens: readonly number[];
   shared: boolean;
   seed: number;
-  /** Copy ceiling measured in the same process (TB/s). */
-  copyTbps: number;
+  /** Read-stream ceiling measured in the same process (TB/s), the floor's bandwidth. */
+  readTbps: number;
   fp8Tflops?: number;
   /** Timed runs per case (default 30; at least 20 is what the project reports). */
   iters?: number;
@@ -169,7 +180,7 @@ export function benchmarkUnfusedLayer(device: Device, o: LayerBenchOptions): Res
         inputs.push(out);
         device.synchronize();
         const run = (s: Stream) => p.forward({ x, ids, weights: w, out, tokens, shared: o.shared }, s);
-        const f = layerFloor(config, tokens, routing, o.shared, o.copyTbps, o.fp8Tflops);
+        const f = layerFloor(config, tokens, routing, o.shared, o.readTbps, o.fp8Tflops);
         const row = (t: { usMedian: number; usMin: number; usMax: number }, graph: boolean): ResultRow => ({
           config: config.name,
           tokens,

@@ -14,8 +14,13 @@ import {
   type ResultRow,
   writeResults,
 } from "../cuda/index.js";
-import { benchmarkGroupedGemm, type GroupedGemmBenchCase } from "../kernels/gemm/grouped_gemm.js";
-import { measureCopyCeiling } from "../kernels/probe/probe.js";
+import {
+  benchmarkGroupedGemm,
+  FP8_PEAK_FLOPS,
+  type GroupedGemmBenchCase,
+  READ_BYTES_PER_S,
+} from "../kernels/gemm/grouped_gemm.js";
+import { measureCopyCeiling, measureReadCeiling } from "../kernels/probe/probe.js";
 import { benchmarkQuant } from "../kernels/quant/quant.js";
 import { plotTitle, renderTimePlot, writePlot } from "./plot.js";
 import { type Progress, progressBar } from "./progress.js";
@@ -143,6 +148,19 @@ export function chooseFp8Rate(
   return { tflops: DEFAULT_FP8_TFLOPS, source: "default" };
 }
 
+/**
+ * How the layer's floor was computed, printed under the table: every byte (weights, activations in and
+ * out) at the read-stream rate measured by `probe_read`, or the FLOPs at the FP8 rate, whichever is longer.
+ */
+export function unfusedFloorLine(readTbps: number, rate: { tflops: number; source: string }): string {
+  return `floor = max(bytes / ${readTbps.toFixed(2)} TB/s read stream (probe_read), FLOPs / ${rate.tflops.toFixed(0)} TFLOP/s FP8 (${rate.source}))`;
+}
+
+/** The grouped GEMM's floor line: the kernel module's fixed model (src/kernels/gemm/grouped_gemm.ts). */
+export function groupedGemmFloorLine(): string {
+  return `floor = max(bytes / ${(READ_BYTES_PER_S / 1e12).toFixed(2)} TB/s read stream, FLOPs / ${(FP8_PEAK_FLOPS / 1e12).toFixed(0)} TFLOP/s FP8) (the kernel's own model)`;
+}
+
 /** The grouped-GEMM cases: the shape's L1 (N = 2·IH, K = H) and L2 (N = H, K = IH), 32 groups. */
 export function groupedGemmCases(shape: string, mPerGroup: readonly number[]): GroupedGemmBenchCase[] {
   const c = resolveConfig(shape);
@@ -163,10 +181,16 @@ export function groupedGemmCases(shape: string, mPerGroup: readonly number[]): G
   );
 }
 
+/** The ceilings measured before a sweep: the read stream (the layer's floor), the copy (the quant's). */
+interface MeasuredCeilings {
+  readTbps: number;
+  copyTbps: number;
+}
+
 function runCases(
   device: Device,
   opts: BenchOptions,
-  copyTbps: number,
+  ceilings: MeasuredCeilings,
   fp8Tflops: number,
   bar: Progress,
 ): ResultRow[] {
@@ -176,7 +200,7 @@ function runCases(
       tokens: opts.tokens ?? LAYER_TOKENS,
       shared: opts.shared,
       seed: opts.seed,
-      copyTbps,
+      readTbps: ceilings.readTbps,
       fp8Tflops,
       iters: opts.iters,
       graph: opts.graph ?? true,
@@ -196,7 +220,7 @@ function runCases(
   const shapes = opts.hidden.flatMap((hidden) => tokens.map((t) => ({ tokens: t, hidden })));
   const format = opts.format as "fp32" | "ue8m0";
   shapes.forEach((shape, i) => {
-    rows.push(...benchmarkQuant(device, [shape], { format, copyTbps }));
+    rows.push(...benchmarkQuant(device, [shape], { format, copyTbps: ceilings.copyTbps }));
     bar.update(i + 1, shapes.length);
   });
   return rows;
@@ -209,16 +233,21 @@ export async function runBench(opts: BenchOptions): Promise<void> {
   if (!cuda.ok) throw new Error(`bench needs a CUDA GPU: ${cuda.reason}`);
   const rate = chooseFp8Rate(opts.fp8Tflops, peer);
   const device = openDevice(0);
-  const copy = measureCopyCeiling(device);
+  const ceilings = { readTbps: measureReadCeiling(device).tbps, copyTbps: measureCopyCeiling(device).tbps };
   const bar = progressBar(`bench ${opts.impl}`);
   let rows: ResultRow[];
   try {
-    rows = runCases(device, opts, copy.tbps, rate.tflops, bar);
+    rows = runCases(device, opts, ceilings, rate.tflops, bar);
   } finally {
     bar.stop();
   }
   const peerRows = (peer?.rows ?? []).filter((p) => rows.some((r) => matchPeerRow([p], r) !== undefined));
-  const deviceInfo = { ...deviceSummary(device), copy_tbps: copy.tbps, fp8_tflops: rate.tflops };
+  const deviceInfo = {
+    ...deviceSummary(device),
+    read_tbps: ceilings.readTbps,
+    copy_tbps: ceilings.copyTbps,
+    fp8_tflops: rate.tflops,
+  };
   if (opts.out !== undefined) {
     writeResults(opts.out, {
       device: { ...deviceInfo, fp8_tflops_source: rate.source },
@@ -239,18 +268,16 @@ export async function runBench(opts: BenchOptions): Promise<void> {
     return;
   }
   process.stdout.write(
-    `${pc.bold(`megamoe bench ${opts.impl}`)} on ${device.name}, copy ceiling ${copy.tbps.toFixed(2)} TB/s\n`,
+    `${pc.bold(`megamoe bench ${opts.impl}`)} on ${device.name}, read stream ${ceilings.readTbps.toFixed(2)} TB/s, copy ${ceilings.copyTbps.toFixed(2)} TB/s (read + write)\n`,
   );
   process.stdout.write(`${resultsTable(rows, peerRows)}\n`);
   if (opts.impl === "unfused") {
-    process.stdout.write(
-      `  floor = max(bytes / ${copy.tbps.toFixed(2)} TB/s, FLOPs / ${rate.tflops.toFixed(0)} TFLOP/s FP8 (${rate.source}))\n`,
-    );
+    process.stdout.write(`  ${unfusedFloorLine(ceilings.readTbps, rate)}\n`);
     const failed = rows.find((r) => typeof r.graph_error === "string");
     if (failed)
       process.stdout.write(`  ${pc.yellow("no CUDA-graph timing:")} ${String(failed.graph_error)}\n`);
   } else if (opts.impl === "grouped-gemm") {
-    process.stdout.write("  floor = max(bytes / 4.25 TB/s, FLOPs / 1500 TFLOP/s) (the kernel's own model)\n");
+    process.stdout.write(`  ${groupedGemmFloorLine()}\n`);
   } else {
     for (const r of rows) {
       if (typeof r.fraction_of_copy === "number" && r.tokens * Number(r.hidden) >= 8192 * 4096) {

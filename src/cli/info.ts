@@ -52,6 +52,10 @@ export async function runInfo(opts: InfoOptions): Promise<void> {
   const c = info.ceilings as ReturnType<typeof measureCeilings> | undefined;
   if (c !== undefined) {
     line(
+      "read",
+      `${c.readTbps.toFixed(2)} TB/s (bytes read only, ${(c.readBytes / 2 ** 30).toFixed(1)} GiB read kernel; the layer and GEMM floors)`,
+    );
+    line(
       "copy",
       `${c.copyTbps.toFixed(2)} TB/s (read + write, ${(c.copyBytes / 2 ** 30).toFixed(1)} GiB copy kernel)`,
     );

@@ -73,7 +73,7 @@ program
   .command("info")
   .description("show the package, the CUDA driver and device, and measured ceilings when a GPU is present")
   .option("--json", "print as JSON")
-  .option("--no-measure", "skip measuring the copy bandwidth and launch overhead")
+  .option("--no-measure", "skip measuring the read and copy bandwidths and the launch overhead")
   .action(async (opts) => {
     await runInfo(opts);
   });

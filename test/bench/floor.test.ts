@@ -1,7 +1,10 @@
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
-import { expertWeightBytes, layerFloor, routingFootprint } from "../../src/bench/layer.js";
+import { DEFAULT_READ_TBPS, expertWeightBytes, layerFloor, routingFootprint } from "../../src/bench/layer.js";
+import { groupedGemmFloorLine, unfusedFloorLine } from "../../src/cli/bench.js";
 import { resolveConfig } from "../../src/config/config.js";
+import { groupedGemmFloorUs, READ_BYTES_PER_S } from "../../src/kernels/gemm/grouped_gemm.js";
+import { randomRouting } from "../../src/reference/router.js";
 
 /** k distinct ids per token cycling through every expert: token t gets (k·t + j) mod E, j < k. */
 function cyclingIds(tokens: number, k: number, experts: number): Int32Array {
@@ -90,5 +93,52 @@ describe("layer floor: hand-computed bytes and FLOPs", () => {
   it("rejects a short routing and non-positive rates", () => {
     assert.throws(() => layerFloor(tiny, 2, { ids: Int32Array.from([1, 2, 3]) }, true, 4), /fewer than/);
     assert.throws(() => layerFloor(tiny, 1, { ids: Int32Array.from([1, 2]) }, true, 0), /positive/);
+  });
+});
+
+describe("floors use the read-stream ceiling", () => {
+  const flash = resolveConfig("flash");
+
+  it("the layer's default bandwidth is the H200 read stream, 4.3 TB/s", () => {
+    assert.equal(DEFAULT_READ_TBPS, 4.3);
+    const ids = Int32Array.from([0, 1, 2, 3, 4, 5]);
+    const f = layerFloor(flash, 1, { ids }, true);
+    close(f.floorUs, (176_220_160 / 4.3e12) * 1e6); // 40.98 µs
+    assert.equal(f.bound, "memory");
+  });
+
+  it("stays under what the unfused layer measured on flash, which the copy floor did not", () => {
+    // bench/results/2026-12-03-h200-sweep2-flash-shared1.svg, seed 1, CUDA graph: T=64 in 1193.0 µs,
+    // T=512 in 1619.0 µs. At 3.96 TB/s (copy) those are 106% and 101% of the floor.
+    for (const [tokens, us] of [
+      [64, 1193.0],
+      [512, 1619.0],
+    ] as const) {
+      const routing = randomRouting(1, tokens, flash);
+      const copyFloor = layerFloor(flash, tokens, routing, true, 3.96).floorUs;
+      const readFloor = layerFloor(flash, tokens, routing, true).floorUs;
+      assert.ok(
+        copyFloor > us,
+        `T=${tokens}: the copy floor ${copyFloor} µs is no longer above the measured ${us} µs`,
+      );
+      assert.ok(readFloor < us, `T=${tokens}: the read floor ${readFloor} µs is above the measured ${us} µs`);
+    }
+  });
+
+  it("the grouped GEMM's floor: bytes at 4.3 TB/s or FLOPs at 1.5 PFLOP/s", () => {
+    assert.equal(READ_BYTES_PER_S, 4.3e12);
+    close(groupedGemmFloorUs(4.3e9, 0), 1000);
+    close(groupedGemmFloorUs(4.3e9, 3e12), 2000); // compute-bound: 3 TFLOP at 1.5 PFLOP/s
+  });
+
+  it("the printed floor lines name the read stream", () => {
+    assert.equal(
+      unfusedFloorLine(4.312, { tflops: 1500, source: "default" }),
+      "floor = max(bytes / 4.31 TB/s read stream (probe_read), FLOPs / 1500 TFLOP/s FP8 (default))",
+    );
+    assert.equal(
+      groupedGemmFloorLine(),
+      "floor = max(bytes / 4.30 TB/s read stream, FLOPs / 1500 TFLOP/s FP8) (the kernel's own model)",
+    );
   });
 });

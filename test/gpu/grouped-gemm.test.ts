@@ -326,7 +326,7 @@ describe("grouped GEMM plan and variants", () => {
       assert.ok(p.sharedBytes <= SM90_SHARED_OPTIN_BYTES && p.stages >= 2, JSON.stringify(p.defines));
       assert.ok(p.estimate.us > 0, "estimate");
     }
-    assert.equal(groupedGemmFloorUs(4.25e12, 0), 1e6);
+    assert.equal(groupedGemmFloorUs(4.3e12, 0), 1e6); // 4.3 TB of reads take one second
   });
 
   test("bad problems and operands are named in the error", () => {

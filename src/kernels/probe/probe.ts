@@ -1,11 +1,15 @@
 /**
- * The machine's ceilings, measured by the project's own kernels: device-copy bandwidth (the floor
- * of every memory-bound kernel) and the host cost of one launch from Node (the floor of a small
- * layer run launch by launch).
+ * The machine's ceilings, measured by the project's own kernels: the read-stream bandwidth (the floor
+ * of a kernel that streams weights, i.e. of the layer and the grouped GEMM), the device-copy bandwidth
+ * (the floor of a kernel that writes about as much as it reads, e.g. the quantization) and the host cost
+ * of one launch from Node (the floor of a small layer run launch by launch).
  */
 import { compileKernel, type Device, KernelArgs, loadKernel, timeKernel } from "../../cuda/index.js";
 
 export interface Ceilings {
+  /** Read stream, bytes read per second (nothing written), in TB/s. */
+  readTbps: number;
+  readBytes: number;
   /** Device copy, bytes read plus bytes written per second, in TB/s. */
   copyTbps: number;
   copyBytes: number;
@@ -20,12 +24,48 @@ function probeKernels(device: Device) {
   return {
     empty: loadKernel(device, compiled, "probe_empty"),
     copy: loadKernel(device, compiled, "probe_copy"),
+    read: loadKernel(device, compiled, "probe_read"),
   };
+}
+
+/** The probes' buffer: `bytes`, capped at a quarter of the device's memory, a multiple of 16. */
+function probeBytes(device: Device, bytes: number): number {
+  return Math.min(bytes, Math.floor(device.totalMemoryBytes / 4 / 16) * 16);
+}
+
+/**
+ * Read-stream bandwidth over `bytes` (default 2 GiB, capped at a quarter of the device's memory): bytes
+ * read per second by `probe_read` (16-byte L1-bypassing loads, 8 in flight per thread, grid 2 × SMs ×
+ * 512 threads, nothing written). Timed as the copy is: median of 20 runs after 3 warm-ups, no L2 flush
+ * (the buffer is 34× the H200's L2).
+ */
+export function measureReadCeiling(device: Device, bytes = 2 ** 31): { tbps: number; bytes: number } {
+  const size = probeBytes(device, bytes);
+  const { read } = probeKernels(device);
+  const grid = device.smCount * 2;
+  const src = device.alloc(size);
+  const sink = device.alloc(grid * 4);
+  try {
+    device.memsetD32(src, 0x3c003c00, size / 4, device.nullStream);
+    device.memsetD32(sink, 0, grid, device.nullStream);
+    const vectors = size / 16;
+    // write_sink = 0: the kernel only reads (see probe.cu).
+    const args = new KernelArgs(4).ptr(0, src).u64(1, BigInt(vectors)).ptr(2, sink).i32(3, 0);
+    const t = timeKernel(device, (s) => read.launch(grid, 512, 0, s, args), {
+      warmup: 3,
+      iters: 20,
+      l2Flush: false,
+    });
+    return { tbps: size / (t.usMedian * 1e-6) / 1e12, bytes: size };
+  } finally {
+    device.free(src);
+    device.free(sink);
+  }
 }
 
 /** Copy bandwidth over `bytes` (default 2 GiB, capped at a quarter of the device's memory). */
 export function measureCopyCeiling(device: Device, bytes = 2 ** 31): { tbps: number; bytes: number } {
-  const size = Math.min(bytes, Math.floor(device.totalMemoryBytes / 4 / 16) * 16);
+  const size = probeBytes(device, bytes);
   const { copy } = probeKernels(device);
   const src = device.alloc(size);
   const dst = device.alloc(size);
@@ -78,7 +118,14 @@ export function measureLaunchOverhead(
 }
 
 export function measureCeilings(device: Device): Ceilings {
+  const read = measureReadCeiling(device);
   const copy = measureCopyCeiling(device);
   const launch = measureLaunchOverhead(device);
-  return { copyTbps: copy.tbps, copyBytes: copy.bytes, ...launch };
+  return {
+    readTbps: read.tbps,
+    readBytes: read.bytes,
+    copyTbps: copy.tbps,
+    copyBytes: copy.bytes,
+    ...launch,
+  };
 }
