@@ -4,7 +4,9 @@
  */
 import { type MoEConfig, validateConfig } from "./config/config.js";
 import { cudaAvailability, type Device, DeviceTensor, openDevice, type Stream } from "./cuda/index.js";
-import { forwardProblem, UnfusedPipeline } from "./pipeline/unfused.js";
+import { fusedLayerProblem } from "./kernels/megamoe/megamoe.js";
+import { FusedPipeline } from "./pipeline/fused.js";
+import { forwardProblem, type MoEPipeline, UnfusedPipeline } from "./pipeline/unfused.js";
 import { type Routing, referenceMoE } from "./reference/moe.js";
 import { routeTokens, validateRouting } from "./reference/router.js";
 import { DeviceMoEWeights } from "./weights/device.js";
@@ -12,12 +14,20 @@ import { GeneratedWeights } from "./weights/generate.js";
 import type { MoEWeightSource } from "./weights/types.js";
 
 export type Backend = "cpu" | "cuda";
+/** How the "cuda" backend computes the layer: one fused kernel, or the unfused launch sequence. */
+export type GpuPipelineKind = "fused" | "unfused";
 
 export interface MoELayerOptions {
   /** "cpu" (default): the reference. "cuda": the GPU pipeline. */
   backend?: Backend;
   /** The GPU of a "cuda" layer: a Device or its ordinal (default 0). */
   device?: Device | number;
+  /**
+   * The GPU pipeline: "fused" (default; one persistent kernel after the quantization) or "unfused"
+   * (the baseline: 11 launches). A shape the fused kernel cannot run (hidden not a multiple of 256)
+   * is an InputError when "fused" is asked for explicitly, and falls back to "unfused" by default.
+   */
+  pipeline?: GpuPipelineKind;
 }
 
 /** Operands of `MoELayer.forwardDevice`, all on the layer's device. */
@@ -49,7 +59,7 @@ function deviceWeightsFor(device: Device, source: MoEWeightSource): DeviceMoEWei
 class CudaState {
   readonly device: Device;
   readonly weights: DeviceMoEWeights;
-  readonly pipeline: UnfusedPipeline;
+  readonly pipeline: MoEPipeline;
   private readonly owned: DeviceTensor[] = [];
   private readonly x: DeviceTensor;
   private readonly ids: DeviceTensor;
@@ -57,12 +67,15 @@ class CudaState {
   private readonly out: DeviceTensor;
   private readonly stream: Stream;
 
-  constructor(device: Device, source: MoEWeightSource) {
+  constructor(device: Device, source: MoEWeightSource, kind: GpuPipelineKind) {
     const c = source.config;
     this.device = device;
     this.weights = deviceWeightsFor(device, source);
     try {
-      this.pipeline = new UnfusedPipeline(device, this.weights, c.maxTokens);
+      this.pipeline =
+        kind === "fused"
+          ? new FusedPipeline(device, this.weights, c.maxTokens)
+          : new UnfusedPipeline(device, this.weights, c.maxTokens);
     } catch (e) {
       this.weights.dispose();
       throw e;
@@ -96,6 +109,7 @@ class CudaState {
     weights.copyFromHost(routing.weights, this.stream);
     this.pipeline.forward({ x: xv, ids, weights, out, tokens, shared }, this.stream);
     this.stream.synchronize();
+    this.pipeline.checkStatus();
     return out.toHost() as Uint16Array;
   }
 
@@ -162,6 +176,8 @@ export function validateInput(x: unknown, tokens: number, config: MoEConfig): as
 export class MoELayer {
   readonly config: MoEConfig;
   readonly backend: Backend;
+  /** The GPU pipeline of a "cuda" layer (null on the CPU). */
+  readonly pipeline: GpuPipelineKind | null = null;
   private readonly weights: MoEWeightSource;
   private readonly cuda: CudaState | null = null;
   private disposed = false;
@@ -180,7 +196,21 @@ export class MoELayer {
         const a = cudaAvailability();
         if (!a.ok) throw new InputError(`backend "cuda" needs a CUDA GPU: ${a.reason}`);
       }
-      this.cuda = new CudaState(typeof device === "number" ? openDevice(device) : device, weights);
+      const unfit = fusedLayerProblem(this.config);
+      if (options.pipeline === "fused" && unfit !== null) {
+        throw new InputError(`the fused pipeline cannot run this layer: ${unfit}`);
+      }
+      if (options.pipeline !== undefined && options.pipeline !== "fused" && options.pipeline !== "unfused") {
+        throw new InputError(
+          `unknown pipeline "${String(options.pipeline)}" (expected "fused" or "unfused")`,
+        );
+      }
+      this.pipeline = options.pipeline ?? (unfit === null ? "fused" : "unfused");
+      this.cuda = new CudaState(
+        typeof device === "number" ? openDevice(device) : device,
+        weights,
+        this.pipeline,
+      );
     } else if (this.backend !== "cpu") {
       throw new InputError(`unknown backend "${String(this.backend)}" (expected "cpu" or "cuda")`);
     }
@@ -222,6 +252,16 @@ export class MoELayer {
       onProgress: options.onProgress,
     });
     return { out, routing };
+  }
+
+  /**
+   * Waits for the layer's device work and throws if a launch reported a failure of its own (the fused
+   * kernel's watchdog: a wait that never completed). `forward` does this itself; call it after
+   * `forwardDevice` launches before trusting their outputs.
+   */
+  checkStatus(): void {
+    this.checkUsable();
+    this.cuda?.pipeline.checkStatus();
   }
 
   /**

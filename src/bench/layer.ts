@@ -15,7 +15,8 @@
  */
 import { type MoEConfig, QUANT_BLOCK, resolveConfig, sharedIntermediate } from "../config/config.js";
 import { type Device, DeviceTensor, type ResultRow, type Stream, timeKernel } from "../cuda/index.js";
-import { UnfusedPipeline } from "../pipeline/unfused.js";
+import { FusedPipeline } from "../pipeline/fused.js";
+import { type MoEPipeline, UnfusedPipeline } from "../pipeline/unfused.js";
 import { type Routing, randomRouting } from "../reference/router.js";
 import { DeviceMoEWeights, generateActivationsOnDevice } from "../weights/device.js";
 
@@ -105,7 +106,13 @@ export function layerFloor(
   };
 }
 
+/** The layer implementations `benchmarkLayer` times. */
+export type LayerImpl = "fused" | "unfused";
+export const LAYER_IMPLS: readonly LayerImpl[] = ["fused", "unfused"];
+
 export interface LayerBenchOptions {
+  /** Pipelines timed side by side, same weights and inputs (default: both). */
+  impls?: readonly LayerImpl[];
   shape: string;
   tokens: readonly number[];
   shared: boolean;
@@ -124,7 +131,7 @@ export interface LayerBenchOptions {
  * Keeps the GPU busy for a few hundred milliseconds before the first measurement: an idle H200 sits at
  * a low clock (345 MHz seen), and the first case of a sweep would otherwise pay for the ramp.
  */
-function warmUpClock(device: Device, pipeline: UnfusedPipeline, config: MoEConfig, tokens: number): void {
+function warmUpClock(device: Device, pipeline: MoEPipeline, config: MoEConfig, tokens: number): void {
   const routing = randomRouting(1, tokens, config);
   const x = DeviceTensor.empty(device, "bf16", [tokens, config.hidden]);
   const ids = DeviceTensor.fromHost(device, "int32", [tokens, config.topK], routing.ids);
@@ -147,13 +154,16 @@ function errorLine(e: unknown): string {
 }
 
 /**
- * Times the unfused pipeline at every token count (L2 flushed before each run, median of `iters`).
- * Per token count: one row of eager launches (`graph: false`) and, when the forward can be captured,
- * one row of CUDA-graph replays (`graph: true`); a failed capture is recorded as `graph_error` on the
- * eager row. Weights are generated once on the device, sized for the largest token count.
+ * Times the layer's GPU pipelines side by side at every token count (L2 flushed before each run, median
+ * of `iters`), same weights and inputs. Per pipeline and token count: one row of eager launches
+ * (`graph: false`) and, when the forward can be captured, one row of CUDA-graph replays (`graph: true`);
+ * a failed capture is recorded as `graph_error` on the eager row. The fused pipeline adds a row
+ * `fused-kernel`: its kernel alone on rows quantized beforehand, in a graph (launch hidden), the way
+ * DeepGEMM's fp8_mega_moe is timed. Weights are generated once on the device for the largest count.
  */
-export function benchmarkUnfusedLayer(device: Device, o: LayerBenchOptions): ResultRow[] {
-  if (o.tokens.length === 0) throw new RangeError("benchmarkUnfusedLayer: no token counts");
+export function benchmarkLayer(device: Device, o: LayerBenchOptions): ResultRow[] {
+  if (o.tokens.length === 0) throw new RangeError("benchmarkLayer: no token counts");
+  const impls = o.impls ?? LAYER_IMPLS;
   const maxTokens = Math.max(...o.tokens);
   const config = resolveConfig(o.shape, { maxTokens: Math.max(maxTokens, resolveConfig(o.shape).maxTokens) });
   const iters = o.iters ?? 30;
@@ -161,11 +171,16 @@ export function benchmarkUnfusedLayer(device: Device, o: LayerBenchOptions): Res
   // Made on the device, bit for bit what GeneratedWeights would give (a flash layer is 6.4 GB of FP8).
   const weights = DeviceMoEWeights.generate(device, config, o.seed);
   const rows: ResultRow[] = [];
-  let pipeline: UnfusedPipeline | undefined;
+  const pipelines: MoEPipeline[] = [];
   try {
-    pipeline = new UnfusedPipeline(device, weights, maxTokens);
-    const p = pipeline;
-    warmUpClock(device, p, config, maxTokens);
+    for (const impl of impls) {
+      pipelines.push(
+        impl === "fused"
+          ? new FusedPipeline(device, weights, maxTokens)
+          : new UnfusedPipeline(device, weights, maxTokens),
+      );
+    }
+    for (const p of pipelines) warmUpClock(device, p, config, maxTokens);
     o.tokens.forEach((tokens, i) => {
       const routing = randomRouting(o.seed, tokens, config);
       const inputs: DeviceTensor[] = [];
@@ -179,13 +194,16 @@ export function benchmarkUnfusedLayer(device: Device, o: LayerBenchOptions): Res
         const out = DeviceTensor.empty(device, "bf16", [tokens, config.hidden]);
         inputs.push(out);
         device.synchronize();
-        const run = (s: Stream) => p.forward({ x, ids, weights: w, out, tokens, shared: o.shared }, s);
         const f = layerFloor(config, tokens, routing, o.shared, o.readTbps, o.fp8Tflops);
-        const row = (t: { usMedian: number; usMin: number; usMax: number }, graph: boolean): ResultRow => ({
+        const row = (
+          impl: string,
+          t: { usMedian: number; usMin: number; usMax: number },
+          graph: boolean,
+        ): ResultRow => ({
           config: config.name,
           tokens,
           shared: o.shared,
-          impl: "unfused",
+          impl,
           us_median: t.usMedian,
           us_min: t.usMin,
           us_max: t.usMax,
@@ -198,15 +216,26 @@ export function benchmarkUnfusedLayer(device: Device, o: LayerBenchOptions): Res
           bound: f.bound,
           graph,
         });
-        // Eager first: it also compiles and loads every kernel, which capture requires.
-        const eager = row(timeKernel(device, run, { warmup: 5, iters }), false);
-        rows.push(eager);
-        if (withGraph) {
-          try {
-            rows.push(row(timeKernel(device, run, { warmup: 3, iters, graph: true }), true));
-          } catch (e) {
-            eager.graph_error = errorLine(e);
+        for (const p of pipelines) {
+          const run = (s: Stream) => p.forward({ x, ids, weights: w, out, tokens, shared: o.shared }, s);
+          // Eager first: it also compiles and loads every kernel, which capture requires.
+          const eager = row(p.kind, timeKernel(device, run, { warmup: 5, iters }), false);
+          p.checkStatus();
+          rows.push(eager);
+          if (withGraph) {
+            try {
+              rows.push(row(p.kind, timeKernel(device, run, { warmup: 3, iters, graph: true }), true));
+            } catch (e) {
+              eager.graph_error = errorLine(e);
+            }
           }
+          if (p instanceof FusedPipeline && withGraph) {
+            const launch = (s: Stream) => p.launchKernelOnly(ids, w, out, tokens, o.shared, s);
+            rows.push(
+              row("fused-kernel", timeKernel(device, launch, { warmup: 3, iters, graph: true }), true),
+            );
+          }
+          p.checkStatus();
         }
       } finally {
         for (const t of inputs) t.dispose();
@@ -214,7 +243,7 @@ export function benchmarkUnfusedLayer(device: Device, o: LayerBenchOptions): Res
       o.onProgress?.(i + 1, o.tokens.length);
     });
   } finally {
-    pipeline?.dispose();
+    for (const p of pipelines) p.dispose();
     weights.dispose();
   }
   return rows;

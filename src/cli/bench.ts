@@ -2,7 +2,7 @@
 import path from "node:path";
 import Table from "cli-table3";
 import pc from "picocolors";
-import { benchmarkUnfusedLayer, DEFAULT_FP8_TFLOPS } from "../bench/layer.js";
+import { benchmarkLayer, DEFAULT_FP8_TFLOPS, type LayerImpl } from "../bench/layer.js";
 import { matchPeerRow, type PeerResults, readPeerResults } from "../bench/peer.js";
 import { resolveConfig } from "../config/config.js";
 import {
@@ -43,7 +43,7 @@ export interface BenchOptions {
   json?: boolean;
 }
 
-export const BENCH_IMPLS = ["unfused", "quant", "grouped-gemm"] as const;
+export const BENCH_IMPLS = ["fused", "unfused", "fused,unfused", "quant", "grouped-gemm"] as const;
 
 /** 1, 2, 4, …, 8192. */
 export const LAYER_TOKENS = Array.from({ length: 14 }, (_, i) => 2 ** i);
@@ -116,6 +116,13 @@ export function resultsTable(rows: readonly ResultRow[], peer: readonly ResultRo
   return table.toString();
 }
 
+/** The layer pipelines an --impl names, or null for a kernel benchmark (quant, grouped-gemm). */
+function layerImpls(impl: string): LayerImpl[] | null {
+  if (impl === "fused" || impl === "unfused") return [impl];
+  if (impl === "fused,unfused") return ["fused", "unfused"];
+  return null;
+}
+
 /** Checks everything that can be checked without a GPU, so a typo fails before minutes of setup. */
 function validate(opts: BenchOptions): void {
   if (!(BENCH_IMPLS as readonly string[]).includes(opts.impl)) {
@@ -125,8 +132,10 @@ function validate(opts: BenchOptions): void {
     throw new Error(`--format must be fp32 or ue8m0, got "${opts.format}"`);
   }
   if (opts.impl !== "quant") resolveConfig(opts.shape); // throws naming an unknown shape
-  if (opts.plot !== undefined && opts.impl !== "unfused") {
-    throw new Error("--plot draws the layer's time against tokens: use it with --impl unfused");
+  if (opts.plot !== undefined && layerImpls(opts.impl) === null) {
+    throw new Error(
+      "--plot draws the layer's time against tokens: use it with --impl fused, unfused or fused,unfused",
+    );
   }
   if (opts.fp8Tflops !== undefined && !(opts.fp8Tflops > 0)) {
     throw new Error(`--fp8-tflops must be a positive number, got ${opts.fp8Tflops}`);
@@ -194,8 +203,10 @@ function runCases(
   fp8Tflops: number,
   bar: Progress,
 ): ResultRow[] {
-  if (opts.impl === "unfused") {
-    return benchmarkUnfusedLayer(device, {
+  const impls = layerImpls(opts.impl);
+  if (impls !== null) {
+    return benchmarkLayer(device, {
+      impls,
       shape: opts.shape,
       tokens: opts.tokens ?? LAYER_TOKENS,
       shared: opts.shared,
@@ -271,7 +282,7 @@ export async function runBench(opts: BenchOptions): Promise<void> {
     `${pc.bold(`megamoe bench ${opts.impl}`)} on ${device.name}, read stream ${ceilings.readTbps.toFixed(2)} TB/s, copy ${ceilings.copyTbps.toFixed(2)} TB/s (read + write)\n`,
   );
   process.stdout.write(`${resultsTable(rows, peerRows)}\n`);
-  if (opts.impl === "unfused") {
+  if (layerImpls(opts.impl) !== null) {
     process.stdout.write(`  ${unfusedFloorLine(ceilings.readTbps, rate)}\n`);
     const failed = rows.find((r) => typeof r.graph_error === "string");
     if (failed)

@@ -83,7 +83,11 @@ program
   .description(
     "time the layer (unfused) or a kernel (quant, grouped-gemm) over a sweep on the GPU: table, results JSON, plot",
   )
-  .option("--impl <name>", "unfused (the layer), quant (input quantization) or grouped-gemm", "unfused")
+  .option(
+    "--impl <name>",
+    "fused,unfused (the layer's two GPU pipelines side by side), fused, unfused, quant (input quantization) or grouped-gemm",
+    "fused,unfused",
+  )
   .option("--shape <name>", shapeHelp, "flash-ep8")
   .option("--shared <0|1>", "include the shared expert", sharedFlag, true)
   .option("--seed <n>", "seed of weights, inputs and routing", nonNegativeInt, 1)

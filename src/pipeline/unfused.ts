@@ -69,6 +69,49 @@ export function forwardProblem(
   return null;
 }
 
+/** What the layer needs of a GPU pipeline (the unfused one here, the fused one in fused.ts). */
+export interface MoEPipeline {
+  readonly kind: "unfused" | "fused";
+  readonly device: Device;
+  readonly config: MoEConfig;
+  readonly maxTokens: number;
+  forward(f: UnfusedForward, stream: Stream | null): void;
+  /** Runs one forward of `tokens` tokens and waits: every kernel it uses is then loaded (graph capture). */
+  warmup(tokens: number, stream?: Stream | null): void;
+  /** Waits for the device and throws if a launch reported a failure of its own (the fused kernel's watchdog). */
+  checkStatus(): void;
+  /** For tests: every byte of every intermediate buffer set to `byte` (0xFF: NaN in every format). */
+  fillScratch(byte: number, stream?: Stream | null): void;
+  dispose(): void;
+}
+
+/**
+ * One forward of `tokens` tokens on scratch inputs (nothing routed, shared expert on), waited for:
+ * every kernel such a forward uses is then compiled and loaded, so forwards of this size can be
+ * captured in a CUDA graph. Allocates (and frees) its scratch inputs.
+ */
+export function warmupPipeline(p: MoEPipeline, tokens: number, stream: Stream | null): void {
+  const c = p.config;
+  const scratch: DeviceTensor[] = [];
+  const make = (dtype: "bf16" | "int32" | "fp32", shape: number[], byte: number) => {
+    const t = DeviceTensor.empty(p.device, dtype, shape);
+    scratch.push(t);
+    t.fill(byte, stream);
+    return t;
+  };
+  try {
+    const x = make("bf16", [tokens, c.hidden], 0x3f); // 0x3F3F: a finite bf16 (0.75)
+    const ids = make("int32", [tokens, c.topK], 0xff); // −1: no slot routed
+    const weights = make("fp32", [tokens, c.topK], 0);
+    const out = make("bf16", [tokens, c.hidden], 0);
+    p.forward({ x, ids, weights, out, tokens, shared: true }, stream);
+    if (stream === null) p.device.synchronize();
+    else stream.synchronize();
+  } finally {
+    for (const t of scratch) t.dispose();
+  }
+}
+
 /** Buffers of one expert MLP over `rows` rows (the routed experts: T·k; the shared expert: T). */
 interface MlpBuffers {
   /** fp32 [rows, 2I]. */
@@ -141,7 +184,8 @@ interface MlpRun {
   rows: number;
 }
 
-export class UnfusedPipeline {
+export class UnfusedPipeline implements MoEPipeline {
+  readonly kind = "unfused";
   readonly device: Device;
   readonly weights: DeviceMoEWeights;
   readonly config: MoEConfig;
@@ -375,31 +419,13 @@ export class UnfusedPipeline {
     );
   }
 
-  /**
-   * Runs one forward of `tokens` tokens on scratch inputs (nothing routed, shared expert on) and waits
-   * for it: every kernel such a forward uses is then compiled and loaded, so forwards of this size can
-   * be captured in a CUDA graph. Allocates (and frees) its scratch inputs.
-   */
   warmup(tokens: number, stream: Stream | null = null): void {
-    const c = this.config;
-    const scratch: DeviceTensor[] = [];
-    const make = (dtype: "bf16" | "int32" | "fp32", shape: number[], byte: number) => {
-      const t = DeviceTensor.empty(this.device, dtype, shape);
-      scratch.push(t);
-      t.fill(byte, stream);
-      return t;
-    };
-    try {
-      const x = make("bf16", [tokens, c.hidden], 0x3f); // 0x3F3F: a finite bf16 (0.75)
-      const ids = make("int32", [tokens, c.topK], 0xff); // −1: no slot routed
-      const weights = make("fp32", [tokens, c.topK], 0);
-      const out = make("bf16", [tokens, c.hidden], 0);
-      this.forward({ x, ids, weights, out, tokens, shared: true }, stream);
-      if (stream === null) this.device.synchronize();
-      else stream.synchronize();
-    } finally {
-      for (const t of scratch) t.dispose();
-    }
+    warmupPipeline(this, tokens, stream);
+  }
+
+  /** Nothing of its own to report (the grouped GEMM's watchdog is read by takeGroupedGemmStatus). */
+  checkStatus(): void {
+    this.device.synchronize();
   }
 
   /**

@@ -22,6 +22,7 @@ import { describe, test } from "node:test";
 import { type MoEConfig, QUANT_BLOCK, resolveConfig, type ScaleFormat } from "../../src/config/config.js";
 import { CudaGraph, DeviceTensor, type DType, type HostArray } from "../../src/cuda/index.js";
 import { aScalesRows, takeGroupedGemmStatus } from "../../src/kernels/gemm/grouped_gemm.js";
+import { fusedLayerProblem } from "../../src/kernels/megamoe/megamoe.js";
 import {
   combineOnDevice,
   dispatchLayoutOnDevice,
@@ -34,7 +35,8 @@ import { InputError, MoELayer } from "../../src/layer.js";
 import { bf16BitsToF32, f32ToBf16Bits } from "../../src/numerics/bf16.js";
 import { E4M3_DECODE } from "../../src/numerics/fp8.js";
 import { quantizeRow128 } from "../../src/numerics/quant.js";
-import { UnfusedPipeline } from "../../src/pipeline/unfused.js";
+import { FusedPipeline } from "../../src/pipeline/fused.js";
+import { type MoEPipeline, UnfusedPipeline } from "../../src/pipeline/unfused.js";
 import { calcDiff, relativeError } from "../../src/reference/metrics.js";
 import { idealMoE, referenceMoE } from "../../src/reference/moe.js";
 import { type RandomRoutingOptions, type Routing, randomRouting } from "../../src/reference/router.js";
@@ -186,7 +188,7 @@ function randomBf16Rows(rows: number, cols: number): Uint16Array {
 
 /** One poisoned forward (output and every intermediate buffer NaN first); returns the output. */
 function runPipeline(
-  pipeline: UnfusedPipeline,
+  pipeline: MoEPipeline,
   config: MoEConfig,
   x: Uint16Array,
   tokens: number,
@@ -201,7 +203,7 @@ function runPipeline(
     const out = ts.empty("bf16", [tokens, config.hidden], 0xff); // bf16 NaN: an unwritten element fails
     pipeline.fillScratch(0xff);
     pipeline.forward({ x: xt, ids, weights: w, out, tokens, shared }, null);
-    device().synchronize();
+    pipeline.checkStatus();
     const stall = takeGroupedGemmStatus(device());
     assert.equal(stall, null, `a grouped GEMM stalled: ${JSON.stringify(stall)}`);
     const result = out.toHost();
@@ -213,10 +215,14 @@ function runPipeline(
   }
 }
 
-/** Runs the pipeline and compares with the reference and the ideal computed live on the CPU. */
+/**
+ * Runs every pipeline (unfused, and fused where the shape allows), compares each with the reference and
+ * the ideal computed live on the CPU, and requires the fused output to equal the unfused one bit for bit
+ * (same numerics, same K order in the tensor cores).
+ */
 function checkAgainstReference(
   label: string,
-  pipeline: UnfusedPipeline,
+  pipelines: readonly MoEPipeline[],
   weights: GeneratedWeights,
   x: Uint16Array,
   tokens: number,
@@ -224,27 +230,53 @@ function checkAgainstReference(
   shared: boolean,
 ): void {
   const config = weights.config;
-  const gpu = runPipeline(pipeline, config, x, tokens, routing, shared);
+  const outs = pipelines.map((p) => runPipeline(p, config, x, tokens, routing, shared));
   const ref = referenceMoE(x, tokens, routing, weights, { shared });
   const ideal = idealMoE(x, tokens, routing, weights, { shared });
-  report(`${label} T=${tokens} shared=${shared ? "on" : "off"}`, errors(gpu, ref, ideal), tokens);
+  pipelines.forEach((p, i) => {
+    report(
+      `${p.kind} ${label} T=${tokens} shared=${shared ? "on" : "off"}`,
+      errors(outs[i]!, ref, ideal),
+      tokens,
+    );
+  });
+  for (let i = 1; i < outs.length; i++) {
+    const at = outs[i]!.findIndex((v, j) => v !== outs[0]![j]);
+    assert.equal(
+      at,
+      -1,
+      `${label} T=${tokens}: ${pipelines[i]!.kind} differs from ${pipelines[0]!.kind} at element ${at}`,
+    );
+  }
 }
 
-/** A pipeline with uploaded weights for `config`; `body` runs with it, then both are freed. */
+/** The GPU pipelines of a layer: the unfused one, and the fused one where the shape allows it. */
+function makePipelines(dw: DeviceMoEWeights, maxTokens: number): MoEPipeline[] {
+  const pipelines: MoEPipeline[] = [new UnfusedPipeline(device(), dw, maxTokens)];
+  try {
+    if (fusedLayerProblem(dw.config) === null) pipelines.push(new FusedPipeline(device(), dw, maxTokens));
+  } catch (e) {
+    for (const p of pipelines) p.dispose();
+    throw e;
+  }
+  return pipelines;
+}
+
+/** The pipelines with uploaded weights for `config`; `body` runs with them, then all are freed. */
 function withPipeline(
   config: MoEConfig,
   weightSeed: number,
   maxTokens: number,
-  body: (pipeline: UnfusedPipeline, weights: GeneratedWeights) => void,
+  body: (pipelines: MoEPipeline[], weights: GeneratedWeights) => void,
 ): void {
   const weights = new GeneratedWeights(config, weightSeed, { cachedExperts: config.numExperts });
   const dw = DeviceMoEWeights.upload(device(), weights);
-  let pipeline: UnfusedPipeline | undefined;
+  let pipelines: MoEPipeline[] = [];
   try {
-    pipeline = new UnfusedPipeline(device(), dw, maxTokens);
-    body(pipeline, weights);
+    pipelines = makePipelines(dw, maxTokens);
+    body(pipelines, weights);
   } finally {
-    pipeline?.dispose();
+    for (const p of pipelines) p.dispose();
     dw.dispose();
   }
 }
@@ -590,14 +622,14 @@ describe("unfused MoE pipeline on a GPU", { skip }, () => {
   ];
   for (const [name, config] of layers) {
     test(`${name}: T = 1, 7, 64, 129, 1024 against the live CPU reference`, () => {
-      withPipeline(config, seed + 1, 1024, (pipeline, weights) => {
+      withPipeline(config, seed + 1, 1024, (pipelines, weights) => {
         for (const tokens of [1, 7, 64, 129, 1024]) {
           const x = generateActivations(seed + tokens, tokens, config.hidden);
           const routing = randomRouting(seed + 2 * tokens, tokens, config);
-          checkAgainstReference(name, pipeline, weights, x, tokens, routing, true);
+          checkAgainstReference(name, pipelines, weights, x, tokens, routing, true);
           // Shared off on a subset: the CPU reference is the slow part.
           if (tokens === 7 || tokens === 1024) {
-            checkAgainstReference(name, pipeline, weights, x, tokens, routing, false);
+            checkAgainstReference(name, pipelines, weights, x, tokens, routing, false);
           }
         }
       });
@@ -607,7 +639,7 @@ describe("unfused MoE pipeline on a GPU", { skip }, () => {
   for (const format of ["fp32", "ue8m0"] as ScaleFormat[]) {
     test(`edge cases (${format}): empty experts, one expert for all tokens, masked tokens`, () => {
       const config = custom({ scaleFormat: format });
-      withPipeline(config, seed + 7, 256, (pipeline, weights) => {
+      withPipeline(config, seed + 7, 256, (pipelines, weights) => {
         const cases: [string, number, RandomRoutingOptions][] = [
           ["experts 0, 3, 5 empty", 33, { emptyExperts: [0, 3, 5] }],
           ["every token to expert 2", 200, { hotExpert: 2 }],
@@ -618,7 +650,7 @@ describe("unfused MoE pipeline on a GPU", { skip }, () => {
           const x = generateActivations(seed + 11, tokens, config.hidden);
           const routing = randomRouting(seed + 12, tokens, config, opts);
           for (const shared of [true, false]) {
-            checkAgainstReference(`${format} ${label}`, pipeline, weights, x, tokens, routing, shared);
+            checkAgainstReference(`${format} ${label}`, pipelines, weights, x, tokens, routing, shared);
           }
         }
         // Only expert 9, in slot 0; slots 1..k−1 unused: one group holds every row, 15 are empty.
@@ -633,7 +665,7 @@ describe("unfused MoE pipeline on a GPU", { skip }, () => {
         for (const shared of [true, false]) {
           checkAgainstReference(
             `${format} only expert 9`,
-            pipeline,
+            pipelines,
             weights,
             x,
             tokens,
@@ -647,40 +679,62 @@ describe("unfused MoE pipeline on a GPU", { skip }, () => {
 
   test("bit-identical repeats, and a CUDA graph replay equal to the eager run", () => {
     const config = resolveConfig("tiny");
-    withPipeline(config, seed + 21, 1024, (pipeline) => {
-      const tokens = 300;
-      const x = generateActivations(seed + 22, tokens, config.hidden);
-      const routing = randomRouting(seed + 23, tokens, config);
-      const a = runPipeline(pipeline, config, x, tokens, routing, true);
-      const b = runPipeline(pipeline, config, x, tokens, routing, true);
-      assert.deepEqual(a, b, "two eager runs differ");
-
-      const d = device();
-      const stream = d.createStream();
-      const ts = new Tensors();
-      let graph: CudaGraph | undefined;
-      try {
-        pipeline.warmup(tokens, stream);
-        const f = {
-          x: ts.from("bf16", [tokens, config.hidden], x),
-          ids: ts.from("int32", [tokens, config.topK], routing.ids),
-          weights: ts.from("fp32", [tokens, config.topK], routing.weights),
-          out: ts.empty("bf16", [tokens, config.hidden]),
-          tokens,
-          shared: true,
-        };
-        graph = CudaGraph.capture(stream, (s) => pipeline.forward(f, s));
-        for (let replay = 0; replay < 2; replay++) {
-          pipeline.fillScratch(0xff, stream);
-          f.out.fill(0xff, stream);
-          graph.launch(stream);
-          stream.synchronize();
-          assert.deepEqual(f.out.toHost(), a, `graph replay ${replay} differs from the eager run`);
+    withPipeline(config, seed + 21, 1024, (pipelines) => {
+      for (const pipeline of pipelines) {
+        const tokens = 300;
+        const x = generateActivations(seed + 22, tokens, config.hidden);
+        const routing = randomRouting(seed + 23, tokens, config);
+        const a = runPipeline(pipeline, config, x, tokens, routing, true);
+        const b = runPipeline(pipeline, config, x, tokens, routing, true);
+        assert.deepEqual(a, b, "two eager runs differ");
+        if (pipeline instanceof FusedPipeline) {
+          // Other scheduling orders: fewer CTAs claim the same work in other interleavings.
+          for (const ctas of [1, 3, 17]) {
+            pipeline.kernel.ctas = ctas;
+            try {
+              assert.deepEqual(
+                runPipeline(pipeline, config, x, tokens, routing, true),
+                a,
+                `fused, ${ctas} CTAs`,
+              );
+            } finally {
+              pipeline.kernel.ctas = device().smCount;
+            }
+          }
         }
-      } finally {
-        graph?.destroy();
-        ts.dispose();
-        stream.destroy();
+
+        const d = device();
+        const stream = d.createStream();
+        const ts = new Tensors();
+        let graph: CudaGraph | undefined;
+        try {
+          pipeline.warmup(tokens, stream);
+          const f = {
+            x: ts.from("bf16", [tokens, config.hidden], x),
+            ids: ts.from("int32", [tokens, config.topK], routing.ids),
+            weights: ts.from("fp32", [tokens, config.topK], routing.weights),
+            out: ts.empty("bf16", [tokens, config.hidden]),
+            tokens,
+            shared: true,
+          };
+          graph = CudaGraph.capture(stream, (s) => pipeline.forward(f, s));
+          for (let replay = 0; replay < 2; replay++) {
+            pipeline.fillScratch(0xff, stream);
+            f.out.fill(0xff, stream);
+            graph.launch(stream);
+            stream.synchronize();
+            pipeline.checkStatus();
+            assert.deepEqual(
+              f.out.toHost(),
+              a,
+              `${pipeline.kind}: graph replay ${replay} differs from the eager run`,
+            );
+          }
+        } finally {
+          graph?.destroy();
+          ts.dispose();
+          stream.destroy();
+        }
       }
     });
   });
@@ -702,6 +756,22 @@ describe("unfused MoE pipeline on a GPU", { skip }, () => {
         "MoELayer tiny (gate routing)",
         errors(gpu.out, cpu.out, idealMoE(x, tokens, cpu.routing, source)),
         tokens,
+      );
+      assert.equal(gpuLayer.pipeline, "fused", "the fused pipeline is the cuda backend's default");
+      const unfusedLayer = new MoELayer(source, { backend: "cuda", pipeline: "unfused" });
+      try {
+        assert.equal(unfusedLayer.pipeline, "unfused");
+        assert.deepEqual(unfusedLayer.forward(x, tokens).out, gpu.out, "pipeline unfused differs from fused");
+      } finally {
+        unfusedLayer.dispose();
+      }
+      assert.throws(
+        () =>
+          new MoELayer(new GeneratedWeights(custom({ hidden: 384 }), 1), {
+            backend: "cuda",
+            pipeline: "fused",
+          }),
+        (e: unknown) => e instanceof InputError && /hidden \(384\) must be a multiple of 256/.test(e.message),
       );
       const off = gpuLayer.forward(x, tokens, { routing: cpu.routing, shared: false });
       const cpuOff = cpuLayer.forward(x, tokens, { routing: cpu.routing, shared: false });
@@ -805,27 +875,37 @@ describe("unfused MoE pipeline on a GPU", { skip }, () => {
       console.log(
         `  ${shape} weights made on the device in ${((performance.now() - t0) / 1000).toFixed(1)} s`,
       );
-      const pipeline = new UnfusedPipeline(device(), dw, 8192);
+      const pipelines = makePipelines(dw, 8192);
       try {
         for (const file of fixtures) {
           const f = JSON.parse(fs.readFileSync(path.join(fixtureDir, file), "utf8"));
           assert.equal(f.seed, first.seed, `${file}: every ${shape} fixture must come from one seed`);
           const x = generateActivations(f.seed + 1, f.tokens, config.hidden);
           const routing = randomRouting(f.seed + 2, f.tokens, config);
-          const gpu = runPipeline(pipeline, config, x, f.tokens, routing, f.shared);
+          const outs = pipelines.map((p) => runPipeline(p, config, x, f.tokens, routing, f.shared));
           const H = config.hidden;
-          const sampled = new Uint16Array(f.sample.length * H);
-          f.sample.forEach((t: number, i: number) => {
-            sampled.set(gpu.subarray(t * H, (t + 1) * H), i * H);
+          pipelines.forEach((p, k) => {
+            const sampled = new Uint16Array(f.sample.length * H);
+            f.sample.forEach((t: number, i: number) => {
+              sampled.set(outs[k]!.subarray(t * H, (t + 1) * H), i * H);
+            });
+            report(
+              `${p.kind} ${shape} T=${f.tokens} (${f.sample.length} tokens sampled, seed ${f.seed})`,
+              errors(sampled, Uint16Array.from(f.reference), Float64Array.from(f.ideal)),
+              f.sample.length,
+            );
           });
-          report(
-            `${shape} T=${f.tokens} (${f.sample.length} tokens sampled, seed ${f.seed})`,
-            errors(sampled, Uint16Array.from(f.reference), Float64Array.from(f.ideal)),
-            f.sample.length,
-          );
+          for (let k = 1; k < outs.length; k++) {
+            const at = outs[k]!.findIndex((v, j) => v !== outs[0]![j]);
+            assert.equal(
+              at,
+              -1,
+              `${shape} T=${f.tokens}: ${pipelines[k]!.kind} differs from unfused at ${at}`,
+            );
+          }
         }
       } finally {
-        pipeline.dispose();
+        for (const p of pipelines) p.dispose();
         dw.dispose();
       }
     });

@@ -53,6 +53,14 @@ __device__ __forceinline__ u32x4 ld_nc_v4(const void* ptr) {
   return v;
 }
 
+// 16-byte read of data another CTA wrote earlier in the same launch: cached in L2 only, so a stale L1
+// line can never be returned.
+__device__ __forceinline__ u32x4 ld_cg_v4(const void* ptr) {
+  u32x4 v;
+  asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(ptr));
+  return v;
+}
+
 // 8-byte store; plain st.global so the result stays in L2 for the kernel that consumes it next.
 __device__ __forceinline__ void st_v2(void* ptr, unsigned int lo, unsigned int hi) {
   asm volatile("st.global.v2.u32 [%0], {%1, %2};" ::"l"(ptr), "r"(lo), "r"(hi) : "memory");

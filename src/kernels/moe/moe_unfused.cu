@@ -10,6 +10,7 @@
 // Rows are sized by an upper bound (T·k) on the host so nothing waits for the device: the real row
 // count is group_offsets[E], read by each kernel on the device, and rows past it are never touched.
 #include "megamoe/bf16.cuh"
+#include "megamoe/moe_rules.cuh"
 #include "megamoe/ptx.cuh"
 #include "megamoe/quant.cuh"
 
@@ -161,9 +162,8 @@ extern "C" __global__ void __launch_bounds__(kGatherThreads)
 
 // One warp per (row, 128-channel group); lane j holds channels 4j .. 4j+3 of the group. Warps walk the
 // rows fastest, so the scale stores of neighbouring warps land side by side in [I/128, m_pad].
-// h = silu(min(g, c)) · clamp(u, −c, c) in fp32 with IEEE-rounded operations (the CPU rounds the double
-// value once; expf is within 2 ulp, so h is a few ulps apart), then the activation quantization rule of
-// quant.cuh, bit for bit the CPU's for the same h. Rows at or past *rows_ptr (null: m_max) are skipped.
+// h = megamoe::swiglu (moe_rules.cuh), then the activation quantization rule of quant.cuh, bit for bit
+// the CPU's for the same h. Rows at or past *rows_ptr (null: m_max) are skipped.
 extern "C" __global__ void __launch_bounds__(kSwigluThreads)
     moe_swiglu_quant(const float* __restrict__ l1, const int* __restrict__ rows_ptr, int m_max, int inter,
                      int m_pad, int has_clamp, float clamp, unsigned char* __restrict__ hq,
@@ -186,14 +186,7 @@ extern "C" __global__ void __launch_bounds__(kSwigluThreads)
     float amax = 0.0f;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      float gj = g[j];
-      float uj = u[j];
-      if (has_clamp) {
-        gj = fminf(gj, clamp);
-        uj = fminf(fmaxf(uj, -clamp), clamp);
-      }
-      const float silu = megamoe::div_rn(gj, megamoe::add_rn(1.0f, expf(-gj)));
-      h[j] = megamoe::mul_rn(silu, uj);
+      h[j] = megamoe::swiglu(g[j], u[j], has_clamp != 0, clamp);
       amax = fmaxf(amax, fabsf(h[j]));
     }
 #pragma unroll
@@ -233,26 +226,12 @@ extern "C" __global__ void __launch_bounds__(kCombineThreads)
     }
 #pragma unroll
     for (int j = 0; j < kSlotsInFlight; ++j) {
-      if (row[j] < 0) continue;
-      const unsigned int words[4] = {y[j].x, y[j].y, y[j].z, y[j].w};
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        acc[2 * q] = megamoe::add_rn(acc[2 * q], megamoe::mul_rn(w[j], megamoe::bf16x2_low_to_float(words[q])));
-        acc[2 * q + 1] =
-            megamoe::add_rn(acc[2 * q + 1], megamoe::mul_rn(w[j], megamoe::bf16x2_high_to_float(words[q])));
-      }
+      if (row[j] >= 0) megamoe::add_weighted_bf16x8(acc, y[j], w[j]);
     }
   }
   if (shared_out != nullptr) {
-    const u32x4 y = megamoe::ld_nc_v4(shared_out + static_cast<long long>(t) * hidden + c);
-    const unsigned int words[4] = {y.x, y.y, y.z, y.w};
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      acc[2 * q] = megamoe::add_rn(acc[2 * q], megamoe::bf16x2_low_to_float(words[q]));
-      acc[2 * q + 1] = megamoe::add_rn(acc[2 * q + 1], megamoe::bf16x2_high_to_float(words[q]));
-    }
+    megamoe::add_bf16x8(acc, megamoe::ld_nc_v4(shared_out + static_cast<long long>(t) * hidden + c));
   }
-  const u32x4 packed{megamoe::bf16x2_from_floats(acc[0], acc[1]), megamoe::bf16x2_from_floats(acc[2], acc[3]),
-                     megamoe::bf16x2_from_floats(acc[4], acc[5]), megamoe::bf16x2_from_floats(acc[6], acc[7])};
+  const u32x4 packed = megamoe::pack_bf16x8(acc);
   megamoe::st_v4(out + static_cast<long long>(t) * hidden + c, packed);
 }

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# On the GPU host, one call: a fused-kernel smoke check, the GPU pipeline tests (unfused and fused side
+# by side, bit-equality between them), then flash-ep8 sweeps of both pipelines. Everything lands in
+# $OUT/fused.tar (one file: the device tool returns a limited number of files).
+set -uo pipefail
+source .gpuhost/activate
+out=${OUT:-/tmp/megamoe-out}
+work=$(mktemp -d)
+mkdir -p "$out"
+export MEGAMOE_CACHE_DIR=/tmp/megamoe-jit PYTHONUNBUFFERED=1
+finish() { tar -C "$work" -cf "$out/fused.tar" . ; }
+trap finish EXIT
+timeout 60 node dist/cli/main.js check --shape tiny --tokens 7 --backend cuda 2>&1 | tail -6
+timeout 60 node dist/cli/main.js check --shape flash-ep8 --tokens 3 --backend cuda 2>&1 | tail -6
+MEGAMOE_REQUIRE_GPU=1 timeout ${TEST_TIMEOUT:-300} node --test --test-reporter=spec dist-test/test/gpu/unfused.test.js >"$work/test-pipelines.txt" 2>&1
+echo "pipeline tests rc=$?"; grep -E "^ℹ (tests|pass|fail)|✖|differs|stall|gave up" "$work/test-pipelines.txt" | cut -c1-220 | head -30
+grep -E "fused .*T=(1|7|1024|4096) " "$work/test-pipelines.txt" | cut -c1-200 | head -12
+for s in ${SWEEP_SHAPES:-flash-ep8}; do
+  timeout 150 node dist/cli/main.js bench --impl fused,unfused --shape "$s" --shared 1 --tokens ${SWEEP_T:-1,8,64,512,4096,8192} --iters 20 \
+    --out "$work/layers-$s-shared1.json" --plot "$work/layers-$s-shared1.svg" 2>&1 | grep -vE "^[├┌└]" | tail -30
+done

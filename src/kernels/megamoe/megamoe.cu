@@ -1,0 +1,796 @@
+// MegaMoE: the MoE layer after the gate as one persistent kernel launch (sm_90a).
+//
+// In: the token rows in FP8 (xq [T, H] e4m3, x_scales [T, H/128] fp32) and the routing (ids, weights
+// [T, k]). Out: bf16 [T, H] = Σ_slots w · L2(SwiGLU(L1(x))) in slot order + the shared expert, with every
+// rounding of docs/numerics.md, bit-identical to the unfused pipeline (src/pipeline/unfused.ts).
+//
+// Phases, all inside one launch of one CTA per SM. Every piece of work is *claimed* from a global
+// counter, and a CTA claims the next phase's work only once the previous phase's counter is exhausted;
+// so every wait is on work already claimed by a running CTA that needs nothing from a later phase, and
+// the kernel cannot deadlock even when fewer CTAs than the grid are resident.
+//   1. count    chunks of the routing -> per-expert row counts (global atomics)
+//   2. offsets  every CTA scans the counts: expert e's rows in the pool are [offset[e], offset[e + 1]),
+//               cut into 128-row blocks; the shared expert is one more group over all T tokens, last
+//   3. place    chunks of tokens: each routed (token, slot) takes a row of its expert (global atomics),
+//               its FP8 row and scales are copied into the pool (scales transposed for TMA), and the
+//               row's block counts its arrival (release); slot_row[token, slot] = pool row or −1
+//   4. tiles    a producer thread claims tasks: all L1 tiles (pool block × 128 channels of gate and up),
+//               then all L2 tiles (pool block × 256 output columns); it hands each task to the math
+//               warpgroups through a 2-slot shared-memory ring and streams the tile's A, A scales and B
+//               through the stage ring (TMA, mbarriers). Before an L1 tile's rows it waits for their
+//               arrival; before an L2 tile's rows it waits until every L1 tile of the block is done. The
+//               B tiles (weights) of the first stages are requested before that wait, so weight
+//               streaming overlaps it.
+//               L1 epilogue: gate and up of the same channels sit in one tile, so SwiGLU, the per-128
+//               amax and the FP8 re-quantization happen in registers; the h rows and scales go to the
+//               intermediate pool and the block's L1 counter is bumped (release).
+//               L2 epilogue: bf16 rows to y [rows, H].
+//   5. combine  once every L2 tile is done: per token, Σ_slots w · y[slot_row] in slot order, + the shared
+//               expert's y row, rounded once to bf16.
+//   The last CTA to finish zeroes the workspace for the next launch.
+//
+// Every wait is bounded (kWatchdogNs): a wait that outlasts it records what it waited for in `status`
+// and exits the thread, so a bug ends the kernel with a report instead of hanging the GPU (a trap would
+// also destroy the CUDA context). The host turns the report into an error and re-zeroes the workspace.
+//
+// Compile-time parameters (-D, from megamoe.variants.ts): HIDDEN, INTER (routed experts' intermediate),
+// SHARED_INTER (the shared expert's, 0: none), NUM_EXPERTS, TOP_K, NUM_STAGES, SCALE_UE8M0.
+#include "megamoe/bf16.cuh"
+#include "megamoe/moe_rules.cuh"
+#include "megamoe/ptx.cuh"
+#include "megamoe/quant.cuh"
+#include "megamoe/sm90.cuh"
+
+#ifndef HIDDEN
+#define HIDDEN 4096
+#endif
+#ifndef INTER
+#define INTER 2048
+#endif
+#ifndef SHARED_INTER
+#define SHARED_INTER 2048
+#endif
+#ifndef NUM_EXPERTS
+#define NUM_EXPERTS 32
+#endif
+#ifndef TOP_K
+#define TOP_K 6
+#endif
+#ifndef NUM_STAGES
+#define NUM_STAGES 4
+#endif
+#ifndef SCALE_UE8M0
+#define SCALE_UE8M0 0
+#endif
+#ifndef MEGAMOE_WATCHDOG_NS
+#define MEGAMOE_WATCHDOG_NS 2000000000ull
+#endif
+
+namespace {
+
+using megamoe::u32x4;
+using namespace megamoe::sm90;
+
+// ---------------------------------------------------------------------------------------------------
+// Configuration
+
+constexpr int kHidden = HIDDEN;
+constexpr int kInter = INTER;
+constexpr int kSharedInter = SHARED_INTER;
+constexpr int kExperts = NUM_EXPERTS;
+constexpr int kTopK = TOP_K;
+constexpr int kStages = NUM_STAGES;
+constexpr bool kUe8m0 = SCALE_UE8M0 != 0;
+constexpr unsigned long long kWatchdogNs = MEGAMOE_WATCHDOG_NS;
+
+constexpr int kQuant = 128;      // channels per activation scale; edge of a weight-scale block
+constexpr int kBlockM = 128;     // pool rows per tile (two math warpgroups of 64 rows)
+constexpr int kBlockN = 256;     // L1: 128 gate + 128 up channels; L2: 256 output columns
+constexpr int kBlockK = 128;
+constexpr int kMathThreads = 256;
+constexpr int kThreads = kMathThreads + 128;  // + the producer warpgroup
+constexpr int kMathWarps = kMathThreads / 32;
+constexpr int kChunkN = 128;                 // one wgmma chunk: m64 × n128 per warpgroup
+constexpr int kAccum = kChunkN / 2;          // its fp32 accumulators per thread
+constexpr int kGroups = kExperts + 1;        // group kExperts: the shared expert
+constexpr int kMaxInter = kInter > kSharedInter ? kInter : kSharedInter;
+constexpr int kHiddenBlocks = kHidden / kQuant;
+constexpr int kL2TilesPerBlock = kHidden / kBlockN;
+constexpr int kMaxKBlocks = kHiddenBlocks > kMaxInter / kQuant ? kHiddenBlocks : kMaxInter / kQuant;
+
+static_assert(kHidden % kBlockN == 0, "HIDDEN must be a multiple of 256");
+static_assert(kInter > 0 && kInter % kQuant == 0, "INTER must be a positive multiple of 128");
+static_assert(kSharedInter % kQuant == 0, "SHARED_INTER must be a multiple of 128");
+static_assert(kExperts >= 1 && kExperts <= 1024, "NUM_EXPERTS must be in 1..1024");
+static_assert(kTopK >= 1 && kTopK <= 32, "TOP_K must be in 1..32");
+static_assert(kStages >= 2 && kStages <= 8, "NUM_STAGES must be in 2..8");
+
+// Work chunks of the dispatch phases and the combine.
+constexpr int kCountChunkSlots = 4096;
+constexpr int kPlaceChunkTokens = 16;
+constexpr int kCombineChunkTokens = 8;
+
+// Registers: the producer warpgroup gives its share to the two math warpgroups (2·128·224 + 128·56 = 64512; the math code needs more than 208, the producer more than 40).
+constexpr int kProducerRegisters = 56;
+constexpr int kMathRegisters = 224;
+
+// ---------------------------------------------------------------------------------------------------
+// Shared memory (byte offsets from a 1024-aligned base; megamoe.variants.ts mirrors the total)
+
+__host__ __device__ constexpr unsigned align_up(unsigned x, unsigned a) { return (x + a - 1) / a * a; }
+
+constexpr unsigned kATileBytes = kBlockM * kBlockK;
+constexpr unsigned kBTileBytes = kBlockN * kBlockK;
+constexpr unsigned kBHalfBytes = kBTileBytes / 2;  // one 128-row TMA box
+// A scales come by TMA from row0 rounded down to 4 (a box's inner start must be 16-byte aligned).
+constexpr unsigned kSaBoxRows = kBlockM + 4;
+constexpr unsigned kSaBytes = kSaBoxRows * 4;
+constexpr unsigned kSaStride = align_up(kSaBytes, 128);
+constexpr unsigned kStageTxBytes = kATileBytes + kBTileBytes + kSaBytes;
+
+constexpr unsigned kOffA = 0;
+constexpr unsigned kOffB = kOffA + kStages * kATileBytes;
+constexpr unsigned kOffSa = kOffB + kStages * kBTileBytes;
+constexpr unsigned kOffSw = kOffSa + kStages * kSaStride;           // 2 buffers × 2 rows × kMaxKBlocks
+constexpr unsigned kOffTasks = kOffSw + 2 * 2 * kMaxKBlocks * 4;  // 2 task slots
+constexpr unsigned kOffBars = align_up(kOffTasks + 2 * 32, 8);
+constexpr unsigned kBarCount = 2 * kStages + 4;  // full[S], empty[S], task_full[2], task_empty[2]
+constexpr unsigned kOffOffsets = kOffBars + 8 * kBarCount;  // int[kGroups + 1]: first pool row per group
+constexpr unsigned kOffBlocks = kOffOffsets + 4 * (kGroups + 1);  // int[kGroups + 1]: first block per group
+constexpr unsigned kOffHist = kOffBlocks + 4 * (kGroups + 1);     // int[kGroups]: a chunk's counts
+constexpr unsigned kOffBroadcast = kOffHist + 4 * kGroups;        // int[4]
+constexpr unsigned kSmemBytes = kOffBroadcast + 16;
+constexpr unsigned kSmemAlign = 1024;
+constexpr unsigned kDynamicSmemBytes = kSmemBytes + kSmemAlign;
+static_assert(kDynamicSmemBytes <= 232448, "shared memory above the 227 KB opt-in limit");
+
+// Workspace words (int32, zero between launches). Then counts[kGroups], cursor[kGroups],
+// arrived[max_blocks], l1_done[max_blocks].
+enum Counter : int {
+  kCountClaim = 0,
+  kCountDone,
+  kPlaceClaim,
+  kPlaceDone,
+  kTaskClaim,
+  kL2Done,
+  kCombineClaim,
+  kExitCount,
+  kCounterWords = 8,
+};
+
+// status[0] codes (status[1]: block, status[2..3]: what was awaited).
+enum StatusCode : int {
+  kStatusCountWait = 1,
+  kStatusArrivalWait = 2,
+  kStatusL1Wait = 3,
+  kStatusStageEmptyWait = 4,
+  kStatusStageFullWait = 5,
+  kStatusTaskWait = 6,
+  kStatusCombineWait = 7,
+  kStatusSharedMemoryTooSmall = 8,
+};
+
+enum TaskKind : int { kTaskNone = 0, kTaskL1 = 1, kTaskL2 = 2 };
+
+// What the producer hands the math warpgroups (one 32-byte task slot).
+struct Task {
+  int kind;
+  int group;
+  int block;    // global pool block
+  int row0;     // first pool row of the tile
+  int row_end;  // end of the group's rows
+  int n;        // L1: 128-channel block of the intermediate; L2: 256-column block of the output
+  int k_blocks;
+  int pad;
+};
+
+struct Operands {
+  const unsigned char* xq;   // e4m3 [T, H]
+  const float* x_scales;     // fp32 [T, H/128]
+  const int* ids;            // int32 [T, k]
+  const float* weights;      // fp32 [T, k]
+  const float* w1_scales;    // fp32 [E, 2I/128, H/128]
+  const float* w2_scales;    // fp32 [E, H/128, I/128]
+  const float* w1s_scales;   // fp32 [2Is/128, H/128] (shared expert)
+  const float* w2s_scales;   // fp32 [H/128, Is/128]
+  unsigned char* pool_x;     // e4m3 [R, H]: routed rows by expert, then the shared expert's T rows
+  float* pool_x_scales;      // fp32 [H/128, r_pad]
+  unsigned char* pool_h;     // e4m3 [R, I_max]
+  float* pool_h_scales;      // fp32 [I_max/128, r_pad]
+  unsigned short* y;         // bf16 [R, H]: L2 rows
+  int* slot_row;             // int32 [T, k]: pool row of each slot, −1 when not routed
+  unsigned short* out;       // bf16 [T, H]
+  int* workspace;
+  int* status;
+  int tokens;
+  int r_pad;
+  int max_blocks;
+  int use_shared;
+  int has_clamp;
+  float clamp;
+};
+
+// ---------------------------------------------------------------------------------------------------
+// Cross-CTA synchronization
+
+__device__ __forceinline__ int load_acquire(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ void add_release(int* p, int v) {
+  asm volatile("red.release.gpu.global.add.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+// Data another CTA wrote in this launch: read at L2, never from a possibly stale L1 line.
+__device__ __forceinline__ int load_cg(const int* p) { return __ldcg(p); }
+
+__device__ __forceinline__ void report(int* status, int code, int a, int b) {
+  if (atomicCAS(status, 0, code) == 0) {
+    status[1] = static_cast<int>(blockIdx.x);
+    status[2] = a;
+    status[3] = b;
+    __threadfence();
+  }
+}
+
+// Spins until *p >= target (acquire). On timeout: report and exit the thread.
+__device__ __forceinline__ void wait_at_least(const int* p, int target, int* status, int code, int detail) {
+  if (load_acquire(p) >= target) return;
+  const unsigned long long start = global_timer_ns();
+  while (load_acquire(p) < target) {
+    if (global_timer_ns() - start > kWatchdogNs) {
+      report(status, code, detail, load_acquire(p));
+      asm volatile("exit;");
+    }
+    __nanosleep(64);
+  }
+}
+
+__device__ __forceinline__ void wait_barrier(unsigned bar, unsigned parity, int* status, int code, int detail) {
+  mbar_wait_bounded(bar, parity, kWatchdogNs, [&] { report(status, code, detail, static_cast<int>(parity)); });
+}
+
+// One thread claims the next item of a CTA-wide work loop; every thread of the CTA gets it.
+__device__ __forceinline__ int cta_claim(int* counter, int* broadcast) {
+  __syncthreads();  // everyone is done with the previous item (and its broadcast)
+  if (threadIdx.x == 0) *broadcast = atomicAdd(counter, 1);
+  __syncthreads();
+  return *broadcast;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Pool geometry
+
+__device__ __forceinline__ int group_inter(int group) { return group == kExperts ? kSharedInter : kInter; }
+
+// The group of a global block: the last g with blocks[g] <= block (blocks is non-decreasing).
+__device__ __forceinline__ int group_of_block(const int* blocks, int block) {
+  int lo = 0;
+  int hi = kGroups - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (blocks[mid] <= block) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
+}
+
+// Row offsets and first blocks of every group from the counts, by one warp (a run of groups per lane,
+// then a warp scan of the runs). counts[g] for g < kExperts from the workspace, the shared expert's T.
+__device__ __forceinline__ void build_groups(const int* counts, int shared_rows, int* offsets, int* blocks) {
+  constexpr int kPerLane = (kGroups + 31) / 32;
+  const int lane = static_cast<int>(threadIdx.x & 31u);
+  const int first = lane * kPerLane;
+  const int last = first + kPerLane < kGroups ? first + kPerLane : kGroups;
+  int rows = 0;
+  int nblocks = 0;
+  for (int g = first; g < last; ++g) {
+    const int c = g == kExperts ? shared_rows : load_cg(counts + g);
+    offsets[g] = c;  // the count, for now
+    rows += c;
+    nblocks += (c + kBlockM - 1) / kBlockM;
+  }
+  int rows_incl = rows;
+  int blocks_incl = nblocks;
+#pragma unroll
+  for (int d = 1; d < 32; d <<= 1) {
+    const int r = __shfl_up_sync(0xffffffffu, rows_incl, d);
+    const int b = __shfl_up_sync(0xffffffffu, blocks_incl, d);
+    if (lane >= d) {
+      rows_incl += r;
+      blocks_incl += b;
+    }
+  }
+  int row = rows_incl - rows;
+  int block = blocks_incl - nblocks;
+  for (int g = first; g < last; ++g) {
+    const int c = offsets[g];
+    offsets[g] = row;
+    blocks[g] = block;
+    row += c;
+    block += (c + kBlockM - 1) / kBlockM;
+  }
+  if (lane == 31) {
+    offsets[kGroups] = rows_incl;
+    blocks[kGroups] = blocks_incl;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// The math warpgroups' tile: 128 rows × (two chunks of 128 columns), K in 128-wide blocks, each block's
+// wgmma product promoted into fp32 with its two scales (as fp8_grouped_gemm.cu does).
+
+struct MathContext {
+  unsigned a_smem;   // this warpgroup's 64 rows of stage 0's A tile
+  unsigned b_smem;   // stage 0's B tile
+  unsigned sa_smem;  // stage 0's A scales, at this thread's fragment row
+  unsigned full_bar;
+  unsigned empty_bar;
+  int lane;
+  int* status;
+};
+
+__device__ __forceinline__ void tile_mainloop(const MathContext& m, const Task& task, unsigned sw_rows,
+                                              int& stage, unsigned& phase, float (&acc)[2][kAccum]) {
+  float partial[kAccum];
+#pragma unroll
+  for (int c = 0; c < 2; ++c)
+#pragma unroll
+    for (int i = 0; i < kAccum; ++i) acc[c][i] = 0.0f;
+  const bool active = task.row0 + static_cast<int>((threadIdx.x / 128) * 64) < task.row_end;
+  for (int kb = 0; kb < task.k_blocks; ++kb) {
+    const float sw0 = load_shared_f32(sw_rows + kb * 4);
+    const float sw1 = load_shared_f32(sw_rows + (kMaxKBlocks + kb) * 4);
+    wait_barrier(m.full_bar + 8 * stage, phase, m.status, kStatusStageFullWait, stage);
+    if (active) {
+      const unsigned sa = m.sa_smem + stage * kSaStride + (task.row0 & 3) * 4;
+      const float sa_lo = load_shared_f32(sa);
+      const float sa_hi = load_shared_f32(sa + 8 * 4);
+      const unsigned a_stage = m.a_smem + stage * kATileBytes;
+      const unsigned b_stage = m.b_smem + stage * kBTileBytes;
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        fence_registers(partial);
+        wgmma_fence();
+#pragma unroll
+        for (int k = 0; k < kBlockK / 32; ++k) {
+          const unsigned long long da = smem_descriptor(a_stage + k * 32);
+          const unsigned long long db = smem_descriptor(b_stage + c * kChunkN * kBlockK + k * 32);
+          wgmma_e4m3(partial, da, db, k > 0 ? 1 : 0);
+        }
+        wgmma_commit();
+        wgmma_wait_all();
+        fence_registers(partial);
+        const float sw = c == 0 ? sw0 : sw1;
+        const float scale_lo = sa_lo * sw;
+        const float scale_hi = sa_hi * sw;
+#pragma unroll
+        for (int i = 0; i < kAccum / 4; ++i) {
+          acc[c][4 * i + 0] = fmaf(partial[4 * i + 0], scale_lo, acc[c][4 * i + 0]);
+          acc[c][4 * i + 1] = fmaf(partial[4 * i + 1], scale_lo, acc[c][4 * i + 1]);
+          acc[c][4 * i + 2] = fmaf(partial[4 * i + 2], scale_hi, acc[c][4 * i + 2]);
+          acc[c][4 * i + 3] = fmaf(partial[4 * i + 3], scale_hi, acc[c][4 * i + 3]);
+        }
+      }
+    }
+    if (m.lane == 0) mbar_arrive(m.empty_bar + 8 * stage);
+    if (++stage == kStages) {
+      stage = 0;
+      phase ^= 1u;
+    }
+  }
+}
+
+// L1 epilogue: chunk 0 holds gate, chunk 1 up of the same 128 channels. Thread rows: frag_row and + 8,
+// columns 8i + frag_col + {0, 1}; the 4 lanes of a quad share a row, so the row's amax over the 128
+// channels is a max over the thread's 32 values and two shuffles.
+__device__ __forceinline__ void l1_epilogue(const Operands& op, const Task& task, float (&acc)[2][kAccum],
+                                            int frag_row, int frag_col) {
+  const int row_lo = task.row0 + static_cast<int>((threadIdx.x / 128) * 64) + frag_row;
+  const bool clamp_on = op.has_clamp != 0;
+  float amax_lo = 0.0f;
+  float amax_hi = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kAccum; ++i) {
+    acc[0][i] = megamoe::swiglu(acc[0][i], acc[1][i], clamp_on, op.clamp);
+    if ((i & 2) == 0) amax_lo = fmaxf(amax_lo, fabsf(acc[0][i]));
+    else amax_hi = fmaxf(amax_hi, fabsf(acc[0][i]));
+  }
+#pragma unroll
+  for (int d = 1; d <= 2; d <<= 1) {
+    amax_lo = fmaxf(amax_lo, __shfl_xor_sync(0xffffffffu, amax_lo, d));
+    amax_hi = fmaxf(amax_hi, __shfl_xor_sync(0xffffffffu, amax_hi, d));
+  }
+  const megamoe::GroupScale s_lo = megamoe::activation_scale<kUe8m0>(amax_lo);
+  const megamoe::GroupScale s_hi = megamoe::activation_scale<kUe8m0>(amax_hi);
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = row_lo + 8 * half;
+    if (row >= task.row_end) continue;
+    const megamoe::GroupScale s = half == 0 ? s_lo : s_hi;
+    unsigned short* dst = reinterpret_cast<unsigned short*>(op.pool_h + static_cast<long long>(row) * kMaxInter +
+                                                            task.n * kQuant + frag_col);
+#pragma unroll
+    for (int i = 0; i < kAccum / 4; ++i) {
+      const float x0 = megamoe::mul_rn(acc[0][4 * i + 2 * half], s.inv);
+      const float x1 = megamoe::mul_rn(acc[0][4 * i + 2 * half + 1], s.inv);
+      dst[4 * i] = megamoe::e4m3x2_from_floats(x0, x1);  // columns 8i + frag_col, + 1
+    }
+    if (frag_col == 0) megamoe::st_f32(op.pool_h_scales + static_cast<long long>(task.n) * op.r_pad + row, s.scale);
+  }
+}
+
+// L2 epilogue: bf16 pairs of the 256 output columns.
+__device__ __forceinline__ void l2_epilogue(const Operands& op, const Task& task, const float (&acc)[2][kAccum],
+                                            int frag_row, int frag_col) {
+  const int row_lo = task.row0 + static_cast<int>((threadIdx.x / 128) * 64) + frag_row;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = row_lo + 8 * half;
+    if (row >= task.row_end) continue;
+    unsigned* dst = reinterpret_cast<unsigned*>(op.y + static_cast<long long>(row) * kHidden + task.n * kBlockN + frag_col);
+#pragma unroll
+    for (int c = 0; c < 2; ++c)
+#pragma unroll
+      for (int i = 0; i < kAccum / 4; ++i) {
+        const unsigned packed = megamoe::bf16x2_from_floats(acc[c][4 * i + 2 * half], acc[c][4 * i + 2 * half + 1]);
+        asm volatile("st.global.b32 [%0], %1;" ::"l"(dst + (c * kChunkN + 8 * i) / 2), "r"(packed) : "memory");
+      }
+  }
+}
+
+// Combine of 8 channels of one token (the unfused moe_combine's rule and order).
+__device__ __forceinline__ void combine8(const Operands& op, int shared_row0, int t, int c) {
+  float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  int rows[kTopK];
+#pragma unroll
+  for (int s = 0; s < kTopK; ++s) rows[s] = load_cg(op.slot_row + t * kTopK + s);
+#pragma unroll
+  for (int s = 0; s < kTopK; ++s) {
+    if (rows[s] < 0) continue;
+    const u32x4 y = megamoe::ld_cg_v4(op.y + static_cast<long long>(rows[s]) * kHidden + c);
+    megamoe::add_weighted_bf16x8(acc, y, op.weights[t * kTopK + s]);
+  }
+  if (shared_row0 >= 0) {
+    megamoe::add_bf16x8(acc, megamoe::ld_cg_v4(op.y + static_cast<long long>(shared_row0 + t) * kHidden + c));
+  }
+  megamoe::st_v4(op.out + static_cast<long long>(t) * kHidden + c, megamoe::pack_bf16x8(acc));
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------------
+// The kernel. Launch: grid = SM count (or fewer), block = kThreads, dynamic shared memory =
+// kDynamicSmemBytes (megamoe.variants.ts: megamoeSharedBytes).
+
+extern "C" __global__ void __launch_bounds__(kThreads, 1)
+    megamoe_fused(const __grid_constant__ TensorMap map_pool_x, const __grid_constant__ TensorMap map_pool_x_scales,
+                  const __grid_constant__ TensorMap map_w1, const __grid_constant__ TensorMap map_w1s,
+                  const __grid_constant__ TensorMap map_pool_h, const __grid_constant__ TensorMap map_pool_h_scales,
+                  const __grid_constant__ TensorMap map_w2, const __grid_constant__ TensorMap map_w2s,
+                  const Operands op) {
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const unsigned raw = smem_u32(smem_raw);
+  const unsigned base = (raw + kSmemAlign - 1) & ~(kSmemAlign - 1);
+  unsigned char* const smem = smem_raw + (base - raw);
+  int* const offsets = reinterpret_cast<int*>(smem + kOffOffsets);
+  int* const blocks = reinterpret_cast<int*>(smem + kOffBlocks);
+  int* const hist = reinterpret_cast<int*>(smem + kOffHist);
+  int* const broadcast = reinterpret_cast<int*>(smem + kOffBroadcast);
+  Task* const task_slots = reinterpret_cast<Task*>(smem + kOffTasks);
+  const unsigned full_bar = base + kOffBars;
+  const unsigned empty_bar = full_bar + 8 * kStages;
+  const unsigned task_full_bar = empty_bar + 8 * kStages;
+  const unsigned task_empty_bar = task_full_bar + 16;
+
+  int* const ws = op.workspace;
+  int* const counts = ws + kCounterWords;
+  int* const cursor = counts + kGroups;
+  int* const arrived = cursor + kGroups;
+  int* const l1_done = arrived + op.max_blocks;
+  const int tid = static_cast<int>(threadIdx.x);
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  const int slots = op.tokens * kTopK;
+
+  unsigned dynamic_bytes;
+  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dynamic_bytes));
+  if (dynamic_bytes < kDynamicSmemBytes) {  // launched with another build's layout
+    if (tid == 0) report(op.status, kStatusSharedMemoryTooSmall, static_cast<int>(dynamic_bytes), kDynamicSmemBytes);
+    return;
+  }
+  if (tid == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(full_bar + 8 * s, 1);
+      mbar_init(empty_bar + 8 * s, kMathWarps);
+    }
+    for (int s = 0; s < 2; ++s) {
+      mbar_init(task_full_bar + 8 * s, 1);
+      mbar_init(task_empty_bar + 8 * s, kMathWarps);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  if (tid == kMathThreads) {
+    prefetch_tensor_map(&map_pool_x);
+    prefetch_tensor_map(&map_pool_x_scales);
+    prefetch_tensor_map(&map_w1);
+    prefetch_tensor_map(&map_pool_h);
+    prefetch_tensor_map(&map_pool_h_scales);
+    prefetch_tensor_map(&map_w2);
+  }
+
+  // ---- 1. count
+  const int count_chunks = (slots + kCountChunkSlots - 1) / kCountChunkSlots;
+  for (;;) {
+    const int chunk = cta_claim(ws + kCountClaim, broadcast);
+    if (chunk >= count_chunks) break;
+    for (int g = tid; g < kGroups; g += kThreads) hist[g] = 0;
+    __syncthreads();
+    const int end = min(slots, (chunk + 1) * kCountChunkSlots);
+    for (int i = chunk * kCountChunkSlots + tid; i < end; i += kThreads) {
+      const int e = op.ids[i];
+      if (e >= 0 && e < kExperts) atomicAdd(hist + e, 1);
+    }
+    __syncthreads();
+    for (int g = tid; g < kExperts; g += kThreads) {
+      if (hist[g] != 0) atomicAdd(counts + g, hist[g]);
+    }
+    __syncthreads();
+    if (tid == 0) add_release(ws + kCountDone, 1);
+  }
+
+  // ---- 2. offsets (every CTA, from the finished counts)
+  if (tid == 0) wait_at_least(ws + kCountDone, count_chunks, op.status, kStatusCountWait, count_chunks);
+  __syncthreads();
+  const int shared_rows = op.use_shared != 0 && kSharedInter > 0 ? op.tokens : 0;
+  if (warp == 0) build_groups(counts, shared_rows, offsets, blocks);
+  __syncthreads();
+
+  // ---- 3. place
+  const int place_chunks = (op.tokens + kPlaceChunkTokens - 1) / kPlaceChunkTokens;
+  for (;;) {
+    const int chunk = cta_claim(ws + kPlaceClaim, broadcast);
+    if (chunk >= place_chunks) break;
+    const int t0 = chunk * kPlaceChunkTokens;
+    const int items = (min(op.tokens, t0 + kPlaceChunkTokens) - t0) * (kTopK + 1);
+    for (int item = warp; item < items; item += kThreads / 32) {
+      const int t = t0 + item / (kTopK + 1);
+      const int s = item % (kTopK + 1);
+      int group;
+      int row;
+      if (s < kTopK) {
+        const int e = op.ids[t * kTopK + s];
+        if (e < 0 || e >= kExperts) {
+          if (lane == 0) op.slot_row[t * kTopK + s] = -1;
+          continue;
+        }
+        group = e;
+        int claimed = 0;
+        if (lane == 0) claimed = atomicAdd(cursor + e, 1);
+        row = offsets[e] + __shfl_sync(0xffffffffu, claimed, 0);
+        if (lane == 0) op.slot_row[t * kTopK + s] = row;
+      } else {
+        if (shared_rows == 0) continue;
+        group = kExperts;
+        row = offsets[kExperts] + t;
+      }
+      const unsigned char* src = op.xq + static_cast<long long>(t) * kHidden;
+      unsigned char* dst = op.pool_x + static_cast<long long>(row) * kHidden;
+      for (int v = lane; v < kHidden / 16; v += 32) megamoe::st_v4(dst + 16 * v, megamoe::ld_nc_v4(src + 16 * v));
+      for (int b = lane; b < kHiddenBlocks; b += 32) {
+        megamoe::st_f32(op.pool_x_scales + static_cast<long long>(b) * op.r_pad + row,
+                        op.x_scales[static_cast<long long>(t) * kHiddenBlocks + b]);
+      }
+      fence_proxy_async_global();  // the rows are read by TMA (async proxy) in another CTA
+      __syncwarp();
+      if (lane == 0) add_release(arrived + blocks[group] + (row - offsets[group]) / kBlockM, 1);
+    }
+    __syncthreads();
+    if (tid == 0) add_release(ws + kPlaceDone, 1);
+  }
+
+  // ---- 4. tiles
+  const int total_blocks = blocks[kGroups];
+  const int routed_blocks = blocks[kExperts];
+  const int routed_l1 = routed_blocks * (kInter / kQuant);
+  const int total_l1 = routed_l1 + (total_blocks - routed_blocks) * (kSharedInter / kQuant);
+  const int total_l2 = total_blocks * kL2TilesPerBlock;
+  const int total_tasks = total_l1 + total_l2;
+
+  if (warp >= kMathWarps) {
+    // ---------------- Producer: one thread claims tasks and streams their operands.
+    registers_decrease<kProducerRegisters>();
+    if (tid != kMathThreads) return;
+    int stage = 0;
+    unsigned phase = 0;
+    int slot = 0;
+    unsigned slot_phase = 0;
+    for (;;) {
+      const int claimed = atomicAdd(ws + kTaskClaim, 1);
+      wait_barrier(task_empty_bar + 8 * slot, slot_phase ^ 1u, op.status, kStatusTaskWait, slot);
+      Task task{};
+      if (claimed < total_tasks) {
+        int local;
+        int per_block;
+        if (claimed < total_l1) {
+          task.kind = kTaskL1;
+          const bool shared = claimed >= routed_l1;
+          per_block = (shared ? kSharedInter : kInter) / kQuant;
+          local = shared ? claimed - routed_l1 : claimed;
+          task.block = (shared ? routed_blocks : 0) + local / per_block;
+        } else {
+          task.kind = kTaskL2;
+          per_block = kL2TilesPerBlock;
+          local = claimed - total_l1;
+          task.block = local / per_block;
+        }
+        task.n = local % per_block;
+        task.group = group_of_block(blocks, task.block);
+        task.row0 = offsets[task.group] + (task.block - blocks[task.group]) * kBlockM;
+        task.row_end = offsets[task.group + 1];
+        task.k_blocks = task.kind == kTaskL1 ? kHiddenBlocks : group_inter(task.group) / kQuant;
+      }
+      task_slots[slot] = task;
+      mbar_arrive(task_full_bar + 8 * slot);
+      if (++slot == 2) {
+        slot = 0;
+        slot_phase ^= 1u;
+      }
+      if (task.kind == kTaskNone) break;
+
+      const bool l1 = task.kind == kTaskL1;
+      const bool shared = task.group == kExperts;
+      const int inter = group_inter(task.group);
+      const TensorMap* map_a = l1 ? &map_pool_x : &map_pool_h;
+      const TensorMap* map_sa = l1 ? &map_pool_x_scales : &map_pool_h_scales;
+      const TensorMap* map_b = l1 ? (shared ? &map_w1s : &map_w1) : (shared ? &map_w2s : &map_w2);
+      const int expert = shared ? 0 : task.group;
+      // The two 128-row B boxes: L1 gate rows n·128 and up rows I + n·128 of the expert's [2I, H];
+      // L2 rows n·256 and n·256 + 128 of its [H, I].
+      const int b_row0 = l1 ? expert * 2 * inter + task.n * kQuant : expert * kHidden + task.n * kBlockN;
+      const int b_row1 = l1 ? b_row0 + inter : b_row0 + kQuant;
+      const int early = task.k_blocks < kStages ? task.k_blocks : kStages;
+      const int first_stage = stage;
+      for (int kb = 0; kb < task.k_blocks; ++kb) {
+        wait_barrier(empty_bar + 8 * stage, phase ^ 1u, op.status, kStatusStageEmptyWait, stage);
+        const unsigned bar = full_bar + 8 * stage;
+        if (kb < early) {
+          // Weights first: they do not depend on other CTAs.
+          mbar_arrive_expect_tx(bar, kStageTxBytes);
+          tma_load_2d(base + kOffB + stage * kBTileBytes, map_b, bar, kb * kBlockK, b_row0);
+          tma_load_2d(base + kOffB + stage * kBTileBytes + kBHalfBytes, map_b, bar, kb * kBlockK, b_row1);
+        }
+        if (kb == early - 1) {
+          // Then the rows: arrived (L1) or produced by every L1 tile of the block (L2).
+          if (l1) {
+            const int rows = min(kBlockM, task.row_end - task.row0);
+            wait_at_least(arrived + task.block, rows, op.status, kStatusArrivalWait, task.block);
+          } else {
+            wait_at_least(l1_done + task.block, inter / kQuant, op.status, kStatusL1Wait, task.block);
+          }
+          fence_proxy_async_global();
+          int s = first_stage;
+          for (int k = 0; k < early; ++k) {
+            const unsigned b = full_bar + 8 * s;
+            tma_load_2d(base + kOffA + s * kATileBytes, map_a, b, k * kBlockK, task.row0);
+            tma_load_2d(base + kOffSa + s * kSaStride, map_sa, b, task.row0 & ~3, k);
+            if (++s == kStages) s = 0;
+          }
+        }
+        if (kb >= early) {
+          mbar_arrive_expect_tx(bar, kStageTxBytes);
+          tma_load_2d(base + kOffA + stage * kATileBytes, map_a, bar, kb * kBlockK, task.row0);
+          tma_load_2d(base + kOffSa + stage * kSaStride, map_sa, bar, task.row0 & ~3, kb);
+          tma_load_2d(base + kOffB + stage * kBTileBytes, map_b, bar, kb * kBlockK, b_row0);
+          tma_load_2d(base + kOffB + stage * kBTileBytes + kBHalfBytes, map_b, bar, kb * kBlockK, b_row1);
+        }
+        if (++stage == kStages) {
+          stage = 0;
+          phase ^= 1u;
+        }
+      }
+    }
+    return;
+  }
+
+  // ---------------- Math warpgroups.
+  registers_increase<kMathRegisters>();
+  const int warpgroup = tid / 128;
+  const int frag_row = ((tid / 32) & 3) * 16 + lane / 4;
+  const int frag_col = 2 * (lane & 3);
+  const MathContext m{base + kOffA + static_cast<unsigned>(warpgroup) * 64 * kBlockK,
+                      base + kOffB,
+                      base + kOffSa + static_cast<unsigned>(warpgroup * 64 + frag_row) * 4,
+                      full_bar,
+                      empty_bar,
+                      lane,
+                      op.status};
+  int stage = 0;
+  unsigned phase = 0;
+  int slot = 0;
+  unsigned slot_phase = 0;
+  float acc[2][kAccum];
+  for (int local = 0;; ++local) {
+    wait_barrier(task_full_bar + 8 * slot, slot_phase, op.status, kStatusTaskWait, slot);
+    const Task task = task_slots[slot];
+    __syncwarp();
+    if (lane == 0) mbar_arrive(task_empty_bar + 8 * slot);
+    if (++slot == 2) {
+      slot = 0;
+      slot_phase ^= 1u;
+    }
+    if (task.kind == kTaskNone) break;
+
+    // This tile's two weight-scale rows into the buffer of this task's parity (the other buffer may still
+    // be read by a warp finishing the previous tile).
+    const bool l1 = task.kind == kTaskL1;
+    const bool shared = task.group == kExperts;
+    const int inter = group_inter(task.group);
+    const float* sw_base;
+    int sw_row0;
+    int sw_row1;
+    if (l1) {
+      sw_base = shared ? op.w1s_scales : op.w1_scales + static_cast<long long>(task.group) * (2 * inter / kQuant) * kHiddenBlocks;
+      sw_row0 = task.n;
+      sw_row1 = inter / kQuant + task.n;
+    } else {
+      sw_base = shared ? op.w2s_scales : op.w2_scales + static_cast<long long>(task.group) * kHiddenBlocks * (inter / kQuant);
+      sw_row0 = 2 * task.n;
+      sw_row1 = 2 * task.n + 1;
+    }
+    const unsigned sw_rows = base + kOffSw + static_cast<unsigned>(local & 1) * 2 * kMaxKBlocks * 4;
+    for (int i = tid; i < 2 * task.k_blocks; i += kMathThreads) {
+      const bool second = i >= task.k_blocks;
+      const int kb = second ? i - task.k_blocks : i;
+      const int r = second ? sw_row1 : sw_row0;
+      store_shared_f32(sw_rows + ((second ? kMaxKBlocks : 0) + kb) * 4,
+                       load_scale(sw_base + static_cast<long long>(r) * task.k_blocks + kb));
+    }
+    named_barrier_sync(1, kMathThreads);
+
+    tile_mainloop(m, task, sw_rows, stage, phase, acc);
+    if (l1) l1_epilogue(op, task, acc, frag_row, frag_col);
+    else l2_epilogue(op, task, acc, frag_row, frag_col);
+    fence_proxy_async_global();  // L1's h rows are read by TMA in other CTAs
+    named_barrier_sync(1, kMathThreads);
+    if (tid == 0) add_release(l1 ? l1_done + task.block : ws + kL2Done, 1);
+  }
+
+  // ---- 5. combine
+  if (tid == 0) {
+    wait_at_least(ws + kPlaceDone, place_chunks, op.status, kStatusCombineWait, 0);
+    wait_at_least(ws + kL2Done, total_l2, op.status, kStatusCombineWait, 1);
+  }
+  const int shared_row0 = shared_rows > 0 ? offsets[kExperts] : -1;
+  const int combine_chunks = (op.tokens + kCombineChunkTokens - 1) / kCombineChunkTokens;
+  constexpr int kPerToken = kHidden / 8;
+  for (;;) {
+    named_barrier_sync(1, kMathThreads);
+    if (tid == 0) broadcast[1] = atomicAdd(ws + kCombineClaim, 1);
+    named_barrier_sync(1, kMathThreads);
+    const int chunk = broadcast[1];
+    if (chunk >= combine_chunks) break;
+    const int t0 = chunk * kCombineChunkTokens;
+    const int items = (min(op.tokens, t0 + kCombineChunkTokens) - t0) * kPerToken;
+    for (int i = tid; i < items; i += kMathThreads) {
+      combine8(op, shared_row0, t0 + i / kPerToken, (i % kPerToken) * 8);
+    }
+  }
+
+  // ---- The last CTA out zeroes the workspace for the next launch.
+  if (tid == 0) {
+    __threadfence();
+    broadcast[2] = atomicAdd(ws + kExitCount, 1) == static_cast<int>(gridDim.x) - 1 ? 1 : 0;
+  }
+  named_barrier_sync(1, kMathThreads);
+  if (broadcast[2] == 1) {
+    __threadfence();
+    for (int i = tid; i < kCounterWords + 2 * kGroups; i += kMathThreads) ws[i] = 0;
+    for (int i = tid; i < total_blocks; i += kMathThreads) {
+      arrived[i] = 0;
+      l1_done[i] = 0;
+    }
+  }
+}

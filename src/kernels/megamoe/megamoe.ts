@@ -1,0 +1,311 @@
+/**
+ * The fused MoE kernel (megamoe.cu): one persistent launch from the FP8 rows and the routing to the
+ * bf16 output. `FusedMoEKernel` owns what the kernel needs besides the layer's weights: the row pools
+ * (FP8 rows and scales, the intermediate, the L2 rows), the slot → row map, the workspace of counters
+ * (zero between launches: the kernel's last CTA re-zeroes it) and the watchdog status word, all sized
+ * for `maxTokens` once; its tensor maps are encoded once too. A launch is then one `cuLaunchKernel`
+ * with no host work but the operand checks, so it can be captured in a CUDA graph.
+ */
+import { type MoEConfig, QUANT_BLOCK, sharedIntermediate } from "../../config/config.js";
+import {
+  compileKernel,
+  type Device,
+  DeviceTensor,
+  encodeTensorMapTiled,
+  type Kernel,
+  KernelArgs,
+  loadKernel,
+  type Stream,
+  TensorMapDataType,
+  TensorMapL2Promotion,
+  TensorMapSwizzle,
+} from "../../cuda/index.js";
+import type { DeviceExpertPair, DeviceMoEWeights } from "../../weights/device.js";
+import { aScalesRows } from "../gemm/grouped_gemm.js";
+import { expectOperand } from "../moe/moe.js";
+import {
+  FUSED_BLOCK_M,
+  FUSED_COUNTER_WORDS,
+  FUSED_THREADS,
+  fusedDefines,
+  fusedShapeProblem,
+  fusedSharedBytes,
+  fusedStages,
+} from "./megamoe.variants.js";
+
+export const FUSED_KERNEL_SOURCE = "megamoe/megamoe.cu";
+export const FUSED_KERNEL = "megamoe_fused";
+
+/** Bytes of megamoe.cu's `Operands` struct: 17 pointers, 5 int32, 1 float. */
+const OPERANDS_BYTES = 17 * 8 + 6 * 4;
+const MAP_COUNT = 8;
+
+/** One forward's operands on the kernel's device. */
+export interface FusedLaunch {
+  /** e4m3 [T, H] and fp32 [T, H/128]: the quantized token rows. */
+  xq: DeviceTensor;
+  xScales: DeviceTensor;
+  /** int32 [T, k]; ids outside [0, E) are not routed. */
+  ids: DeviceTensor;
+  /** fp32 [T, k]. */
+  weights: DeviceTensor;
+  /** bf16 [T, H], written. */
+  out: DeviceTensor;
+  tokens: number;
+  /** Add the shared expert (ignored when the layer has none). */
+  shared: boolean;
+}
+
+/** What the kernel's watchdog recorded: a wait that never completed (a bug, never a slow GPU). */
+export interface FusedStall {
+  what: string;
+  block: number;
+  detail: [number, number];
+}
+
+const STALL_NAMES: Record<number, string> = {
+  1: "the expert counts of every routing chunk",
+  2: "the arrival of an L1 tile's rows",
+  3: "every L1 tile of an L2 tile's rows",
+  4: "a free stage (producer)",
+  5: "a full stage (math warpgroups)",
+  6: "a task slot",
+  7: "the last L2 tile before the combine",
+  8: "a launch with enough shared memory",
+};
+
+export class FusedMoEKernelError extends Error {
+  override name = "FusedMoEKernelError";
+}
+
+/** Why the fused kernel cannot run this layer, or null. */
+export function fusedLayerProblem(config: MoEConfig): string | null {
+  const shape = fusedShapeProblem(config);
+  if (shape !== null) return shape;
+  if (fusedStages(config) === 0) return "its shared-memory layout does not fit 227 KB";
+  return null;
+}
+
+export class FusedMoEKernel {
+  readonly device: Device;
+  readonly config: MoEConfig;
+  readonly maxTokens: number;
+  /** Pool rows: T·k routed + T for the shared expert. */
+  readonly poolRows: number;
+  readonly stages: number;
+  /** CTAs per launch: the SM count (one per SM). Tests lower it to change the scheduling order. */
+  ctas: number;
+  readonly sharedBytes: number;
+  private readonly kernel: Kernel;
+  private readonly args: KernelArgs;
+  private readonly operands = new Uint8Array(OPERANDS_BYTES);
+  private readonly owned: DeviceTensor[] = [];
+  private readonly workspace: DeviceTensor;
+  private readonly status: DeviceTensor;
+  private readonly maxBlocks: number;
+  private readonly rPad: number;
+  private readonly hasShared: boolean;
+  private disposed = false;
+
+  constructor(device: Device, weights: DeviceMoEWeights, maxTokens: number) {
+    const c = weights.config;
+    const problem = fusedLayerProblem(c);
+    if (problem !== null) throw new FusedMoEKernelError(`the fused kernel cannot run this layer: ${problem}`);
+    if (!Number.isInteger(maxTokens) || maxTokens < 1) {
+      throw new RangeError(`maxTokens must be a positive integer, got ${maxTokens}`);
+    }
+    this.device = device;
+    this.config = c;
+    this.maxTokens = maxTokens;
+    this.hasShared = weights.shared !== null;
+    const H = c.hidden;
+    const E = c.numExperts;
+    const maxInter = Math.max(c.intermediate, sharedIntermediate(c));
+    this.poolRows = maxTokens * c.topK + (this.hasShared ? maxTokens : 0);
+    this.rPad = aScalesRows(this.poolRows);
+    this.maxBlocks = Math.ceil(this.poolRows / FUSED_BLOCK_M) + E + 1;
+    if (this.poolRows * Math.max(H, maxInter) >= 2 ** 31 * 16) {
+      throw new RangeError(`maxTokens ${maxTokens} is too large for the fused kernel's row pool`);
+    }
+    this.stages = fusedStages(c);
+    this.sharedBytes = fusedSharedBytes(c, this.stages);
+    this.ctas = device.smCount;
+
+    const compiled = compileKernel({ source: FUSED_KERNEL_SOURCE, defines: fusedDefines(c, this.stages) });
+    this.kernel = loadKernel(device, compiled, FUSED_KERNEL);
+    this.kernel.setMaxDynamicSharedMemory(this.sharedBytes);
+    this.args = new KernelArgs(MAP_COUNT + 1, {
+      tensorMaps: [0, 1, 2, 3, 4, 5, 6, 7],
+      structs: { [MAP_COUNT]: OPERANDS_BYTES },
+    });
+
+    const alloc = <D extends "fp8_e4m3" | "fp32" | "bf16" | "int32">(dtype: D, shape: number[]) => {
+      const t = DeviceTensor.empty(device, dtype, shape);
+      this.owned.push(t);
+      return t;
+    };
+    try {
+      const poolX = alloc("fp8_e4m3", [this.poolRows, H]);
+      const poolXScales = alloc("fp32", [H / QUANT_BLOCK, this.rPad]);
+      const poolH = alloc("fp8_e4m3", [this.poolRows, maxInter]);
+      const poolHScales = alloc("fp32", [maxInter / QUANT_BLOCK, this.rPad]);
+      const y = alloc("bf16", [this.poolRows, H]);
+      const slotRow = alloc("int32", [maxTokens * c.topK]);
+      this.workspace = alloc("int32", [FUSED_COUNTER_WORDS + 2 * (E + 1) + 2 * this.maxBlocks]);
+      this.status = alloc("int32", [4]);
+      this.workspace.fill(0);
+      this.status.fill(0);
+
+      const routed = weights.routed;
+      const shared = weights.shared ?? routed; // never read when the layer has no shared expert
+      const sharedInter = this.hasShared ? sharedIntermediate(c) : c.intermediate;
+      const sharedExperts = this.hasShared ? 1 : E;
+      this.encodeRows(0, poolX, H);
+      this.encodeScales(1, poolXScales, H);
+      this.encodeWeights(2, routed.w1, H, E * 2 * c.intermediate);
+      this.encodeWeights(3, shared.w1, H, sharedExperts * 2 * sharedInter);
+      this.encodeRows(4, poolH, maxInter);
+      this.encodeScales(5, poolHScales, maxInter);
+      this.encodeWeights(6, routed.w2, c.intermediate, E * H);
+      this.encodeWeights(7, shared.w2, sharedInter, sharedExperts * H);
+
+      const v = new DataView(this.operands.buffer);
+      const pointers: bigint[] = [
+        0n, // xq (per launch)
+        0n, // x_scales
+        0n, // ids
+        0n, // weights
+        routed.w1Scales.ptr,
+        routed.w2Scales.ptr,
+        shared.w1Scales.ptr,
+        shared.w2Scales.ptr,
+        poolX.ptr,
+        poolXScales.ptr,
+        poolH.ptr,
+        poolHScales.ptr,
+        y.ptr,
+        slotRow.ptr,
+        0n, // out
+        this.workspace.ptr,
+        this.status.ptr,
+      ];
+      for (const [i, p] of pointers.entries()) v.setBigUint64(8 * i, p, true);
+      v.setInt32(17 * 8 + 4, this.rPad, true);
+      v.setInt32(17 * 8 + 8, this.maxBlocks, true);
+      v.setInt32(17 * 8 + 16, c.swigluClamp === null ? 0 : 1, true);
+      v.setFloat32(17 * 8 + 20, c.swigluClamp ?? 0, true);
+    } catch (e) {
+      this.dispose();
+      throw e;
+    }
+  }
+
+  /** FP8 rows [rows, width] in 128 × 128 boxes with the 128-byte swizzle (the wgmma operand layout). */
+  private encodeRows(index: number, t: DeviceTensor, width: number): void {
+    this.encodeWeights(index, t, width, t.shape[0]!);
+  }
+
+  private encodeWeights(
+    index: number,
+    t: DeviceTensor | DeviceExpertPair["w1"],
+    width: number,
+    rows: number,
+  ): void {
+    encodeTensorMapTiled(this.args.tensorMap(index), {
+      dataType: TensorMapDataType.UINT8,
+      globalAddress: t.ptr,
+      globalDims: [width, rows],
+      globalStridesBytes: [width],
+      boxDims: [128, 128],
+      swizzle: TensorMapSwizzle.B128,
+      l2Promotion: TensorMapL2Promotion.B256,
+    });
+  }
+
+  /** Transposed scales [width/128, rPad]: boxes of BLOCK_M + 4 rows of one scale column. */
+  private encodeScales(index: number, t: DeviceTensor, width: number): void {
+    encodeTensorMapTiled(this.args.tensorMap(index), {
+      dataType: TensorMapDataType.FLOAT32,
+      globalAddress: t.ptr,
+      globalDims: [this.rPad, width / QUANT_BLOCK],
+      globalStridesBytes: [this.rPad * 4],
+      boxDims: [FUSED_BLOCK_M + 4, 1],
+    });
+  }
+
+  /** Checks the operands and queues one launch on `stream` (null: the legacy default stream). */
+  launch(f: FusedLaunch, stream: Stream | null): void {
+    if (this.disposed) throw new Error("FusedMoEKernel used after dispose()");
+    const c = this.config;
+    const { tokens } = f;
+    if (!Number.isInteger(tokens) || tokens < 1 || tokens > this.maxTokens) {
+      throw new RangeError(
+        `FusedMoEKernel.launch: tokens must be an integer in [1, ${this.maxTokens}], got ${tokens}`,
+      );
+    }
+    const where = "FusedMoEKernel.launch";
+    const H = c.hidden;
+    expectOperand(where, "xq", f.xq, "fp8_e4m3", [tokens, H], this.device);
+    expectOperand(where, "xScales", f.xScales, "fp32", [tokens, H / QUANT_BLOCK], this.device);
+    expectOperand(where, "ids", f.ids, "int32", [tokens, c.topK], this.device);
+    expectOperand(where, "weights", f.weights, "fp32", [tokens, c.topK], this.device);
+    expectOperand(where, "out", f.out, "bf16", [tokens, H], this.device);
+    const v = new DataView(this.operands.buffer);
+    v.setBigUint64(0, f.xq.ptr, true);
+    v.setBigUint64(8, f.xScales.ptr, true);
+    v.setBigUint64(16, f.ids.ptr, true);
+    v.setBigUint64(24, f.weights.ptr, true);
+    v.setBigUint64(14 * 8, f.out.ptr, true);
+    v.setInt32(17 * 8, tokens, true);
+    v.setInt32(17 * 8 + 12, f.shared && this.hasShared ? 1 : 0, true);
+    this.args.struct(MAP_COUNT, this.operands);
+    if (!Number.isInteger(this.ctas) || this.ctas < 1 || this.ctas > this.device.smCount) {
+      throw new RangeError(
+        `FusedMoEKernel: ctas must be an integer in [1, ${this.device.smCount}], got ${this.ctas}`,
+      );
+    }
+    this.kernel.launch(this.ctas, FUSED_THREADS, this.sharedBytes, stream, this.args);
+  }
+
+  /**
+   * Waits for the device, then returns what the watchdog recorded (null: every launch completed). After
+   * a stall the workspace is re-zeroed so the next launch starts clean.
+   */
+  takeStall(): FusedStall | null {
+    this.device.synchronize();
+    const words = this.status.toHost() as Int32Array;
+    if (words[0] === 0) return null;
+    this.status.fill(0);
+    this.workspace.fill(0);
+    this.device.synchronize();
+    return {
+      what: STALL_NAMES[words[0]!] ?? `unknown wait ${words[0]}`,
+      block: words[1]!,
+      detail: [words[2]!, words[3]!],
+    };
+  }
+
+  /** Throws FusedMoEKernelError when a launch so far stalled (waits for the device). */
+  checkStatus(): void {
+    const stall = this.takeStall();
+    if (stall !== null) {
+      throw new FusedMoEKernelError(
+        `the fused MoE kernel gave up waiting for ${stall.what} (CTA ${stall.block}, ${stall.detail.join(", ")}): ` +
+          "its output is invalid; please report this with the layer's shape and token count",
+      );
+    }
+  }
+
+  /** For tests: every byte of the pools and the slot map set to `byte` (0xFF: NaN everywhere). */
+  fillScratch(byte: number, stream: Stream | null = null): void {
+    for (const t of this.owned) {
+      if (t !== this.workspace && t !== this.status) t.fill(byte, stream);
+    }
+  }
+
+  dispose(): void {
+    if (this.disposed) return;
+    this.disposed = true;
+    for (const t of this.owned) t.dispose();
+  }
+}

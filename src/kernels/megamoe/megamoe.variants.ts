@@ -1,0 +1,76 @@
+/**
+ * Specializations of megamoe.cu (the fused layer) and the pure facts about them that the launcher and
+ * the CI compile check share: the -D defines of a layer shape, the shared-memory formula (mirrors the
+ * kernel's layout) and the deepest stage ring that fits. No CUDA here.
+ */
+import { type MoEConfig, PRESETS, QUANT_BLOCK, sharedIntermediate } from "../../config/config.js";
+import type { KernelDefines, KernelVariant } from "../variants.js";
+
+/** Pool rows per tile, and the tile's columns (L1: 128 gate + 128 up channels; L2: 256 outputs). */
+export const FUSED_BLOCK_M = 128;
+export const FUSED_BLOCK_N = 256;
+/** Threads per CTA: two math warpgroups and one producer warpgroup. */
+export const FUSED_THREADS = 384;
+export const FUSED_MIN_STAGES = 2;
+export const FUSED_MAX_STAGES = 8;
+/** Int32 words of the workspace before the per-group and per-block arrays (the kernel's Counter enum). */
+export const FUSED_COUNTER_WORDS = 8;
+const SHARED_OPTIN_BYTES = 232_448;
+
+function alignUp(x: number, to: number): number {
+  return Math.ceil(x / to) * to;
+}
+
+/** Why the fused kernel cannot run this shape, or null. */
+export function fusedShapeProblem(c: MoEConfig): string | null {
+  if (c.hidden % FUSED_BLOCK_N !== 0) return `hidden (${c.hidden}) must be a multiple of ${FUSED_BLOCK_N}`;
+  if (c.intermediate % QUANT_BLOCK !== 0) return `intermediate must be a multiple of ${QUANT_BLOCK}`;
+  if (c.numExperts / c.ranks > 1024) return "at most 1024 local experts";
+  if (c.topK > 32) return "top-k above 32";
+  return null;
+}
+
+/** Dynamic shared memory of one CTA, byte for byte megamoe.cu's layout (+1024 to align the base). */
+export function fusedSharedBytes(c: MoEConfig, stages: number): number {
+  const groups = c.numExperts / c.ranks + 1;
+  const maxInter = Math.max(c.intermediate, sharedIntermediate(c));
+  const maxKBlocks = Math.max(c.hidden / QUANT_BLOCK, maxInter / QUANT_BLOCK);
+  const aTile = FUSED_BLOCK_M * 128;
+  const bTile = FUSED_BLOCK_N * 128;
+  const saStride = alignUp((FUSED_BLOCK_M + 4) * 4, 128);
+  const offSw = stages * (aTile + bTile + saStride);
+  const offTasks = offSw + 2 * 2 * maxKBlocks * 4;
+  const offBars = alignUp(offTasks + 2 * 32, 8);
+  const offOffsets = offBars + 8 * (2 * stages + 4);
+  const bytes = offOffsets + 4 * (groups + 1) * 2 + 4 * groups + 16;
+  return bytes + 1024;
+}
+
+/** The deepest stage ring (up to FUSED_MAX_STAGES) that fits `budget`; 0 when 2 do not. */
+export function fusedStages(c: MoEConfig, budget = SHARED_OPTIN_BYTES): number {
+  for (let s = FUSED_MAX_STAGES; s >= FUSED_MIN_STAGES; s--) {
+    if (fusedSharedBytes(c, s) <= budget) return s;
+  }
+  return 0;
+}
+
+/** The -D macros of megamoe.cu for a layer shape. */
+export function fusedDefines(c: MoEConfig, stages = fusedStages(c)): KernelDefines {
+  return {
+    HIDDEN: c.hidden,
+    INTER: c.intermediate,
+    SHARED_INTER: sharedIntermediate(c),
+    NUM_EXPERTS: c.numExperts / c.ranks,
+    TOP_K: c.topK,
+    NUM_STAGES: stages,
+    SCALE_UE8M0: c.scaleFormat === "ue8m0" ? 1 : 0,
+  };
+}
+
+/** Every preset in both scale formats (the layer's shapes). */
+export const variants: readonly KernelVariant[] = Object.values(PRESETS).flatMap((preset) =>
+  (["fp32", "ue8m0"] as const).map((scaleFormat) => ({
+    defines: fusedDefines({ ...preset, scaleFormat }),
+    noSpill: true,
+  })),
+);
