@@ -11,11 +11,19 @@ export MEGAMOE_CACHE_DIR=/tmp/megamoe-jit PYTHONUNBUFFERED=1
 finish() { tar -C "$work" -cf "$out/fused.tar" . ; }
 trap finish EXIT
 timeout 60 node dist/cli/main.js check --shape tiny --tokens 7 --backend cuda 2>&1 | tail -6
-timeout 60 node dist/cli/main.js check --shape flash-ep8 --tokens 3 --backend cuda 2>&1 | tail -6
+timeout 60 node dist/cli/main.js check --shape flash-ep8 --tokens 3 --backend cuda 2>&1 | tail -3
+[ "${TESTS:-1}" = 1 ] && {
 MEGAMOE_REQUIRE_GPU=1 timeout ${TEST_TIMEOUT:-300} node --test --test-reporter=spec dist-test/test/gpu/unfused.test.js >"$work/test-pipelines.txt" 2>&1
 echo "pipeline tests rc=$?"; grep -E "^ℹ (tests|pass|fail)|✖|differs|stall|gave up" "$work/test-pipelines.txt" | cut -c1-220 | head -30
 grep -E "fused .*T=(1|7|1024|4096) " "$work/test-pipelines.txt" | cut -c1-200 | head -12
-for s in ${SWEEP_SHAPES:-flash-ep8}; do
-  timeout 150 node dist/cli/main.js bench --impl fused,unfused --shape "$s" --shared 1 --tokens ${SWEEP_T:-1,8,64,512,4096,8192} --iters 20 \
-    --out "$work/layers-$s-shared1.json" --plot "$work/layers-$s-shared1.svg" 2>&1 | grep -vE "^[├┌└]" | tail -30
+}
+# Sweeps: "shape shared" pairs; each beside the torch peer run in the same call.
+for case in ${SWEEPS:-"flash-ep8:1"}; do
+  shape=${case%:*}; shared=${case#*:}
+  timeout 100 python3 bench/peers/torch_moe.py --shape "$shape" --shared "$shared" --tokens ${SWEEP_T:-1,8,64,512,4096,8192} \
+    --iters 20 --out "$work/torch-$shape-shared$shared.json" 2>&1 | tail -2
+  timeout 150 node dist/cli/main.js bench --impl fused,unfused --shape "$shape" --shared "$shared" \
+    --tokens ${SWEEP_T:-1,8,64,512,4096,8192} --iters 20 --peer "$work/torch-$shape-shared$shared.json" \
+    --out "$work/layers-$shape-shared$shared.json" --plot "$work/layers-$shape-shared$shared.svg" 2>&1 \
+    | grep -vE "^[├┌└]" | grep -E "fused|floor|T=|written" | cut -c1-160 | tail -24
 done

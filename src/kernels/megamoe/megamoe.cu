@@ -107,7 +107,8 @@ static_assert(kStages >= 2 && kStages <= 8, "NUM_STAGES must be in 2..8");
 
 // Work chunks of the dispatch phases and the combine.
 constexpr int kCountChunkSlots = 4096;
-constexpr int kPlaceChunkTokens = 16;
+constexpr int kMaxPlaceChunkTokens = 16;  // fewer when T is small, so that every CTA takes a share
+constexpr int kRowVectorsPerLane = (kHidden / 16 + 31) / 32;  // 16-byte pieces of a row per lane
 constexpr int kCombineChunkTokens = 8;
 
 // Registers: the producer warpgroup gives its share to the two math warpgroups (2·128·224 + 128·56 = 64512; the math code needs more than 208, the producer more than 40).
@@ -131,9 +132,10 @@ constexpr unsigned kStageTxBytes = kATileBytes + kBTileBytes + kSaBytes;
 constexpr unsigned kOffA = 0;
 constexpr unsigned kOffB = kOffA + kStages * kATileBytes;
 constexpr unsigned kOffSa = kOffB + kStages * kBTileBytes;
-constexpr unsigned kOffSw = kOffSa + kStages * kSaStride;           // 2 buffers × 2 rows × kMaxKBlocks
-constexpr unsigned kOffTasks = kOffSw + 2 * 2 * kMaxKBlocks * 4;  // 2 task slots
-constexpr unsigned kOffBars = align_up(kOffTasks + 2 * 32, 8);
+// Task slots: the Task (32 bytes) and the tile's two weight-scale rows of up to kMaxKBlocks floats.
+constexpr unsigned kTaskSlotBytes = align_up(32 + 2 * kMaxKBlocks * 4, 16);
+constexpr unsigned kOffTasks = kOffSa + kStages * kSaStride;
+constexpr unsigned kOffBars = align_up(kOffTasks + 2 * kTaskSlotBytes, 8);
 constexpr unsigned kBarCount = 2 * kStages + 4;  // full[S], empty[S], task_full[2], task_empty[2]
 constexpr unsigned kOffOffsets = kOffBars + 8 * kBarCount;  // int[kGroups + 1]: first pool row per group
 constexpr unsigned kOffBlocks = kOffOffsets + 4 * (kGroups + 1);  // int[kGroups + 1]: first block per group
@@ -318,6 +320,26 @@ __device__ __forceinline__ void build_groups(const int* counts, int shared_rows,
   }
 }
 
+// The first of a tile's two weight-scale rows (the second is task_weight_scale_stride floats later). L1: W1 scales [E, 2I/128, H/128], rows n (gate) and I/128 + n (up);
+// L2: W2 scales [E, H/128, I/128], rows 2n and 2n + 1.
+__device__ __forceinline__ const float* weight_scale_rows(const Operands& op, const Task& task) {
+  const bool shared = task.group == kExperts;
+  const int inter = group_inter(task.group);
+  if (task.kind == kTaskL1) {
+    const float* expert = shared ? op.w1s_scales
+                                 : op.w1_scales + static_cast<long long>(task.group) * (2 * inter / kQuant) * kHiddenBlocks;
+    return expert + static_cast<long long>(task.n) * kHiddenBlocks;
+  }
+  const float* expert = shared ? op.w2s_scales
+                               : op.w2_scales + static_cast<long long>(task.group) * kHiddenBlocks * (inter / kQuant);
+  return expert + static_cast<long long>(2 * task.n) * (inter / kQuant);
+}
+
+// Floats from the first weight-scale row to the second: L1 skips I/128 rows of H/128, L2 takes the next row.
+__device__ __forceinline__ int task_weight_scale_stride(const Task& task) {
+  return task.kind == kTaskL1 ? (group_inter(task.group) / kQuant) * kHiddenBlocks : task.k_blocks;
+}
+
 // ---------------------------------------------------------------------------------------------------
 // The math warpgroups' tile: 128 rows × (two chunks of 128 columns), K in 128-wide blocks, each block's
 // wgmma product promoted into fp32 with its two scales (as fp8_grouped_gemm.cu does).
@@ -479,7 +501,6 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
   int* const blocks = reinterpret_cast<int*>(smem + kOffBlocks);
   int* const hist = reinterpret_cast<int*>(smem + kOffHist);
   int* const broadcast = reinterpret_cast<int*>(smem + kOffBroadcast);
-  Task* const task_slots = reinterpret_cast<Task*>(smem + kOffTasks);
   const unsigned full_bar = base + kOffBars;
   const unsigned empty_bar = full_bar + 8 * kStages;
   const unsigned task_full_bar = empty_bar + 8 * kStages;
@@ -549,12 +570,13 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
 
   // ---- 3. place
-  const int place_chunks = (op.tokens + kPlaceChunkTokens - 1) / kPlaceChunkTokens;
+  const int place_tokens = max(1, min(kMaxPlaceChunkTokens, op.tokens / static_cast<int>(gridDim.x)));
+  const int place_chunks = (op.tokens + place_tokens - 1) / place_tokens;
   for (;;) {
     const int chunk = cta_claim(ws + kPlaceClaim, broadcast);
     if (chunk >= place_chunks) break;
-    const int t0 = chunk * kPlaceChunkTokens;
-    const int items = (min(op.tokens, t0 + kPlaceChunkTokens) - t0) * (kTopK + 1);
+    const int t0 = chunk * place_tokens;
+    const int items = (min(op.tokens, t0 + place_tokens) - t0) * (kTopK + 1);
     for (int item = warp; item < items; item += kThreads / 32) {
       const int t = t0 + item / (kTopK + 1);
       const int s = item % (kTopK + 1);
@@ -578,7 +600,18 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
       }
       const unsigned char* src = op.xq + static_cast<long long>(t) * kHidden;
       unsigned char* dst = op.pool_x + static_cast<long long>(row) * kHidden;
-      for (int v = lane; v < kHidden / 16; v += 32) megamoe::st_v4(dst + 16 * v, megamoe::ld_nc_v4(src + 16 * v));
+      // Every load of the row is issued before the first store: one memory latency per row, not one per piece.
+      u32x4 piece[kRowVectorsPerLane];
+#pragma unroll
+      for (int j = 0; j < kRowVectorsPerLane; ++j) {
+        const int v = lane + 32 * j;
+        if (v < kHidden / 16) piece[j] = megamoe::ld_nc_v4(src + 16 * v);
+      }
+#pragma unroll
+      for (int j = 0; j < kRowVectorsPerLane; ++j) {
+        const int v = lane + 32 * j;
+        if (v < kHidden / 16) megamoe::st_v4(dst + 16 * v, piece[j]);
+      }
       for (int b = lane; b < kHiddenBlocks; b += 32) {
         megamoe::st_f32(op.pool_x_scales + static_cast<long long>(b) * op.r_pad + row,
                         op.x_scales[static_cast<long long>(t) * kHiddenBlocks + b]);
@@ -632,7 +665,18 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
         task.row_end = offsets[task.group + 1];
         task.k_blocks = task.kind == kTaskL1 ? kHiddenBlocks : group_inter(task.group) / kQuant;
       }
-      task_slots[slot] = task;
+      *reinterpret_cast<Task*>(smem + kOffTasks + slot * kTaskSlotBytes) = task;
+      if (task.kind != kTaskNone) {
+        // The tile's two weight-scale rows, so the math warpgroups start the tile without a global load.
+        float* sw = reinterpret_cast<float*>(smem + kOffTasks + slot * kTaskSlotBytes + 32);
+        const float* rows = weight_scale_rows(op, task);
+        const int stride = task_weight_scale_stride(task);
+#pragma unroll 8
+        for (int kb = 0; kb < task.k_blocks; ++kb) {
+          sw[kb] = load_scale(rows + kb);
+          sw[kMaxKBlocks + kb] = load_scale(rows + stride + kb);
+        }
+      }
       mbar_arrive(task_full_bar + 8 * slot);
       if (++slot == 2) {
         slot = 0;
@@ -712,45 +756,22 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
   int slot = 0;
   unsigned slot_phase = 0;
   float acc[2][kAccum];
-  for (int local = 0;; ++local) {
+  for (;;) {
     wait_barrier(task_full_bar + 8 * slot, slot_phase, op.status, kStatusTaskWait, slot);
-    const Task task = task_slots[slot];
-    __syncwarp();
-    if (lane == 0) mbar_arrive(task_empty_bar + 8 * slot);
+    const Task task = *reinterpret_cast<const Task*>(smem + kOffTasks + slot * kTaskSlotBytes);
+    const unsigned sw_rows = base + kOffTasks + slot * kTaskSlotBytes + 32;
+    const unsigned task_empty = task_empty_bar + 8 * slot;
     if (++slot == 2) {
       slot = 0;
       slot_phase ^= 1u;
     }
     if (task.kind == kTaskNone) break;
-
-    // This tile's two weight-scale rows into the buffer of this task's parity (the other buffer may still
-    // be read by a warp finishing the previous tile).
     const bool l1 = task.kind == kTaskL1;
-    const bool shared = task.group == kExperts;
-    const int inter = group_inter(task.group);
-    const float* sw_base;
-    int sw_row0;
-    int sw_row1;
-    if (l1) {
-      sw_base = shared ? op.w1s_scales : op.w1_scales + static_cast<long long>(task.group) * (2 * inter / kQuant) * kHiddenBlocks;
-      sw_row0 = task.n;
-      sw_row1 = inter / kQuant + task.n;
-    } else {
-      sw_base = shared ? op.w2s_scales : op.w2_scales + static_cast<long long>(task.group) * kHiddenBlocks * (inter / kQuant);
-      sw_row0 = 2 * task.n;
-      sw_row1 = 2 * task.n + 1;
-    }
-    const unsigned sw_rows = base + kOffSw + static_cast<unsigned>(local & 1) * 2 * kMaxKBlocks * 4;
-    for (int i = tid; i < 2 * task.k_blocks; i += kMathThreads) {
-      const bool second = i >= task.k_blocks;
-      const int kb = second ? i - task.k_blocks : i;
-      const int r = second ? sw_row1 : sw_row0;
-      store_shared_f32(sw_rows + ((second ? kMaxKBlocks : 0) + kb) * 4,
-                       load_scale(sw_base + static_cast<long long>(r) * task.k_blocks + kb));
-    }
-    named_barrier_sync(1, kMathThreads);
 
     tile_mainloop(m, task, sw_rows, stage, phase, acc);
+    // The slot (task and weight scales) is read: the producer may reuse it.
+    __syncwarp();
+    if (lane == 0) mbar_arrive(task_empty);
     if (l1) l1_epilogue(op, task, acc, frag_row, frag_col);
     else l2_epilogue(op, task, acc, frag_row, frag_col);
     fence_proxy_async_global();  // L1's h rows are read by TMA in other CTAs

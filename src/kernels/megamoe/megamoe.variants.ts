@@ -38,9 +38,9 @@ export function fusedSharedBytes(c: MoEConfig, stages: number): number {
   const aTile = FUSED_BLOCK_M * 128;
   const bTile = FUSED_BLOCK_N * 128;
   const saStride = alignUp((FUSED_BLOCK_M + 4) * 4, 128);
-  const offSw = stages * (aTile + bTile + saStride);
-  const offTasks = offSw + 2 * 2 * maxKBlocks * 4;
-  const offBars = alignUp(offTasks + 2 * 32, 8);
+  const offTasks = stages * (aTile + bTile + saStride);
+  const taskSlot = alignUp(32 + 2 * maxKBlocks * 4, 16); // the Task and its two weight-scale rows
+  const offBars = alignUp(offTasks + 2 * taskSlot, 8);
   const offOffsets = offBars + 8 * (2 * stages + 4);
   const bytes = offOffsets + 4 * (groups + 1) * 2 + 4 * groups + 16;
   return bytes + 1024;
