@@ -27,3 +27,6 @@ for case in ${SWEEPS:-"flash-ep8:1"}; do
     --out "$work/layers-$shape-shared$shared.json" --plot "$work/layers-$shape-shared$shared.svg" 2>&1 \
     | grep -vE "^[├┌└]" | grep -E "fused|floor|T=|written" | cut -c1-160 | tail -24
 done
+# Where the time goes: per-CTA timelines of the fused kernel.
+[ -n "${TRACE_T:-}" ] && timeout 120 node dist-test/scripts/gpu-fused-trace.js "${TRACE_SHAPE:-flash-ep8}" "$TRACE_T" 2>&1 | tee "$work/trace.txt" | tail -80
+true

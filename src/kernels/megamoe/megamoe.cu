@@ -172,6 +172,26 @@ enum StatusCode : int {
   kStatusSharedMemoryTooSmall = 8,
 };
 
+// Per-CTA timeline words written when op.trace is set (globaltimer ns; *Ns: summed wait times).
+enum Trace : int {
+  kTraceEntry = 0,
+  kTraceCountsReady,
+  kTracePlaced,
+  kTraceFirstTask,
+  kTraceProducerDone,
+  kTraceMathDone,
+  kTraceCombineStart,
+  kTraceEnd,
+  kTraceDependencyWaitNs,
+  kTraceStageEmptyWaitNs,
+  kTraceStageFullWaitNs,
+  kTraceEpilogueNs,
+  kTraceL1Tiles,
+  kTraceL2Tiles,
+  kTraceTaskWaitNs,
+  kTraceWords = 16,
+};
+
 enum TaskKind : int { kTaskNone = 0, kTaskL1 = 1, kTaskL2 = 2 };
 
 // What the producer hands the math warpgroups (one 32-byte task slot).
@@ -204,6 +224,7 @@ struct Operands {
   unsigned short* out;       // bf16 [T, H]
   int* workspace;
   int* status;
+  unsigned long long* trace;  // null, or kTraceWords per CTA (see Trace)
   int tokens;
   int r_pad;
   int max_blocks;
@@ -235,6 +256,19 @@ __device__ __forceinline__ void report(int* status, int code, int a, int b) {
     status[3] = b;
     __threadfence();
   }
+}
+
+__device__ __forceinline__ void trace_time(unsigned long long* trace, int word) {
+  if (trace != nullptr) trace[blockIdx.x * kTraceWords + word] = global_timer_ns();
+}
+
+__device__ __forceinline__ void trace_add(unsigned long long* trace, int word, unsigned long long v) {
+  if (trace != nullptr) trace[blockIdx.x * kTraceWords + word] += v;
+}
+
+// Now, when tracing (0 otherwise: the timer read costs nothing then).
+__device__ __forceinline__ unsigned long long trace_clock(const unsigned long long* trace) {
+  return trace != nullptr ? global_timer_ns() : 0ull;
 }
 
 // Spins until *p >= target (acquire). On timeout: report and exit the thread.
@@ -352,6 +386,7 @@ struct MathContext {
   unsigned empty_bar;
   int lane;
   int* status;
+  unsigned long long* trace;
 };
 
 __device__ __forceinline__ void tile_mainloop(const MathContext& m, const Task& task, unsigned sw_rows,
@@ -365,7 +400,9 @@ __device__ __forceinline__ void tile_mainloop(const MathContext& m, const Task& 
   for (int kb = 0; kb < task.k_blocks; ++kb) {
     const float sw0 = load_shared_f32(sw_rows + kb * 4);
     const float sw1 = load_shared_f32(sw_rows + (kMaxKBlocks + kb) * 4);
+    const unsigned long long t0 = trace_clock(m.trace);
     wait_barrier(m.full_bar + 8 * stage, phase, m.status, kStatusStageFullWait, stage);
+    if (threadIdx.x == 0) trace_add(m.trace, kTraceStageFullWaitNs, trace_clock(m.trace) - t0);
     if (active) {
       const unsigned sa = m.sa_smem + stage * kSaStride + (task.row0 & 3) * 4;
       const float sa_lo = load_shared_f32(sa);
@@ -522,6 +559,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
     if (tid == 0) report(op.status, kStatusSharedMemoryTooSmall, static_cast<int>(dynamic_bytes), kDynamicSmemBytes);
     return;
   }
+  if (tid == 0) trace_time(op.trace, kTraceEntry);
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
       mbar_init(full_bar + 8 * s, 1);
@@ -563,7 +601,10 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
   }
 
   // ---- 2. offsets (every CTA, from the finished counts)
-  if (tid == 0) wait_at_least(ws + kCountDone, count_chunks, op.status, kStatusCountWait, count_chunks);
+  if (tid == 0) {
+    wait_at_least(ws + kCountDone, count_chunks, op.status, kStatusCountWait, count_chunks);
+    trace_time(op.trace, kTraceCountsReady);
+  }
   __syncthreads();
   const int shared_rows = op.use_shared != 0 && kSharedInter > 0 ? op.tokens : 0;
   if (warp == 0) build_groups(counts, shared_rows, offsets, blocks);
@@ -624,6 +665,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
     if (tid == 0) add_release(ws + kPlaceDone, 1);
   }
 
+  if (tid == 0) trace_time(op.trace, kTracePlaced);
+
   // ---- 4. tiles
   const int total_blocks = blocks[kGroups];
   const int routed_blocks = blocks[kExperts];
@@ -640,8 +683,11 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
     unsigned phase = 0;
     int slot = 0;
     unsigned slot_phase = 0;
+    bool first = true;
     for (;;) {
       const int claimed = atomicAdd(ws + kTaskClaim, 1);
+      if (first) trace_time(op.trace, kTraceFirstTask);
+      first = false;
       wait_barrier(task_empty_bar + 8 * slot, slot_phase ^ 1u, op.status, kStatusTaskWait, slot);
       Task task{};
       if (claimed < total_tasks) {
@@ -682,7 +728,10 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
         slot = 0;
         slot_phase ^= 1u;
       }
-      if (task.kind == kTaskNone) break;
+      if (task.kind == kTaskNone) {
+        trace_time(op.trace, kTraceProducerDone);
+        break;
+      }
 
       const bool l1 = task.kind == kTaskL1;
       const bool shared = task.group == kExperts;
@@ -698,7 +747,9 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
       const int early = task.k_blocks < kStages ? task.k_blocks : kStages;
       const int first_stage = stage;
       for (int kb = 0; kb < task.k_blocks; ++kb) {
+        const unsigned long long t_empty = trace_clock(op.trace);
         wait_barrier(empty_bar + 8 * stage, phase ^ 1u, op.status, kStatusStageEmptyWait, stage);
+        trace_add(op.trace, kTraceStageEmptyWaitNs, trace_clock(op.trace) - t_empty);
         const unsigned bar = full_bar + 8 * stage;
         if (kb < early) {
           // Weights first: they do not depend on other CTAs.
@@ -708,12 +759,14 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
         }
         if (kb == early - 1) {
           // Then the rows: arrived (L1) or produced by every L1 tile of the block (L2).
+          const unsigned long long t_dep = trace_clock(op.trace);
           if (l1) {
             const int rows = min(kBlockM, task.row_end - task.row0);
             wait_at_least(arrived + task.block, rows, op.status, kStatusArrivalWait, task.block);
           } else {
             wait_at_least(l1_done + task.block, inter / kQuant, op.status, kStatusL1Wait, task.block);
           }
+          trace_add(op.trace, kTraceDependencyWaitNs, trace_clock(op.trace) - t_dep);
           fence_proxy_async_global();
           int s = first_stage;
           for (int k = 0; k < early; ++k) {
@@ -750,14 +803,17 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
                       full_bar,
                       empty_bar,
                       lane,
-                      op.status};
+                      op.status,
+                      op.trace};
   int stage = 0;
   unsigned phase = 0;
   int slot = 0;
   unsigned slot_phase = 0;
   float acc[2][kAccum];
   for (;;) {
+    const unsigned long long t_task = trace_clock(op.trace);
     wait_barrier(task_full_bar + 8 * slot, slot_phase, op.status, kStatusTaskWait, slot);
+    if (tid == 0) trace_add(op.trace, kTraceTaskWaitNs, trace_clock(op.trace) - t_task);
     const Task task = *reinterpret_cast<const Task*>(smem + kOffTasks + slot * kTaskSlotBytes);
     const unsigned sw_rows = base + kOffTasks + slot * kTaskSlotBytes + 32;
     const unsigned task_empty = task_empty_bar + 8 * slot;
@@ -772,17 +828,24 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
     // The slot (task and weight scales) is read: the producer may reuse it.
     __syncwarp();
     if (lane == 0) mbar_arrive(task_empty);
+    const unsigned long long t_epilogue = trace_clock(op.trace);
     if (l1) l1_epilogue(op, task, acc, frag_row, frag_col);
     else l2_epilogue(op, task, acc, frag_row, frag_col);
     fence_proxy_async_global();  // L1's h rows are read by TMA in other CTAs
     named_barrier_sync(1, kMathThreads);
-    if (tid == 0) add_release(l1 ? l1_done + task.block : ws + kL2Done, 1);
+    if (tid == 0) {
+      add_release(l1 ? l1_done + task.block : ws + kL2Done, 1);
+      trace_add(op.trace, kTraceEpilogueNs, trace_clock(op.trace) - t_epilogue);
+      trace_add(op.trace, l1 ? kTraceL1Tiles : kTraceL2Tiles, 1);
+    }
   }
+  if (tid == 0) trace_time(op.trace, kTraceMathDone);
 
   // ---- 5. combine
   if (tid == 0) {
     wait_at_least(ws + kPlaceDone, place_chunks, op.status, kStatusCombineWait, 0);
     wait_at_least(ws + kL2Done, total_l2, op.status, kStatusCombineWait, 1);
+    trace_time(op.trace, kTraceCombineStart);
   }
   const int shared_row0 = shared_rows > 0 ? offsets[kExperts] : -1;
   const int combine_chunks = (op.tokens + kCombineChunkTokens - 1) / kCombineChunkTokens;
@@ -806,6 +869,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
     broadcast[2] = atomicAdd(ws + kExitCount, 1) == static_cast<int>(gridDim.x) - 1 ? 1 : 0;
   }
   named_barrier_sync(1, kMathThreads);
+  if (tid == 0) trace_time(op.trace, kTraceEnd);
   if (broadcast[2] == 1) {
     __threadfence();
     for (int i = tid; i < kCounterWords + 2 * kGroups; i += kMathThreads) ws[i] = 0;

@@ -36,8 +36,57 @@ import {
 export const FUSED_KERNEL_SOURCE = "megamoe/megamoe.cu";
 export const FUSED_KERNEL = "megamoe_fused";
 
-/** Bytes of megamoe.cu's `Operands` struct: 17 pointers, 5 int32, 1 float. */
-const OPERANDS_BYTES = 17 * 8 + 6 * 4;
+/** megamoe.cu's `Operands` struct: 18 pointers (in this order), then 5 int32 and 1 float. */
+const OPERAND_POINTERS = [
+  "xq",
+  "x_scales",
+  "ids",
+  "weights",
+  "w1_scales",
+  "w2_scales",
+  "w1s_scales",
+  "w2s_scales",
+  "pool_x",
+  "pool_x_scales",
+  "pool_h",
+  "pool_h_scales",
+  "y",
+  "slot_row",
+  "out",
+  "workspace",
+  "status",
+  "trace",
+] as const;
+type OperandPointer = (typeof OPERAND_POINTERS)[number];
+const pointerOffset = (name: OperandPointer) => 8 * OPERAND_POINTERS.indexOf(name);
+const SCALARS = 8 * OPERAND_POINTERS.length;
+const OFF_TOKENS = SCALARS;
+const OFF_R_PAD = SCALARS + 4;
+const OFF_MAX_BLOCKS = SCALARS + 8;
+const OFF_USE_SHARED = SCALARS + 12;
+const OFF_HAS_CLAMP = SCALARS + 16;
+const OFF_CLAMP = SCALARS + 20;
+const OPERANDS_BYTES = SCALARS + 24;
+/** Per-CTA words of the kernel's trace (its `Trace` enum), in order. */
+export const FUSED_TRACE_FIELDS = [
+  "entry",
+  "countsReady",
+  "placed",
+  "firstTask",
+  "producerDone",
+  "mathDone",
+  "combineStart",
+  "end",
+  "dependencyWaitNs",
+  "stageEmptyWaitNs",
+  "stageFullWaitNs",
+  "epilogueNs",
+  "l1Tiles",
+  "l2Tiles",
+  "taskWaitNs",
+] as const;
+const TRACE_WORDS = 16;
+export type FusedTraceRow = Record<(typeof FUSED_TRACE_FIELDS)[number], number>;
 const MAP_COUNT = 8;
 
 /** One forward's operands on the kernel's device. */
@@ -105,6 +154,8 @@ export class FusedMoEKernel {
   private readonly maxBlocks: number;
   private readonly rPad: number;
   private readonly hasShared: boolean;
+  private trace: DeviceTensor | null = null;
+  private tracing = false;
   private disposed = false;
 
   constructor(device: Device, weights: DeviceMoEWeights, maxTokens: number) {
@@ -170,30 +221,25 @@ export class FusedMoEKernel {
       this.encodeWeights(7, shared.w2, sharedInter, sharedExperts * H);
 
       const v = new DataView(this.operands.buffer);
-      const pointers: bigint[] = [
-        0n, // xq (per launch)
-        0n, // x_scales
-        0n, // ids
-        0n, // weights
-        routed.w1Scales.ptr,
-        routed.w2Scales.ptr,
-        shared.w1Scales.ptr,
-        shared.w2Scales.ptr,
-        poolX.ptr,
-        poolXScales.ptr,
-        poolH.ptr,
-        poolHScales.ptr,
-        y.ptr,
-        slotRow.ptr,
-        0n, // out
-        this.workspace.ptr,
-        this.status.ptr,
+      const fixed: [OperandPointer, bigint][] = [
+        ["w1_scales", routed.w1Scales.ptr],
+        ["w2_scales", routed.w2Scales.ptr],
+        ["w1s_scales", shared.w1Scales.ptr],
+        ["w2s_scales", shared.w2Scales.ptr],
+        ["pool_x", poolX.ptr],
+        ["pool_x_scales", poolXScales.ptr],
+        ["pool_h", poolH.ptr],
+        ["pool_h_scales", poolHScales.ptr],
+        ["y", y.ptr],
+        ["slot_row", slotRow.ptr],
+        ["workspace", this.workspace.ptr],
+        ["status", this.status.ptr],
       ];
-      for (const [i, p] of pointers.entries()) v.setBigUint64(8 * i, p, true);
-      v.setInt32(17 * 8 + 4, this.rPad, true);
-      v.setInt32(17 * 8 + 8, this.maxBlocks, true);
-      v.setInt32(17 * 8 + 16, c.swigluClamp === null ? 0 : 1, true);
-      v.setFloat32(17 * 8 + 20, c.swigluClamp ?? 0, true);
+      for (const [name, ptr] of fixed) v.setBigUint64(pointerOffset(name), ptr, true);
+      v.setInt32(OFF_R_PAD, this.rPad, true);
+      v.setInt32(OFF_MAX_BLOCKS, this.maxBlocks, true);
+      v.setInt32(OFF_HAS_CLAMP, c.swigluClamp === null ? 0 : 1, true);
+      v.setFloat32(OFF_CLAMP, c.swigluClamp ?? 0, true);
     } catch (e) {
       this.dispose();
       throw e;
@@ -251,13 +297,16 @@ export class FusedMoEKernel {
     expectOperand(where, "weights", f.weights, "fp32", [tokens, c.topK], this.device);
     expectOperand(where, "out", f.out, "bf16", [tokens, H], this.device);
     const v = new DataView(this.operands.buffer);
-    v.setBigUint64(0, f.xq.ptr, true);
-    v.setBigUint64(8, f.xScales.ptr, true);
-    v.setBigUint64(16, f.ids.ptr, true);
-    v.setBigUint64(24, f.weights.ptr, true);
-    v.setBigUint64(14 * 8, f.out.ptr, true);
-    v.setInt32(17 * 8, tokens, true);
-    v.setInt32(17 * 8 + 12, f.shared && this.hasShared ? 1 : 0, true);
+    v.setBigUint64(pointerOffset("xq"), f.xq.ptr, true);
+    v.setBigUint64(pointerOffset("x_scales"), f.xScales.ptr, true);
+    v.setBigUint64(pointerOffset("ids"), f.ids.ptr, true);
+    v.setBigUint64(pointerOffset("weights"), f.weights.ptr, true);
+    v.setBigUint64(pointerOffset("out"), f.out.ptr, true);
+    const trace = this.tracing ? this.trace : null;
+    v.setBigUint64(pointerOffset("trace"), trace?.ptr ?? 0n, true);
+    v.setInt32(OFF_TOKENS, tokens, true);
+    v.setInt32(OFF_USE_SHARED, f.shared && this.hasShared ? 1 : 0, true);
+    trace?.fill(0, stream);
     this.args.struct(MAP_COUNT, this.operands);
     if (!Number.isInteger(this.ctas) || this.ctas < 1 || this.ctas > this.device.smCount) {
       throw new RangeError(
@@ -296,6 +345,40 @@ export class FusedMoEKernel {
     }
   }
 
+  /**
+   * Diagnosis: from the next launch on, every CTA records its timeline (phase times, summed waits) into a
+   * buffer that `readTrace` returns. Costs a few timer reads per wait; not for timing runs.
+   */
+  enableTrace(): void {
+    if (this.trace === null)
+      this.trace = DeviceTensor.empty(this.device, "int64", [this.device.smCount, TRACE_WORDS]);
+    this.tracing = true;
+  }
+
+  /** Launches stop recording (the buffer is kept for the next enableTrace). */
+  disableTrace(): void {
+    this.tracing = false;
+  }
+
+  /** The last traced launch's timeline, one row per CTA (times in ns since the earliest CTA's entry). */
+  readTrace(): FusedTraceRow[] {
+    if (this.trace === null) throw new Error("FusedMoEKernel.readTrace: enableTrace() first");
+    this.device.synchronize();
+    const words = this.trace.toHost() as BigInt64Array;
+    const rows: FusedTraceRow[] = [];
+    let t0 = Number.POSITIVE_INFINITY;
+    for (let cta = 0; cta < this.ctas; cta++) t0 = Math.min(t0, Number(words[cta * TRACE_WORDS]));
+    for (let cta = 0; cta < this.ctas; cta++) {
+      const row = {} as FusedTraceRow;
+      FUSED_TRACE_FIELDS.forEach((field, i) => {
+        const w = Number(words[cta * TRACE_WORDS + i]);
+        row[field] = i < 8 ? (w === 0 ? Number.NaN : w - t0) : w;
+      });
+      rows.push(row);
+    }
+    return rows;
+  }
+
   /** For tests: every byte of the pools and the slot map set to `byte` (0xFF: NaN everywhere). */
   fillScratch(byte: number, stream: Stream | null = null): void {
     for (const t of this.owned) {
@@ -307,5 +390,6 @@ export class FusedMoEKernel {
     if (this.disposed) return;
     this.disposed = true;
     for (const t of this.owned) t.dispose();
+    this.trace?.dispose();
   }
 }
