@@ -211,6 +211,8 @@ export class MoELayer {
         weights,
         this.pipeline,
       );
+    } else if (this.backend === "cpu" && options.pipeline !== undefined) {
+      throw new InputError(`the pipeline applies to the "cuda" backend; this layer runs on the "cpu"`);
     } else if (this.backend !== "cpu") {
       throw new InputError(`unknown backend "${String(this.backend)}" (expected "cpu" or "cuda")`);
     }
