@@ -22,10 +22,10 @@ for case in ${SWEEPS:-"flash-ep8:1"}; do
   shape=${case%:*}; shared=${case#*:}
   timeout 100 python3 bench/peers/torch_moe.py --shape "$shape" --shared "$shared" --tokens ${SWEEP_T:-1,8,64,512,4096,8192} \
     --iters 20 --out "$work/torch-$shape-shared$shared.json" 2>&1 | tail -2
-  timeout 150 node dist/cli/main.js bench --impl fused,unfused --shape "$shape" --shared "$shared" \
+  timeout 200 node dist/cli/main.js bench --impl fused,unfused --configs --shape "$shape" --shared "$shared" \
     --tokens ${SWEEP_T:-1,8,64,512,4096,8192} --iters 20 --peer "$work/torch-$shape-shared$shared.json" \
     --out "$work/layers-$shape-shared$shared.json" --plot "$work/layers-$shape-shared$shared.svg" 2>&1 \
-    | grep -vE "^[├┌└]" | grep -E "fused|floor|T=|written" | cut -c1-160 | tail -24
+    | grep -vE "^[├┌└]" | grep -E "fused|floor|T=|written" | cut -c1-160 | tail -${SWEEP_LINES:-40}
 done
 # Where the time goes: per-CTA timelines of the fused kernel.
 [ -n "${TRACE_T:-}" ] && timeout 120 node dist-test/scripts/gpu-fused-trace.js "${TRACE_SHAPE:-flash-ep8}" "$TRACE_T" 2>&1 | tee "$work/trace.txt" | tail -80

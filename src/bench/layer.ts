@@ -15,6 +15,7 @@
  */
 import { type MoEConfig, QUANT_BLOCK, resolveConfig, sharedIntermediate } from "../config/config.js";
 import { type Device, DeviceTensor, type ResultRow, type Stream, timeKernel } from "../cuda/index.js";
+import { FUSED_BLOCK_MS, fusedBlockM } from "../kernels/megamoe/megamoe.variants.js";
 import { FusedPipeline } from "../pipeline/fused.js";
 import { type MoEPipeline, UnfusedPipeline } from "../pipeline/unfused.js";
 import { type Routing, randomRouting } from "../reference/router.js";
@@ -124,6 +125,8 @@ export interface LayerBenchOptions {
   iters?: number;
   /** Also time CUDA-graph replays of the forward (default true). */
   graph?: boolean;
+  /** Also time the fused kernel with every block M forced (rows `fused-m64`, `fused-m128`, graph). */
+  configs?: boolean;
   onProgress?: (done: number, total: number) => void;
 }
 
@@ -231,9 +234,20 @@ export function benchmarkLayer(device: Device, o: LayerBenchOptions): ResultRow[
           }
           if (p instanceof FusedPipeline && withGraph) {
             const launch = (s: Stream) => p.launchKernelOnly(ids, w, out, tokens, o.shared, s);
-            rows.push(
-              row("fused-kernel", timeKernel(device, launch, { warmup: 3, iters, graph: true }), true),
-            );
+            const timed = (impl: string, blockM: number) => {
+              const r = row(impl, timeKernel(device, launch, { warmup: 3, iters, graph: true }), true);
+              r.block_m = blockM;
+              rows.push(r);
+            };
+            timed("fused-kernel", fusedBlockM(config, tokens));
+            for (const blockM of o.configs ? FUSED_BLOCK_MS : []) {
+              p.kernel.blockM = blockM;
+              try {
+                timed(`fused-m${blockM}`, blockM);
+              } finally {
+                p.kernel.blockM = "auto";
+              }
+            }
           }
           p.checkStatus();
         }

@@ -32,6 +32,8 @@ export interface BenchOptions {
   seed: number;
   /** Also time CUDA-graph replays (unfused; default true). */
   graph?: boolean;
+  /** Fused: also time every block M forced, and say how far the heuristic's pick is from the best. */
+  configs?: boolean;
   tokens?: number[];
   hidden: number[];
   format: string;
@@ -114,6 +116,26 @@ export function resultsTable(rows: readonly ResultRow[], peer: readonly ResultRo
     table.push(cells);
   }
   return table.toString();
+}
+
+/**
+ * With --configs: per token count, the fused kernel's time with the heuristic's block M against the
+ * best forced configuration.
+ */
+export function configLines(rows: readonly ResultRow[]): string[] {
+  const lines: string[] = [];
+  for (const tokens of [...new Set(rows.map((r) => r.tokens))]) {
+    const forced = rows.filter((r) => r.tokens === tokens && /^fused-m\d+$/.test(String(r.impl)));
+    const picked = rows.find((r) => r.tokens === tokens && r.impl === "fused-kernel");
+    if (forced.length === 0 || picked === undefined) continue;
+    const best = forced.reduce((a, b) => (b.us_median < a.us_median ? b : a));
+    const off = (100 * (picked.us_median - best.us_median)) / best.us_median;
+    lines.push(
+      `T=${tokens}: heuristic BLOCK_M ${picked.block_m} ${picked.us_median.toFixed(1)} µs, best ${best.impl} ` +
+        `${best.us_median.toFixed(1)} µs (${off <= 0 ? "the best" : `+${off.toFixed(1)}%`})`,
+    );
+  }
+  return lines;
 }
 
 /** The layer pipelines an --impl names, or null for a kernel benchmark (quant, grouped-gemm). */
@@ -215,6 +237,7 @@ function runCases(
       fp8Tflops,
       iters: opts.iters,
       graph: opts.graph ?? true,
+      configs: opts.configs ?? false,
       onProgress: (d, t) => bar.update(d, t),
     });
   }
@@ -284,6 +307,7 @@ export async function runBench(opts: BenchOptions): Promise<void> {
   process.stdout.write(`${resultsTable(rows, peerRows)}\n`);
   if (layerImpls(opts.impl) !== null) {
     process.stdout.write(`  ${unfusedFloorLine(ceilings.readTbps, rate)}\n`);
+    for (const line of configLines(rows)) process.stdout.write(`  ${line}\n`);
     const failed = rows.find((r) => typeof r.graph_error === "string");
     if (failed)
       process.stdout.write(`  ${pc.yellow("no CUDA-graph timing:")} ${String(failed.graph_error)}\n`);

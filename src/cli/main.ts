@@ -93,6 +93,7 @@ program
   .option("--seed <n>", "seed of weights, inputs and routing", nonNegativeInt, 1)
   .option("--graph", "unfused: also time CUDA-graph replays (the default)")
   .option("--no-graph", "unfused: time eager launches only")
+  .option("--configs", "fused: also time every block M, and how far the heuristic's pick is from the best")
   .option(
     "--tokens <list>",
     "token counts (default 1,2,4,…,8192; quant: 1,7,129,1024,4096,8192; grouped-gemm: M per group 64,512,4096)",

@@ -688,17 +688,22 @@ describe("unfused MoE pipeline on a GPU", { skip }, () => {
         const b = runPipeline(pipeline, config, x, tokens, routing, true);
         assert.deepEqual(a, b, "two eager runs differ");
         if (pipeline instanceof FusedPipeline) {
-          // Other scheduling orders: fewer CTAs claim the same work in other interleavings.
-          for (const ctas of [1, 3, 17]) {
-            pipeline.kernel.ctas = ctas;
-            try {
-              assert.deepEqual(
-                runPipeline(pipeline, config, x, tokens, routing, true),
-                a,
-                `fused, ${ctas} CTAs`,
-              );
-            } finally {
-              pipeline.kernel.ctas = device().smCount;
+          // Other scheduling orders (fewer CTAs claim the same work in other interleavings) and both
+          // block Ms (64 splits the tile between the warpgroups by columns): the same bits.
+          for (const blockM of [64, 128] as const) {
+            for (const ctas of [1, 3, 17, device().smCount]) {
+              pipeline.kernel.ctas = ctas;
+              pipeline.kernel.blockM = blockM;
+              try {
+                assert.deepEqual(
+                  runPipeline(pipeline, config, x, tokens, routing, true),
+                  a,
+                  `fused, BLOCK_M ${blockM}, ${ctas} CTAs`,
+                );
+              } finally {
+                pipeline.kernel.ctas = device().smCount;
+                pipeline.kernel.blockM = "auto";
+              }
             }
           }
         }

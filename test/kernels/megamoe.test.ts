@@ -7,6 +7,8 @@ import { describe, test } from "node:test";
 import { PRESETS, resolveConfig } from "../../src/config/config.js";
 import { fusedLayerProblem } from "../../src/kernels/megamoe/megamoe.js";
 import {
+  FUSED_BLOCK_MS,
+  fusedBlockM,
   fusedDefines,
   fusedSharedBytes,
   fusedStages,
@@ -20,13 +22,25 @@ const OPTIN = 232_448;
 describe("fused MoE kernel: host-side facts", () => {
   test("every preset fits 227 KB with at least 3 stages, and one more stage would not fit", () => {
     for (const preset of Object.values(PRESETS)) {
-      const stages = fusedStages(preset);
-      assert.ok(stages >= 3, `${preset.name}: ${stages} stages`);
-      assert.ok(fusedSharedBytes(preset, stages) <= OPTIN, preset.name);
-      if (stages < 8)
-        assert.ok(fusedSharedBytes(preset, stages + 1) > OPTIN, `${preset.name}: could use more`);
+      for (const blockM of FUSED_BLOCK_MS) {
+        const stages = fusedStages(preset, blockM);
+        const what = `${preset.name} BLOCK_M ${blockM}`;
+        assert.ok(stages >= 3, `${what}: ${stages} stages`);
+        assert.ok(fusedSharedBytes(preset, stages, blockM) <= OPTIN, what);
+        if (stages < 8)
+          assert.ok(fusedSharedBytes(preset, stages + 1, blockM) > OPTIN, `${what}: could use more`);
+      }
       assert.equal(fusedLayerProblem(preset), null, preset.name);
     }
+  });
+
+  test("block M: 64 while the routed experts average at most 64 rows, else 128", () => {
+    const ep8 = resolveConfig("flash-ep8"); // 32 experts, top-6
+    assert.equal(fusedBlockM(ep8, 1), 64);
+    assert.equal(fusedBlockM(ep8, 341), 64); // 341 · 6 / 32 = 63.9
+    assert.equal(fusedBlockM(ep8, 342), 128);
+    assert.equal(fusedBlockM(resolveConfig("flash"), 2048), 64); // 48 rows per expert
+    assert.equal(fusedBlockM(resolveConfig("flash"), 8192), 128);
   });
 
   test("shapes it cannot run are named; a CPU layer has no GPU pipeline to choose", () => {
@@ -41,13 +55,13 @@ describe("fused MoE kernel: host-side facts", () => {
     );
   });
 
-  test("CI compiles one specialization per preset and scale format, spills forbidden", () => {
-    assert.equal(variants.length, 2 * Object.keys(PRESETS).length);
+  test("CI compiles one specialization per preset, scale format and block M, spills forbidden", () => {
+    assert.equal(variants.length, 2 * FUSED_BLOCK_MS.length * Object.keys(PRESETS).length);
     assert.ok(variants.every((v) => v.noSpill));
-    const flash = fusedDefines(resolveConfig("flash"));
     assert.deepEqual(
-      { ...flash },
+      { ...fusedDefines(resolveConfig("flash"), 128) },
       {
+        BLOCK_M: 128,
         HIDDEN: 4096,
         INTER: 2048,
         SHARED_INTER: 2048,
@@ -57,5 +71,6 @@ describe("fused MoE kernel: host-side facts", () => {
         SCALE_UE8M0: 0,
       },
     );
+    assert.equal(fusedStages(resolveConfig("flash"), 64), 5);
   });
 });

@@ -56,6 +56,9 @@
 #ifndef TOP_K
 #define TOP_K 6
 #endif
+#ifndef BLOCK_M
+#define BLOCK_M 128
+#endif
 #ifndef NUM_STAGES
 #define NUM_STAGES 4
 #endif
@@ -84,20 +87,20 @@ constexpr bool kUe8m0 = SCALE_UE8M0 != 0;
 constexpr unsigned long long kWatchdogNs = MEGAMOE_WATCHDOG_NS;
 
 constexpr int kQuant = 128;      // channels per activation scale; edge of a weight-scale block
-constexpr int kBlockM = 128;     // pool rows per tile (two math warpgroups of 64 rows)
+constexpr int kBlockM = BLOCK_M;  // pool rows per tile (Split says how the math warpgroups share it)
 constexpr int kBlockN = 256;     // L1: 128 gate + 128 up channels; L2: 256 output columns
 constexpr int kBlockK = 128;
 constexpr int kMathThreads = 256;
 constexpr int kThreads = kMathThreads + 128;  // + the producer warpgroup
 constexpr int kMathWarps = kMathThreads / 32;
-constexpr int kChunkN = 128;                 // one wgmma chunk: m64 × n128 per warpgroup
-constexpr int kAccum = kChunkN / 2;          // its fp32 accumulators per thread
+constexpr int kAccum = 64;                   // fp32 accumulators per thread of one m64 × n128 chunk
 constexpr int kGroups = kExperts + 1;        // group kExperts: the shared expert
 constexpr int kMaxInter = kInter > kSharedInter ? kInter : kSharedInter;
 constexpr int kHiddenBlocks = kHidden / kQuant;
 constexpr int kL2TilesPerBlock = kHidden / kBlockN;
 constexpr int kMaxKBlocks = kHiddenBlocks > kMaxInter / kQuant ? kHiddenBlocks : kMaxInter / kQuant;
 
+static_assert(kBlockM == 64 || kBlockM == 128, "BLOCK_M must be 64 or 128");
 static_assert(kHidden % kBlockN == 0, "HIDDEN must be a multiple of 256");
 static_assert(kInter > 0 && kInter % kQuant == 0, "INTER must be a positive multiple of 128");
 static_assert(kSharedInter % kQuant == 0, "SHARED_INTER must be a multiple of 128");
@@ -137,7 +140,8 @@ constexpr unsigned kTaskSlotBytes = align_up(32 + 2 * kMaxKBlocks * 4, 16);
 constexpr unsigned kOffTasks = kOffSa + kStages * kSaStride;
 constexpr unsigned kOffBars = align_up(kOffTasks + 2 * kTaskSlotBytes, 8);
 constexpr unsigned kBarCount = 2 * kStages + 4;  // full[S], empty[S], task_full[2], task_empty[2]
-constexpr unsigned kOffOffsets = kOffBars + 8 * kBarCount;  // int[kGroups + 1]: first pool row per group
+constexpr unsigned kOffAmax = kOffBars + 8 * kBarCount;         // float[2][64]: row amax per warpgroup
+constexpr unsigned kOffOffsets = kOffAmax + 2 * 64 * 4;  // int[kGroups + 1]: first pool row per group
 constexpr unsigned kOffBlocks = kOffOffsets + 4 * (kGroups + 1);  // int[kGroups + 1]: first block per group
 constexpr unsigned kOffHist = kOffBlocks + 4 * (kGroups + 1);     // int[kGroups]: a chunk's counts
 constexpr unsigned kOffBroadcast = kOffHist + 4 * kGroups;        // int[4]
@@ -375,31 +379,58 @@ __device__ __forceinline__ int task_weight_scale_stride(const Task& task) {
 }
 
 // ---------------------------------------------------------------------------------------------------
-// The math warpgroups' tile: 128 rows × (two chunks of 128 columns), K in 128-wide blocks, each block's
-// wgmma product promoted into fp32 with its two scales (as fp8_grouped_gemm.cu does).
+// The math warpgroups' tile: K in 128-wide blocks, each block's wgmma product promoted into fp32 with
+// its two scales (as fp8_grouped_gemm.cu does). B holds 256 weight rows: L1 gate rows then up rows of
+// the same 128 channels, L2 256 output columns.
+
+// How the two math warpgroups split a tile.
+//   BLOCK_M 128: warpgroup w owns rows 64w .. 64w + 63 and all 256 B rows as two n128 chunks (L1: gate,
+//                up); the weight-scale row of chunk c is c.
+//   BLOCK_M 64:  both own rows 0 .. 63 (half the A bytes per stage: the decode shape). L1: warpgroup w
+//                owns channels 64w .. 64w + 63 of gate and of up (two n64 chunks, scale rows 0 and 1);
+//                L2: columns 128w .. 128w + 127 (one n128 chunk, scale row w).
+template <bool kL1>
+struct Split {
+  static constexpr bool kWide = kBlockM == 128;
+  static constexpr int kChunks = kWide || kL1 ? 2 : 1;
+  static constexpr int kN = kWide || !kL1 ? 128 : 64;
+  static constexpr int kAcc = kN / 2;
+  __device__ static int row_offset(int w) { return kWide ? 64 * w : 0; }
+  __device__ static int b_row(int c, int w) { return kWide ? c * 128 : (kL1 ? c * 128 + 64 * w : 128 * w); }
+  __device__ static int sw_row(int c, int w) { return kWide || kL1 ? c : w; }
+  // First column of chunk c: L1 a channel of the 128-channel block, L2 a column of the 256.
+  __device__ static int column(int c, int w) { return kWide ? (kL1 ? 0 : 128 * c) : (kL1 ? 64 * w : 128 * w); }
+};
 
 struct MathContext {
-  unsigned a_smem;   // this warpgroup's 64 rows of stage 0's A tile
+  unsigned a_smem;   // stage 0's A tile at this warpgroup's first row
   unsigned b_smem;   // stage 0's B tile
   unsigned sa_smem;  // stage 0's A scales, at this thread's fragment row
   unsigned full_bar;
   unsigned empty_bar;
+  unsigned amax_smem;  // float[2][64]
+  int warpgroup;
   int lane;
   int* status;
   unsigned long long* trace;
 };
 
+template <bool kL1>
 __device__ __forceinline__ void tile_mainloop(const MathContext& m, const Task& task, unsigned sw_rows,
                                               int& stage, unsigned& phase, float (&acc)[2][kAccum]) {
-  float partial[kAccum];
+  using S = Split<kL1>;
+  float partial[S::kAcc];
 #pragma unroll
   for (int c = 0; c < 2; ++c)
 #pragma unroll
     for (int i = 0; i < kAccum; ++i) acc[c][i] = 0.0f;
-  const bool active = task.row0 + static_cast<int>((threadIdx.x / 128) * 64) < task.row_end;
+  const bool active = task.row0 + S::row_offset(m.warpgroup) < task.row_end;
   for (int kb = 0; kb < task.k_blocks; ++kb) {
-    const float sw0 = load_shared_f32(sw_rows + kb * 4);
-    const float sw1 = load_shared_f32(sw_rows + (kMaxKBlocks + kb) * 4);
+    float sw[S::kChunks];
+#pragma unroll
+    for (int c = 0; c < S::kChunks; ++c) {
+      sw[c] = load_shared_f32(sw_rows + (S::sw_row(c, m.warpgroup) * kMaxKBlocks + kb) * 4);
+    }
     const unsigned long long t0 = trace_clock(m.trace);
     wait_barrier(m.full_bar + 8 * stage, phase, m.status, kStatusStageFullWait, stage);
     if (threadIdx.x == 0) trace_add(m.trace, kTraceStageFullWaitNs, trace_clock(m.trace) - t0);
@@ -410,23 +441,23 @@ __device__ __forceinline__ void tile_mainloop(const MathContext& m, const Task& 
       const unsigned a_stage = m.a_smem + stage * kATileBytes;
       const unsigned b_stage = m.b_smem + stage * kBTileBytes;
 #pragma unroll
-      for (int c = 0; c < 2; ++c) {
+      for (int c = 0; c < S::kChunks; ++c) {
         fence_registers(partial);
         wgmma_fence();
+        const unsigned b_chunk = b_stage + S::b_row(c, m.warpgroup) * kBlockK;
 #pragma unroll
         for (int k = 0; k < kBlockK / 32; ++k) {
           const unsigned long long da = smem_descriptor(a_stage + k * 32);
-          const unsigned long long db = smem_descriptor(b_stage + c * kChunkN * kBlockK + k * 32);
-          wgmma_e4m3(partial, da, db, k > 0 ? 1 : 0);
+          const unsigned long long db = smem_descriptor(b_chunk + k * 32);
+          wgmma_e4m3(partial, da, db, k > 0 ? 1 : 0);  // overload by accumulator count: n = 2·count
         }
         wgmma_commit();
         wgmma_wait_all();
         fence_registers(partial);
-        const float sw = c == 0 ? sw0 : sw1;
-        const float scale_lo = sa_lo * sw;
-        const float scale_hi = sa_hi * sw;
+        const float scale_lo = sa_lo * sw[c];
+        const float scale_hi = sa_hi * sw[c];
 #pragma unroll
-        for (int i = 0; i < kAccum / 4; ++i) {
+        for (int i = 0; i < S::kAcc / 4; ++i) {
           acc[c][4 * i + 0] = fmaf(partial[4 * i + 0], scale_lo, acc[c][4 * i + 0]);
           acc[c][4 * i + 1] = fmaf(partial[4 * i + 1], scale_lo, acc[c][4 * i + 1]);
           acc[c][4 * i + 2] = fmaf(partial[4 * i + 2], scale_hi, acc[c][4 * i + 2]);
@@ -442,17 +473,19 @@ __device__ __forceinline__ void tile_mainloop(const MathContext& m, const Task& 
   }
 }
 
-// L1 epilogue: chunk 0 holds gate, chunk 1 up of the same 128 channels. Thread rows: frag_row and + 8,
-// columns 8i + frag_col + {0, 1}; the 4 lanes of a quad share a row, so the row's amax over the 128
-// channels is a max over the thread's 32 values and two shuffles.
-__device__ __forceinline__ void l1_epilogue(const Operands& op, const Task& task, float (&acc)[2][kAccum],
-                                            int frag_row, int frag_col) {
-  const int row_lo = task.row0 + static_cast<int>((threadIdx.x / 128) * 64) + frag_row;
+// L1 epilogue: chunk 0 holds gate, chunk 1 up of the same channels. Thread rows: frag_row and + 8,
+// columns 8i + frag_col + {0, 1} of its chunk; the 4 lanes of a quad share a row, so the row's amax is a
+// max over the thread's values and two shuffles, and with BLOCK_M 64 (each warpgroup holds 64 of the
+// 128 channels) a max with the other warpgroup's, through shared memory.
+__device__ __forceinline__ void l1_epilogue(const Operands& op, const MathContext& m, const Task& task,
+                                            float (&acc)[2][kAccum], int frag_row, int frag_col) {
+  using S = Split<true>;
+  const int row_lo = task.row0 + S::row_offset(m.warpgroup) + frag_row;
   const bool clamp_on = op.has_clamp != 0;
   float amax_lo = 0.0f;
   float amax_hi = 0.0f;
 #pragma unroll
-  for (int i = 0; i < kAccum; ++i) {
+  for (int i = 0; i < S::kAcc; ++i) {
     acc[0][i] = megamoe::swiglu(acc[0][i], acc[1][i], clamp_on, op.clamp);
     if ((i & 2) == 0) amax_lo = fmaxf(amax_lo, fabsf(acc[0][i]));
     else amax_hi = fmaxf(amax_hi, fabsf(acc[0][i]));
@@ -462,41 +495,58 @@ __device__ __forceinline__ void l1_epilogue(const Operands& op, const Task& task
     amax_lo = fmaxf(amax_lo, __shfl_xor_sync(0xffffffffu, amax_lo, d));
     amax_hi = fmaxf(amax_hi, __shfl_xor_sync(0xffffffffu, amax_hi, d));
   }
+  if constexpr (!S::kWide) {
+    const unsigned mine = m.amax_smem + static_cast<unsigned>(m.warpgroup * 64 + frag_row) * 4;
+    const unsigned other = m.amax_smem + static_cast<unsigned>((1 - m.warpgroup) * 64 + frag_row) * 4;
+    if ((m.lane & 3) == 0) {
+      store_shared_f32(mine, amax_lo);
+      store_shared_f32(mine + 8 * 4, amax_hi);
+    }
+    named_barrier_sync(2, kMathThreads);
+    amax_lo = fmaxf(amax_lo, load_shared_f32(other));
+    amax_hi = fmaxf(amax_hi, load_shared_f32(other + 8 * 4));
+  }
   const megamoe::GroupScale s_lo = megamoe::activation_scale<kUe8m0>(amax_lo);
   const megamoe::GroupScale s_hi = megamoe::activation_scale<kUe8m0>(amax_hi);
+  const int col0 = task.n * kQuant + S::column(0, m.warpgroup) + frag_col;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int row = row_lo + 8 * half;
     if (row >= task.row_end) continue;
     const megamoe::GroupScale s = half == 0 ? s_lo : s_hi;
-    unsigned short* dst = reinterpret_cast<unsigned short*>(op.pool_h + static_cast<long long>(row) * kMaxInter +
-                                                            task.n * kQuant + frag_col);
+    unsigned short* dst =
+        reinterpret_cast<unsigned short*>(op.pool_h + static_cast<long long>(row) * kMaxInter + col0);
 #pragma unroll
-    for (int i = 0; i < kAccum / 4; ++i) {
+    for (int i = 0; i < S::kAcc / 4; ++i) {
       const float x0 = megamoe::mul_rn(acc[0][4 * i + 2 * half], s.inv);
       const float x1 = megamoe::mul_rn(acc[0][4 * i + 2 * half + 1], s.inv);
       dst[4 * i] = megamoe::e4m3x2_from_floats(x0, x1);  // columns 8i + frag_col, + 1
     }
-    if (frag_col == 0) megamoe::st_f32(op.pool_h_scales + static_cast<long long>(task.n) * op.r_pad + row, s.scale);
+    if (frag_col == 0 && (S::kWide || m.warpgroup == 0)) {
+      megamoe::st_f32(op.pool_h_scales + static_cast<long long>(task.n) * op.r_pad + row, s.scale);
+    }
   }
 }
 
-// L2 epilogue: bf16 pairs of the 256 output columns.
-__device__ __forceinline__ void l2_epilogue(const Operands& op, const Task& task, const float (&acc)[2][kAccum],
-                                            int frag_row, int frag_col) {
-  const int row_lo = task.row0 + static_cast<int>((threadIdx.x / 128) * 64) + frag_row;
+// L2 epilogue: bf16 pairs of this warpgroup's output columns.
+__device__ __forceinline__ void l2_epilogue(const Operands& op, const MathContext& m, const Task& task,
+                                            const float (&acc)[2][kAccum], int frag_row, int frag_col) {
+  using S = Split<false>;
+  const int row_lo = task.row0 + S::row_offset(m.warpgroup) + frag_row;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int row = row_lo + 8 * half;
     if (row >= task.row_end) continue;
-    unsigned* dst = reinterpret_cast<unsigned*>(op.y + static_cast<long long>(row) * kHidden + task.n * kBlockN + frag_col);
+    unsigned short* row_out = op.y + static_cast<long long>(row) * kHidden + task.n * kBlockN + frag_col;
 #pragma unroll
-    for (int c = 0; c < 2; ++c)
+    for (int c = 0; c < S::kChunks; ++c) {
+      unsigned* dst = reinterpret_cast<unsigned*>(row_out + S::column(c, m.warpgroup));
 #pragma unroll
-      for (int i = 0; i < kAccum / 4; ++i) {
+      for (int i = 0; i < S::kAcc / 4; ++i) {
         const unsigned packed = megamoe::bf16x2_from_floats(acc[c][4 * i + 2 * half], acc[c][4 * i + 2 * half + 1]);
-        asm volatile("st.global.b32 [%0], %1;" ::"l"(dst + (c * kChunkN + 8 * i) / 2), "r"(packed) : "memory");
+        asm volatile("st.global.b32 [%0], %1;" ::"l"(dst + 4 * i), "r"(packed) : "memory");
       }
+    }
   }
 }
 
@@ -797,11 +847,14 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
   const int warpgroup = tid / 128;
   const int frag_row = ((tid / 32) & 3) * 16 + lane / 4;
   const int frag_col = 2 * (lane & 3);
-  const MathContext m{base + kOffA + static_cast<unsigned>(warpgroup) * 64 * kBlockK,
+  const int row_offset = Split<true>::row_offset(warpgroup);  // the same for both kinds
+  const MathContext m{base + kOffA + static_cast<unsigned>(row_offset) * kBlockK,
                       base + kOffB,
-                      base + kOffSa + static_cast<unsigned>(warpgroup * 64 + frag_row) * 4,
+                      base + kOffSa + static_cast<unsigned>(row_offset + frag_row) * 4,
                       full_bar,
                       empty_bar,
+                      base + kOffAmax,
+                      warpgroup,
                       lane,
                       op.status,
                       op.trace};
@@ -824,13 +877,14 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
     if (task.kind == kTaskNone) break;
     const bool l1 = task.kind == kTaskL1;
 
-    tile_mainloop(m, task, sw_rows, stage, phase, acc);
+    if (l1) tile_mainloop<true>(m, task, sw_rows, stage, phase, acc);
+    else tile_mainloop<false>(m, task, sw_rows, stage, phase, acc);
     // The slot (task and weight scales) is read: the producer may reuse it.
     __syncwarp();
     if (lane == 0) mbar_arrive(task_empty);
     const unsigned long long t_epilogue = trace_clock(op.trace);
-    if (l1) l1_epilogue(op, task, acc, frag_row, frag_col);
-    else l2_epilogue(op, task, acc, frag_row, frag_col);
+    if (l1) l1_epilogue(op, m, task, acc, frag_row, frag_col);
+    else l2_epilogue(op, m, task, acc, frag_row, frag_col);
     fence_proxy_async_global();  // L1's h rows are read by TMA in other CTAs
     named_barrier_sync(1, kMathThreads);
     if (tid == 0) {

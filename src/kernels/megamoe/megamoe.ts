@@ -24,9 +24,11 @@ import type { DeviceExpertPair, DeviceMoEWeights } from "../../weights/device.js
 import { aScalesRows } from "../gemm/grouped_gemm.js";
 import { expectOperand } from "../moe/moe.js";
 import {
-  FUSED_BLOCK_M,
+  FUSED_BLOCK_MS,
   FUSED_COUNTER_WORDS,
   FUSED_THREADS,
+  type FusedBlockM,
+  fusedBlockM,
   fusedDefines,
   fusedShapeProblem,
   fusedSharedBytes,
@@ -123,6 +125,25 @@ const STALL_NAMES: Record<number, string> = {
   8: "a launch with enough shared memory",
 };
 
+/** FP8 rows [rows, width] in 128 × 128 boxes with the 128-byte swizzle (the wgmma operand layout). */
+function encodeRows(
+  args: KernelArgs,
+  index: number,
+  t: DeviceTensor | DeviceExpertPair["w1"],
+  width: number,
+  rows: number,
+): void {
+  encodeTensorMapTiled(args.tensorMap(index), {
+    dataType: TensorMapDataType.UINT8,
+    globalAddress: t.ptr,
+    globalDims: [width, rows],
+    globalStridesBytes: [width],
+    boxDims: [128, 128],
+    swizzle: TensorMapSwizzle.B128,
+    l2Promotion: TensorMapL2Promotion.B256,
+  });
+}
+
 export class FusedMoEKernelError extends Error {
   override name = "FusedMoEKernelError";
 }
@@ -131,7 +152,7 @@ export class FusedMoEKernelError extends Error {
 export function fusedLayerProblem(config: MoEConfig): string | null {
   const shape = fusedShapeProblem(config);
   if (shape !== null) return shape;
-  if (fusedStages(config) === 0) return "its shared-memory layout does not fit 227 KB";
+  if (fusedStages(config, 128) === 0) return "its shared-memory layout does not fit 227 KB";
   return null;
 }
 
@@ -141,12 +162,18 @@ export class FusedMoEKernel {
   readonly maxTokens: number;
   /** Pool rows: T·k routed + T for the shared expert. */
   readonly poolRows: number;
-  readonly stages: number;
   /** CTAs per launch: the SM count (one per SM). Tests lower it to change the scheduling order. */
   ctas: number;
-  readonly sharedBytes: number;
-  private readonly kernel: Kernel;
-  private readonly args: KernelArgs;
+  /** Rows per tile: "auto" (fusedBlockM's choice from the token count) or forced (tests, benchmarks). */
+  blockM: "auto" | FusedBlockM = "auto";
+  /** The compiled kernel per block M, with its stage count, shared memory and encoded arguments. */
+  readonly specializations: readonly {
+    blockM: FusedBlockM;
+    stages: number;
+    sharedBytes: number;
+    kernel: Kernel;
+    args: KernelArgs;
+  }[];
   private readonly operands = new Uint8Array(OPERANDS_BYTES);
   private readonly owned: DeviceTensor[] = [];
   private readonly workspace: DeviceTensor;
@@ -174,20 +201,26 @@ export class FusedMoEKernel {
     const maxInter = Math.max(c.intermediate, sharedIntermediate(c));
     this.poolRows = maxTokens * c.topK + (this.hasShared ? maxTokens : 0);
     this.rPad = aScalesRows(this.poolRows);
-    this.maxBlocks = Math.ceil(this.poolRows / FUSED_BLOCK_M) + E + 1;
+    this.maxBlocks = Math.ceil(this.poolRows / Math.min(...FUSED_BLOCK_MS)) + E + 1;
     if (this.poolRows * Math.max(H, maxInter) >= 2 ** 31 * 16) {
       throw new RangeError(`maxTokens ${maxTokens} is too large for the fused kernel's row pool`);
     }
-    this.stages = fusedStages(c);
-    this.sharedBytes = fusedSharedBytes(c, this.stages);
     this.ctas = device.smCount;
-
-    const compiled = compileKernel({ source: FUSED_KERNEL_SOURCE, defines: fusedDefines(c, this.stages) });
-    this.kernel = loadKernel(device, compiled, FUSED_KERNEL);
-    this.kernel.setMaxDynamicSharedMemory(this.sharedBytes);
-    this.args = new KernelArgs(MAP_COUNT + 1, {
-      tensorMaps: [0, 1, 2, 3, 4, 5, 6, 7],
-      structs: { [MAP_COUNT]: OPERANDS_BYTES },
+    // Both block-M specializations are compiled and loaded now: a launch then only picks one (graph capture).
+    this.specializations = FUSED_BLOCK_MS.map((blockM) => {
+      const stages = fusedStages(c, blockM);
+      const sharedBytes = fusedSharedBytes(c, stages, blockM);
+      const compiled = compileKernel({
+        source: FUSED_KERNEL_SOURCE,
+        defines: fusedDefines(c, blockM, stages),
+      });
+      const kernel = loadKernel(device, compiled, FUSED_KERNEL);
+      kernel.setMaxDynamicSharedMemory(sharedBytes);
+      const args = new KernelArgs(MAP_COUNT + 1, {
+        tensorMaps: [0, 1, 2, 3, 4, 5, 6, 7],
+        structs: { [MAP_COUNT]: OPERANDS_BYTES },
+      });
+      return { blockM, stages, sharedBytes, kernel, args };
     });
 
     const alloc = <D extends "fp8_e4m3" | "fp32" | "bf16" | "int32">(dtype: D, shape: number[]) => {
@@ -211,14 +244,16 @@ export class FusedMoEKernel {
       const shared = weights.shared ?? routed; // never read when the layer has no shared expert
       const sharedInter = this.hasShared ? sharedIntermediate(c) : c.intermediate;
       const sharedExperts = this.hasShared ? 1 : E;
-      this.encodeRows(0, poolX, H);
-      this.encodeScales(1, poolXScales, H);
-      this.encodeWeights(2, routed.w1, H, E * 2 * c.intermediate);
-      this.encodeWeights(3, shared.w1, H, sharedExperts * 2 * sharedInter);
-      this.encodeRows(4, poolH, maxInter);
-      this.encodeScales(5, poolHScales, maxInter);
-      this.encodeWeights(6, routed.w2, c.intermediate, E * H);
-      this.encodeWeights(7, shared.w2, sharedInter, sharedExperts * H);
+      for (const { args, blockM } of this.specializations) {
+        encodeRows(args, 0, poolX, H, poolX.shape[0]!);
+        this.encodeScales(args, 1, poolXScales, H, blockM);
+        encodeRows(args, 2, routed.w1, H, E * 2 * c.intermediate);
+        encodeRows(args, 3, shared.w1, H, sharedExperts * 2 * sharedInter);
+        encodeRows(args, 4, poolH, maxInter, poolH.shape[0]!);
+        this.encodeScales(args, 5, poolHScales, maxInter, blockM);
+        encodeRows(args, 6, routed.w2, c.intermediate, E * H);
+        encodeRows(args, 7, shared.w2, sharedInter, sharedExperts * H);
+      }
 
       const v = new DataView(this.operands.buffer);
       const fixed: [OperandPointer, bigint][] = [
@@ -246,36 +281,20 @@ export class FusedMoEKernel {
     }
   }
 
-  /** FP8 rows [rows, width] in 128 × 128 boxes with the 128-byte swizzle (the wgmma operand layout). */
-  private encodeRows(index: number, t: DeviceTensor, width: number): void {
-    this.encodeWeights(index, t, width, t.shape[0]!);
-  }
-
-  private encodeWeights(
-    index: number,
-    t: DeviceTensor | DeviceExpertPair["w1"],
-    width: number,
-    rows: number,
-  ): void {
-    encodeTensorMapTiled(this.args.tensorMap(index), {
-      dataType: TensorMapDataType.UINT8,
-      globalAddress: t.ptr,
-      globalDims: [width, rows],
-      globalStridesBytes: [width],
-      boxDims: [128, 128],
-      swizzle: TensorMapSwizzle.B128,
-      l2Promotion: TensorMapL2Promotion.B256,
-    });
-  }
-
   /** Transposed scales [width/128, rPad]: boxes of BLOCK_M + 4 rows of one scale column. */
-  private encodeScales(index: number, t: DeviceTensor, width: number): void {
-    encodeTensorMapTiled(this.args.tensorMap(index), {
+  private encodeScales(
+    args: KernelArgs,
+    index: number,
+    t: DeviceTensor,
+    width: number,
+    blockM: number,
+  ): void {
+    encodeTensorMapTiled(args.tensorMap(index), {
       dataType: TensorMapDataType.FLOAT32,
       globalAddress: t.ptr,
       globalDims: [this.rPad, width / QUANT_BLOCK],
       globalStridesBytes: [this.rPad * 4],
-      boxDims: [FUSED_BLOCK_M + 4, 1],
+      boxDims: [blockM + 4, 1],
     });
   }
 
@@ -306,14 +325,18 @@ export class FusedMoEKernel {
     v.setBigUint64(pointerOffset("trace"), trace?.ptr ?? 0n, true);
     v.setInt32(OFF_TOKENS, tokens, true);
     v.setInt32(OFF_USE_SHARED, f.shared && this.hasShared ? 1 : 0, true);
-    trace?.fill(0, stream);
-    this.args.struct(MAP_COUNT, this.operands);
     if (!Number.isInteger(this.ctas) || this.ctas < 1 || this.ctas > this.device.smCount) {
       throw new RangeError(
         `FusedMoEKernel: ctas must be an integer in [1, ${this.device.smCount}], got ${this.ctas}`,
       );
     }
-    this.kernel.launch(this.ctas, FUSED_THREADS, this.sharedBytes, stream, this.args);
+    const blockM = this.blockM === "auto" ? fusedBlockM(c, tokens) : this.blockM;
+    const spec = this.specializations.find((k) => k.blockM === blockM);
+    if (spec === undefined)
+      throw new RangeError(`FusedMoEKernel: blockM must be "auto", 64 or 128, got ${blockM}`);
+    trace?.fill(0, stream);
+    spec.args.struct(MAP_COUNT, this.operands);
+    spec.kernel.launch(this.ctas, FUSED_THREADS, spec.sharedBytes, stream, spec.args);
   }
 
   /**

@@ -6,8 +6,13 @@
 import { type MoEConfig, PRESETS, QUANT_BLOCK, sharedIntermediate } from "../../config/config.js";
 import type { KernelDefines, KernelVariant } from "../variants.js";
 
-/** Pool rows per tile, and the tile's columns (L1: 128 gate + 128 up channels; L2: 256 outputs). */
-export const FUSED_BLOCK_M = 128;
+/**
+ * Pool rows per tile: 128 (two math warpgroups of 64 rows), or 64 for few rows per expert (both
+ * warpgroups on the same 64 rows, half the A bytes per stage). The tile's columns: L1 128 gate + 128 up
+ * channels, L2 256 outputs.
+ */
+export type FusedBlockM = 64 | 128;
+export const FUSED_BLOCK_MS: readonly FusedBlockM[] = [64, 128];
 export const FUSED_BLOCK_N = 256;
 /** Threads per CTA: two math warpgroups and one producer warpgroup. */
 export const FUSED_THREADS = 384;
@@ -31,32 +36,38 @@ export function fusedShapeProblem(c: MoEConfig): string | null {
 }
 
 /** Dynamic shared memory of one CTA, byte for byte megamoe.cu's layout (+1024 to align the base). */
-export function fusedSharedBytes(c: MoEConfig, stages: number): number {
+export function fusedSharedBytes(c: MoEConfig, stages: number, blockM: FusedBlockM): number {
   const groups = c.numExperts / c.ranks + 1;
   const maxInter = Math.max(c.intermediate, sharedIntermediate(c));
   const maxKBlocks = Math.max(c.hidden / QUANT_BLOCK, maxInter / QUANT_BLOCK);
-  const aTile = FUSED_BLOCK_M * 128;
+  const aTile = blockM * 128;
   const bTile = FUSED_BLOCK_N * 128;
-  const saStride = alignUp((FUSED_BLOCK_M + 4) * 4, 128);
+  const saStride = alignUp((blockM + 4) * 4, 128);
   const offTasks = stages * (aTile + bTile + saStride);
   const taskSlot = alignUp(32 + 2 * maxKBlocks * 4, 16); // the Task and its two weight-scale rows
   const offBars = alignUp(offTasks + 2 * taskSlot, 8);
-  const offOffsets = offBars + 8 * (2 * stages + 4);
+  const offAmax = offBars + 8 * (2 * stages + 4);
+  const offOffsets = offAmax + 2 * 64 * 4;
   const bytes = offOffsets + 4 * (groups + 1) * 2 + 4 * groups + 16;
   return bytes + 1024;
 }
 
 /** The deepest stage ring (up to FUSED_MAX_STAGES) that fits `budget`; 0 when 2 do not. */
-export function fusedStages(c: MoEConfig, budget = SHARED_OPTIN_BYTES): number {
+export function fusedStages(c: MoEConfig, blockM: FusedBlockM, budget = SHARED_OPTIN_BYTES): number {
   for (let s = FUSED_MAX_STAGES; s >= FUSED_MIN_STAGES; s--) {
-    if (fusedSharedBytes(c, s) <= budget) return s;
+    if (fusedSharedBytes(c, s, blockM) <= budget) return s;
   }
   return 0;
 }
 
 /** The -D macros of megamoe.cu for a layer shape. */
-export function fusedDefines(c: MoEConfig, stages = fusedStages(c)): KernelDefines {
+export function fusedDefines(
+  c: MoEConfig,
+  blockM: FusedBlockM,
+  stages = fusedStages(c, blockM),
+): KernelDefines {
   return {
+    BLOCK_M: blockM,
     HIDDEN: c.hidden,
     INTER: c.intermediate,
     SHARED_INTER: sharedIntermediate(c),
@@ -67,10 +78,20 @@ export function fusedDefines(c: MoEConfig, stages = fusedStages(c)): KernelDefin
   };
 }
 
-/** Every preset in both scale formats (the layer's shapes). */
+/**
+ * The block M for a launch: 64 when the routed experts average at most 64 rows (decode: the A tile is
+ * mostly padding at 128), else 128 (twice the rows per B tile streamed: half the weight traffic per row).
+ */
+export function fusedBlockM(c: MoEConfig, tokens: number): FusedBlockM {
+  return (tokens * c.topK) / c.numExperts <= 64 ? 64 : 128;
+}
+
+/** Every preset in both scale formats and both block Ms (the layer's shapes). */
 export const variants: readonly KernelVariant[] = Object.values(PRESETS).flatMap((preset) =>
-  (["fp32", "ue8m0"] as const).map((scaleFormat) => ({
-    defines: fusedDefines({ ...preset, scaleFormat }),
-    noSpill: true,
-  })),
+  (["fp32", "ue8m0"] as const).flatMap((scaleFormat) =>
+    FUSED_BLOCK_MS.map((blockM) => ({
+      defines: fusedDefines({ ...preset, scaleFormat }, blockM),
+      noSpill: true,
+    })),
+  ),
 );
