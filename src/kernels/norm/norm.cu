@@ -1,0 +1,155 @@
+// The boundary kernel before the MoE: RMSNorm of bf16 rows [T, H], optionally preceded by the
+// hyper-connection pre-mix of n residual streams [T, n, H] with per-token weights [T, n]; writes the
+// bf16 rows (optional) and, optionally, their FP8 e4m3 codes [T, H] with per-128 scales [T, H/128]
+// (the layout and the bits of quant.cu run on the bf16 rows).
+//
+// Numerics (docs/numerics.md, "RMSNorm and the pre-mix"; CPU: src/reference/norm.ts). One warp owns
+// a token. Lane l owns the 8-channel vectors v = l, l + 32, l + 64, … (one 16-byte bf16 load each), so a
+// step of the warp covers 256 contiguous channels and each half-warp one 128-channel quantization group.
+//   pre-mix   x = add_rn(… add_rn(add_rn(0, mul_rn(w0, s0)), mul_rn(w1, s1)) …)
+//   squares   each lane sums mul_rn(x, x) over its channels in increasing order (add_rn), then an xor
+//             butterfly over offsets 16, 8, 4, 2, 1 (commutative adds: every lane ends with the same sum)
+//   r         div_rn(1, sqrt_rn(add_rn(div_rn(ss, H), eps)))
+//   y         bf16(mul_rn(mul_rn(x, r), weight))
+// The row is read twice (the second time from L1/L2): the first pass sums the squares, the second
+// normalizes. With the pre-mix the second pass recomputes x from the streams, bit-identically.
+//
+// Compile-time parameters:
+//   HIDDEN       channels per token (multiple of 128)
+//   SCALE_UE8M0  1: FP8 scales rounded up to powers of two; 0: plain FP32 scales
+#include "megamoe/bf16.cuh"
+#include "megamoe/ptx.cuh"
+#include "megamoe/quant.cuh"
+
+#ifndef HIDDEN
+#define HIDDEN 7168
+#endif
+#ifndef SCALE_UE8M0
+#define SCALE_UE8M0 0
+#endif
+
+static_assert(HIDDEN > 0 && HIDDEN % megamoe::kQuantGroup == 0, "HIDDEN must be a positive multiple of 128");
+static_assert(SCALE_UE8M0 == 0 || SCALE_UE8M0 == 1, "SCALE_UE8M0 must be 0 or 1");
+
+namespace {
+
+constexpr int kVector = 8;                             // bf16 channels per 16-byte load
+constexpr int kVectors = HIDDEN / kVector;             // per row
+constexpr int kSteps = (kVectors + 31) / 32;           // warp steps per row (the last may be half)
+constexpr int kThreads = 128;                          // 4 tokens per block
+
+__device__ __forceinline__ float sqrt_rn(float x) {
+  float r;
+  asm("sqrt.rn.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
+
+__device__ __forceinline__ megamoe::u32x4 ld_v4(const void* p) {
+  return *static_cast<const megamoe::u32x4*>(p);
+}
+
+__device__ __forceinline__ void unpack8(const megamoe::u32x4& v, float (&f)[8]) {
+  const unsigned int w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    f[2 * k] = megamoe::bf16x2_low_to_float(w[k]);
+    f[2 * k + 1] = megamoe::bf16x2_high_to_float(w[k]);
+  }
+}
+
+// The fp32 input values of vector `v` of token `t`: the bf16 row, or the pre-mix of the n streams.
+__device__ __forceinline__ void load_x(const unsigned char* x, const unsigned char* streams, const float* mix,
+                                       unsigned int n, unsigned int t, unsigned int v, float (&f)[8]) {
+  if (n == 0) {
+    unpack8(ld_v4(x + (static_cast<unsigned long long>(t) * HIDDEN + v * kVector) * 2u), f);
+    return;
+  }
+#pragma unroll
+  for (int k = 0; k < 8; ++k) f[k] = 0.0f;
+  for (unsigned int j = 0; j < n; ++j) {
+    const float w = mix[static_cast<unsigned long long>(t) * n + j];
+    float s[8];
+    unpack8(ld_v4(streams + ((static_cast<unsigned long long>(t) * n + j) * HIDDEN + v * kVector) * 2u), s);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) f[k] = megamoe::add_rn(f[k], megamoe::mul_rn(w, s[k]));
+  }
+}
+
+}  // namespace
+
+// x: bf16 [T, H] (read when n == 0); streams: bf16 [T, n, H] and mix: fp32 [T, n] (read when n > 0);
+// weight: bf16 [H]. Outputs may be null: y bf16 [T, H]; q e4m3 [T, H] with scales fp32 [T, H/128]
+// (q and scales are both null or both given).
+extern "C" __global__ void __launch_bounds__(kThreads)
+    megamoe_rmsnorm(const void* __restrict__ x, const void* __restrict__ streams, const float* __restrict__ mix,
+                    unsigned int n, const void* __restrict__ weight, float eps, void* __restrict__ y,
+                    void* __restrict__ q, float* __restrict__ scales, unsigned int tokens) {
+  const unsigned int lane = threadIdx.x & 31u;
+  const unsigned int t = (blockIdx.x * kThreads + threadIdx.x) >> 5;
+  if (t >= tokens) return;  // warp-uniform
+  const unsigned char* xb = static_cast<const unsigned char*>(x);
+  const unsigned char* sb = static_cast<const unsigned char*>(streams);
+  const unsigned char* wb = static_cast<const unsigned char*>(weight);
+
+  // Pass 1: this lane's partial sum of squares, channels in increasing order.
+  float partial = 0.0f;
+#pragma unroll 4
+  for (int i = 0; i < kSteps; ++i) {
+    const unsigned int v = i * 32u + lane;
+    if (v < kVectors) {
+      float f[8];
+      load_x(xb, sb, mix, n, t, v, f);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) partial = megamoe::add_rn(partial, megamoe::mul_rn(f[k], f[k]));
+    }
+  }
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    partial = megamoe::add_rn(partial, __shfl_xor_sync(0xffffffffu, partial, offset));
+  }
+  const float mean = megamoe::div_rn(partial, static_cast<float>(HIDDEN));
+  const float r = megamoe::div_rn(1.0f, sqrt_rn(megamoe::add_rn(mean, eps)));
+
+  // Pass 2: normalize, round to bf16, and quantize each half-warp's 128-channel group.
+  unsigned char* yb = static_cast<unsigned char*>(y);
+  unsigned char* qb = static_cast<unsigned char*>(q);
+  for (int i = 0; i < kSteps; ++i) {
+    const unsigned int v = i * 32u + lane;
+    const bool active = v < kVectors;  // half-warp-uniform: kVectors is a multiple of 16
+    float f[8];
+    unsigned int packed[4] = {0u, 0u, 0u, 0u};
+    float rounded[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    float amax = 0.0f;
+    if (active) {
+      load_x(xb, sb, mix, n, t, v, f);
+      float w[8];
+      unpack8(ld_v4(wb + v * kVector * 2u), w);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        packed[k] = megamoe::bf16x2_from_floats(megamoe::mul_rn(megamoe::mul_rn(f[2 * k], r), w[2 * k]),
+                                                megamoe::mul_rn(megamoe::mul_rn(f[2 * k + 1], r), w[2 * k + 1]));
+        rounded[2 * k] = megamoe::bf16x2_low_to_float(packed[k]);
+        rounded[2 * k + 1] = megamoe::bf16x2_high_to_float(packed[k]);
+        amax = fmaxf(amax, fmaxf(fabsf(rounded[2 * k]), fabsf(rounded[2 * k + 1])));
+      }
+      const unsigned long long offset = static_cast<unsigned long long>(t) * HIDDEN + v * kVector;
+      if (yb != nullptr) {
+        megamoe::st_v4(yb + offset * 2u, megamoe::u32x4{packed[0], packed[1], packed[2], packed[3]});
+      }
+    }
+    if (qb != nullptr) {  // uniform: every lane reaches the shuffles
+      amax = megamoe::half_warp_max(amax);
+      if (active) {
+        const megamoe::GroupScale s = megamoe::activation_scale<SCALE_UE8M0 != 0>(amax);
+        unsigned int lo, hi;
+        megamoe::quantize8(rounded, s.inv, lo, hi);
+        const unsigned long long offset = static_cast<unsigned long long>(t) * HIDDEN + v * kVector;
+        megamoe::st_v2(qb + offset, lo, hi);
+        if ((lane & 15u) == 0u) {
+          megamoe::st_f32(scales + static_cast<unsigned long long>(t) * (HIDDEN / megamoe::kQuantGroup) + v / 16u,
+                          s.scale);
+        }
+      }
+    }
+  }
+}
