@@ -1,0 +1,262 @@
+/**
+ * Launcher of MegaGate (gate.cu): the router on the GPU. bf16 x [T, H] and the gate weight bf16 [E, H]
+ * (with the fp32 correction bias [E] when the config has one) → int32 ids [T, k] and fp32 weights [T, k]
+ * in caller tensors, and optionally the fp32 logits [T, E].
+ *
+ * The logits come from tensor cores (mma.sync bf16, every 16-product sum added to a double
+ * accumulator); they are within a bound of the CPU reference's (docs/numerics.md, "The router on the
+ * GPU"), and everything after the logits follows `scoreLogits` / `selectTopK` bit for bit. Two
+ * launches: the logits into a double workspace [S, T, E] (K split S ways when tokens are too few to
+ * fill the GPU), then one warp per token for scores, selection and weights.
+ */
+
+import type { MoEConfig } from "../../config/config.js";
+import { validateConfig } from "../../config/config.js";
+import {
+  compileKernel,
+  type Device,
+  DeviceTensor,
+  describeTensor,
+  expectOnDevice,
+  expectTensor,
+  type Kernel,
+  KernelArgs,
+  loadKernel,
+  type Stream,
+} from "../../cuda/index.js";
+import { GATE_MAX_EXPERTS, gateDefines } from "./gate.variants.js";
+
+export const GATE_KERNEL_SOURCE = "gate/gate.cu";
+export const GATE_LOGITS_KERNEL = "megamoe_gate_logits";
+export const GATE_SELECT_KERNEL = "megamoe_gate_select";
+
+// Mirrors of gate.cu's constants.
+const WARPS_PER_BLOCK = 4;
+const TOKENS_PER_TILE = 16;
+const STEP_CHANNELS = 32;
+const MAX_TOP_K = 64;
+/** Warps of logits work per SM the split heuristic aims for (memory latency wants many in flight). */
+const TARGET_WARPS_PER_SM = 16;
+
+const SCORING_CODES = { sigmoid: 0, softmax: 1, sqrtsoftplus: 2 } as const;
+
+export interface GateOperands {
+  /** bf16 [E, H]. */
+  weight: DeviceTensor;
+  /** fp32 [E] when config.router.correctionBias, else null. */
+  bias: DeviceTensor | null;
+}
+
+export interface GateOutputs {
+  /** int32 [T, k], descending selection score (ties: lower id first). */
+  ids: DeviceTensor;
+  /** fp32 [T, k]. */
+  weights: DeviceTensor;
+  /** fp32 [T, E], or null/absent when not wanted. */
+  logits?: DeviceTensor | null;
+}
+
+export interface GatePlan {
+  /** K splits of the logits GEMM. */
+  splits: number;
+  /** 32-channel steps per split. */
+  stepsPerSplit: number;
+  /** Warps of the logits kernel (one per 16 tokens × expert block × split) and its blocks. */
+  logitsWarps: number;
+  logitsBlocks: number;
+  selectBlocks: number;
+  /** Bytes of the double workspace, S · T · E · 8. */
+  workspaceBytes: number;
+}
+
+/** Experts per warp of the logits kernel (gate.cu's kExpertsPerWarp). */
+function expertsPerWarp(numExperts: number): number {
+  return Math.min(32, numExperts);
+}
+
+/**
+ * The launch plan: K is split until the logits kernel has about TARGET_WARPS_PER_SM warps per SM (small
+ * T), never below one 32-channel step per split; large T runs unsplit.
+ */
+export function planGate(tokens: number, hidden: number, numExperts: number, smCount: number): GatePlan {
+  const tiles = Math.ceil(tokens / TOKENS_PER_TILE);
+  const expertBlocks = numExperts / expertsPerWarp(numExperts);
+  const steps = hidden / STEP_CHANNELS;
+  const wanted = Math.ceil((TARGET_WARPS_PER_SM * smCount) / Math.max(1, tiles * expertBlocks));
+  const stepsPerSplit = Math.ceil(steps / Math.max(1, Math.min(steps, wanted)));
+  const splits = Math.ceil(steps / stepsPerSplit);
+  const logitsWarps = tiles * expertBlocks * splits;
+  return {
+    splits,
+    stepsPerSplit,
+    logitsWarps,
+    logitsBlocks: Math.ceil(logitsWarps / WARPS_PER_BLOCK),
+    selectBlocks: Math.ceil(tokens / WARPS_PER_BLOCK),
+    workspaceBytes: splits * tokens * numExperts * 8,
+  };
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Kernels and workspace, memoized per device
+
+interface GateKernels {
+  logits: Kernel;
+  select: Kernel;
+  logitsArgs: KernelArgs;
+  selectArgs: KernelArgs;
+}
+
+const kernelsByDevice = new WeakMap<Device, Map<number, GateKernels>>();
+const workspaceByDevice = new WeakMap<Device, DeviceTensor>();
+
+function gateKernelsFor(device: Device, numExperts: number): GateKernels {
+  let perDevice = kernelsByDevice.get(device);
+  if (perDevice === undefined) {
+    perDevice = new Map();
+    kernelsByDevice.set(device, perDevice);
+  }
+  let entry = perDevice.get(numExperts);
+  if (entry === undefined) {
+    const compiled = compileKernel({ source: GATE_KERNEL_SOURCE, defines: gateDefines(numExperts) });
+    entry = {
+      logits: loadKernel(device, compiled, GATE_LOGITS_KERNEL),
+      select: loadKernel(device, compiled, GATE_SELECT_KERNEL),
+      logitsArgs: new KernelArgs(7),
+      selectArgs: new KernelArgs(13),
+    };
+    perDevice.set(numExperts, entry);
+  }
+  return entry;
+}
+
+/**
+ * The device's gate workspace, grown to at least `bytes`. Growing synchronizes the device first (the
+ * old buffer may still be read by a queued launch), so call `reserveGateWorkspace` with the largest T
+ * before capturing a CUDA graph.
+ */
+export function reserveGateWorkspace(device: Device, bytes: number): DeviceTensor {
+  const current = workspaceByDevice.get(device);
+  if (current !== undefined && !current.isDisposed && current.shape[0]! >= bytes) return current;
+  if (current !== undefined && !current.isDisposed) {
+    device.synchronize();
+    current.dispose();
+  }
+  const ws = DeviceTensor.empty(device, "uint8", [Math.max(256, Math.ceil(bytes / 256) * 256)]);
+  workspaceByDevice.set(device, ws);
+  return ws;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Checks
+
+const WHERE = "routeOnDevice";
+
+function operand(
+  what: string,
+  t: DeviceTensor,
+  dtype: "bf16" | "fp32" | "int32",
+  shape: number[],
+  d: Device,
+) {
+  expectTensor(WHERE, what, t, dtype, shape);
+  expectOnDevice(WHERE, what, t, d);
+}
+
+function checkOperands(
+  device: Device,
+  x: DeviceTensor,
+  gate: GateOperands,
+  config: MoEConfig,
+  out: GateOutputs,
+): number {
+  validateConfig(config);
+  const { numExperts: E, hidden: H, topK } = config;
+  if (E % 8 !== 0 || E > GATE_MAX_EXPERTS) {
+    throw new Error(
+      `${WHERE}: the GPU gate needs numExperts a multiple of 8 up to ${GATE_MAX_EXPERTS}, got ${E}`,
+    );
+  }
+  if (topK > MAX_TOP_K) throw new Error(`${WHERE}: topK ${topK} exceeds ${MAX_TOP_K}`);
+  if (x.dtype !== "bf16" || x.shape.length !== 2 || x.shape[1] !== H) {
+    throw new Error(`${WHERE}: x must be bf16[tokens, ${H}], got ${describeTensor(x.dtype, x.shape)}`);
+  }
+  const tokens = x.shape[0]!;
+  if (tokens * E * 8 >= 2 ** 40 || tokens >= 2 ** 31 / 32) {
+    throw new Error(`${WHERE}: ${tokens} tokens are too many for one launch`);
+  }
+  expectOnDevice(WHERE, "x", x, device);
+  operand("gate.weight", gate.weight, "bf16", [E, H], device);
+  if (config.router.correctionBias !== (gate.bias !== null)) {
+    throw new Error(
+      config.router.correctionBias
+        ? `${WHERE}: config.router.correctionBias is set but gate.bias is null`
+        : `${WHERE}: gate.bias is given but config.router.correctionBias is false`,
+    );
+  }
+  if (gate.bias !== null) operand("gate.bias", gate.bias, "fp32", [E], device);
+  operand("out.ids", out.ids, "int32", [tokens, topK], device);
+  operand("out.weights", out.weights, "fp32", [tokens, topK], device);
+  if (out.logits != null) operand("out.logits", out.logits, "fp32", [tokens, E], device);
+  if (x.ptr % 16n !== 0n || gate.weight.ptr % 16n !== 0n) {
+    throw new Error(`${WHERE}: x and gate.weight must be 16-byte aligned (16-byte loads)`);
+  }
+  return tokens;
+}
+
+const scaleBits = new DataView(new ArrayBuffer(8));
+
+/** The bits of a double, for a kernel argument read with __longlong_as_double. */
+function doubleBits(v: number): bigint {
+  scaleBits.setFloat64(0, v, true);
+  return scaleBits.getBigUint64(0, true);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Launch
+
+/**
+ * Queues the router for x (bf16 [T, H]) on `stream` (null: the legacy default stream): writes out.ids,
+ * out.weights and, when given, out.logits. T = 0 queues nothing. Inputs must be finite (the GPU cannot
+ * throw as the CPU reference does; a non-finite selection score that leaves fewer than k candidates
+ * gives id −1 and weight 0 in those slots). The first call for a (device, E) compiles the kernels.
+ */
+export function routeOnDevice(
+  device: Device,
+  x: DeviceTensor,
+  gate: GateOperands,
+  config: MoEConfig,
+  out: GateOutputs,
+  stream: Stream | null,
+): void {
+  const tokens = checkOperands(device, x, gate, config, out);
+  if (tokens === 0) return;
+  const { numExperts: E, hidden: H, topK } = config;
+  const r = config.router;
+  const plan = planGate(tokens, H, E, device.smCount);
+  const ws = reserveGateWorkspace(device, plan.workspaceBytes);
+  const k = gateKernelsFor(device, E);
+  k.logitsArgs
+    .ptr(0, x.ptr)
+    .ptr(1, gate.weight.ptr)
+    .ptr(2, ws.ptr)
+    .u32(3, tokens)
+    .u32(4, H)
+    .u32(5, plan.splits)
+    .u32(6, plan.stepsPerSplit);
+  k.logits.launch(plan.logitsBlocks, 32 * WARPS_PER_BLOCK, 0, stream, k.logitsArgs);
+  k.selectArgs
+    .ptr(0, ws.ptr)
+    .u32(1, plan.splits)
+    .u32(2, tokens)
+    .ptr(3, gate.bias?.ptr ?? 0n)
+    .u32(4, SCORING_CODES[r.scoring])
+    .u32(5, r.nGroup)
+    .u32(6, r.topkGroup)
+    .u32(7, topK)
+    .u32(8, r.renormalize ? 1 : 0)
+    .u64(9, doubleBits(r.routedScalingFactor))
+    .ptr(10, out.ids.ptr)
+    .ptr(11, out.weights.ptr)
+    .ptr(12, out.logits?.ptr ?? 0n);
+  k.select.launch(plan.selectBlocks, 32 * WARPS_PER_BLOCK, 0, stream, k.selectArgs);
+}

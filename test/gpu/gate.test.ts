@@ -1,0 +1,462 @@
+/**
+ * MegaGate (src/kernels/gate) against the CPU router (src/reference/router.ts). Three checks per case,
+ * with the tolerance argument of docs/numerics.md ("The router on the GPU"):
+ *
+ * 1. logits: |l_gpu − l_ref| ≤ 2^-18 · Σ_h |x·w| + 2^-23 · |l_ref| for every (token, expert);
+ * 2. everything after the logits is exact: `scoreLogits` + `selectTopK` run on the GPU's own logits give
+ *    the GPU's ids exactly and its weights within 2 fp32 ulps (double exp/log1p may differ by a double
+ *    ulp between CUDA and V8, which moves an fp32 result with probability about 2^-29);
+ * 3. against the reference: ids equal for every token whose selection margins (k-th vs (k+1)-th and
+ *    every consecutive pair above, and the topkGroup-th vs next group) exceed the propagated
+ *    tolerance; weights within 1e-6 relative wherever ids agree.
+ * Plus integer-valued data, where every logit is exact on both sides, so ids must agree on every token
+ * (ties everywhere: the lower index must win) and duplicated gate rows (exact ties) in every case.
+ * Outputs are poisoned (0xFF) before each run. GPU tests skip with the reason without a GPU.
+ */
+
+import assert from "node:assert/strict";
+import { describe, test } from "node:test";
+import { type MoEConfig, PRESETS, resolveConfig, validateConfig } from "../../src/config/config.js";
+import { DeviceTensor } from "../../src/cuda/index.js";
+import { planGate, routeOnDevice } from "../../src/kernels/gate/gate.js";
+import { f32FromBf16Array, f32ToBf16Bits } from "../../src/numerics/bf16.js";
+import { type Routing, routeTokens, scoreLogits, selectTopK } from "../../src/reference/router.js";
+import { availability, gpuSkip, testDevice } from "../helpers/gpu.js";
+import { rng, testSeed } from "../helpers/random.js";
+
+const seed = testSeed("gate-gpu");
+const random = rng(seed);
+const fround = Math.fround;
+
+const TOKENS = [1, 7, 129, 1000];
+/** Logit bound: per 16-product mma sum, 2^-18 of its absolute sum (docs/numerics.md), + fp32 rounding. */
+const LOGIT_ABS_FACTOR = 2 ** -18;
+const LOGIT_REL_FACTOR = 2 ** -23;
+const WEIGHT_REL_TOLERANCE = 1e-6;
+
+function custom(
+  base: string,
+  over: Partial<MoEConfig>,
+  router: Partial<MoEConfig["router"]> = {},
+): MoEConfig {
+  const b = PRESETS[base]!;
+  return validateConfig({ ...b, ...over, name: `${base}*`, router: { ...b.router, ...router } });
+}
+
+const CASES: { name: string; config: MoEConfig }[] = [
+  { name: "tiny (E=8, sigmoid, groups 4/2, bias)", config: resolveConfig("tiny") },
+  { name: "flash-ep8 (E=32, sqrtsoftplus, bias)", config: resolveConfig("flash-ep8") },
+  { name: "flash (E=256, H=4096)", config: resolveConfig("flash") },
+  { name: "pro (E=384, H=7168)", config: resolveConfig("pro") },
+  {
+    name: "V3-like (E=256, sigmoid, groups 8/4, k=8, bias)",
+    config: custom(
+      "flash",
+      { topK: 8 },
+      { scoring: "sigmoid", nGroup: 8, topkGroup: 4, routedScalingFactor: 2.5 },
+    ),
+  },
+  {
+    name: "softmax (E=384, H=256, groups 4/2, no bias, no renormalize)",
+    config: custom(
+      "pro",
+      { hidden: 256 },
+      { scoring: "softmax", nGroup: 4, topkGroup: 2, correctionBias: false, renormalize: false },
+    ),
+  },
+  {
+    name: "one expert per group (E=32, groups 32/8, k=4)",
+    config: custom("flash-ep8", { topK: 4, hidden: 384 }, { nGroup: 32, topkGroup: 8 }),
+  },
+];
+
+// ---------------------------------------------------------------------------------------------------
+// Data
+
+interface GateData {
+  x: Uint16Array;
+  weight: Uint16Array;
+  bias: Float32Array | null;
+}
+
+/**
+ * Random bf16 activations (per-token magnitude 2^-3 .. 2^3) and gate rows (≈ ±2/√H, so logits are
+ * O(1)), a small bias; expert rows 2 and 3 are copies of rows 0 and 1 (with equal bias) so exact ties
+ * between different experts occur in every case.
+ */
+function randomData(tokens: number, c: MoEConfig): GateData {
+  const { hidden: H, numExperts: E } = c;
+  const x = new Uint16Array(tokens * H);
+  for (let t = 0; t < tokens; t++) {
+    const m = 2 ** Math.floor(random() * 7 - 3);
+    for (let h = 0; h < H; h++) x[t * H + h] = f32ToBf16Bits((random() * 2 - 1) * m);
+  }
+  const weight = new Uint16Array(E * H);
+  const scale = 2 / Math.sqrt(H);
+  for (let i = 0; i < weight.length; i++) weight[i] = f32ToBf16Bits((random() * 2 - 1) * scale);
+  const bias = c.router.correctionBias ? new Float32Array(E).map(() => fround((random() - 0.5) * 0.1)) : null;
+  if (E >= 8) {
+    weight.copyWithin(2 * H, 0, 2 * H);
+    if (bias) bias.copyWithin(2, 0, 2);
+  }
+  return { x, weight, bias };
+}
+
+/** Integers −3 … 3 for x and (−3 … 3)·2^-6 for the weight: every partial sum is exact in fp32. */
+function integerData(tokens: number, c: MoEConfig): GateData {
+  const { hidden: H, numExperts: E } = c;
+  const small = () => Math.floor(random() * 7) - 3;
+  const x = new Uint16Array(tokens * H).map(() => f32ToBf16Bits(small()));
+  const weight = new Uint16Array(E * H).map(() => f32ToBf16Bits(small() / 64));
+  const bias = c.router.correctionBias ? new Float32Array(E).map(() => Math.floor(random() * 3) / 64) : null;
+  return { x, weight, bias };
+}
+
+// ---------------------------------------------------------------------------------------------------
+// GPU run
+
+function runOnDevice(d: GateData, tokens: number, c: MoEConfig) {
+  const dev = testDevice();
+  const made: DeviceTensor[] = [];
+  const keep = <T extends DeviceTensor>(t: T): T => {
+    made.push(t);
+    return t;
+  };
+  try {
+    const x = keep(DeviceTensor.fromHost(dev, "bf16", [tokens, c.hidden], d.x));
+    const weight = keep(DeviceTensor.fromHost(dev, "bf16", [c.numExperts, c.hidden], d.weight));
+    const bias = d.bias ? keep(DeviceTensor.fromHost(dev, "fp32", [c.numExperts], d.bias)) : null;
+    const ids = keep(DeviceTensor.empty(dev, "int32", [tokens, c.topK]));
+    const weights = keep(DeviceTensor.empty(dev, "fp32", [tokens, c.topK]));
+    const logits = keep(DeviceTensor.empty(dev, "fp32", [tokens, c.numExperts]));
+    for (const t of [ids, weights, logits]) t.fill(0xff);
+    routeOnDevice(dev, x, { weight, bias }, c, { ids, weights, logits }, null);
+    return {
+      ids: ids.toHost() as Int32Array,
+      weights: weights.toHost() as Float32Array,
+      logits: logits.toHost() as Float32Array,
+    };
+  } finally {
+    for (const t of made) t.dispose();
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Tolerances
+
+/** Σ_h |x·w| per (token, expert), in double. */
+function absoluteSums(d: GateData, tokens: number, c: MoEConfig): Float64Array {
+  const { hidden: H, numExperts: E } = c;
+  const xf = f32FromBf16Array(d.x);
+  const wf = f32FromBf16Array(d.weight);
+  const out = new Float64Array(tokens * E);
+  for (let t = 0; t < tokens; t++) {
+    for (let e = 0; e < E; e++) {
+      let s = 0;
+      for (let h = 0; h < H; h++) s += Math.abs(xf[t * H + h] * wf[e * H + h]);
+      out[t * E + e] = s;
+    }
+  }
+  return out;
+}
+
+function score(l: number, scoring: MoEConfig["router"]["scoring"]): number {
+  if (scoring === "sigmoid") return 1 / (1 + Math.exp(-l));
+  const sp = l > 20 ? l : Math.log1p(Math.exp(l));
+  return Math.sqrt(sp);
+}
+
+/**
+ * Per (token, expert) bound on |sel_gpu − sel_ref|: the logit bound δ pushed through the scoring
+ * function (monotone: the larger of the two one-sided changes; softmax: a factor exp(δ_e + max δ)),
+ * plus one fp32 ulp per rounding (score, then score + bias).
+ */
+function selectionTolerances(
+  logits: Float32Array,
+  scores: Float32Array,
+  sel: Float32Array,
+  delta: Float64Array,
+  tokens: number,
+  c: MoEConfig,
+): Float64Array {
+  const E = c.numExperts;
+  const tol = new Float64Array(tokens * E);
+  for (let t = 0; t < tokens; t++) {
+    let dmax = 0;
+    for (let e = 0; e < E; e++) dmax = Math.max(dmax, delta[t * E + e]);
+    for (let e = 0; e < E; e++) {
+      const i = t * E + e;
+      const s = scores[i];
+      let ds: number;
+      if (c.router.scoring === "softmax") {
+        ds = s * Math.expm1(delta[i] + dmax);
+      } else {
+        const f = (l: number) => score(l, c.router.scoring);
+        ds = Math.max(f(logits[i] + delta[i]) - f(logits[i]), f(logits[i]) - f(logits[i] - delta[i]));
+      }
+      tol[i] = ds + 2 ** -22 * Math.abs(s) + 2 ** -23 * Math.abs(sel[i]) + 1e-45;
+    }
+  }
+  return tol;
+}
+
+/** Equal gate rows and equal bias: the two experts' logits are equal on both sides, bit for bit. */
+function twinKeys(d: GateData, c: MoEConfig): string[] {
+  const { hidden: H, numExperts: E } = c;
+  const keys: string[] = [];
+  const seen = new Map<string, number>();
+  for (let e = 0; e < E; e++) {
+    const row = Buffer.from(d.weight.buffer, d.weight.byteOffset + e * H * 2, H * 2).toString("base64");
+    const k = `${row}:${d.bias ? d.bias[e] : 0}`;
+    if (!seen.has(k)) seen.set(k, e);
+    keys.push(String(seen.get(k)));
+  }
+  return keys;
+}
+
+const ranksBefore = (va: number, ia: number, vb: number, ib: number) => va > vb || (va === vb && ia < ib);
+
+/**
+ * Whether the reference's choice for token t is decided: every consecutive pair among the first k + 1
+ * allowed experts (and the group boundary) is apart by more than the two tolerances, or is a pair of
+ * twins (which tie identically on both sides). Returns null when decided, else why not.
+ */
+function undecided(
+  t: number,
+  sel: Float32Array,
+  tol: Float64Array,
+  twins: string[],
+  c: MoEConfig,
+): string | null {
+  const { numExperts: E, topK } = c;
+  const { nGroup, topkGroup } = c.router;
+  const gs = E / nGroup;
+  const row = t * E;
+  const order = (idx: number[], v: (i: number) => number) =>
+    idx.sort((a, b) => (ranksBefore(v(a), a, v(b), b) ? -1 : 1));
+  let allowed = Array.from({ length: E }, (_, e) => e);
+  if (nGroup > 1) {
+    const gScore: number[] = [];
+    const gTol: number[] = [];
+    const gKey: string[] = [];
+    for (let g = 0; g < nGroup; g++) {
+      const members = order(
+        Array.from({ length: gs }, (_, j) => g * gs + j),
+        (e) => sel[row + e],
+      );
+      const top = gs === 1 ? sel[row + members[0]] : fround(sel[row + members[0]] + sel[row + members[1]]);
+      let m = 0;
+      for (const e of members) m = Math.max(m, tol[row + e]);
+      gScore.push(top);
+      gTol.push((gs === 1 ? 1 : 2) * m + 2 ** -23 * Math.abs(top));
+      gKey.push(members.map((e) => twins[e]).join(","));
+    }
+    const groups = order(
+      Array.from({ length: nGroup }, (_, g) => g),
+      (g) => gScore[g],
+    );
+    if (topkGroup < nGroup) {
+      const a = groups[topkGroup - 1];
+      const b = groups[topkGroup];
+      const gap = gScore[a] - gScore[b];
+      if (gKey[a] !== gKey[b] && !(gap > gTol[a] + gTol[b])) {
+        return `groups ${a} and ${b} at the topkGroup boundary are ${gap} apart (tolerance ${gTol[a] + gTol[b]})`;
+      }
+    }
+    const kept = new Set(groups.slice(0, topkGroup));
+    allowed = allowed.filter((e) => kept.has(Math.floor(e / gs)));
+  }
+  const ranked = order(allowed, (e) => sel[row + e]);
+  for (let j = 0; j < Math.min(topK, ranked.length - 1); j++) {
+    const a = ranked[j];
+    const b = ranked[j + 1];
+    const gap = sel[row + a] - sel[row + b];
+    if (twins[a] !== twins[b] && !(gap > tol[row + a] + tol[row + b])) {
+      return `experts ${a} and ${b} (ranks ${j}, ${j + 1}) are ${gap} apart (tolerance ${tol[row + a] + tol[row + b]})`;
+    }
+  }
+  return null;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Checks
+
+function rowString(a: ArrayLike<number>, t: number, k: number): string {
+  return `[${Array.from({ length: k }, (_, j) => a[t * k + j]).join(", ")}]`;
+}
+
+function check(
+  what: string,
+  d: GateData,
+  tokens: number,
+  c: MoEConfig,
+  opts: { exactLogits: boolean },
+): void {
+  const { numExperts: E, topK } = c;
+  const gate = { weight: d.weight, bias: d.bias };
+  const ref = routeTokens(d.x, tokens, gate, c);
+  const got = runOnDevice(d, tokens, c);
+  const tag = `${what} T=${tokens} (seed ${seed})`;
+
+  // 1. Logits within the bound (or exact for integer data).
+  const abs = absoluteSums(d, tokens, c);
+  const delta = new Float64Array(tokens * E);
+  let worst = 0;
+  for (let i = 0; i < tokens * E; i++) {
+    delta[i] = opts.exactLogits ? 0 : LOGIT_ABS_FACTOR * abs[i] + LOGIT_REL_FACTOR * Math.abs(ref.logits[i]);
+    const err = Math.abs(got.logits[i] - ref.logits[i]);
+    if (abs[i] > 0) worst = Math.max(worst, err / abs[i]);
+    if (!(err <= delta[i])) {
+      assert.fail(
+        `${tag}: logit of token ${Math.floor(i / E)}, expert ${i % E}: GPU ${got.logits[i]}, reference ` +
+          `${ref.logits[i]}, |Δ| = ${err} exceeds the bound ${delta[i]} (Σ|x·w| = ${abs[i]})` +
+          (Number.isNaN(got.logits[i]) ? " (NaN: the poison, never written?)" : ""),
+      );
+    }
+  }
+  console.log(
+    `${tag}: max |Δlogit| / Σ|x·w| = ${worst.toExponential(2)} (bound ${LOGIT_ABS_FACTOR.toExponential(2)})`,
+  );
+
+  // 2. Scoring and selection on the GPU's own logits: exact.
+  const ownScores = scoreLogits(got.logits, tokens, E, c.router.scoring);
+  const own: Routing = selectTopK(ownScores, d.bias, tokens, c);
+  for (let t = 0; t < tokens; t++) {
+    for (let j = 0; j < topK; j++) {
+      const i = t * topK + j;
+      if (own.ids[i] !== got.ids[i]) {
+        assert.fail(
+          `${tag}: token ${t}: GPU ids ${rowString(got.ids, t, topK)}, but the CPU selection on the GPU's own ` +
+            `logits gives ${rowString(own.ids, t, topK)} (slot ${j} differs): the selection, not the GEMM, is wrong`,
+        );
+      }
+      const ulp = 2 ** (Math.floor(Math.log2(Math.abs(own.weights[i]) || 2 ** -149)) - 23);
+      if (!(Math.abs(own.weights[i] - got.weights[i]) <= 2 * ulp)) {
+        assert.fail(
+          `${tag}: token ${t} slot ${j} (expert ${got.ids[i]}): GPU weight ${got.weights[i]}, the CPU rule on ` +
+            `the GPU's logits gives ${own.weights[i]} (more than 2 fp32 ulps apart)`,
+        );
+      }
+    }
+  }
+
+  // 3. Against the reference: ids where the choice is decided, weights where ids agree.
+  const refScores = scoreLogits(ref.logits, tokens, E, c.router.scoring);
+  const refSel = new Float32Array(tokens * E);
+  for (let i = 0; i < refSel.length; i++)
+    refSel[i] = d.bias ? fround(refScores[i] + d.bias[i % E]) : refScores[i];
+  const tol = selectionTolerances(ref.logits, refScores, refSel, delta, tokens, c);
+  const twins = twinKeys(d, c);
+  let skipped = 0;
+  let compared = 0;
+  for (let t = 0; t < tokens; t++) {
+    let same = true;
+    for (let j = 0; j < topK; j++) same &&= ref.ids[t * topK + j] === got.ids[t * topK + j];
+    if (!same) {
+      const why = opts.exactLogits ? null : undecided(t, refSel, tol, twins, c);
+      if (why === null) {
+        assert.fail(
+          `${tag}: token ${t}: GPU ids ${rowString(got.ids, t, topK)}, reference ${rowString(ref.ids, t, topK)}, ` +
+            `and the reference's choice is decided beyond the tolerance` +
+            (opts.exactLogits ? " (integer data: logits are exact on both sides)" : ""),
+        );
+      }
+      skipped++;
+      continue;
+    }
+    compared++;
+    for (let j = 0; j < topK; j++) {
+      const i = t * topK + j;
+      const rel = Math.abs(got.weights[i] - ref.weights[i]) / Math.abs(ref.weights[i]);
+      if (!(rel <= WEIGHT_REL_TOLERANCE) && !(got.weights[i] === ref.weights[i])) {
+        assert.fail(
+          `${tag}: token ${t} slot ${j} (expert ${ref.ids[i]}): GPU weight ${got.weights[i]}, reference ` +
+            `${ref.weights[i]}, relative difference ${rel.toExponential(2)} > ${WEIGHT_REL_TOLERANCE}`,
+        );
+      }
+    }
+  }
+  if (skipped > 0) console.log(`${tag}: ${skipped} of ${tokens} tokens differ within the margin tolerance`);
+  assert.ok(compared >= Math.ceil(tokens / 2), `${tag}: only ${compared} of ${tokens} tokens had equal ids`);
+}
+
+// ---------------------------------------------------------------------------------------------------
+
+describe("MegaGate plan (no GPU needed)", () => {
+  test("splits cover K exactly and the workspace matches", () => {
+    for (const c of CASES.map((x) => x.config)) {
+      for (const tokens of [1, 7, 16, 129, 1000, 8192]) {
+        const p = planGate(tokens, c.hidden, c.numExperts, 132);
+        const steps = c.hidden / 32;
+        assert.ok(p.splits >= 1 && p.splits <= steps);
+        assert.ok((p.splits - 1) * p.stepsPerSplit < steps && p.splits * p.stepsPerSplit >= steps);
+        assert.equal(p.workspaceBytes, p.splits * tokens * c.numExperts * 8);
+        assert.equal(p.selectBlocks, Math.ceil(tokens / 4));
+      }
+    }
+    assert.equal(planGate(8192, 7168, 384, 132).splits, 1); // enough tiles: no split
+    assert.equal(planGate(1, 7168, 384, 132).splits, 112); // 12 expert blocks × 112 splits of 2 steps
+  });
+});
+
+describe("MegaGate on a GPU", { skip: gpuSkip }, () => {
+  test("CUDA is available", () => {
+    assert.ok(availability.ok, availability.ok ? "" : availability.reason);
+  });
+
+  for (const { name, config } of CASES) {
+    test(`${name}: T ∈ {${TOKENS.join(", ")}}, random data`, () => {
+      for (const tokens of TOKENS)
+        check(name, randomData(tokens, config), tokens, config, { exactLogits: false });
+    });
+    test(`${name}: integer data (exact logits, ties everywhere): ids and weights as the reference`, () => {
+      for (const tokens of [7, 129])
+        check(`${name} integer`, integerData(tokens, config), tokens, config, { exactLogits: true });
+    });
+  }
+
+  test("logits only depend on the gate row: equal rows give equal logits in every expert block", () => {
+    const c = resolveConfig("pro");
+    const d = randomData(33, c);
+    for (let e = 1; e < c.numExperts; e++) d.weight.copyWithin(e * c.hidden, 0, c.hidden);
+    const got = runOnDevice(d, 33, c);
+    for (let t = 0; t < 33; t++) {
+      for (let e = 1; e < c.numExperts; e++) {
+        assert.equal(
+          got.logits[t * c.numExperts + e],
+          got.logits[t * c.numExperts],
+          `token ${t}, expert ${e} vs 0`,
+        );
+      }
+    }
+    // All logits of a token are equal on both sides: the bias alone decides, ties by lower index.
+    const ref = routeTokens(d.x, 33, { weight: d.weight, bias: d.bias }, c);
+    assert.deepEqual(Array.from(got.ids), Array.from(ref.ids));
+  });
+
+  test("operand errors are named", () => {
+    const dev = testDevice();
+    const c = resolveConfig("tiny");
+    const x = DeviceTensor.empty(dev, "bf16", [2, c.hidden]);
+    const w = DeviceTensor.empty(dev, "bf16", [c.numExperts, c.hidden]);
+    const b = DeviceTensor.empty(dev, "fp32", [c.numExperts]);
+    const ids = DeviceTensor.empty(dev, "int32", [2, c.topK]);
+    const weights = DeviceTensor.empty(dev, "fp32", [2, c.topK]);
+    try {
+      assert.throws(
+        () => routeOnDevice(dev, x, { weight: w, bias: null }, c, { ids, weights }, null),
+        /bias is null/,
+      );
+      assert.throws(
+        () => routeOnDevice(dev, x, { weight: w, bias: b }, c, { ids: weights, weights }, null),
+        /out.ids must be int32\[2, 2\]/,
+      );
+      assert.throws(
+        () => routeOnDevice(dev, w, { weight: w, bias: b }, resolveConfig("flash"), { ids, weights }, null),
+        /x must be bf16\[tokens, 4096\]/,
+      );
+    } finally {
+      for (const t of [x, w, b, ids, weights]) t.dispose();
+    }
+  });
+});
