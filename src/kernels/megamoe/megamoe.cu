@@ -30,8 +30,8 @@
 //   The last CTA to finish zeroes the workspace for the next launch.
 //
 // Every wait is bounded (kWatchdogNs): a wait that outlasts it records what it waited for in `status`
-// and exits the thread, so a bug ends the kernel with a report instead of hanging the GPU (a trap would
-// also destroy the CUDA context). The host turns the report into an error and re-zeroes the workspace.
+// and traps, so a bug ends the launch with an error instead of hanging the GPU (report() says why a
+// trap and not an exit).
 //
 // Compile-time parameters (-D, from megamoe.variants.ts): HIDDEN, INTER (routed experts' intermediate),
 // SHARED_INTER (the shared expert's, 0: none), NUM_EXPERTS, TOP_K, NUM_STAGES, SCALE_UE8M0.
@@ -253,13 +253,18 @@ __device__ __forceinline__ void add_release(int* p, int v) {
 // Data another CTA wrote in this launch: read at L2, never from a possibly stale L1 line.
 __device__ __forceinline__ int load_cg(const int* p) { return __ldcg(p); }
 
-__device__ __forceinline__ void report(int* status, int code, int a, int b) {
+// Records a wait that never completed and traps. A trap, not an exit: an exited thread never reaches
+// the named barriers its warpgroup waits at, so an exit could hang the GPU; a trap ends the launch with
+// an error (and the CUDA context with it: the status word is for a debugger, the host sees the error).
+// Not inlined: the cold path then costs the hot loops no registers (inlined, it made ptxas spill).
+__device__ __noinline__ void report(int* status, int code, int a, int b) {
   if (atomicCAS(status, 0, code) == 0) {
     status[1] = static_cast<int>(blockIdx.x);
     status[2] = a;
     status[3] = b;
     __threadfence();
   }
+  __trap();
 }
 
 __device__ __forceinline__ void trace_time(unsigned long long* trace, int word) {
@@ -280,10 +285,7 @@ __device__ __forceinline__ void wait_at_least(const int* p, int target, int* sta
   if (load_acquire(p) >= target) return;
   const unsigned long long start = global_timer_ns();
   while (load_acquire(p) < target) {
-    if (global_timer_ns() - start > kWatchdogNs) {
-      report(status, code, detail, load_acquire(p));
-      asm volatile("exit;");
-    }
+    if (global_timer_ns() - start > kWatchdogNs) report(status, code, detail, load_acquire(p));
     __nanosleep(64);
   }
 }

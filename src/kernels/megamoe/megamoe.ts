@@ -107,38 +107,21 @@ export interface FusedLaunch {
   shared: boolean;
 }
 
-/** What the kernel's watchdog recorded: a wait that never completed (a bug, never a slow GPU). */
-export interface FusedStall {
-  what: string;
-  block: number;
-  detail: [number, number];
-}
-
-const STALL_NAMES: Record<number, string> = {
-  1: "the expert counts of every routing chunk",
-  2: "the arrival of an L1 tile's rows",
-  3: "every L1 tile of an L2 tile's rows",
-  4: "a free stage (producer)",
-  5: "a full stage (math warpgroups)",
-  6: "a task slot",
-  7: "the last L2 tile before the combine",
-  8: "a launch with enough shared memory",
-};
-
-/** FP8 rows [rows, width] in 128 × 128 boxes with the 128-byte swizzle (the wgmma operand layout). */
+/** FP8 rows [rows, width] in 128-wide boxes of `boxRows` rows, 128-byte swizzle (the wgmma operand layout). */
 function encodeRows(
   args: KernelArgs,
   index: number,
   t: DeviceTensor | DeviceExpertPair["w1"],
   width: number,
   rows: number,
+  boxRows = 128,
 ): void {
   encodeTensorMapTiled(args.tensorMap(index), {
     dataType: TensorMapDataType.UINT8,
     globalAddress: t.ptr,
     globalDims: [width, rows],
     globalStridesBytes: [width],
-    boxDims: [128, 128],
+    boxDims: [128, boxRows],
     swizzle: TensorMapSwizzle.B128,
     l2Promotion: TensorMapL2Promotion.B256,
   });
@@ -245,11 +228,12 @@ export class FusedMoEKernel {
       const sharedInter = this.hasShared ? sharedIntermediate(c) : c.intermediate;
       const sharedExperts = this.hasShared ? 1 : E;
       for (const { args, blockM } of this.specializations) {
-        encodeRows(args, 0, poolX, H, poolX.shape[0]!);
+        // The row pools' boxes hold one tile's rows (BLOCK_M): a taller box would overrun the stage.
+        encodeRows(args, 0, poolX, H, poolX.shape[0]!, blockM);
         this.encodeScales(args, 1, poolXScales, H, blockM);
         encodeRows(args, 2, routed.w1, H, E * 2 * c.intermediate);
         encodeRows(args, 3, shared.w1, H, sharedExperts * 2 * sharedInter);
-        encodeRows(args, 4, poolH, maxInter, poolH.shape[0]!);
+        encodeRows(args, 4, poolH, maxInter, poolH.shape[0]!, blockM);
         this.encodeScales(args, 5, poolHScales, maxInter, blockM);
         encodeRows(args, 6, routed.w2, c.intermediate, E * H);
         encodeRows(args, 7, shared.w2, sharedInter, sharedExperts * H);
@@ -340,30 +324,16 @@ export class FusedMoEKernel {
   }
 
   /**
-   * Waits for the device, then returns what the watchdog recorded (null: every launch completed). After
-   * a stall the workspace is re-zeroed so the next launch starts clean.
+   * Waits for the device. A launch whose wait never completed (the 2 s watchdog) trapped: that surfaces
+   * here as a FusedMoEKernelError carrying the CUDA error (the CUDA context is unusable afterwards).
    */
-  takeStall(): FusedStall | null {
-    this.device.synchronize();
-    const words = this.status.toHost() as Int32Array;
-    if (words[0] === 0) return null;
-    this.status.fill(0);
-    this.workspace.fill(0);
-    this.device.synchronize();
-    return {
-      what: STALL_NAMES[words[0]!] ?? `unknown wait ${words[0]}`,
-      block: words[1]!,
-      detail: [words[2]!, words[3]!],
-    };
-  }
-
-  /** Throws FusedMoEKernelError when a launch so far stalled (waits for the device). */
   checkStatus(): void {
-    const stall = this.takeStall();
-    if (stall !== null) {
+    try {
+      this.device.synchronize();
+    } catch (e) {
       throw new FusedMoEKernelError(
-        `the fused MoE kernel gave up waiting for ${stall.what} (CTA ${stall.block}, ${stall.detail.join(", ")}): ` +
-          "its output is invalid; please report this with the layer's shape and token count",
+        `the fused MoE kernel failed (${(e as Error).message}); a wait inside it that never completes ` +
+          "traps after 2 s: please report this with the layer's shape and token count",
       );
     }
   }
