@@ -20,13 +20,18 @@ export {
 } from "./config/config.js";
 export * as cuda from "./cuda/index.js";
 export { groupedGemmFp8, planGroupedGemm } from "./kernels/gemm/grouped_gemm.js";
+export { FusedMoEKernel, FusedMoEKernelError } from "./kernels/megamoe/megamoe.js";
 export { quantizeOnDevice } from "./kernels/quant/quant.js";
 export {
   type Backend,
+  DEFAULT_GPU_PIPELINE,
+  type DeviceForwardArgs,
   type ForwardOptions,
   type ForwardResult,
+  type GpuPipelineKind,
   InputError,
   MoELayer,
+  type MoELayerOptions,
   validateInput,
 } from "./layer.js";
 export {
@@ -52,7 +57,8 @@ export {
   quantizeActivations,
   quantizeWeightBlocks,
 } from "./numerics/quant.js";
-export { type UnfusedForward, UnfusedPipeline } from "./pipeline/unfused.js";
+export { FusedPipeline } from "./pipeline/fused.js";
+export { type MoEPipeline, type UnfusedForward, UnfusedPipeline } from "./pipeline/unfused.js";
 export { calcDiff, checksum, l2Norm, relativeError } from "./reference/metrics.js";
 export { groupByExpert, idealMoE, type ReferenceOptions, referenceMoE } from "./reference/moe.js";
 export {

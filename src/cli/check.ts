@@ -10,7 +10,7 @@ import { idealMoE, referenceMoE } from "../reference/moe.js";
 import { routeTokens } from "../reference/router.js";
 import { generateActivations } from "../weights/generate.js";
 import { progressBar } from "./progress.js";
-import { chooseBackend, makeWeights, runConfig } from "./run.js";
+import { chooseBackend, gpuPipeline, makeWeights, runConfig } from "./run.js";
 
 export interface CheckOptions {
   shape: string;
@@ -18,6 +18,8 @@ export interface CheckOptions {
   seed: number;
   shared: boolean;
   backend: string;
+  /** GPU pipeline: "fused" or "unfused" (default: the layer's). */
+  pipeline?: string;
   json?: boolean;
 }
 
@@ -55,7 +57,7 @@ export async function runCheck(opts: CheckOptions): Promise<void> {
   const refValues = Float64Array.from(ref, bf16BitsToF32);
   const comparisons = [compare("reference(fp8) vs ideal(fp64)", refValues, ideal)];
   if (backend === "cuda") {
-    const layer = new MoELayer(weights, { backend: "cuda" });
+    const layer = new MoELayer(weights, { backend: "cuda", pipeline: gpuPipeline(opts.pipeline) });
     try {
       const gpu = Float64Array.from(
         layer.forward(x, opts.tokens, { routing, shared: opts.shared }).out,

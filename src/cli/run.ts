@@ -2,7 +2,7 @@
 import pc from "picocolors";
 import { type MoEConfig, resolveConfig } from "../config/config.js";
 import { cudaAvailability } from "../cuda/index.js";
-import { type Backend, MoELayer } from "../layer.js";
+import { type Backend, type GpuPipelineKind, MoELayer } from "../layer.js";
 import { bf16BitsToF32 } from "../numerics/bf16.js";
 import { checksum, l2Norm } from "../reference/metrics.js";
 import type { Routing } from "../reference/moe.js";
@@ -16,12 +16,20 @@ export interface RunOptions {
   shape: string;
   tokens: number;
   backend: string;
+  /** GPU pipeline: "fused" or "unfused" (default: the layer's). */
+  pipeline?: string;
   seed: number;
   shared: boolean;
   routing: string;
   weights?: string;
   saveWeights?: string;
   json?: boolean;
+}
+
+/** --pipeline checked: undefined (the layer's default), "fused" or "unfused". */
+export function gpuPipeline(name: string | undefined): GpuPipelineKind | undefined {
+  if (name === undefined || name === "fused" || name === "unfused") return name;
+  throw new Error(`--pipeline ${name}: expected fused or unfused`);
 }
 
 /** The layer's config for a run: the preset, with maxTokens raised to fit the batch. */
@@ -65,7 +73,7 @@ export async function runLayer(opts: RunOptions): Promise<void> {
   }
   const x = generateActivations(opts.seed, opts.tokens, config.hidden);
   const routing = makeRouting(opts.routing, "gate", opts.seed, opts.tokens, config);
-  const layer = new MoELayer(weights, { backend });
+  const layer = new MoELayer(weights, { backend, pipeline: gpuPipeline(opts.pipeline) });
   const bar = progressBar(`${config.name} T=${opts.tokens} experts`);
   let result: ReturnType<MoELayer["forward"]>;
   let ms: number;

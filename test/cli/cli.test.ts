@@ -44,6 +44,15 @@ describe("megamoe CLI", () => {
     }
   });
 
+  it("run names a bad --pipeline, and one given to the CPU backend", () => {
+    const bad = megamoe("run", "--tokens", "2", "--pipeline", "nope");
+    assert.notEqual(bad.code, 0);
+    assert.match(bad.stderr, /--pipeline nope: expected fused or unfused/);
+    const cpu = megamoe("run", "--tokens", "2", "--backend", "cpu", "--pipeline", "fused");
+    assert.notEqual(cpu.code, 0);
+    assert.match(cpu.stderr, /the pipeline applies to the "cuda" backend/);
+  });
+
   it("check reports the FP8 error against the FP64 ideal", () => {
     const r = megamoe("check", "--tokens", "8", "--json");
     assert.equal(r.code, 0, r.stderr);

@@ -31,7 +31,7 @@ import {
 } from "../../src/kernels/moe/moe.js";
 import { variants } from "../../src/kernels/moe/moe_unfused.variants.js";
 import { allocQuantOutputs, quantizeOnDevice } from "../../src/kernels/quant/quant.js";
-import { InputError, MoELayer } from "../../src/layer.js";
+import { DEFAULT_GPU_PIPELINE, InputError, MoELayer } from "../../src/layer.js";
 import { bf16BitsToF32, f32ToBf16Bits } from "../../src/numerics/bf16.js";
 import { E4M3_DECODE } from "../../src/numerics/fp8.js";
 import { quantizeRow128 } from "../../src/numerics/quant.js";
@@ -762,13 +762,18 @@ describe("unfused MoE pipeline on a GPU", { skip }, () => {
         errors(gpu.out, cpu.out, idealMoE(x, tokens, cpu.routing, source)),
         tokens,
       );
-      assert.equal(gpuLayer.pipeline, "fused", "the fused pipeline is the cuda backend's default");
-      const unfusedLayer = new MoELayer(source, { backend: "cuda", pipeline: "unfused" });
+      assert.equal(gpuLayer.pipeline, DEFAULT_GPU_PIPELINE);
+      const other = DEFAULT_GPU_PIPELINE === "fused" ? "unfused" : "fused";
+      const otherLayer = new MoELayer(source, { backend: "cuda", pipeline: other });
       try {
-        assert.equal(unfusedLayer.pipeline, "unfused");
-        assert.deepEqual(unfusedLayer.forward(x, tokens).out, gpu.out, "pipeline unfused differs from fused");
+        assert.equal(otherLayer.pipeline, other);
+        assert.deepEqual(
+          otherLayer.forward(x, tokens).out,
+          gpu.out,
+          `pipeline ${other} differs from the default`,
+        );
       } finally {
-        unfusedLayer.dispose();
+        otherLayer.dispose();
       }
       assert.throws(
         () =>
