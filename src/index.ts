@@ -19,8 +19,10 @@ export {
   validateConfig,
 } from "./config/config.js";
 export * as cuda from "./cuda/index.js";
+export { reserveGateWorkspace, routeOnDevice } from "./kernels/gate/gate.js";
 export { groupedGemmFp8, planGroupedGemm } from "./kernels/gemm/grouped_gemm.js";
 export { FusedMoEKernel, FusedMoEKernelError } from "./kernels/megamoe/megamoe.js";
+export { rmsNormOnDevice } from "./kernels/norm/norm.js";
 export { quantizeOnDevice } from "./kernels/quant/quant.js";
 export {
   type Backend,

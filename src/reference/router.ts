@@ -2,7 +2,7 @@
  * CPU reference of the gate (router): logits, scores, group-limited top-k and the routing weights.
  *
  * The rules (accumulation order, score formulas, tie breaking, epsilon) are written down in
- * docs/router.md; this file implements exactly those rules so a GPU router can be checked against it.
+ * docs/numerics.md ("The router (gate)"); this file implements exactly those rules so a GPU router can be checked against it.
  */
 
 import { type MoEConfig, type ScoringFunction, validateConfig } from "../config/config.js";
@@ -10,7 +10,7 @@ import { f32FromBf16Array } from "../numerics/bf16.js";
 
 const fround = Math.fround;
 
-/** Added to the sum of the chosen weights before renormalizing (DeepSeek-V3's constant); see docs/router.md. */
+/** Added to the sum of the chosen weights before renormalizing (DeepSeek-V3's constant); see docs/numerics.md, "The router (gate)". */
 export const RENORMALIZE_EPSILON = 1e-20;
 /** Above this logit softplus(l) is taken as l (PyTorch's softplus threshold). */
 export const SOFTPLUS_THRESHOLD = 20;
