@@ -4,6 +4,7 @@ import Table from "cli-table3";
 import pc from "picocolors";
 import { benchmarkLayer, DEFAULT_FP8_TFLOPS, type LayerImpl } from "../bench/layer.js";
 import { matchPeerRow, type PeerResults, readPeerResults } from "../bench/peer.js";
+import { benchmarkDecodeStep, DEFAULT_STEP_LAYERS, STEP_TOKENS } from "../bench/step.js";
 import { resolveConfig } from "../config/config.js";
 import {
   cudaAvailability,
@@ -34,6 +35,8 @@ export interface BenchOptions {
   graph?: boolean;
   /** Fused: also time every block M forced, and say how far the heuristic's pick is from the best. */
   configs?: boolean;
+  /** step: MoE blocks in the decode step. */
+  layers?: number;
   tokens?: number[];
   hidden: number[];
   format: string;
@@ -45,7 +48,7 @@ export interface BenchOptions {
   json?: boolean;
 }
 
-export const BENCH_IMPLS = ["fused", "unfused", "fused,unfused", "quant", "grouped-gemm"] as const;
+export const BENCH_IMPLS = ["fused", "unfused", "fused,unfused", "step", "quant", "grouped-gemm"] as const;
 
 /** 1, 2, 4, …, 8192. */
 export const LAYER_TOKENS = Array.from({ length: 14 }, (_, i) => 2 ** i);
@@ -138,6 +141,46 @@ export function configLines(rows: readonly ResultRow[]): string[] {
   return lines;
 }
 
+/**
+ * The decode-step table: per token count, both paths' step time, time and launches per MoE block, and
+ * what skipping the quantization pass saves per block.
+ */
+export function stepTable(rows: readonly ResultRow[]): string {
+  const head = [
+    "config",
+    "T",
+    "blocks",
+    "impl",
+    "µs / step",
+    "µs / block",
+    "launches / block",
+    "saved / block",
+  ];
+  const table = new Table({
+    head: head.map((h) => pc.bold(h)),
+    style: { head: [], border: [] },
+    colAligns: head.map((h, i) => (i === 0 || h === "impl" ? "left" : "right")),
+  });
+  for (const r of rows) {
+    const prequant = rows.find((p) => p.tokens === r.tokens && p.impl === "step-prequant");
+    const saved =
+      r.impl === "step-fused" && prequant !== undefined
+        ? `${(Number(prequant.us_per_layer) - Number(r.us_per_layer)).toFixed(1)} µs`
+        : "";
+    table.push([
+      String(r.config),
+      String(r.tokens),
+      String(r.layers),
+      r.impl,
+      r.us_median.toFixed(1),
+      Number(r.us_per_layer).toFixed(1),
+      Number(r.launches_per_layer).toFixed(1),
+      saved,
+    ]);
+  }
+  return table.toString();
+}
+
 /** The layer pipelines an --impl names, or null for a kernel benchmark (quant, grouped-gemm). */
 function layerImpls(impl: string): LayerImpl[] | null {
   if (impl === "fused" || impl === "unfused") return [impl];
@@ -225,6 +268,16 @@ function runCases(
   fp8Tflops: number,
   bar: Progress,
 ): ResultRow[] {
+  if (opts.impl === "step") {
+    return benchmarkDecodeStep(device, {
+      shape: opts.shape,
+      layers: opts.layers ?? DEFAULT_STEP_LAYERS,
+      tokens: opts.tokens ?? STEP_TOKENS,
+      seed: opts.seed,
+      iters: opts.iters,
+      onProgress: (d, t) => bar.update(d, t),
+    });
+  }
   const impls = layerImpls(opts.impl);
   if (impls !== null) {
     return benchmarkLayer(device, {
@@ -304,7 +357,7 @@ export async function runBench(opts: BenchOptions): Promise<void> {
   process.stdout.write(
     `${pc.bold(`megamoe bench ${opts.impl}`)} on ${device.name}, read stream ${ceilings.readTbps.toFixed(2)} TB/s, copy ${ceilings.copyTbps.toFixed(2)} TB/s (read + write)\n`,
   );
-  process.stdout.write(`${resultsTable(rows, peerRows)}\n`);
+  process.stdout.write(`${opts.impl === "step" ? stepTable(rows) : resultsTable(rows, peerRows)}\n`);
   if (layerImpls(opts.impl) !== null) {
     process.stdout.write(`  ${unfusedFloorLine(ceilings.readTbps, rate)}\n`);
     for (const line of configLines(rows)) process.stdout.write(`  ${line}\n`);

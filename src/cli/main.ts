@@ -87,7 +87,7 @@ program
   )
   .option(
     "--impl <name>",
-    "fused,unfused (the layer's two GPU pipelines side by side), fused, unfused, quant (input quantization) or grouped-gemm",
+    "fused,unfused (the layer's two GPU pipelines side by side), fused, unfused, step (a decode step of norm → gate → MoE blocks), quant (input quantization) or grouped-gemm",
     "fused,unfused",
   )
   .option("--shape <name>", shapeHelp, "flash-ep8")
@@ -96,6 +96,7 @@ program
   .option("--graph", "unfused: also time CUDA-graph replays (the default)")
   .option("--no-graph", "unfused: time eager launches only")
   .option("--configs", "fused: also time every block M, and how far the heuristic's pick is from the best")
+  .option("--layers <n>", "step: MoE blocks in the decode step (default 8)", positiveInt("layers"))
   .option(
     "--tokens <list>",
     "token counts (default 1,2,4,…,8192; quant: 1,7,129,1024,4096,8192; grouped-gemm: M per group 64,512,4096)",

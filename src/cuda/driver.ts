@@ -852,6 +852,16 @@ export class Module {
 }
 
 /** One kernel of a loaded module, launchable with {@link KernelArgs}. */
+let kernelLaunchCount = 0;
+
+/**
+ * Kernel launches queued by this process so far (every `Kernel.launch`, captured ones included): the
+ * difference over a piece of work is how many launches it costs.
+ */
+export function kernelLaunches(): number {
+  return kernelLaunchCount;
+}
+
 export class Kernel {
   readonly module: Module;
   readonly device: Device;
@@ -933,6 +943,7 @@ export class Kernel {
       null,
     );
     if (code !== 0) check("cuLaunchKernel", code, this.launchDetail(grid, block, sharedBytes));
+    kernelLaunchCount += 1;
   }
 
   /**
@@ -971,6 +982,7 @@ export class Kernel {
         `${this.launchDetail(grid, block, sharedBytes)}, cluster ${dimX(cluster)}x${dimY(cluster)}x${dimZ(cluster)}`,
       );
     }
+    kernelLaunchCount += 1;
   }
 
   private createExConfig(): DataView {

@@ -31,6 +31,7 @@ export {
   FunctionAttribute,
   type HostMemory,
   Kernel,
+  kernelLaunches,
   Module,
   openDevice,
   PinnedBuffer,
