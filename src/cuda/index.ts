@@ -75,6 +75,7 @@ export {
   TENSOR_MAP_BYTES,
 } from "./kernel-args.js";
 export { type LocateResult, locateCudaInclude, locateLibcuda, locateLibnvrtc, locateNvcc } from "./locate.js";
+export { type PerDeviceMemo, perDeviceMemo } from "./memo.js";
 export {
   allocHostArray,
   checkHostArray,
@@ -86,6 +87,7 @@ export {
   describeTensor,
   elementCount,
   expectOnDevice,
+  expectOperand,
   expectTensor,
   type HostArray,
   isDType,

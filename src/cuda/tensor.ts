@@ -126,6 +126,19 @@ export function expectOnDevice(where: string, what: string, t: { device: Device 
   }
 }
 
+/** Both checks: `t` is `dtype` with exactly `shape`, on `device` (the message names where and what). */
+export function expectOperand(
+  where: string,
+  what: string,
+  t: TensorLike & { device: Device },
+  dtype: DType,
+  shape: readonly number[],
+  device: Device,
+): void {
+  expectTensor(where, what, t, dtype, shape);
+  expectOnDevice(where, what, t, device);
+}
+
 /**
  * Check that `data` is the typed array `dtype` uses on the host and holds exactly the shape's element
  * count; throws a TypeError / RangeError saying what was expected.

@@ -12,12 +12,11 @@
  * buffer are host work that capture forbids.
  */
 import { type MoEConfig, QUANT_BLOCK, sharedIntermediate } from "../config/config.js";
-import { type Device, DeviceTensor, type Stream } from "../cuda/index.js";
+import { type Device, DeviceTensor, expectOperand, type Stream } from "../cuda/index.js";
 import { aScalesRows, groupedGemmFp8 } from "../kernels/gemm/grouped_gemm.js";
 import {
   combineOnDevice,
   dispatchLayoutOnDevice,
-  expectOperand,
   gatherRowsOnDevice,
   loadMoeKernels,
   MOE_MAX_EXPERTS,

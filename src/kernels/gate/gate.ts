@@ -18,10 +18,11 @@ import {
   DeviceTensor,
   describeTensor,
   expectOnDevice,
-  expectTensor,
+  expectOperand,
   type Kernel,
   KernelArgs,
   loadKernel,
+  perDeviceMemo,
   type Stream,
 } from "../../cuda/index.js";
 import { GATE_MAX_EXPERTS, gateDefines } from "./gate.variants.js";
@@ -106,27 +107,19 @@ interface GateKernels {
   selectArgs: KernelArgs;
 }
 
-const kernelsByDevice = new WeakMap<Device, Map<number, GateKernels>>();
+const gateKernels = perDeviceMemo<number, GateKernels>();
 const workspaceByDevice = new WeakMap<Device, DeviceTensor>();
 
 function gateKernelsFor(device: Device, numExperts: number): GateKernels {
-  let perDevice = kernelsByDevice.get(device);
-  if (perDevice === undefined) {
-    perDevice = new Map();
-    kernelsByDevice.set(device, perDevice);
-  }
-  let entry = perDevice.get(numExperts);
-  if (entry === undefined) {
+  return gateKernels(device, numExperts, () => {
     const compiled = compileKernel({ source: GATE_KERNEL_SOURCE, defines: gateDefines(numExperts) });
-    entry = {
+    return {
       logits: loadKernel(device, compiled, GATE_LOGITS_KERNEL),
       select: loadKernel(device, compiled, GATE_SELECT_KERNEL),
       logitsArgs: new KernelArgs(7),
       selectArgs: new KernelArgs(13),
     };
-    perDevice.set(numExperts, entry);
-  }
-  return entry;
+  });
 }
 
 /**
@@ -158,8 +151,7 @@ function operand(
   shape: number[],
   d: Device,
 ) {
-  expectTensor(WHERE, what, t, dtype, shape);
-  expectOnDevice(WHERE, what, t, d);
+  expectOperand(WHERE, what, t, dtype, shape, d);
 }
 
 function checkOperands(

@@ -27,6 +27,7 @@ import {
   type Kernel,
   KernelArgs,
   loadKernel,
+  perDeviceMemo,
   type ResultRow,
   type Stream,
   type TensorLike,
@@ -344,7 +345,7 @@ interface GemmKernel {
   mapsKey: string;
 }
 
-const kernelsByDevice = new WeakMap<Device, Map<string, GemmKernel>>();
+const gemmKernels = perDeviceMemo<string, GemmKernel>();
 const statusByDevice = new WeakMap<Device, bigint>();
 
 function definesKey(defines: KernelDefines): string {
@@ -366,27 +367,18 @@ function statusBuffer(device: Device): bigint {
 }
 
 function gemmKernelFor(device: Device, plan: GroupedGemmPlan): GemmKernel {
-  let perDevice = kernelsByDevice.get(device);
-  if (perDevice === undefined) {
-    perDevice = new Map();
-    kernelsByDevice.set(device, perDevice);
-  }
-  const key = definesKey(plan.defines);
-  let entry = perDevice.get(key);
-  if (entry === undefined) {
+  return gemmKernels(device, definesKey(plan.defines), () => {
     const compiled = compileKernel({ source: GROUPED_GEMM_SOURCE, defines: plan.defines });
     const kernel = loadKernel(device, compiled, GROUPED_GEMM_KERNEL);
     if (plan.sharedBytes > 48 * 1024) kernel.setMaxDynamicSharedMemory(plan.sharedBytes);
-    entry = {
+    return {
       kernel,
       reference: loadKernel(device, compiled, GROUPED_GEMM_REFERENCE_KERNEL),
       args: new KernelArgs(ARG_COUNT, { tensorMaps: [0, 1, 2] }),
       refArgs: new KernelArgs(REF_ARG_COUNT),
       mapsKey: "",
     };
-    perDevice.set(key, entry);
-  }
-  return entry;
+  });
 }
 
 function encodeMaps(entry: GemmKernel, plan: GroupedGemmPlan, args: GroupedGemmArgs): void {

@@ -12,6 +12,7 @@ import {
   type Device,
   DeviceTensor,
   encodeTensorMapTiled,
+  expectOperand,
   type Kernel,
   KernelArgs,
   loadKernel,
@@ -22,7 +23,6 @@ import {
 } from "../../cuda/index.js";
 import type { DeviceExpertPair, DeviceMoEWeights } from "../../weights/device.js";
 import { aScalesRows } from "../gemm/grouped_gemm.js";
-import { expectOperand } from "../moe/moe.js";
 import {
   FUSED_BLOCK_MS,
   FUSED_COUNTER_WORDS,

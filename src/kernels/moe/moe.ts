@@ -17,11 +17,11 @@ import {
   type DeviceTensor,
   type DType,
   describeTensor,
-  expectOnDevice,
-  expectTensor,
+  expectOperand,
   type Kernel,
   KernelArgs,
   loadKernel,
+  perDeviceMemo,
   type Stream,
 } from "../../cuda/index.js";
 import { moeUnfusedDefines } from "./moe_unfused.variants.js";
@@ -52,34 +52,26 @@ interface MoeKernels {
   combine: Launchable;
 }
 
-const kernelsByDevice = new WeakMap<Device, Map<ScaleFormat, MoeKernels>>();
+const moeKernelMemo = perDeviceMemo<ScaleFormat, MoeKernels>();
 
 /**
  * The module built for `format` on `device`, compiled (or read from the JIT cache) and loaded once.
  * Only moe_swiglu_quant depends on the format; the other kernels are taken from the fp32 build.
  */
 function moeKernels(device: Device, format: ScaleFormat): MoeKernels {
-  let perDevice = kernelsByDevice.get(device);
-  if (perDevice === undefined) {
-    perDevice = new Map();
-    kernelsByDevice.set(device, perDevice);
-  }
-  let entry = perDevice.get(format);
-  if (entry === undefined) {
+  return moeKernelMemo(device, format, () => {
     const compiled = compileKernel({ source: MOE_KERNEL_SOURCE, defines: moeUnfusedDefines(format) });
     const load = (name: string, count: number): Launchable => ({
       kernel: loadKernel(device, compiled, name),
       args: new KernelArgs(count),
     });
-    entry = {
+    return {
       layout: load("moe_layout", 8),
       gather: load("moe_gather", 10),
       swiglu: load("moe_swiglu_quant", 9),
       combine: load("moe_combine", 8),
     };
-    perDevice.set(format, entry);
-  }
-  return entry;
+  });
 }
 
 /** Compiles and loads the kernels a layer of this scale format uses (so a later forward only launches). */
@@ -90,19 +82,6 @@ export function loadMoeKernels(device: Device, format: ScaleFormat): void {
 
 // ---------------------------------------------------------------------------------------------------
 // Checks
-
-/** Throws unless `t` is `dtype` with exactly `shape` on `device`; the message names the launcher and operand. */
-export function expectOperand(
-  where: string,
-  what: string,
-  t: DeviceTensor,
-  dtype: DType,
-  shape: readonly number[],
-  device: Device,
-): void {
-  expectTensor(where, what, t, dtype, shape);
-  expectOnDevice(where, what, t, device);
-}
 
 function expectAtLeast(
   where: string,

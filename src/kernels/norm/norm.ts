@@ -15,10 +15,11 @@ import {
   type DeviceTensor,
   describeTensor,
   expectOnDevice,
-  expectTensor,
+  expectOperand,
   type Kernel,
   KernelArgs,
   loadKernel,
+  perDeviceMemo,
   type Stream,
 } from "../../cuda/index.js";
 import { NORM_SCALE_FORMATS, normDefines } from "./norm.variants.js";
@@ -45,22 +46,13 @@ interface NormKernel {
   args: KernelArgs;
 }
 
-const kernelsByDevice = new WeakMap<Device, Map<string, NormKernel>>();
+const normKernels = perDeviceMemo<string, NormKernel>();
 
 function normKernelFor(device: Device, hidden: number, format: ScaleFormat): NormKernel {
-  let perDevice = kernelsByDevice.get(device);
-  if (perDevice === undefined) {
-    perDevice = new Map();
-    kernelsByDevice.set(device, perDevice);
-  }
-  const key = `${hidden}:${format}`;
-  let entry = perDevice.get(key);
-  if (entry === undefined) {
+  return normKernels(device, `${hidden}:${format}`, () => {
     const compiled = compileKernel({ source: NORM_KERNEL_SOURCE, defines: normDefines(hidden, format) });
-    entry = { kernel: loadKernel(device, compiled, NORM_KERNEL_NAME), args: new KernelArgs(10) };
-    perDevice.set(key, entry);
-  }
-  return entry;
+    return { kernel: loadKernel(device, compiled, NORM_KERNEL_NAME), args: new KernelArgs(10) };
+  });
 }
 
 const WHERE = "rmsNormOnDevice";
@@ -72,8 +64,7 @@ function operand(
   shape: number[],
   d: Device,
 ) {
-  expectTensor(WHERE, what, t, dtype, shape);
-  expectOnDevice(WHERE, what, t, d);
+  expectOperand(WHERE, what, t, dtype, shape, d);
 }
 
 /** Checks every operand; returns [tokens, n streams (0: no pre-mix), hidden]. */

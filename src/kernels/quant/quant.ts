@@ -14,11 +14,11 @@ import {
   DeviceTensor,
   type DType,
   describeTensor,
-  expectOnDevice,
-  expectTensor,
+  expectOperand,
   type Kernel,
   KernelArgs,
   loadKernel,
+  perDeviceMemo,
   type ResultRow,
   type Stream,
   timeKernel,
@@ -112,38 +112,22 @@ interface QuantKernel {
   registers: number;
 }
 
-const kernelsByDevice = new WeakMap<Device, Map<string, QuantKernel>>();
+const quantKernels = perDeviceMemo<string, QuantKernel>();
 
 /** The kernel specialized for `hidden` and `format` on `device`, compiled (or read from the JIT cache) once. */
 function quantKernelFor(device: Device, hidden: number, format: ScaleFormat): QuantKernel {
-  let perDevice = kernelsByDevice.get(device);
-  if (perDevice === undefined) {
-    perDevice = new Map();
-    kernelsByDevice.set(device, perDevice);
-  }
-  const key = `${hidden}:${format}`;
-  let entry = perDevice.get(key);
-  if (entry === undefined) {
+  return quantKernels(device, `${hidden}:${format}`, () => {
     const compiled = compileKernel({ source: QUANT_KERNEL_SOURCE, defines: quantDefines(hidden, format) });
     const kernel = loadKernel(device, compiled, QUANT_KERNEL_NAME);
-    entry = { kernel, args: new KernelArgs(4), registers: kernel.numRegisters };
-    perDevice.set(key, entry);
-  }
-  return entry;
+    return { kernel, args: new KernelArgs(4), registers: kernel.numRegisters };
+  });
 }
 
 // ---------------------------------------------------------------------------------------------------
 // Checks
 
-function expectOperand(
-  what: string,
-  t: DeviceTensor,
-  dtype: DType,
-  shape: readonly number[],
-  device: Device,
-) {
-  expectTensor("quantizeOnDevice", what, t, dtype, shape);
-  expectOnDevice("quantizeOnDevice", what, t, device);
+function operand(what: string, t: DeviceTensor, dtype: DType, shape: readonly number[], device: Device) {
+  expectOperand("quantizeOnDevice", what, t, dtype, shape, device);
 }
 
 function checkInputs(
@@ -168,9 +152,9 @@ function checkInputs(
   if (tokens * (hidden / QUANT_BLOCK) > 2 ** 31) {
     throw new Error(`quantizeOnDevice: ${tokens}·${hidden} activations exceed the kernel's 2^31 groups`);
   }
-  expectOperand("x", x, "bf16", [tokens, hidden], device);
-  expectOperand("out.q", out.q, "fp8_e4m3", [tokens, hidden], device);
-  expectOperand("out.scales", out.scales, "fp32", [tokens, hidden / QUANT_BLOCK], device);
+  operand("x", x, "bf16", [tokens, hidden], device);
+  operand("out.q", out.q, "fp8_e4m3", [tokens, hidden], device);
+  operand("out.scales", out.scales, "fp32", [tokens, hidden / QUANT_BLOCK], device);
   // 16-byte loads, 8-byte stores (device allocations are 256-byte aligned; this guards future views).
   if (tokens > 0 && (x.ptr % 16n !== 0n || out.q.ptr % 8n !== 0n || out.scales.ptr % 4n !== 0n)) {
     throw new Error("quantizeOnDevice: x must be 16-byte, out.q 8-byte and out.scales 4-byte aligned");
