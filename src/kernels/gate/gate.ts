@@ -144,16 +144,6 @@ export function reserveGateWorkspace(device: Device, bytes: number): DeviceTenso
 
 const WHERE = "routeOnDevice";
 
-function operand(
-  what: string,
-  t: DeviceTensor,
-  dtype: "bf16" | "fp32" | "int32",
-  shape: number[],
-  d: Device,
-) {
-  expectOperand(WHERE, what, t, dtype, shape, d);
-}
-
 function checkOperands(
   device: Device,
   x: DeviceTensor,
@@ -177,7 +167,7 @@ function checkOperands(
     throw new Error(`${WHERE}: ${tokens} tokens are too many for one launch`);
   }
   expectOnDevice(WHERE, "x", x, device);
-  operand("gate.weight", gate.weight, "bf16", [E, H], device);
+  expectOperand(WHERE, "gate.weight", gate.weight, "bf16", [E, H], device);
   if (config.router.correctionBias !== (gate.bias !== null)) {
     throw new Error(
       config.router.correctionBias
@@ -185,10 +175,10 @@ function checkOperands(
         : `${WHERE}: gate.bias is given but config.router.correctionBias is false`,
     );
   }
-  if (gate.bias !== null) operand("gate.bias", gate.bias, "fp32", [E], device);
-  operand("out.ids", out.ids, "int32", [tokens, topK], device);
-  operand("out.weights", out.weights, "fp32", [tokens, topK], device);
-  if (out.logits != null) operand("out.logits", out.logits, "fp32", [tokens, E], device);
+  if (gate.bias !== null) expectOperand(WHERE, "gate.bias", gate.bias, "fp32", [E], device);
+  expectOperand(WHERE, "out.ids", out.ids, "int32", [tokens, topK], device);
+  expectOperand(WHERE, "out.weights", out.weights, "fp32", [tokens, topK], device);
+  if (out.logits != null) expectOperand(WHERE, "out.logits", out.logits, "fp32", [tokens, E], device);
   if (x.ptr % 16n !== 0n || gate.weight.ptr % 16n !== 0n) {
     throw new Error(`${WHERE}: x and gate.weight must be 16-byte aligned (16-byte loads)`);
   }

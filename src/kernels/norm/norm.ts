@@ -57,16 +57,6 @@ function normKernelFor(device: Device, hidden: number, format: ScaleFormat): Nor
 
 const WHERE = "rmsNormOnDevice";
 
-function operand(
-  what: string,
-  t: DeviceTensor,
-  dtype: "bf16" | "fp32" | "fp8_e4m3",
-  shape: number[],
-  d: Device,
-) {
-  expectOperand(WHERE, what, t, dtype, shape, d);
-}
-
 /** Checks every operand; returns [tokens, n streams (0: no pre-mix), hidden]. */
 function checkOperands(
   device: Device,
@@ -96,25 +86,25 @@ function checkOperands(
     [tokens, n, hidden] = s.shape as [number, number, number];
     if (n < 1) throw new Error(`${WHERE}: streams must hold at least one stream, got n = ${n}`);
     expectOnDevice(WHERE, "streams", s, device);
-    operand("mix", input.mix, "fp32", [tokens, n], device);
+    expectOperand(WHERE, "mix", input.mix, "fp32", [tokens, n], device);
   }
   if (hidden < QUANT_BLOCK || hidden % QUANT_BLOCK !== 0) {
     throw new Error(`${WHERE}: hidden must be a positive multiple of ${QUANT_BLOCK}, got ${hidden}`);
   }
   if (tokens >= 2 ** 31 / 32) throw new Error(`${WHERE}: ${tokens} tokens exceed the kernel's grid`);
-  operand("weight", weight, "bf16", [hidden], device);
+  expectOperand(WHERE, "weight", weight, "bf16", [hidden], device);
   const e = Math.fround(eps);
   if (!(Number.isFinite(e) && e > 0))
     throw new Error(`${WHERE}: eps must be positive and finite, got ${eps}`);
   if (out.y === null && out.fp8 === null)
     throw new Error(`${WHERE}: no output asked for (y and fp8 are null)`);
-  if (out.y !== null) operand("out.y", out.y, "bf16", [tokens, hidden], device);
+  if (out.y !== null) expectOperand(WHERE, "out.y", out.y, "bf16", [tokens, hidden], device);
   if (out.fp8 !== null) {
     if (!NORM_SCALE_FORMATS.includes(out.fp8.format)) {
       throw new Error(`${WHERE}: scale format must be "fp32" or "ue8m0", got ${String(out.fp8.format)}`);
     }
-    operand("out.fp8.q", out.fp8.q, "fp8_e4m3", [tokens, hidden], device);
-    operand("out.fp8.scales", out.fp8.scales, "fp32", [tokens, hidden / QUANT_BLOCK], device);
+    expectOperand(WHERE, "out.fp8.q", out.fp8.q, "fp8_e4m3", [tokens, hidden], device);
+    expectOperand(WHERE, "out.fp8.scales", out.fp8.scales, "fp32", [tokens, hidden / QUANT_BLOCK], device);
   }
   // 16-byte loads and stores, 8-byte code stores (views could break what allocations guarantee).
   const aligned = (t: DeviceTensor | null | undefined, a: bigint) => t == null || t.ptr % a === 0n;

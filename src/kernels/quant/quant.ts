@@ -12,7 +12,6 @@ import {
   compileKernel,
   type Device,
   DeviceTensor,
-  type DType,
   describeTensor,
   expectOperand,
   type Kernel,
@@ -126,10 +125,6 @@ function quantKernelFor(device: Device, hidden: number, format: ScaleFormat): Qu
 // ---------------------------------------------------------------------------------------------------
 // Checks
 
-function operand(what: string, t: DeviceTensor, dtype: DType, shape: readonly number[], device: Device) {
-  expectOperand("quantizeOnDevice", what, t, dtype, shape, device);
-}
-
 function checkInputs(
   device: Device,
   x: DeviceTensor,
@@ -152,9 +147,9 @@ function checkInputs(
   if (tokens * (hidden / QUANT_BLOCK) > 2 ** 31) {
     throw new Error(`quantizeOnDevice: ${tokens}·${hidden} activations exceed the kernel's 2^31 groups`);
   }
-  operand("x", x, "bf16", [tokens, hidden], device);
-  operand("out.q", out.q, "fp8_e4m3", [tokens, hidden], device);
-  operand("out.scales", out.scales, "fp32", [tokens, hidden / QUANT_BLOCK], device);
+  expectOperand("quantizeOnDevice", "x", x, "bf16", [tokens, hidden], device);
+  expectOperand("quantizeOnDevice", "out.q", out.q, "fp8_e4m3", [tokens, hidden], device);
+  expectOperand("quantizeOnDevice", "out.scales", out.scales, "fp32", [tokens, hidden / QUANT_BLOCK], device);
   // 16-byte loads, 8-byte stores (device allocations are 256-byte aligned; this guards future views).
   if (tokens > 0 && (x.ptr % 16n !== 0n || out.q.ptr % 8n !== 0n || out.scales.ptr % 4n !== 0n)) {
     throw new Error("quantizeOnDevice: x must be 16-byte, out.q 8-byte and out.scales 4-byte aligned");
