@@ -8,6 +8,7 @@
 #   PART=2  flash-ep8 sweeps, shared expert on and off, fused (every block M) + unfused + torch  (~8 min)
 #   PART=3  flash sweeps on/off + the decode-step benchmark                        (~8 min)
 #   PART=4  pro sweeps on/off                                                      (~8 min)
+#   PART=5  compute-sanitizer memcheck, racecheck and synccheck on a small fused run  (~3 min)
 set -uo pipefail
 source .gpuhost/activate
 out=${OUT:-/tmp/megamoe-out}
@@ -40,4 +41,11 @@ case "${PART:-1}" in
     --out "$out/step-flash-ep8.json" 2>&1 | grep -vE "^[├┌└]" | tail -14
   ;;
 4) sweep pro 1; sweep pro 0 ;;
+5)
+  for tool in memcheck racecheck synccheck; do
+    timeout 180 compute-sanitizer --tool $tool --print-limit 20 node dist-test/scripts/gpu-fused-small.js \
+      >"$out/sanitizer-$tool.txt" 2>&1
+    echo "$tool rc=$?"; grep -E "ERROR SUMMARY|tiny T=|Error" "$out/sanitizer-$tool.txt" | head -8
+  done
+  ;;
 esac
