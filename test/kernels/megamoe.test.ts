@@ -69,6 +69,7 @@ describe("fused MoE kernel: host-side facts", () => {
         TOP_K: 6,
         NUM_STAGES: 4,
         SCALE_UE8M0: 0,
+        SHARED_BYTES: fusedSharedBytes(resolveConfig("flash"), 4, 128),
       },
     );
     assert.equal(fusedStages(resolveConfig("flash"), 64), 5);

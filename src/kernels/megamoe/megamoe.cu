@@ -34,7 +34,8 @@
 // trap and not an exit).
 //
 // Compile-time parameters (-D, from megamoe.variants.ts): HIDDEN, INTER (routed experts' intermediate),
-// SHARED_INTER (the shared expert's, 0: none), NUM_EXPERTS, TOP_K, NUM_STAGES, SCALE_UE8M0.
+// SHARED_INTER (the shared expert's, 0: none), NUM_EXPERTS, TOP_K, BLOCK_M, NUM_STAGES, SCALE_UE8M0,
+// and SHARED_BYTES (the launcher's figure for the layout below, checked against it).
 #include "megamoe/bf16.cuh"
 #include "megamoe/moe_rules.cuh"
 #include "megamoe/ptx.cuh"
@@ -149,6 +150,11 @@ constexpr unsigned kSmemBytes = kOffBroadcast + 16;
 constexpr unsigned kSmemAlign = 1024;
 constexpr unsigned kDynamicSmemBytes = kSmemBytes + kSmemAlign;
 static_assert(kDynamicSmemBytes <= 232448, "shared memory above the 227 KB opt-in limit");
+#ifdef SHARED_BYTES
+// The launcher's mirror of this layout (megamoe.variants.ts: fusedSharedBytes) passes its figure: a
+// mismatch fails the build (CI compiles every variant) instead of a launch.
+static_assert(kDynamicSmemBytes == SHARED_BYTES, "megamoe.variants.ts fusedSharedBytes disagrees with this layout");
+#endif
 
 // Workspace words (int32, zero between launches). Then counts[kGroups], cursor[kGroups],
 // arrived[max_blocks], l1_done[max_blocks].

@@ -75,6 +75,7 @@ export function fusedDefines(
     TOP_K: c.topK,
     NUM_STAGES: stages,
     SCALE_UE8M0: c.scaleFormat === "ue8m0" ? 1 : 0,
+    SHARED_BYTES: fusedSharedBytes(c, stages, blockM),
   };
 }
 
