@@ -172,6 +172,42 @@ __device__ __forceinline__ void wgmma_e4m3(float (&d)[64], unsigned long long de
       : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
 
+// One 128-deep K block on the tensor cores: partial = A[64 × 128] · B[n × 128]ᵀ as four k32 wgmmas into a
+// fresh accumulator (n = 2 · kCount), waited for. `a` and `b` are the shared-memory addresses of the
+// first row of the 128-byte-swizzled K-major tiles.
+template <int kCount>
+__device__ __forceinline__ void wgmma_block_k128(float (&partial)[kCount], unsigned a, unsigned b) {
+  fence_registers(partial);
+  wgmma_fence();
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    // Within a 128-byte swizzled row, the k-th 32-byte slice starts 32·k bytes further.
+    wgmma_e4m3(partial, smem_descriptor(a + k * 32), smem_descriptor(b + k * 32), k > 0 ? 1 : 0);
+  }
+  wgmma_commit();
+  wgmma_wait_all();
+  fence_registers(partial);
+}
+
+// acc += partial · scale, the promotion of one K block into the fp32 accumulators: in the wgmma D
+// fragment, elements 4i, 4i+1 lie on the thread's upper row (scale_lo) and 4i+2, 4i+3 eight rows below
+// (scale_hi). acc may be longer than partial (a kernel sizing it for its widest chunk).
+template <int kCount, int kAccCount>
+__device__ __forceinline__ void promote_block(float (&acc)[kAccCount], const float (&partial)[kCount],
+                                              float scale_lo, float scale_hi) {
+  static_assert(kCount <= kAccCount, "the accumulators must hold the block");
+#pragma unroll
+  for (int i = 0; i < kCount / 4; ++i) {
+    acc[4 * i + 0] = fmaf(partial[4 * i + 0], scale_lo, acc[4 * i + 0]);
+    acc[4 * i + 1] = fmaf(partial[4 * i + 1], scale_lo, acc[4 * i + 1]);
+    acc[4 * i + 2] = fmaf(partial[4 * i + 2], scale_hi, acc[4 * i + 2]);
+    acc[4 * i + 3] = fmaf(partial[4 * i + 3], scale_hi, acc[4 * i + 3]);
+  }
+}
+
+// x rounded up to a multiple of a (shared-memory layouts).
+__host__ __device__ constexpr unsigned align_up(unsigned x, unsigned a) { return (x + a - 1) / a * a; }
+
 __device__ __forceinline__ float load_scale(const float* p) {
   float v;
   asm volatile("ld.global.nc.f32 %0, [%1];" : "=f"(v) : "l"(p));

@@ -139,8 +139,6 @@ constexpr int kMathRegisters = 232;
 // ---------------------------------------------------------------------------------------------------
 // Shared memory layout (byte offsets from a 1024-aligned base; grouped_gemm.ts mirrors this formula)
 
-__host__ __device__ constexpr unsigned align_up(unsigned x, unsigned a) { return (x + a - 1) / a * a; }
-
 constexpr unsigned kATileBytes = kBlockM * kBlockK;  // e4m3
 constexpr unsigned kBTileBytes = kBlockN * kBlockK;
 // A scales arrive by TMA from row0 rounded down to a multiple of 4: a box's start in the inner
@@ -435,28 +433,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
         if (!wave_active[w]) continue;  // every row of this wave lies past the group: nothing to store
 #pragma unroll
         for (int c = 0; c < kChunksN; ++c) {
-          fence_registers(partial);
-          wgmma_fence();
-#pragma unroll
-          for (int k = 0; k < kBlockK / 32; ++k) {
-            // Within a 128-byte swizzled row, the k-th 32-byte slice starts 32·k bytes further.
-            const unsigned long long da = smem_descriptor(a_stage + w * 64 * kBlockK + k * 32);
-            const unsigned long long db = smem_descriptor(b_stage + c * kMmaN * kBlockK + k * 32);
-            wgmma_e4m3(partial, da, db, k > 0 ? 1 : 0);  // overload by accumulator count = n/2
-          }
-          wgmma_commit();
-          wgmma_wait_all();
-          fence_registers(partial);
-
-          const float scale_lo = sa_lo[w] * sw[c];
-          const float scale_hi = sa_hi[w] * sw[c];
-#pragma unroll
-          for (int i = 0; i < kAccum / 4; ++i) {
-            promoted[w][c][4 * i + 0] = fmaf(partial[4 * i + 0], scale_lo, promoted[w][c][4 * i + 0]);
-            promoted[w][c][4 * i + 1] = fmaf(partial[4 * i + 1], scale_lo, promoted[w][c][4 * i + 1]);
-            promoted[w][c][4 * i + 2] = fmaf(partial[4 * i + 2], scale_hi, promoted[w][c][4 * i + 2]);
-            promoted[w][c][4 * i + 3] = fmaf(partial[4 * i + 3], scale_hi, promoted[w][c][4 * i + 3]);
-          }
+          wgmma_block_k128(partial, a_stage + w * 64 * kBlockK, b_stage + c * kMmaN * kBlockK);
+          promote_block(promoted[w][c], partial, sa_lo[w] * sw[c], sa_hi[w] * sw[c]);
         }
       }
       // This warp's wgmmas have completed (wait_group 0), so its reads of the stage are done.

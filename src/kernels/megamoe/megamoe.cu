@@ -122,8 +122,6 @@ constexpr int kMathRegisters = 224;
 // ---------------------------------------------------------------------------------------------------
 // Shared memory (byte offsets from a 1024-aligned base; megamoe.variants.ts mirrors the total)
 
-__host__ __device__ constexpr unsigned align_up(unsigned x, unsigned a) { return (x + a - 1) / a * a; }
-
 constexpr unsigned kATileBytes = kBlockM * kBlockK;
 constexpr unsigned kBTileBytes = kBlockN * kBlockK;
 constexpr unsigned kBHalfBytes = kBTileBytes / 2;  // one 128-row TMA box
@@ -456,27 +454,8 @@ __device__ __forceinline__ void tile_mainloop(const MathContext& m, const Task& 
       const unsigned b_stage = m.b_smem + stage * kBTileBytes;
 #pragma unroll
       for (int c = 0; c < S::kChunks; ++c) {
-        fence_registers(partial);
-        wgmma_fence();
-        const unsigned b_chunk = b_stage + S::b_row(c, m.warpgroup) * kBlockK;
-#pragma unroll
-        for (int k = 0; k < kBlockK / 32; ++k) {
-          const unsigned long long da = smem_descriptor(a_stage + k * 32);
-          const unsigned long long db = smem_descriptor(b_chunk + k * 32);
-          wgmma_e4m3(partial, da, db, k > 0 ? 1 : 0);  // overload by accumulator count: n = 2·count
-        }
-        wgmma_commit();
-        wgmma_wait_all();
-        fence_registers(partial);
-        const float scale_lo = sa_lo * sw[c];
-        const float scale_hi = sa_hi * sw[c];
-#pragma unroll
-        for (int i = 0; i < S::kAcc / 4; ++i) {
-          acc[c][4 * i + 0] = fmaf(partial[4 * i + 0], scale_lo, acc[c][4 * i + 0]);
-          acc[c][4 * i + 1] = fmaf(partial[4 * i + 1], scale_lo, acc[c][4 * i + 1]);
-          acc[c][4 * i + 2] = fmaf(partial[4 * i + 2], scale_hi, acc[c][4 * i + 2]);
-          acc[c][4 * i + 3] = fmaf(partial[4 * i + 3], scale_hi, acc[c][4 * i + 3]);
-        }
+        wgmma_block_k128(partial, a_stage, b_stage + S::b_row(c, m.warpgroup) * kBlockK);
+        promote_block(acc[c], partial, sa_lo * sw[c], sa_hi * sw[c]);
       }
     }
     if (m.lane == 0) mbar_arrive(m.empty_bar + 8 * stage);
