@@ -4,13 +4,15 @@
  *   compute-sanitizer --tool memcheck  node dist-test/scripts/gpu-fused-small.js
  *   compute-sanitizer --tool racecheck node dist-test/scripts/gpu-fused-small.js   (and synccheck)
  */
+
+import { forwardOperands } from "../src/bench/layer.js";
 import { resolveConfig } from "../src/config/config.js";
-import { DeviceTensor, openDevice } from "../src/cuda/index.js";
+import { openDevice } from "../src/cuda/index.js";
 import { FusedPipeline } from "../src/pipeline/fused.js";
 import { UnfusedPipeline } from "../src/pipeline/unfused.js";
 import { randomRouting } from "../src/reference/router.js";
 import { DeviceMoEWeights } from "../src/weights/device.js";
-import { GeneratedWeights, generateActivations } from "../src/weights/generate.js";
+import { GeneratedWeights } from "../src/weights/generate.js";
 
 const device = openDevice(0);
 const config = resolveConfig("tiny");
@@ -22,17 +24,9 @@ const fused = new FusedPipeline(device, weights, 512);
 const unfused = new UnfusedPipeline(device, weights, 512);
 let failures = 0;
 for (const tokens of [7, 300]) {
-  const routing = randomRouting(6, tokens, config);
-  const x = DeviceTensor.fromHost(
-    device,
-    "bf16",
-    [tokens, config.hidden],
-    generateActivations(7, tokens, config.hidden),
-  );
-  const ids = DeviceTensor.fromHost(device, "int32", [tokens, config.topK], routing.ids);
-  const w = DeviceTensor.fromHost(device, "fp32", [tokens, config.topK], routing.weights);
-  const out = DeviceTensor.empty(device, "bf16", [tokens, config.hidden]);
-  const f = { x, ids, weights: w, out, tokens, shared: true };
+  const operands = forwardOperands(device, config, tokens, randomRouting(6, tokens, config), 7);
+  const { out } = operands;
+  const f = { ...operands, tokens, shared: true };
   unfused.forward(f, null);
   const want = out.toHost() as Uint16Array;
   for (const blockM of [64, 128] as const) {
@@ -48,7 +42,7 @@ for (const tokens of [7, 300]) {
     );
     if (at !== -1) failures += 1;
   }
-  for (const t of [x, ids, w, out]) t.dispose();
+  operands.dispose();
 }
 fused.dispose();
 unfused.dispose();

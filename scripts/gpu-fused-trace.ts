@@ -3,12 +3,14 @@
  * dispatch phases, waits on dependencies and stages, epilogues, the combine), printed as a table of
  * min / median / max over the CTAs. Usage: node dist-test/scripts/gpu-fused-trace.js [shape] [T,T,...]
  */
+
+import { forwardOperands } from "../src/bench/layer.js";
 import { resolveConfig } from "../src/config/config.js";
-import { DeviceTensor, openDevice, timeKernel } from "../src/cuda/index.js";
+import { openDevice, timeKernel } from "../src/cuda/index.js";
 import { FUSED_TRACE_FIELDS, type FusedTraceRow } from "../src/kernels/megamoe/megamoe.js";
 import { FusedPipeline } from "../src/pipeline/fused.js";
 import { randomRouting } from "../src/reference/router.js";
-import { DeviceMoEWeights, generateActivationsOnDevice } from "../src/weights/device.js";
+import { DeviceMoEWeights } from "../src/weights/device.js";
 
 const shape = process.argv[2] ?? "flash-ep8";
 const tokenList = (process.argv[3] ?? "1,64,8192").split(",").map(Number);
@@ -27,12 +29,8 @@ const stats = (values: number[]) => {
 const fmt = (ns: number) => (Number.isFinite(ns) ? (ns / 1000).toFixed(1).padStart(8) : "       -");
 
 for (const tokens of tokenList) {
-  const routing = randomRouting(7, tokens, config);
-  const x = generateActivationsOnDevice(device, 7, tokens, config.hidden);
-  const ids = DeviceTensor.fromHost(device, "int32", [tokens, config.topK], routing.ids);
-  const w = DeviceTensor.fromHost(device, "fp32", [tokens, config.topK], routing.weights);
-  const out = DeviceTensor.empty(device, "bf16", [tokens, config.hidden]);
-  const f = { x, ids, weights: w, out, tokens, shared: true };
+  const operands = forwardOperands(device, config, tokens, randomRouting(7, tokens, config), 7);
+  const f = { ...operands, tokens, shared: true };
   pipeline.kernel.disableTrace();
   const t = timeKernel(device, (s) => pipeline.forward(f, s), { warmup: 10, iters: 20 });
   pipeline.kernel.enableTrace();
@@ -48,7 +46,7 @@ for (const tokens of tokenList) {
     const cell = (v: number) => (count ? String(v).padStart(8) : fmt(v));
     console.log(`  ${field.padEnd(18)} ${cell(lo!)} ${cell(mid!)} ${cell(hi!)}`);
   }
-  for (const tt of [x, ids, w, out]) tt.dispose();
+  operands.dispose();
 }
 pipeline.dispose();
 weights.dispose();

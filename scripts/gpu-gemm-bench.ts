@@ -3,11 +3,7 @@
  * 4096), so the plan's cost model can be checked against measurement. Writes results JSON to argv[2].
  */
 import { deviceSummary, gitCommit, openDevice, writeResults } from "../src/cuda/index.js";
-import {
-  benchmarkGroupedGemm,
-  type GroupedGemmBenchCase,
-  planGroupedGemm,
-} from "../src/kernels/gemm/grouped_gemm.js";
+import { benchmarkGroupedGemm, type GroupedGemmBenchCase } from "../src/kernels/gemm/grouped_gemm.js";
 
 const device = openDevice(0);
 const tiles = ["m64n128", "m128n128", "m64n256", "m128n256"] as const;
@@ -38,7 +34,6 @@ for (const s of shapes) {
     }
   }
 }
-void planGroupedGemm;
 if (process.argv[2]) {
   writeResults(process.argv[2], {
     device: deviceSummary(device),

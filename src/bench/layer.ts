@@ -130,25 +130,59 @@ export interface LayerBenchOptions {
   onProgress?: (done: number, total: number) => void;
 }
 
+/** One forward's device operands: x from the activation generator, the routing, an output buffer. */
+export interface ForwardOperands {
+  x: DeviceTensor;
+  ids: DeviceTensor;
+  weights: DeviceTensor;
+  out: DeviceTensor;
+  dispose(): void;
+}
+
+/** Allocates and fills a forward's operands for `tokens` tokens of `config` (x made on the device from `seed`). */
+export function forwardOperands(
+  device: Device,
+  config: MoEConfig,
+  tokens: number,
+  routing: Routing,
+  seed: number,
+): ForwardOperands {
+  const owned: DeviceTensor[] = [];
+  const keep = (t: DeviceTensor) => {
+    owned.push(t);
+    return t;
+  };
+  const dispose = () => {
+    for (const t of owned) t.dispose();
+  };
+  try {
+    return {
+      x: keep(generateActivationsOnDevice(device, seed, tokens, config.hidden)),
+      ids: keep(DeviceTensor.fromHost(device, "int32", [tokens, config.topK], routing.ids)),
+      weights: keep(DeviceTensor.fromHost(device, "fp32", [tokens, config.topK], routing.weights)),
+      out: keep(DeviceTensor.empty(device, "bf16", [tokens, config.hidden])),
+      dispose,
+    };
+  } catch (e) {
+    dispose();
+    throw e;
+  }
+}
+
 /**
  * Keeps the GPU busy for a few hundred milliseconds before the first measurement: an idle H200 sits at
  * a low clock (345 MHz seen), and the first case of a sweep would otherwise pay for the ramp.
  */
 function warmUpClock(device: Device, pipeline: MoEPipeline, config: MoEConfig, tokens: number): void {
-  const routing = randomRouting(1, tokens, config);
-  const x = DeviceTensor.empty(device, "bf16", [tokens, config.hidden]);
-  const ids = DeviceTensor.fromHost(device, "int32", [tokens, config.topK], routing.ids);
-  const w = DeviceTensor.fromHost(device, "fp32", [tokens, config.topK], routing.weights);
-  const out = DeviceTensor.empty(device, "bf16", [tokens, config.hidden]);
+  const f = forwardOperands(device, config, tokens, randomRouting(1, tokens, config), 1);
   try {
-    x.fill(0x3c); // bf16 0x3c3c ≈ 0.0115: finite and nonzero
     const start = performance.now();
     while (performance.now() - start < 300) {
-      pipeline.forward({ x, ids, weights: w, out, tokens, shared: true }, null);
+      pipeline.forward({ ...f, tokens, shared: true }, null);
       device.synchronize();
     }
   } finally {
-    for (const t of [x, ids, w, out]) t.dispose();
+    f.dispose();
   }
 }
 
@@ -186,16 +220,9 @@ export function benchmarkLayer(device: Device, o: LayerBenchOptions): ResultRow[
     for (const p of pipelines) warmUpClock(device, p, config, maxTokens);
     o.tokens.forEach((tokens, i) => {
       const routing = randomRouting(o.seed, tokens, config);
-      const inputs: DeviceTensor[] = [];
+      const operands = forwardOperands(device, config, tokens, routing, o.seed);
       try {
-        const x = generateActivationsOnDevice(device, o.seed, tokens, config.hidden);
-        inputs.push(x);
-        const ids = DeviceTensor.fromHost(device, "int32", [tokens, config.topK], routing.ids);
-        inputs.push(ids);
-        const w = DeviceTensor.fromHost(device, "fp32", [tokens, config.topK], routing.weights);
-        inputs.push(w);
-        const out = DeviceTensor.empty(device, "bf16", [tokens, config.hidden]);
-        inputs.push(out);
+        const { x, ids, weights: w, out } = operands;
         device.synchronize();
         const f = layerFloor(config, tokens, routing, o.shared, o.readTbps, o.fp8Tflops);
         const row = (
@@ -252,7 +279,7 @@ export function benchmarkLayer(device: Device, o: LayerBenchOptions): ResultRow[
           p.checkStatus();
         }
       } finally {
-        for (const t of inputs) t.dispose();
+        operands.dispose();
       }
       o.onProgress?.(i + 1, o.tokens.length);
     });

@@ -24,6 +24,7 @@ import path from "node:path";
 import { fileURLToPath } from "node:url";
 import type { Device, Kernel, Module } from "./driver.js";
 import { homeDir, locateCudaInclude, locateNvcc } from "./locate.js";
+import { perDeviceMemo } from "./memo.js";
 import { loadNvrtc, nvrtcCompile } from "./nvrtc.js";
 
 /** The two compiler backends. */
@@ -612,23 +613,17 @@ export async function compileKernelAsync(opts: CompileKernelOptions): Promise<Co
 // ---------------------------------------------------------------------------------------------------
 // Loading
 
-const loadedModules = new WeakMap<Device, Map<string, { module: Module; kernels: Map<string, Kernel> }>>();
+const loadedModules = perDeviceMemo<string, { module: Module; kernels: Map<string, Kernel> }>();
 
 /**
  * The kernel `functionName` (an `extern "C"` name) of a compiled image on `device`. Each image is
  * loaded once per device and each kernel looked up once, so repeated calls return the same `Kernel`.
  */
 export function loadKernel(device: Device, compiled: CompiledKernel, functionName: string): Kernel {
-  let perDevice = loadedModules.get(device);
-  if (!perDevice) {
-    perDevice = new Map();
-    loadedModules.set(device, perDevice);
-  }
-  let entry = perDevice.get(compiled.key);
-  if (!entry) {
-    entry = { module: device.loadModule(compiled.cubin), kernels: new Map() };
-    perDevice.set(compiled.key, entry);
-  }
+  const entry = loadedModules(device, compiled.key, () => ({
+    module: device.loadModule(compiled.cubin),
+    kernels: new Map(),
+  }));
   let kernel = entry.kernels.get(functionName);
   if (!kernel) {
     kernel = entry.module.getFunction(functionName);

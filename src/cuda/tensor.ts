@@ -212,8 +212,6 @@ export class DeviceTensor<D extends DType = DType> {
   readonly device: Device;
   readonly dtype: D;
   readonly shape: readonly number[];
-  /** Row-major strides in elements. */
-  readonly strides: readonly number[];
   readonly numel: number;
   readonly bytes: number;
   private address: bigint;
@@ -227,12 +225,11 @@ export class DeviceTensor<D extends DType = DType> {
     shape: readonly number[],
     view?: { base: DeviceTensor; address: bigint },
   ) {
-    this.bytes = tensorBytes(dtype, shape);
-    this.numel = elementCount(shape);
+    this.bytes = tensorBytes(dtype, shape); // checks the dtype and the shape
+    this.numel = this.bytes / DTYPE_BYTES[dtype];
     this.device = device;
     this.dtype = dtype;
     this.shape = Object.freeze([...shape]);
-    this.strides = Object.freeze(contiguousStrides(shape));
     this.base = view?.base ?? null;
     if (view !== undefined) {
       this.address = view.address;

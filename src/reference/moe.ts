@@ -6,8 +6,8 @@
  * fixed, so the result does not depend on grouping, and the output is deterministic.
  */
 import { type MoEConfig, QUANT_BLOCK, sharedIntermediate } from "../config/config.js";
-import { bf16BitsToF32, f32ToBf16Bits } from "../numerics/bf16.js";
-import { E4M3_DECODE } from "../numerics/fp8.js";
+import { bf16BitsToF32, f32ToBf16Bits, roundToBf16 } from "../numerics/bf16.js";
+import { decodeE4m3Array, E4M3_DECODE } from "../numerics/fp8.js";
 import { quantizeActivations, quantizeRow128 } from "../numerics/quant.js";
 import type { BlockQuantized, ExpertWeights, MoEWeightSource } from "../weights/types.js";
 import type { Routing } from "./router.js";
@@ -80,14 +80,6 @@ function blockScaledGemm(
   }
 }
 
-/** Decoded e4m3 values of row t of a [T, K] code matrix. */
-function decodeRow(q: Uint8Array, t: number, k: number): Float32Array {
-  const row = new Float32Array(k);
-  const base = t * k;
-  for (let i = 0; i < k; i++) row[i] = E4M3_DECODE[q[base + i]];
-  return row;
-}
-
 /**
  * One expert MLP on FP8 rows: L1 → SwiGLU → re-quantization → L2. Returns the fp32 L2 results [H]
  * of every row, in the order given.
@@ -108,10 +100,10 @@ function expertForward(
   for (const acc of l1) {
     for (let n = 0; n < inter; n++) h[n] = swiglu(acc[n], acc[inter + n], config.swigluClamp);
     const scales = new Float32Array(inter / QUANT_BLOCK);
-    for (let b = 0; b < inter / QUANT_BLOCK; b++) {
-      quantizeRow128(h, b * QUANT_BLOCK, QUANT_BLOCK, config.scaleFormat, hq, b * QUANT_BLOCK, scales, b);
-    }
-    hRows.push(decodeRow(hq, 0, inter));
+    quantizeRow128(h, 0, inter, config.scaleFormat, hq, 0, scales, 0);
+    const hRow = new Float32Array(inter);
+    decodeE4m3Array(hq, hRow);
+    hRows.push(hRow);
     hScales.push(scales);
   }
   const out = rows.map(() => new Float32Array(config.hidden));
@@ -119,11 +111,12 @@ function expertForward(
   return out;
 }
 
-function quantizedTokenRows(x: QuantizedRows, tokens: number[], config: MoEConfig) {
+/** Rows (views of the decoded [T, H] values, decoded once per layer) and scales of the given tokens. */
+function quantizedTokenRows(x: QuantizedRows, decoded: Float32Array, tokens: number[], config: MoEConfig) {
   const h = config.hidden;
   const kb = h / QUANT_BLOCK;
   return {
-    rows: tokens.map((t) => decodeRow(x.q, t, h)),
+    rows: tokens.map((t) => decoded.subarray(t * h, (t + 1) * h)),
     scales: tokens.map((t) => x.scales.subarray(t * kb, (t + 1) * kb)),
   };
 }
@@ -170,6 +163,8 @@ export function referenceMoE(
   const config = source.config;
   const { hidden, topK: k } = config;
   const xq = quantizeActivations(x, tokens, hidden, config.scaleFormat);
+  const xDecoded = new Float32Array(xq.q.length);
+  decodeE4m3Array(xq.q, xDecoded);
   const { lists, active, shared, total } = planExpertWork(routing, tokens, source, options);
   let done = 0;
 
@@ -179,13 +174,14 @@ export function referenceMoE(
     const pairs = Array.from(lists[e]);
     const { rows, scales } = quantizedTokenRows(
       xq,
+      xDecoded,
       pairs.map((p) => Math.floor(p / k)),
       config,
     );
     const y = expertForward(config, source.expert(e), rows, scales);
     pairs.forEach((p, i) => {
       const dst = slotOut.subarray(p * hidden, (p + 1) * hidden);
-      for (let n = 0; n < hidden; n++) dst[n] = bf16BitsToF32(f32ToBf16Bits(y[i][n]));
+      for (let n = 0; n < hidden; n++) dst[n] = roundToBf16(y[i][n]);
     });
     options.onProgress?.(++done, total);
   }
@@ -193,7 +189,7 @@ export function referenceMoE(
   let sharedOut: Float32Array[] | null = null;
   if (shared !== null) {
     const all = Array.from({ length: tokens }, (_, t) => t);
-    const { rows, scales } = quantizedTokenRows(xq, all, config);
+    const { rows, scales } = quantizedTokenRows(xq, xDecoded, all, config);
     sharedOut = expertForward(config, shared, rows, scales);
     options.onProgress?.(++done, total);
   }
@@ -207,7 +203,7 @@ export function referenceMoE(
         const y = slotOut[(t * k + s) * hidden + n];
         acc = Math.fround(acc + Math.fround(routing.weights[t * k + s] * y));
       }
-      if (sharedOut !== null) acc = Math.fround(acc + bf16BitsToF32(f32ToBf16Bits(sharedOut[t][n])));
+      if (sharedOut !== null) acc = Math.fround(acc + roundToBf16(sharedOut[t][n]));
       out[t * hidden + n] = f32ToBf16Bits(acc);
     }
   }

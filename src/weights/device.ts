@@ -123,19 +123,6 @@ export class DeviceMoEWeights {
     this.gateBias = gateBias;
   }
 
-  get w1(): DeviceTensor<"fp8_e4m3"> {
-    return this.routed.w1;
-  }
-  get w1Scales(): DeviceTensor<"fp32"> {
-    return this.routed.w1Scales;
-  }
-  get w2(): DeviceTensor<"fp8_e4m3"> {
-    return this.routed.w2;
-  }
-  get w2Scales(): DeviceTensor<"fp32"> {
-    return this.routed.w2Scales;
-  }
-
   /** Device bytes a layer of this config needs: expert weights and scales, gate weight and bias. */
   static bytesFor(config: MoEConfig): number {
     const { numExperts: e, hidden: h } = config;
