@@ -16,7 +16,7 @@ import {
   generateGateWeightOnDevice,
   generateMatrixOnDevice,
 } from "../kernels/weightgen/weightgen.js";
-import { generatorNames } from "./generate.js";
+import { checkSeed, expertMatrixSpecs, sharedMatrixSpecs } from "./generate.js";
 import type { BlockQuantized, MoEWeightSource } from "./types.js";
 
 /** One MLP's weights for `experts` experts: W1 [experts, 2I, H], W2 [experts, H, I] and their scales. */
@@ -71,10 +71,6 @@ function checkMatrix(what: string, m: BlockQuantized, rows: number, cols: number
       `${what}: ${m.q.length} codes and ${m.scales.length} scales do not match [${rows}, ${cols}]`,
     );
   }
-}
-
-function checkSeed(seed: number): void {
-  if (!Number.isSafeInteger(seed)) throw new RangeError(`seed must be a safe integer, got ${seed}`);
 }
 
 function gib(bytes: number): string {
@@ -190,8 +186,7 @@ export class DeviceMoEWeights {
     const w1Size = 2 * I * H;
     const w1Blocks = w1Size / QUANT_BLOCK ** 2;
     for (let e = 0; e < c.numExperts; e++) {
-      const w1 = { name: generatorNames.expertW1(e), rows: 2 * I, cols: H, fanIn: H };
-      const w2 = { name: generatorNames.expertW2(e), rows: H, cols: I, fanIn: I };
+      const { w1, w2 } = expertMatrixSpecs(c, e);
       generateMatrixOnDevice(device, seed, w1, r.w1, e * w1Size, r.w1Scales, e * w1Blocks, stream);
       generateMatrixOnDevice(
         device,
@@ -206,9 +201,7 @@ export class DeviceMoEWeights {
     }
     const s = this.shared;
     if (s !== null) {
-      const SI = sharedIntermediate(c);
-      const w1 = { name: generatorNames.sharedW1, rows: 2 * SI, cols: H, fanIn: H };
-      const w2 = { name: generatorNames.sharedW2, rows: H, cols: SI, fanIn: SI };
+      const { w1, w2 } = sharedMatrixSpecs(c);
       generateMatrixOnDevice(device, seed, w1, s.w1, 0, s.w1Scales, 0, stream);
       generateMatrixOnDevice(device, seed, w2, s.w2, 0, s.w2Scales, 0, stream);
     }

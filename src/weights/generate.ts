@@ -10,6 +10,7 @@ import { type MoEConfig, QUANT_BLOCK, sharedIntermediate, validateConfig } from 
 import { bf16FromF32Array } from "../numerics/bf16.js";
 import { quantizeWeightBlocks } from "../numerics/quant.js";
 import { fillHash32, fillUniform, hash32, tensorKey } from "./counter-rng.js";
+import { checkExpertIndex, ExpertCache } from "./expert-cache.js";
 import type { BlockQuantized, ExpertWeights, GateWeights, MoEWeightSource } from "./types.js";
 
 /**
@@ -44,7 +45,8 @@ export function blockExponent(seed: number, matrixName: string, blockIndex: numb
   return (hash32(seed, tensorKey(generatorNames.blockExponent(matrixName)), blockIndex) % 3) - 1;
 }
 
-function checkSeed(seed: number): void {
+/** Throws RangeError unless seed is a safe integer (every generator, CPU and device, takes these). */
+export function checkSeed(seed: number): void {
   if (!Number.isSafeInteger(seed)) throw new RangeError(`seed must be a safe integer, got ${seed}`);
 }
 
@@ -108,10 +110,39 @@ export function generateBlockQuantized(
   return { q, scales, rows, cols };
 }
 
-function checkExpertIndex(config: MoEConfig, e: number): void {
-  if (!Number.isInteger(e) || e < 0 || e >= config.numExperts) {
-    throw new RangeError(`expert index must be an integer in [0, ${config.numExperts}), got ${e}`);
-  }
+/** One block-quantized matrix to make: its generator name, shape and fan-in. */
+export interface MatrixSpec {
+  name: string;
+  rows: number;
+  cols: number;
+  fanIn: number;
+}
+
+/** An MLP's matrices: W1 [2I, H] (fan-in H), W2 [H, I] (fan-in I); the CPU and device generators share them. */
+function mlpSpecs(hidden: number, inter: number, w1: string, w2: string): { w1: MatrixSpec; w2: MatrixSpec } {
+  return {
+    w1: { name: w1, rows: 2 * inter, cols: hidden, fanIn: hidden },
+    w2: { name: w2, rows: hidden, cols: inter, fanIn: inter },
+  };
+}
+
+/** Routed expert e's matrices. */
+export function expertMatrixSpecs(config: MoEConfig, e: number): { w1: MatrixSpec; w2: MatrixSpec } {
+  return mlpSpecs(config.hidden, config.intermediate, generatorNames.expertW1(e), generatorNames.expertW2(e));
+}
+
+/** The fused shared experts' matrices (intermediate · numShared). */
+export function sharedMatrixSpecs(config: MoEConfig): { w1: MatrixSpec; w2: MatrixSpec } {
+  return mlpSpecs(
+    config.hidden,
+    sharedIntermediate(config),
+    generatorNames.sharedW1,
+    generatorNames.sharedW2,
+  );
+}
+
+function generateSpec(seed: number, m: MatrixSpec, scratch?: Float32Array): BlockQuantized {
+  return generateBlockQuantized(seed, m.name, m.rows, m.cols, m.fanIn, scratch);
 }
 
 /** Routed expert e: W1 [2I, H] (fan-in H), W2 [H, I] (fan-in I). */
@@ -122,11 +153,8 @@ export function generateExpert(
   scratch?: Float32Array,
 ): ExpertWeights {
   checkExpertIndex(config, e);
-  const { hidden: h, intermediate: i } = config;
-  return {
-    w1: generateBlockQuantized(seed, generatorNames.expertW1(e), 2 * i, h, h, scratch),
-    w2: generateBlockQuantized(seed, generatorNames.expertW2(e), h, i, i, scratch),
-  };
+  const m = expertMatrixSpecs(config, e);
+  return { w1: generateSpec(seed, m.w1, scratch), w2: generateSpec(seed, m.w2, scratch) };
 }
 
 /** The fused shared experts (intermediate · numShared), or null when numShared is 0. */
@@ -136,12 +164,8 @@ export function generateSharedExpert(
   scratch?: Float32Array,
 ): ExpertWeights | null {
   if (config.numShared === 0) return null;
-  const h = config.hidden;
-  const si = sharedIntermediate(config);
-  return {
-    w1: generateBlockQuantized(seed, generatorNames.sharedW1, 2 * si, h, h, scratch),
-    w2: generateBlockQuantized(seed, generatorNames.sharedW2, h, si, si, scratch),
-  };
+  const m = sharedMatrixSpecs(config);
+  return { w1: generateSpec(seed, m.w1, scratch), w2: generateSpec(seed, m.w2, scratch) };
 }
 
 /**
@@ -170,9 +194,7 @@ export interface GeneratedWeightsOptions {
 export class GeneratedWeights implements MoEWeightSource {
   readonly config: MoEConfig;
   readonly seed: number;
-  private readonly cachedExperts: number;
-  /** Insertion order is recency order: a hit is moved to the end, the first key is evicted. */
-  private readonly experts = new Map<number, ExpertWeights>();
+  private readonly experts: ExpertCache;
   private sharedWeights: ExpertWeights | null | undefined;
   private gateWeights: GateWeights | undefined;
   /** One fp32 buffer reused for every matrix before quantization, to spare the GC 100 MB per expert. */
@@ -182,27 +204,13 @@ export class GeneratedWeights implements MoEWeightSource {
     this.config = validateConfig(config);
     checkSeed(seed);
     this.seed = seed;
-    this.cachedExperts = opts.cachedExperts ?? 4;
-    if (!Number.isInteger(this.cachedExperts) || this.cachedExperts < 1) {
-      throw new RangeError(`cachedExperts must be a positive integer, got ${this.cachedExperts}`);
-    }
+    this.experts = new ExpertCache(this.config, opts.cachedExperts ?? 4);
   }
 
   expert(e: number): ExpertWeights {
-    checkExpertIndex(this.config, e);
-    const hit = this.experts.get(e);
-    if (hit !== undefined) {
-      this.experts.delete(e);
-      this.experts.set(e, hit);
-      return hit;
-    }
-    const made = generateExpert(this.config, this.seed, e, this.scratchFor(this.config.intermediate));
-    this.experts.set(e, made);
-    if (this.experts.size > this.cachedExperts) {
-      const oldest = this.experts.keys().next().value;
-      if (oldest !== undefined) this.experts.delete(oldest);
-    }
-    return made;
+    return this.experts.get(e, () =>
+      generateExpert(this.config, this.seed, e, this.scratchFor(this.config.intermediate)),
+    );
   }
 
   shared(): ExpertWeights | null {

@@ -10,6 +10,7 @@
 import fs from "node:fs";
 import os from "node:os";
 import { type MoEConfig, QUANT_BLOCK, sharedIntermediate, validateConfig } from "../config/config.js";
+import { ExpertCache } from "./expert-cache.js";
 import type { BlockQuantized, ExpertWeights, GateWeights, MoEWeightSource } from "./types.js";
 
 export class SafetensorsError extends Error {
@@ -551,7 +552,6 @@ function checkLayerTensors(header: SafetensorsHeader, specs: TensorSpec[]): void
 
 /** Weights read lazily from a checked checkpoint file. */
 class SafetensorsWeights implements MoEWeightSource {
-  private readonly experts = new Map<number, ExpertWeights>();
   private sharedWeights: ExpertWeights | null | undefined;
   private gateWeights: GateWeights | undefined;
 
@@ -559,26 +559,11 @@ class SafetensorsWeights implements MoEWeightSource {
     readonly config: MoEConfig,
     private readonly header: SafetensorsHeader,
     private readonly prefix: string,
-    private readonly cachedExperts: number,
+    private readonly experts: ExpertCache,
   ) {}
 
   expert(e: number): ExpertWeights {
-    if (!Number.isInteger(e) || e < 0 || e >= this.config.numExperts) {
-      throw new RangeError(`expert index must be an integer in [0, ${this.config.numExperts}), got ${e}`);
-    }
-    const hit = this.experts.get(e);
-    if (hit !== undefined) {
-      this.experts.delete(e);
-      this.experts.set(e, hit);
-      return hit;
-    }
-    const read = this.readMlp(checkpointNames.expert(e), this.config.intermediate);
-    this.experts.set(e, read);
-    if (this.experts.size > this.cachedExperts) {
-      const oldest = this.experts.keys().next().value;
-      if (oldest !== undefined) this.experts.delete(oldest);
-    }
-    return read;
+    return this.experts.get(e, () => this.readMlp(checkpointNames.expert(e), this.config.intermediate));
   }
 
   shared(): ExpertWeights | null {
@@ -662,11 +647,8 @@ export function loadMoEWeights(path: string, config: MoEConfig, opts: LoadOption
   validateConfig(config);
   checkLittleEndian();
   const prefix = opts.prefix ?? DEFAULT_PREFIX;
-  const cachedExperts = opts.cachedExperts ?? 2;
-  if (!Number.isInteger(cachedExperts) || cachedExperts < 1) {
-    throw new RangeError(`cachedExperts must be a positive integer, got ${cachedExperts}`);
-  }
+  const experts = new ExpertCache(config, opts.cachedExperts ?? 2);
   const header = readSafetensorsHeader(path);
   checkLayerTensors(header, moeTensorSpecs(config, prefix));
-  return new SafetensorsWeights(config, header, prefix, cachedExperts);
+  return new SafetensorsWeights(config, header, prefix, experts);
 }

@@ -21,7 +21,14 @@ import {
   type Stream,
 } from "../../cuda/index.js";
 import { streamKey, tensorKey } from "../../weights/counter-rng.js";
-import { ACTIVATION_BASE, GATE_BIAS_SCALE, generatorNames, matrixBaseScale } from "../../weights/generate.js";
+import {
+  ACTIVATION_BASE,
+  checkSeed,
+  GATE_BIAS_SCALE,
+  generatorNames,
+  type MatrixSpec,
+  matrixBaseScale,
+} from "../../weights/generate.js";
 
 /** The kernel source, relative to src/kernels. */
 export const WEIGHTGEN_KERNEL_SOURCE = "weightgen/weightgen.cu";
@@ -69,10 +76,6 @@ export function tensorStream(seed: number, name: string): number {
   return streamKey(seed, tensorKey(name));
 }
 
-function checkSeed(seed: number): void {
-  if (!Number.isSafeInteger(seed)) throw new RangeError(`seed must be a safe integer, got ${seed}`);
-}
-
 function checkTensor(
   what: string,
   t: DeviceTensor,
@@ -94,13 +97,7 @@ function checkTensor(
   }
 }
 
-/** One block-quantized matrix to make: its generator name, shape and fan-in. */
-export interface MatrixSpec {
-  name: string;
-  rows: number;
-  cols: number;
-  fanIn: number;
-}
+export type { MatrixSpec };
 
 /**
  * Queues the generation of matrix `spec` (what `generateBlockQuantized(seed, name, rows, cols, fanIn)`
