@@ -15,13 +15,6 @@ export interface KernelVariant {
   noSpill: boolean;
 }
 
-/** The nvcc/NVRTC `-D` options for a set of defines, in a stable order (cache keys depend on it). */
-export function defineFlags(defines: KernelDefines): string[] {
-  return Object.keys(defines)
-    .sort()
-    .map((name) => `-D${name}=${defines[name]}`);
-}
-
 /** A short label such as `HIDDEN=7168 SCALE_UE8M0=1` for reports and errors. */
 export function describeDefines(defines: KernelDefines): string {
   const names = Object.keys(defines).sort();
