@@ -60,6 +60,8 @@ export class FusedPipeline implements MoEPipeline {
   private readonly xScales: DeviceTensor;
   private readonly ids: DeviceTensor;
   private readonly routingWeights: DeviceTensor;
+  /** Views of the FP8 rows and scales for the last token count (kept: a forward needs no allocation). */
+  private rows: { tokens: number; xq: DeviceTensor; xScales: DeviceTensor } | null = null;
   private disposed = false;
 
   constructor(device: Device, weights: DeviceMoEWeights, maxTokens: number) {
@@ -86,12 +88,10 @@ export class FusedPipeline implements MoEPipeline {
    */
   prepareInput(rows: number): PreparedInput {
     const ticket = this.tag.begin(rows);
-    const H = this.config.hidden;
     const k = this.config.topK;
     return {
       ticket,
-      xq: this.xq.view([rows, H]),
-      xScales: this.xScales.view([rows, H / 128]),
+      ...this.rowViews(rows),
       ids: this.ids.view([rows, k]),
       weights: this.routingWeights.view([rows, k]),
     };
@@ -108,11 +108,11 @@ export class FusedPipeline implements MoEPipeline {
     const problem = forwardProblem(this.config, this.maxTokens, this.device, f);
     if (problem !== null) throw new RangeError(`FusedPipeline.forward: ${problem}`);
     const { tokens } = f;
-    const H = this.config.hidden;
-    const xq = this.xq.view([tokens, H]);
-    const xScales = this.xScales.view([tokens, H / 128]);
-    const buffer = { ids: this.ids, weights: this.routingWeights };
-    const quantize = !canSkipQuantization(this.tag, prepared, tokens, f, buffer);
+    const { xq, xScales } = this.rowViews(tokens);
+    const quantize = !canSkipQuantization(this.tag, prepared, tokens, f, {
+      ids: this.ids,
+      weights: this.routingWeights,
+    });
     if (quantize) {
       this.tag.invalidate();
       quantizeOnDevice(this.device, f.x, { q: xq, scales: xScales }, this.config.scaleFormat, stream);
@@ -136,10 +136,15 @@ export class FusedPipeline implements MoEPipeline {
     shared: boolean,
     stream: Stream | null,
   ): void {
-    const H = this.config.hidden;
-    const xq = this.xq.view([tokens, H]);
-    const xScales = this.xScales.view([tokens, H / 128]);
-    this.kernel.launch({ xq, xScales, ids, weights, out, tokens, shared }, stream);
+    this.kernel.launch({ ...this.rowViews(tokens), ids, weights, out, tokens, shared }, stream);
+  }
+
+  private rowViews(tokens: number): { xq: DeviceTensor; xScales: DeviceTensor } {
+    if (this.rows?.tokens !== tokens) {
+      const H = this.config.hidden;
+      this.rows = { tokens, xq: this.xq.view([tokens, H]), xScales: this.xScales.view([tokens, H / 128]) };
+    }
+    return this.rows;
   }
 
   warmup(tokens: number, stream: Stream | null = null): void {

@@ -158,6 +158,7 @@ export class FusedMoEKernel {
     args: KernelArgs;
   }[];
   private readonly operands = new Uint8Array(OPERANDS_BYTES);
+  private readonly operandsView = new DataView(this.operands.buffer);
   private readonly owned: DeviceTensor[] = [];
   private readonly workspace: DeviceTensor;
   private readonly status: DeviceTensor;
@@ -239,7 +240,7 @@ export class FusedMoEKernel {
         encodeRows(args, 7, shared.w2, sharedInter, sharedExperts * H);
       }
 
-      const v = new DataView(this.operands.buffer);
+      const v = this.operandsView;
       const fixed: [OperandPointer, bigint][] = [
         ["w1_scales", routed.w1Scales.ptr],
         ["w2_scales", routed.w2Scales.ptr],
@@ -299,7 +300,7 @@ export class FusedMoEKernel {
     expectOperand(where, "ids", f.ids, "int32", [tokens, c.topK], this.device);
     expectOperand(where, "weights", f.weights, "fp32", [tokens, c.topK], this.device);
     expectOperand(where, "out", f.out, "bf16", [tokens, H], this.device);
-    const v = new DataView(this.operands.buffer);
+    const v = this.operandsView;
     v.setBigUint64(pointerOffset("xq"), f.xq.ptr, true);
     v.setBigUint64(pointerOffset("x_scales"), f.xScales.ptr, true);
     v.setBigUint64(pointerOffset("ids"), f.ids.ptr, true);
