@@ -32,6 +32,13 @@ const TOKENS = [1, 7, 129, 1000];
 /** Logit bound: per 16-product mma sum, 2^-18 of its absolute sum (docs/numerics.md), + fp32 rounding. */
 const LOGIT_ABS_FACTOR = 2 ** -18;
 const LOGIT_REL_FACTOR = 2 ** -23;
+/**
+ * Weights against the reference: 1e-6 relative (the issue's figure), widened only by what the logit
+ * differences actually measured on the token's row explain: every scoring rule here moves a weight by
+ * at most |Δl_e| + max |Δl| relative (softmax: exp(Δl_e − Σ p Δl); renormalized: ÷ a sum of moved
+ * scores), so the slack is 2·max |Δl| of the row. The step before checks the weights exactly on the
+ * GPU's own logits, so anything beyond this would be the GPU's scoring, not its GEMM.
+ */
 const WEIGHT_REL_TOLERANCE = 1e-6;
 
 function custom(
@@ -349,7 +356,14 @@ function check(
   const twins = twinKeys(d, c);
   let skipped = 0;
   let compared = 0;
+  let worstWeight = 0;
+  let beyondFigure = 0;
   for (let t = 0; t < tokens; t++) {
+    let rowLogitError = 0;
+    for (let e = 0; e < E; e++) {
+      rowLogitError = Math.max(rowLogitError, Math.abs(got.logits[t * E + e] - ref.logits[t * E + e]));
+    }
+    const weightTolerance = WEIGHT_REL_TOLERANCE + 2 * rowLogitError;
     let same = true;
     for (let j = 0; j < topK; j++) same &&= ref.ids[t * topK + j] === got.ids[t * topK + j];
     if (!same) {
@@ -367,16 +381,24 @@ function check(
     compared++;
     for (let j = 0; j < topK; j++) {
       const i = t * topK + j;
+      if (got.weights[i] === ref.weights[i]) continue;
       const rel = Math.abs(got.weights[i] - ref.weights[i]) / Math.abs(ref.weights[i]);
-      if (!(rel <= WEIGHT_REL_TOLERANCE) && !(got.weights[i] === ref.weights[i])) {
+      worstWeight = Math.max(worstWeight, rel);
+      if (rel > WEIGHT_REL_TOLERANCE) beyondFigure++;
+      if (!(rel <= weightTolerance)) {
         assert.fail(
           `${tag}: token ${t} slot ${j} (expert ${ref.ids[i]}): GPU weight ${got.weights[i]}, reference ` +
-            `${ref.weights[i]}, relative difference ${rel.toExponential(2)} > ${WEIGHT_REL_TOLERANCE}`,
+            `${ref.weights[i]}, relative difference ${rel.toExponential(2)} > ${weightTolerance.toExponential(2)} ` +
+            `(1e-6 + 2 × the row's largest logit difference ${rowLogitError.toExponential(2)})`,
         );
       }
     }
   }
   if (skipped > 0) console.log(`${tag}: ${skipped} of ${tokens} tokens differ within the margin tolerance`);
+  console.log(
+    `${tag}: max weight relative difference ${worstWeight.toExponential(2)}; ${beyondFigure} weights above ` +
+      `${WEIGHT_REL_TOLERANCE} (each explained by its row's logit differences)`,
+  );
   assert.ok(compared >= Math.ceil(tokens / 2), `${tag}: only ${compared} of ${tokens} tokens had equal ids`);
 }
 
