@@ -5,6 +5,7 @@
 # ".fixtures"]:
 #   PART=1  every GPU test: pipelines (fused current version vs unfused, bit-equality), gate, norm,
 #           the prepared input; then the fused kernel's per-CTA timeline          (~4 min)
+#   PART=12 the pipeline tests, then (if they pass) the timeline and PART=2       (~9 min)
 #   PART=2  flash-ep8 sweeps, shared expert on and off, fused (every block M) + unfused + torch  (~8 min)
 #   PART=3  flash sweeps on/off + the decode-step benchmark                        (~8 min)
 #   PART=4  pro sweeps on/off                                                      (~8 min)
@@ -35,6 +36,14 @@ case "${PART:-1}" in
   tail -70 "$out/trace.txt"
   ;;
 2) sweep flash-ep8 1; sweep flash-ep8 0 ;;
+12)  # the pipeline tests on a new kernel version, then (only if they pass) its timeline and PART=2
+  timeout 200 node --test --test-reporter=spec dist-test/test/gpu/unfused.test.js >"$out/test-pipelines.txt" 2>&1
+  echo "pipelines rc=$?"; grep -E "^ℹ (tests|pass|fail)|✖" "$out/test-pipelines.txt" | head -20
+  grep -q "^ℹ fail 0" "$out/test-pipelines.txt" || exit 1
+  timeout 60 node dist-test/scripts/gpu-fused-trace.js flash-ep8 1,64,512,8192 >"$out/trace.txt" 2>&1
+  grep -E "forward|combineStart|^  end|placed" "$out/trace.txt"
+  sweep flash-ep8 1; sweep flash-ep8 0
+  ;;
 3)
   sweep flash 1; sweep flash 0
   timeout 150 node dist/cli/main.js bench --impl step --shape flash-ep8 --layers 8 --tokens 8,32,128,256 --iters 20 \
@@ -43,7 +52,7 @@ case "${PART:-1}" in
 4) sweep pro 1; sweep pro 0 ;;
 5)
   for tool in memcheck racecheck synccheck; do
-    timeout 180 compute-sanitizer --tool $tool --print-limit 20 node dist-test/scripts/gpu-fused-small.js \
+    MEGAMOE_JIT_LINEINFO=1 timeout 180 compute-sanitizer --tool $tool --print-limit 20 node dist-test/scripts/gpu-fused-small.js \
       >"$out/sanitizer-$tool.txt" 2>&1
     echo "$tool rc=$?"; grep -E "ERROR SUMMARY|tiny T=|Error" "$out/sanitizer-$tool.txt" | head -8
   done

@@ -17,12 +17,11 @@ export type Backend = "cpu" | "cuda";
 /** How the "cuda" backend computes the layer: one fused kernel, or the unfused launch sequence. */
 export type GpuPipelineKind = "fused" | "unfused";
 /**
- * The "cuda" backend's pipeline when none is asked for. The unfused pipeline until the fused kernel's
- * current version has passed the GPU tests on the H200 (its first version did, commit 2753ecb; the
- * version here, with BLOCK_M 64 and the faster row placement, has not run on a GPU yet:
- * bench/NOTES.md). Ask for { pipeline: "fused" } to use it.
+ * The "cuda" backend's pipeline when none is asked for: the fused kernel (bit-identical to the unfused
+ * pipeline in every GPU test on the H200, bench/NOTES.md). Ask for { pipeline: "unfused" } for the
+ * baseline; shapes the fused kernel cannot run take it anyway.
  */
-export const DEFAULT_GPU_PIPELINE: GpuPipelineKind = "unfused";
+export const DEFAULT_GPU_PIPELINE: GpuPipelineKind = "fused";
 
 export interface MoELayerOptions {
   /** "cpu" (default): the reference. "cuda": the GPU pipeline. */

@@ -518,6 +518,8 @@ function prepare(opts: CompileKernelOptions): Prepared {
   const includeDirs = [projectInclude, ...userIncludes];
   const defines = defineOptions(opts.defines);
   const extra = [...(opts.extraOptions ?? [])];
+  // Source lines in the cubin, for compute-sanitizer's and the profilers' reports (part of the key).
+  if (process.env.MEGAMOE_JIT_LINEINFO === "1" && !extra.includes("-lineinfo")) extra.push("-lineinfo");
   const options = [
     `-I${projectInclude}`,
     `-I${path.dirname(sourcePath)}`,

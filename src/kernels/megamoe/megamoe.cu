@@ -109,11 +109,11 @@ static_assert(kExperts >= 1 && kExperts <= 1024, "NUM_EXPERTS must be in 1..1024
 static_assert(kTopK >= 1 && kTopK <= 32, "TOP_K must be in 1..32");
 static_assert(kStages >= 2 && kStages <= 8, "NUM_STAGES must be in 2..8");
 
-// Work chunks of the dispatch phases and the combine.
+// Work chunks of the dispatch phases.
 constexpr int kCountChunkSlots = 4096;
 constexpr int kMaxPlaceChunkTokens = 16;  // fewer when T is small, so that every CTA takes a share
 constexpr int kRowVectorsPerLane = (kHidden / 16 + 31) / 32;  // 16-byte pieces of a row per lane
-constexpr int kCombineChunkTokens = 8;
+constexpr int kRowScalesPerLane = (kHiddenBlocks + 31) / 32;  // its scale blocks per lane
 
 // Registers: the producer warpgroup gives its share to the two math warpgroups (2·128·224 + 128·56 = 64512; the math code needs more than 208, the producer more than 40).
 constexpr int kProducerRegisters = 56;
@@ -163,9 +163,8 @@ enum Counter : int {
   kPlaceDone,
   kTaskClaim,
   kL2Done,
-  kCombineClaim,
   kExitCount,
-  kCounterWords = 8,
+  kCounterWords = 8,  // megamoe.variants.ts FUSED_COUNTER_WORDS (two spare)
 };
 
 // status[0] codes (status[1]: block, status[2..3]: what was awaited).
@@ -546,22 +545,78 @@ __device__ __forceinline__ void l2_epilogue(const Operands& op, const MathContex
   }
 }
 
-// Combine of 8 channels of one token (the unfused moe_combine's rule and order).
-__device__ __forceinline__ void combine8(const Operands& op, int shared_row0, int t, int c) {
-  float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-  int rows[kTopK];
+// One FP8 row and its scales in a warp's registers: lane l holds 16-byte pieces l, l + 32, … and scale
+// blocks l, l + 32, …
+struct RowPieces {
+  u32x4 piece[kRowVectorsPerLane];
+  float scale[kRowScalesPerLane];
+};
+
+__device__ __forceinline__ void load_token_row(const Operands& op, int t, int lane, RowPieces& r) {
+  const unsigned char* src = op.xq + static_cast<long long>(t) * kHidden;
 #pragma unroll
-  for (int s = 0; s < kTopK; ++s) rows[s] = load_cg(op.slot_row + t * kTopK + s);
+  for (int j = 0; j < kRowVectorsPerLane; ++j) {
+    const int v = lane + 32 * j;
+    if (v < kHidden / 16) r.piece[j] = megamoe::ld_nc_v4(src + 16 * v);
+  }
+#pragma unroll
+  for (int j = 0; j < kRowScalesPerLane; ++j) {
+    const int b = lane + 32 * j;
+    if (b < kHiddenBlocks) r.scale[j] = op.x_scales[static_cast<long long>(t) * kHiddenBlocks + b];
+  }
+}
+
+__device__ __forceinline__ void store_pool_row(const Operands& op, int row, int lane, const RowPieces& r) {
+  unsigned char* dst = op.pool_x + static_cast<long long>(row) * kHidden;
+#pragma unroll
+  for (int j = 0; j < kRowVectorsPerLane; ++j) {
+    const int v = lane + 32 * j;
+    if (v < kHidden / 16) megamoe::st_v4(dst + 16 * v, r.piece[j]);
+  }
+#pragma unroll
+  for (int j = 0; j < kRowScalesPerLane; ++j) {
+    const int b = lane + 32 * j;
+    if (b < kHiddenBlocks) megamoe::st_f32(op.pool_x_scales + static_cast<long long>(b) * op.r_pad + row, r.scale[j]);
+  }
+}
+
+// The combine's unit of work: 256 channels of a token (8 per lane).
+constexpr int kCombineChunks = kHidden / 256;
+
+// Combine of chunks [chunk_begin, chunk_end) of one token by one warp (the unfused moe_combine's rule
+// and order: slots ascending, then the shared expert). The token's slot rows and weights are read once,
+// lane s holding slot s, so the row loads of the chunk loop depend on nothing but the loop index and
+// several chunks stay in flight.
+__device__ __forceinline__ void combine_token(const Operands& op, int shared_row0, int t, int chunk_begin,
+                                              int chunk_end, int lane) {
+  int lane_row = -1;
+  float lane_weight = 0.f;
+  if (lane < kTopK) {
+    lane_row = load_cg(op.slot_row + t * kTopK + lane);
+    lane_weight = op.weights[t * kTopK + lane];
+  }
+  int rows[kTopK];
+  float weights[kTopK];
 #pragma unroll
   for (int s = 0; s < kTopK; ++s) {
-    if (rows[s] < 0) continue;
-    const u32x4 y = megamoe::ld_cg_v4(op.y + static_cast<long long>(rows[s]) * kHidden + c);
-    megamoe::add_weighted_bf16x8(acc, y, op.weights[t * kTopK + s]);
+    rows[s] = __shfl_sync(0xffffffffu, lane_row, s);
+    weights[s] = __shfl_sync(0xffffffffu, lane_weight, s);
   }
-  if (shared_row0 >= 0) {
-    megamoe::add_bf16x8(acc, megamoe::ld_cg_v4(op.y + static_cast<long long>(shared_row0 + t) * kHidden + c));
+#pragma unroll 4
+  for (int i = chunk_begin; i < chunk_end; ++i) {
+    const int c = (i * 32 + lane) * 8;
+    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int s = 0; s < kTopK; ++s) {
+      if (rows[s] < 0) continue;
+      megamoe::add_weighted_bf16x8(acc, megamoe::ld_cg_v4(op.y + static_cast<long long>(rows[s]) * kHidden + c),
+                                   weights[s]);
+    }
+    if (shared_row0 >= 0) {
+      megamoe::add_bf16x8(acc, megamoe::ld_cg_v4(op.y + static_cast<long long>(shared_row0 + t) * kHidden + c));
+    }
+    megamoe::st_v4(op.out + static_cast<long long>(t) * kHidden + c, megamoe::pack_bf16x8(acc));
   }
-  megamoe::st_v4(op.out + static_cast<long long>(t) * kHidden + c, megamoe::pack_bf16x8(acc));
 }
 
 }  // namespace
@@ -613,7 +668,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
     }
     for (int s = 0; s < 2; ++s) {
       mbar_init(task_full_bar + 8 * s, 1);
-      mbar_init(task_empty_bar + 8 * s, kMathWarps);
+      mbar_init(task_empty_bar + 8 * s, kMathThreads);
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
@@ -664,48 +719,45 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
     if (chunk >= place_chunks) break;
     const int t0 = chunk * place_tokens;
     const int items = (min(op.tokens, t0 + place_tokens) - t0) * (kTopK + 1);
-    for (int item = warp; item < items; item += kThreads / 32) {
+    // Each warp takes a run of up to 32 items (token, slot); the slot kTopK is the shared expert's row.
+    // Lane j claims item j's pool row (one atomic round trip for the run), the warp copies the rows two
+    // at a time (two rows' loads in flight), and lane j signals item j's arrival after the copies.
+    constexpr int kWarps = kThreads / 32;
+    const int run = min(32, (items + kWarps - 1) / kWarps);
+    for (int r0 = warp * run; r0 < items; r0 += kWarps * run) {
+      const int n = min(run, items - r0);
+      const int item = r0 + lane;
       const int t = t0 + item / (kTopK + 1);
-      const int s = item % (kTopK + 1);
-      int group;
-      int row;
-      if (s < kTopK) {
-        const int e = op.ids[t * kTopK + s];
-        if (e < 0 || e >= kExperts) {
-          if (lane == 0) op.slot_row[t * kTopK + s] = -1;
-          continue;
+      int row = -1;
+      int arrival_block = -1;
+      if (lane < n) {
+        const int s = item % (kTopK + 1);
+        if (s < kTopK) {
+          const int e = op.ids[t * kTopK + s];
+          if (e >= 0 && e < kExperts) {
+            row = offsets[e] + atomicAdd(cursor + e, 1);
+            arrival_block = blocks[e] + (row - offsets[e]) / kBlockM;
+          }
+          op.slot_row[t * kTopK + s] = row;
+        } else if (shared_rows > 0) {
+          row = offsets[kExperts] + t;
+          arrival_block = blocks[kExperts] + t / kBlockM;
         }
-        group = e;
-        int claimed = 0;
-        if (lane == 0) claimed = atomicAdd(cursor + e, 1);
-        row = offsets[e] + __shfl_sync(0xffffffffu, claimed, 0);
-        if (lane == 0) op.slot_row[t * kTopK + s] = row;
-      } else {
-        if (shared_rows == 0) continue;
-        group = kExperts;
-        row = offsets[kExperts] + t;
       }
-      const unsigned char* src = op.xq + static_cast<long long>(t) * kHidden;
-      unsigned char* dst = op.pool_x + static_cast<long long>(row) * kHidden;
-      // Every load of the row is issued before the first store: one memory latency per row, not one per piece.
-      u32x4 piece[kRowVectorsPerLane];
-#pragma unroll
-      for (int j = 0; j < kRowVectorsPerLane; ++j) {
-        const int v = lane + 32 * j;
-        if (v < kHidden / 16) piece[j] = megamoe::ld_nc_v4(src + 16 * v);
-      }
-#pragma unroll
-      for (int j = 0; j < kRowVectorsPerLane; ++j) {
-        const int v = lane + 32 * j;
-        if (v < kHidden / 16) megamoe::st_v4(dst + 16 * v, piece[j]);
-      }
-      for (int b = lane; b < kHiddenBlocks; b += 32) {
-        megamoe::st_f32(op.pool_x_scales + static_cast<long long>(b) * op.r_pad + row,
-                        op.x_scales[static_cast<long long>(t) * kHiddenBlocks + b]);
+      for (int j = 0; j < n; j += 2) {
+        const int row_a = __shfl_sync(0xffffffffu, row, j);
+        const int row_b = __shfl_sync(0xffffffffu, row, j + 1 < n ? j + 1 : j);
+        const bool has_b = j + 1 < n && row_b >= 0;
+        RowPieces a;
+        RowPieces b;
+        if (row_a >= 0) load_token_row(op, t0 + (r0 + j) / (kTopK + 1), lane, a);
+        if (has_b) load_token_row(op, t0 + (r0 + j + 1) / (kTopK + 1), lane, b);
+        if (row_a >= 0) store_pool_row(op, row_a, lane, a);
+        if (has_b) store_pool_row(op, row_b, lane, b);
       }
       fence_proxy_async_global();  // the rows are read by TMA (async proxy) in another CTA
       __syncwarp();
-      if (lane == 0) add_release(arrived + blocks[group] + (row - offsets[group]) / kBlockM, 1);
+      if (arrival_block >= 0) add_release(arrived + arrival_block, 1);
     }
     __syncthreads();
     if (tid == 0) add_release(ws + kPlaceDone, 1);
@@ -875,9 +927,9 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
 
     if (l1) tile_mainloop<true>(m, task, sw_rows, stage, phase, acc);
     else tile_mainloop<false>(m, task, sw_rows, stage, phase, acc);
-    // The slot (task and weight scales) is read: the producer may reuse it.
-    __syncwarp();
-    if (lane == 0) mbar_arrive(task_empty);
+    // The slot (task and weight scales) is read: the producer may reuse it. Every reader arrives (an
+    // arrive releases only its own thread's reads), once per tile.
+    mbar_arrive(task_empty);
     const unsigned long long t_epilogue = trace_clock(op.trace);
     if (l1) l1_epilogue(op, m, task, acc, frag_row, frag_col);
     else l2_epilogue(op, m, task, acc, frag_row, frag_col);
@@ -897,20 +949,18 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
     wait_at_least(ws + kL2Done, total_l2, op.status, kStatusCombineWait, 1);
     trace_time(op.trace, kTraceCombineStart);
   }
+  named_barrier_sync(1, kMathThreads);  // thread 0's waits cover the CTA
   const int shared_row0 = shared_rows > 0 ? offsets[kExperts] : -1;
-  const int combine_chunks = (op.tokens + kCombineChunkTokens - 1) / kCombineChunkTokens;
-  constexpr int kPerToken = kHidden / 8;
-  for (;;) {
-    named_barrier_sync(1, kMathThreads);
-    if (tid == 0) broadcast[1] = atomicAdd(ws + kCombineClaim, 1);
-    named_barrier_sync(1, kMathThreads);
-    const int chunk = broadcast[1];
-    if (chunk >= combine_chunks) break;
-    const int t0 = chunk * kCombineChunkTokens;
-    const int items = (min(op.tokens, t0 + kCombineChunkTokens) - t0) * kPerToken;
-    for (int i = tid; i < items; i += kMathThreads) {
-      combine8(op, shared_row0, t0 + i / kPerToken, (i % kPerToken) * 8);
-    }
+  // Every CTA reaches this point within a microsecond of the others (the last L2 tiles end together),
+  // so the work is dealt to the grid's math warps in turn rather than claimed. With fewer tokens than
+  // warps a token's channels are split into segments, so that small batches use the whole grid too.
+  const int grid_warps = static_cast<int>(gridDim.x) * kMathWarps;
+  const int segments = max(1, min(kCombineChunks, grid_warps / op.tokens));
+  for (int unit = static_cast<int>(blockIdx.x) * kMathWarps + warp; unit < op.tokens * segments;
+       unit += grid_warps) {
+    const int segment = unit % segments;
+    combine_token(op, shared_row0, unit / segments, segment * kCombineChunks / segments,
+                  (segment + 1) * kCombineChunks / segments, lane);
   }
 
   // ---- The last CTA out zeroes the workspace for the next launch.
