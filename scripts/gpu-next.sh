@@ -6,6 +6,8 @@
 #   PART=1  every GPU test: pipelines (fused current version vs unfused, bit-equality), gate, norm,
 #           the prepared input; then the fused kernel's per-CTA timeline          (~4 min)
 #   PART=12 the pipeline tests, then (if they pass) the timeline and PART=2       (~9 min)
+#   PART=13 PART=12, then the decode-step benchmark and the flash sweeps
+#   (pass MEGAMOE_COMMIT: the device's copy has no current git history)
 #   PART=2  flash-ep8 sweeps, shared expert on and off, fused (every block M) + unfused + torch  (~8 min)
 #   PART=3  flash sweeps on/off + the decode-step benchmark                        (~8 min)
 #   PART=4  pro sweeps on/off                                                      (~8 min)
@@ -43,6 +45,12 @@ case "${PART:-1}" in
   timeout 60 node dist-test/scripts/gpu-fused-trace.js flash-ep8 1,64,512,8192 >"$out/trace.txt" 2>&1
   grep -E "forward|combineStart|^  end|placed" "$out/trace.txt"
   sweep flash-ep8 1; sweep flash-ep8 0
+  ;;
+13)  # PART=12, then the decode-step benchmark and the flash sweeps
+  PART=12 bash "$0" || exit 1
+  timeout 150 node dist/cli/main.js bench --impl step --shape flash-ep8 --layers 8 --tokens 8,32,128,256 --iters 20 \
+    --out "$out/step-flash-ep8.json" 2>&1 | grep -vE "^[├┌└]" | tail -14
+  sweep flash 1; sweep flash 0
   ;;
 3)
   sweep flash 1; sweep flash 0

@@ -111,9 +111,10 @@ static_assert(kStages >= 2 && kStages <= 8, "NUM_STAGES must be in 2..8");
 
 // Work chunks of the dispatch phases.
 constexpr int kCountChunkSlots = 4096;
-constexpr int kMaxPlaceChunkTokens = 16;  // fewer when T is small, so that every CTA takes a share
+constexpr int kMaxPlaceChunkTokens = 64;  // about T / CTAs: every CTA takes a share, in few claims
 constexpr int kRowVectorsPerLane = (kHidden / 16 + 31) / 32;  // 16-byte pieces of a row per lane
 constexpr int kRowScalesPerLane = (kHiddenBlocks + 31) / 32;  // its scale blocks per lane
+constexpr int kPlaceRowsInFlight = kRowVectorsPerLane <= 8 ? 3 : 2;  // what 168 registers hold
 
 // Registers: the producer warpgroup gives its share to the two math warpgroups (2·128·224 + 128·56 = 64512; the math code needs more than 208, the producer more than 40).
 constexpr int kProducerRegisters = 56;
@@ -580,13 +581,17 @@ __device__ __forceinline__ void store_pool_row(const Operands& op, int row, int 
   }
 }
 
-// The combine's unit of work: 256 channels of a token (8 per lane).
+// The combine's unit of work: 256 channels of a token (8 per lane). A token's rows are its kTopK slots
+// and the shared expert's; the loads of kCombineUnroll chunks of every row are issued before the first
+// add (as many as the math warps' registers hold), so a token costs a few memory latencies, not one per
+// chunk.
 constexpr int kCombineChunks = kHidden / 256;
+constexpr int kCombineRows = kTopK + 1;
+constexpr int kCombineUnroll = kCombineRows <= 7 ? 4 : (kCombineRows <= 14 ? 2 : 1);
 
-// Combine of chunks [chunk_begin, chunk_end) of one token by one warp (the unfused moe_combine's rule
-// and order: slots ascending, then the shared expert). The token's slot rows and weights are read once,
-// lane s holding slot s, so the row loads of the chunk loop depend on nothing but the loop index and
-// several chunks stay in flight.
+// Combine of chunks [chunk_begin, chunk_end) of one token by one warp, with the unfused moe_combine's
+// rule and order: slots ascending, then the shared expert (weight 1: w·y is then y exactly, as that
+// rule's unweighted add). Lane s reads slot s's row and weight once.
 __device__ __forceinline__ void combine_token(const Operands& op, int shared_row0, int t, int chunk_begin,
                                               int chunk_end, int lane) {
   int lane_row = -1;
@@ -595,27 +600,38 @@ __device__ __forceinline__ void combine_token(const Operands& op, int shared_row
     lane_row = load_cg(op.slot_row + t * kTopK + lane);
     lane_weight = op.weights[t * kTopK + lane];
   }
-  int rows[kTopK];
-  float weights[kTopK];
+  int rows[kCombineRows];
+  float weights[kCombineRows];
 #pragma unroll
   for (int s = 0; s < kTopK; ++s) {
     rows[s] = __shfl_sync(0xffffffffu, lane_row, s);
     weights[s] = __shfl_sync(0xffffffffu, lane_weight, s);
   }
-#pragma unroll 4
-  for (int i = chunk_begin; i < chunk_end; ++i) {
-    const int c = (i * 32 + lane) * 8;
-    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  rows[kTopK] = shared_row0 >= 0 ? shared_row0 + t : -1;
+  weights[kTopK] = 1.f;
+  for (int i0 = chunk_begin; i0 < chunk_end; i0 += kCombineUnroll) {
+    u32x4 piece[kCombineUnroll][kCombineRows];
 #pragma unroll
-    for (int s = 0; s < kTopK; ++s) {
-      if (rows[s] < 0) continue;
-      megamoe::add_weighted_bf16x8(acc, megamoe::ld_cg_v4(op.y + static_cast<long long>(rows[s]) * kHidden + c),
-                                   weights[s]);
+    for (int u = 0; u < kCombineUnroll; ++u) {
+      const int c = ((i0 + u) * 32 + lane) * 8;
+#pragma unroll
+      for (int s = 0; s < kCombineRows; ++s) {
+        if (i0 + u < chunk_end && rows[s] >= 0) {
+          piece[u][s] = megamoe::ld_cg_v4(op.y + static_cast<long long>(rows[s]) * kHidden + c);
+        }
+      }
     }
-    if (shared_row0 >= 0) {
-      megamoe::add_bf16x8(acc, megamoe::ld_cg_v4(op.y + static_cast<long long>(shared_row0 + t) * kHidden + c));
+#pragma unroll
+    for (int u = 0; u < kCombineUnroll; ++u) {
+      if (i0 + u >= chunk_end) break;
+      float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int s = 0; s < kCombineRows; ++s) {
+        if (rows[s] >= 0) megamoe::add_weighted_bf16x8(acc, piece[u][s], weights[s]);
+      }
+      const int c = ((i0 + u) * 32 + lane) * 8;
+      megamoe::st_v4(op.out + static_cast<long long>(t) * kHidden + c, megamoe::pack_bf16x8(acc));
     }
-    megamoe::st_v4(op.out + static_cast<long long>(t) * kHidden + c, megamoe::pack_bf16x8(acc));
   }
 }
 
@@ -712,7 +728,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
 
   // ---- 3. place
-  const int place_tokens = max(1, min(kMaxPlaceChunkTokens, op.tokens / static_cast<int>(gridDim.x)));
+  const int place_tokens =
+      max(1, min(kMaxPlaceChunkTokens, (op.tokens + static_cast<int>(gridDim.x) - 1) / static_cast<int>(gridDim.x)));
   const int place_chunks = (op.tokens + place_tokens - 1) / place_tokens;
   for (;;) {
     const int chunk = cta_claim(ws + kPlaceClaim, broadcast);
@@ -720,8 +737,9 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
     const int t0 = chunk * place_tokens;
     const int items = (min(op.tokens, t0 + place_tokens) - t0) * (kTopK + 1);
     // Each warp takes a run of up to 32 items (token, slot); the slot kTopK is the shared expert's row.
-    // Lane j claims item j's pool row (one atomic round trip for the run), the warp copies the rows two
-    // at a time (two rows' loads in flight), and lane j signals item j's arrival after the copies.
+    // Lane j claims item j's pool row (one atomic round trip for the run), the warp copies the claimed
+    // rows kPlaceRowsInFlight at a time (their loads issued together), and lane j signals item j's
+    // arrival after the copies.
     constexpr int kWarps = kThreads / 32;
     const int run = min(32, (items + kWarps - 1) / kWarps);
     for (int r0 = warp * run; r0 < items; r0 += kWarps * run) {
@@ -744,16 +762,21 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
           arrival_block = blocks[kExperts] + t / kBlockM;
         }
       }
-      for (int j = 0; j < n; j += 2) {
-        const int row_a = __shfl_sync(0xffffffffu, row, j);
-        const int row_b = __shfl_sync(0xffffffffu, row, j + 1 < n ? j + 1 : j);
-        const bool has_b = j + 1 < n && row_b >= 0;
-        RowPieces a;
-        RowPieces b;
-        if (row_a >= 0) load_token_row(op, t0 + (r0 + j) / (kTopK + 1), lane, a);
-        if (has_b) load_token_row(op, t0 + (r0 + j + 1) / (kTopK + 1), lane, b);
-        if (row_a >= 0) store_pool_row(op, row_a, lane, a);
-        if (has_b) store_pool_row(op, row_b, lane, b);
+      unsigned pending = __ballot_sync(0xffffffffu, row >= 0);  // the run's claimed rows, in lane order
+      while (pending != 0) {
+        int lanes[kPlaceRowsInFlight];
+        RowPieces pieces[kPlaceRowsInFlight];
+#pragma unroll
+        for (int q = 0; q < kPlaceRowsInFlight; ++q) {
+          lanes[q] = pending != 0 ? __ffs(pending) - 1 : -1;
+          pending &= pending - 1;
+          if (lanes[q] >= 0) load_token_row(op, t0 + (r0 + lanes[q]) / (kTopK + 1), lane, pieces[q]);
+        }
+#pragma unroll
+        for (int q = 0; q < kPlaceRowsInFlight; ++q) {
+          const int dst_row = __shfl_sync(0xffffffffu, row, lanes[q] & 31);
+          if (lanes[q] >= 0) store_pool_row(op, dst_row, lane, pieces[q]);
+        }
       }
       fence_proxy_async_global();  // the rows are read by TMA (async proxy) in another CTA
       __syncwarp();
