@@ -8,6 +8,7 @@
 #   PART=12 the pipeline tests, then (if they pass) the timeline and PART=2       (~9 min)
 #   PART=13 PART=12, then the decode-step benchmark and the flash sweeps
 #   (pass MEGAMOE_COMMIT: the device's copy has no current git history)
+#   PART=14 tests, timeline, decode step, sanitizers and the pro sweeps, in $OUT/all.tgz
 #   PART=2  flash-ep8 sweeps, shared expert on and off, fused (every block M) + unfused + torch  (~8 min)
 #   PART=3  flash sweeps on/off + the decode-step benchmark                        (~8 min)
 #   PART=4  pro sweeps on/off                                                      (~8 min)
@@ -28,6 +29,24 @@ sweep() {  # shape shared
 }
 
 case "${PART:-1}" in
+14)  # one call, every file in one archive (the device tool returns at most 8 files): PART=12's tests
+     # and timeline, the decode-step benchmark, the sanitizers, then the pro sweeps
+  if [ -z "${INNER:-}" ]; then
+    mkdir -p "$out/all"
+    INNER=1 OUT="$out/all" timeout 540 bash "$0"; rc=$?
+    tar czf "$out/all.tgz" -C "$out/all" . && rm -rf "$out/all"
+    exit $rc
+  fi
+  timeout 200 node --test --test-reporter=spec dist-test/test/gpu/unfused.test.js >"$out/test-pipelines.txt" 2>&1
+  echo "pipelines rc=$?"; grep -E "^ℹ (tests|pass|fail)|✖" "$out/test-pipelines.txt" | head -20
+  grep -q "^ℹ fail 0" "$out/test-pipelines.txt" || exit 1
+  timeout 60 node dist-test/scripts/gpu-fused-trace.js flash-ep8 1,64,512,8192 >"$out/trace.txt" 2>&1
+  grep -E "forward|combineStart|^  end|placed" "$out/trace.txt"
+  timeout 150 node dist/cli/main.js bench --impl step --shape flash-ep8 --layers 8 --tokens 8,32,128,256 --iters 20 \
+    --out "$out/step-flash-ep8.json" 2>&1 | grep -vE "^[├┌└]" | tail -14
+  PART=5 bash "$0"
+  sweep pro 1; sweep pro 0
+  ;;
 1)
   timeout 240 node --test --test-reporter=spec dist-test/test/gpu/unfused.test.js >"$out/test-pipelines.txt" 2>&1
   echo "pipelines rc=$?"; grep -E "^ℹ (tests|pass|fail)|✖" "$out/test-pipelines.txt" | head -20
