@@ -41,6 +41,8 @@ describe("fused MoE kernel: host-side facts", () => {
     assert.equal(fusedBlockM(ep8, 342), 128);
     assert.equal(fusedBlockM(resolveConfig("flash"), 2048), 64); // 48 rows per expert
     assert.equal(fusedBlockM(resolveConfig("flash"), 8192), 128);
+    assert.equal(fusedBlockM(resolveConfig("pro"), 4095), 64);
+    assert.equal(fusedBlockM(resolveConfig("pro"), 4096), 128); // exactly 64 rows per expert
   });
 
   test("shapes it cannot run are named; a CPU layer has no GPU pipeline to choose", () => {

@@ -197,7 +197,10 @@ enum Trace : int {
   kTraceL1Tiles,
   kTraceL2Tiles,
   kTraceTaskWaitNs,
-  kTraceWords = 16,
+  kTracePlaceClaimNs,   // thread 0's runs: the pool-row claims,
+  kTracePlaceCopyNs,    // the row copies,
+  kTracePlaceSignalNs,  // the fence and the arrival signals
+  kTraceWords = 24,
 };
 
 enum TaskKind : int { kTaskNone = 0, kTaskL1 = 1, kTaskL2 = 2 };
@@ -743,6 +746,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
     constexpr int kWarps = kThreads / 32;
     const int run = min(32, (items + kWarps - 1) / kWarps);
     for (int r0 = warp * run; r0 < items; r0 += kWarps * run) {
+      const unsigned long long t_claim = trace_clock(op.trace);
       const int n = min(run, items - r0);
       const int item = r0 + lane;
       const int t = t0 + item / (kTopK + 1);
@@ -763,6 +767,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
         }
       }
       unsigned pending = __ballot_sync(0xffffffffu, row >= 0);  // the run's claimed rows, in lane order
+      const unsigned long long t_copy = trace_clock(op.trace);
+      if (tid == 0) trace_add(op.trace, kTracePlaceClaimNs, t_copy - t_claim);
       while (pending != 0) {
         int lanes[kPlaceRowsInFlight];
         RowPieces pieces[kPlaceRowsInFlight];
@@ -778,9 +784,12 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
           if (lanes[q] >= 0) store_pool_row(op, dst_row, lane, pieces[q]);
         }
       }
+      const unsigned long long t_signal = trace_clock(op.trace);
+      if (tid == 0) trace_add(op.trace, kTracePlaceCopyNs, t_signal - t_copy);
       fence_proxy_async_global();  // the rows are read by TMA (async proxy) in another CTA
       __syncwarp();
       if (arrival_block >= 0) add_release(arrived + arrival_block, 1);
+      if (tid == 0) trace_add(op.trace, kTracePlaceSignalNs, trace_clock(op.trace) - t_signal);
     }
     __syncthreads();
     if (tid == 0) add_release(ws + kPlaceDone, 1);

@@ -86,8 +86,11 @@ export const FUSED_TRACE_FIELDS = [
   "l1Tiles",
   "l2Tiles",
   "taskWaitNs",
+  "placeClaimNs",
+  "placeCopyNs",
+  "placeSignalNs",
 ] as const;
-const TRACE_WORDS = 16;
+const TRACE_WORDS = 24;
 export type FusedTraceRow = Record<(typeof FUSED_TRACE_FIELDS)[number], number>;
 const MAP_COUNT = 8;
 

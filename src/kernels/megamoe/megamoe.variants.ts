@@ -3,7 +3,15 @@
  * the CI compile check share: the -D defines of a layer shape, the shared-memory formula (mirrors the
  * kernel's layout) and the deepest stage ring that fits. No CUDA here.
  */
-import { type MoEConfig, PRESETS, QUANT_BLOCK, sharedIntermediate } from "../../config/config.js";
+import {
+  type MoEConfig,
+  PRESETS,
+  QUANT_BLOCK,
+  SCALE_FORMATS,
+  scaleFormatDefine,
+  sharedIntermediate,
+} from "../../config/config.js";
+import { alignUp, SM90_SHARED_OPTIN_BYTES } from "../gemm/fp8_grouped_gemm.variants.js";
 import type { KernelDefines, KernelVariant } from "../variants.js";
 
 /**
@@ -20,11 +28,6 @@ export const FUSED_MIN_STAGES = 2;
 export const FUSED_MAX_STAGES = 8;
 /** Int32 words of the workspace before the per-group and per-block arrays (the kernel's Counter enum). */
 export const FUSED_COUNTER_WORDS = 8;
-const SHARED_OPTIN_BYTES = 232_448;
-
-function alignUp(x: number, to: number): number {
-  return Math.ceil(x / to) * to;
-}
 
 /** Why the fused kernel cannot run this shape, or null. */
 export function fusedShapeProblem(c: MoEConfig): string | null {
@@ -53,7 +56,7 @@ export function fusedSharedBytes(c: MoEConfig, stages: number, blockM: FusedBloc
 }
 
 /** The deepest stage ring (up to FUSED_MAX_STAGES) that fits `budget`; 0 when 2 do not. */
-export function fusedStages(c: MoEConfig, blockM: FusedBlockM, budget = SHARED_OPTIN_BYTES): number {
+export function fusedStages(c: MoEConfig, blockM: FusedBlockM, budget = SM90_SHARED_OPTIN_BYTES): number {
   for (let s = FUSED_MAX_STAGES; s >= FUSED_MIN_STAGES; s--) {
     if (fusedSharedBytes(c, s, blockM) <= budget) return s;
   }
@@ -74,22 +77,23 @@ export function fusedDefines(
     NUM_EXPERTS: c.numExperts / c.ranks,
     TOP_K: c.topK,
     NUM_STAGES: stages,
-    SCALE_UE8M0: c.scaleFormat === "ue8m0" ? 1 : 0,
+    ...scaleFormatDefine(c.scaleFormat),
     SHARED_BYTES: fusedSharedBytes(c, stages, blockM),
   };
 }
 
 /**
- * The block M for a launch: 64 when the routed experts average at most 64 rows (decode: the A tile is
+ * The block M for a launch: 64 when the routed experts average fewer than 64 rows (decode: the A tile is
  * mostly padding at 128), else 128 (twice the rows per B tile streamed: half the weight traffic per row).
  */
 export function fusedBlockM(c: MoEConfig, tokens: number): FusedBlockM {
-  return (tokens * c.topK) / c.numExperts <= 64 ? 64 : 128;
+  // At exactly 64 rows 128 won on the H200 (pro, T = 4096: 7705 vs 8230 µs, bench/NOTES.md).
+  return (tokens * c.topK) / c.numExperts < 64 ? 64 : 128;
 }
 
 /** Every preset in both scale formats and both block Ms (the layer's shapes). */
 export const variants: readonly KernelVariant[] = Object.values(PRESETS).flatMap((preset) =>
-  (["fp32", "ue8m0"] as const).flatMap((scaleFormat) =>
+  SCALE_FORMATS.flatMap((scaleFormat) =>
     FUSED_BLOCK_MS.map((blockM) => ({
       defines: fusedDefines({ ...preset, scaleFormat }, blockM),
       noSpill: true,
