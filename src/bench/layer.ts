@@ -13,18 +13,19 @@
  * TB/s, read + write) it replaced was no floor: the unfused layer beat it (flash, T=64: 5.01 GB in
  * 1193 µs = 4.20 TB/s, 106% of it).
  */
-import { type MoEConfig, QUANT_BLOCK, resolveConfig, sharedIntermediate } from "../config/config.js";
+import { type MoEConfig, QUANT_BLOCK, resolveConfigForTokens, sharedIntermediate } from "../config/config.js";
 import { type Device, DeviceTensor, type ResultRow, type Stream, timeKernel } from "../cuda/index.js";
+import { FP8_PEAK_FLOPS, READ_BYTES_PER_S } from "../kernels/gemm/grouped_gemm.js";
 import { FUSED_BLOCK_MS, fusedBlockM } from "../kernels/megamoe/megamoe.variants.js";
 import { FusedPipeline } from "../pipeline/fused.js";
 import { type MoEPipeline, UnfusedPipeline } from "../pipeline/unfused.js";
 import { type Routing, randomRouting } from "../reference/router.js";
 import { DeviceMoEWeights, generateActivationsOnDevice } from "../weights/device.js";
 
-/** Dense FP8 tensor-core rate assumed for the floor when nothing better is known (H100/H200 SXM). */
-export const DEFAULT_FP8_TFLOPS = 1500;
-/** Read-stream bandwidth assumed for the floor when not measured (H200: torch's read stream, 4.34 TB/s). */
-export const DEFAULT_READ_TBPS = 4.3;
+/** FP8 tensor-core rate assumed for the floor when none is known: the grouped GEMM's, in TFLOP/s. */
+export const DEFAULT_FP8_TFLOPS = FP8_PEAK_FLOPS / 1e12;
+/** Read-stream bandwidth assumed for the floor when not measured: the grouped GEMM's, in TB/s. */
+export const DEFAULT_READ_TBPS = READ_BYTES_PER_S / 1e12;
 
 export interface LayerFloor {
   bytes: number;
@@ -202,7 +203,7 @@ export function benchmarkLayer(device: Device, o: LayerBenchOptions): ResultRow[
   if (o.tokens.length === 0) throw new RangeError("benchmarkLayer: no token counts");
   const impls = o.impls ?? LAYER_IMPLS;
   const maxTokens = Math.max(...o.tokens);
-  const config = resolveConfig(o.shape, { maxTokens: Math.max(maxTokens, resolveConfig(o.shape).maxTokens) });
+  const config = resolveConfigForTokens(o.shape, maxTokens);
   const iters = o.iters ?? 30;
   const withGraph = o.graph ?? true;
   // Made on the device, bit for bit what GeneratedWeights would give (a flash layer is 6.4 GB of FP8).

@@ -12,7 +12,7 @@
  * Reported per step and per block: µs (median of graph replays, L2 flushed between them) and kernel
  * launches (counted, not assumed: `kernelLaunches()` over one eager step).
  */
-import { resolveConfig } from "../config/config.js";
+import { resolveConfigForTokens } from "../config/config.js";
 import {
   type Device,
   DeviceTensor,
@@ -28,7 +28,6 @@ import { FusedPipeline } from "../pipeline/fused.js";
 import { tensorKey, uniformSym } from "../weights/counter-rng.js";
 import { DeviceMoEWeights, generateActivationsOnDevice } from "../weights/device.js";
 
-export const STEP_IMPLS = ["step-fused", "step-prequant"] as const;
 export const DEFAULT_STEP_LAYERS = 8;
 export const STEP_TOKENS = [8, 32, 128, 256];
 const NORM_EPS = 1e-6;
@@ -65,8 +64,7 @@ export function benchmarkDecodeStep(device: Device, o: StepBenchOptions): Result
   }
   if (o.tokens.length === 0) throw new RangeError("benchmarkDecodeStep: no token counts");
   const maxTokens = Math.max(...o.tokens);
-  const base = resolveConfig(o.shape);
-  const config = resolveConfig(o.shape, { maxTokens: Math.max(maxTokens, base.maxTokens) });
+  const config = resolveConfigForTokens(o.shape, maxTokens);
   const H = config.hidden;
   const k = config.topK;
   const iters = o.iters ?? 30;

@@ -3,6 +3,7 @@
  * the GPU layer against both (what the GPU's accumulation order costs on top).
  */
 import pc from "picocolors";
+import { resolveConfigForTokens } from "../config/config.js";
 import { MoELayer } from "../layer.js";
 import { bf16BitsToF32 } from "../numerics/bf16.js";
 import { calcDiff, relativeError } from "../reference/metrics.js";
@@ -10,7 +11,7 @@ import { idealMoE, referenceMoE } from "../reference/moe.js";
 import { routeTokens } from "../reference/router.js";
 import { generateActivations } from "../weights/generate.js";
 import { progressBar } from "./progress.js";
-import { chooseBackend, gpuPipeline, makeWeights, runConfig } from "./run.js";
+import { chooseBackend, gpuPipeline, makeWeights } from "./run.js";
 
 export interface CheckOptions {
   shape: string;
@@ -35,7 +36,7 @@ function compare(name: string, a: ArrayLike<number>, b: ArrayLike<number>): Comp
 
 export async function runCheck(opts: CheckOptions): Promise<void> {
   const backend = chooseBackend(opts.backend);
-  const config = runConfig(opts.shape, opts.tokens);
+  const config = resolveConfigForTokens(opts.shape, opts.tokens);
   const weights = makeWeights(config, opts.seed);
   const x = generateActivations(opts.seed, opts.tokens, config.hidden);
   const { ids, weights: w } = routeTokens(x, opts.tokens, weights.gate(), config);

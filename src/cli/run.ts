@@ -1,6 +1,6 @@
 /** `megamoe run`: one layer forward on seeded random data, with a summary a person or a script reads. */
 import pc from "picocolors";
-import { type MoEConfig, resolveConfig } from "../config/config.js";
+import { type MoEConfig, resolveConfigForTokens } from "../config/config.js";
 import { cudaAvailability } from "../cuda/index.js";
 import { type Backend, type GpuPipelineKind, MoELayer } from "../layer.js";
 import { bf16BitsToF32 } from "../numerics/bf16.js";
@@ -32,26 +32,14 @@ export function gpuPipeline(name: string | undefined): GpuPipelineKind | undefin
   throw new Error(`--pipeline ${name}: expected fused or unfused`);
 }
 
-/** The layer's config for a run: the preset, with maxTokens raised to fit the batch. */
-export function runConfig(shape: string, tokens: number): MoEConfig {
-  const base = resolveConfig(shape);
-  return resolveConfig(shape, { maxTokens: Math.max(base.maxTokens, tokens) });
-}
-
 export function makeWeights(config: MoEConfig, seed: number, file?: string): MoEWeightSource {
   return file === undefined ? new GeneratedWeights(config, seed) : loadMoEWeights(file, config);
 }
 
-export function makeRouting(
-  kind: string,
-  layerGate: "gate",
-  seed: number,
-  tokens: number,
-  config: MoEConfig,
-) {
+export function makeRouting(kind: string, seed: number, tokens: number, config: MoEConfig) {
   if (kind === "gate") return undefined;
   if (kind === "random") return randomRouting(seed, tokens, config) as Routing;
-  throw new Error(`--routing must be "${layerGate}" or "random", got "${kind}"`);
+  throw new Error(`--routing must be "gate" or "random", got "${kind}"`);
 }
 
 /** "auto": the GPU when CUDA is usable, else the CPU reference. */
@@ -63,7 +51,7 @@ export function chooseBackend(name: string): Backend {
 
 export async function runLayer(opts: RunOptions): Promise<void> {
   const backend = chooseBackend(opts.backend);
-  const config = runConfig(opts.shape, opts.tokens);
+  const config = resolveConfigForTokens(opts.shape, opts.tokens);
   let weights = makeWeights(config, opts.seed, opts.weights);
   if (opts.saveWeights !== undefined) {
     const bar = progressBar("saving weights");
@@ -72,7 +60,7 @@ export async function runLayer(opts: RunOptions): Promise<void> {
     weights = loadMoEWeights(opts.saveWeights, config);
   }
   const x = generateActivations(opts.seed, opts.tokens, config.hidden);
-  const routing = makeRouting(opts.routing, "gate", opts.seed, opts.tokens, config);
+  const routing = makeRouting(opts.routing, opts.seed, opts.tokens, config);
   const layer = new MoELayer(weights, { backend, pipeline: gpuPipeline(opts.pipeline) });
   const bar = progressBar(`${config.name} T=${opts.tokens} experts`);
   let result: ReturnType<MoELayer["forward"]>;

@@ -12,6 +12,13 @@ export type ScoringFunction = "sigmoid" | "softmax" | "sqrtsoftplus";
 /** How activation scales are stored: plain FP32, or FP32 holding a power of two (UE8M0). */
 export type ScaleFormat = "fp32" | "ue8m0";
 
+export const SCALE_FORMATS: readonly ScaleFormat[] = ["fp32", "ue8m0"];
+
+/** The -D macro by which every kernel that writes or reads FP8 scales is specialized for `format`. */
+export function scaleFormatDefine(format: ScaleFormat): { SCALE_UE8M0: 0 | 1 } {
+  return { SCALE_UE8M0: format === "ue8m0" ? 1 : 0 };
+}
+
 export interface RouterConfig {
   scoring: ScoringFunction;
   /** Experts are split into nGroup groups; 1 disables group-limited routing. */
@@ -133,7 +140,7 @@ export function validateConfig(c: MoEConfig): MoEConfig {
   if (c.swigluClamp !== null && !(Number.isFinite(c.swigluClamp) && c.swigluClamp > 0)) {
     throw new ConfigError(`swigluClamp must be a positive finite number or null, got ${c.swigluClamp}`);
   }
-  if (c.scaleFormat !== "fp32" && c.scaleFormat !== "ue8m0") {
+  if (!SCALE_FORMATS.includes(c.scaleFormat)) {
     throw new ConfigError(`scaleFormat must be "fp32" or "ue8m0", got ${String(c.scaleFormat)}`);
   }
   requireInteger("maxTokens", c.maxTokens, 1, MAX_TOKENS_LIMIT);
@@ -179,4 +186,10 @@ export function resolveConfig(name: string, overrides: Partial<MoEConfig> = {}):
     );
   }
   return validateConfig({ ...base, ...overrides, router: { ...base.router, ...(overrides.router ?? {}) } });
+}
+
+/** A preset by name with maxTokens raised to fit `tokens` (the config of a run or benchmark of that many). */
+export function resolveConfigForTokens(name: string, tokens: number): MoEConfig {
+  const base = resolveConfig(name);
+  return resolveConfig(name, { maxTokens: Math.max(base.maxTokens, tokens) });
 }

@@ -40,6 +40,11 @@ export function matrixBaseScale(fanIn: number): number {
   return Math.fround(Math.sqrt(3 / (BLOCK_FACTOR_MEAN_SQUARE * fanIn)));
 }
 
+/** fp32 scale of the gate weight's uniformSym values: sqrt(3 / hidden) (std 1/sqrt(hidden)), rounded once. */
+export function gateWeightScale(hidden: number): number {
+  return Math.fround(Math.sqrt(3 / hidden));
+}
+
 /** Exponent in {−1, 0, 1} of the magnitude factor of block `blockIndex` (row-major over blocks). */
 export function blockExponent(seed: number, matrixName: string, blockIndex: number): number {
   return (hash32(seed, tensorKey(generatorNames.blockExponent(matrixName)), blockIndex) % 3) - 1;
@@ -176,7 +181,7 @@ export function generateGate(config: MoEConfig, seed: number): GateWeights {
   checkSeed(seed);
   const { numExperts: e, hidden: h } = config;
   const w = new Float32Array(e * h);
-  fillUniform(w, seed, tensorKey(generatorNames.gateWeight), 0, Math.fround(Math.sqrt(3 / h)));
+  fillUniform(w, seed, tensorKey(generatorNames.gateWeight), 0, gateWeightScale(h));
   let bias: Float32Array | null = null;
   if (config.router.correctionBias) {
     bias = new Float32Array(e);

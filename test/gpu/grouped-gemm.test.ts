@@ -42,6 +42,7 @@ import {
   takeGroupedGemmStatus,
   validateGroupedGemmArgs,
 } from "../../src/kernels/gemm/grouped_gemm.js";
+import { describeDefines } from "../../src/kernels/variants.js";
 import { bf16BitsToF32, f32ToBf16Bits } from "../../src/numerics/bf16.js";
 import { E4M3_DECODE } from "../../src/numerics/fp8.js";
 import { availability, gpuSkip } from "../helpers/gpu.js";
@@ -50,13 +51,6 @@ import { rng, testSeed } from "../helpers/random.js";
 const seed = testSeed("grouped-gemm");
 
 const random = rng(seed);
-
-function definesKey(d: Readonly<Record<string, number>>): string {
-  return Object.keys(d)
-    .sort()
-    .map((k) => `${k}=${d[k]}`)
-    .join(" ");
-}
 
 // ---------------------------------------------------------------------------------------------------
 // Host problem and the CPU spec
@@ -280,7 +274,7 @@ const TOKEN_COUNTS = [1, 7, 64, 129, 512, 2048, 8192, 32768];
 
 describe("grouped GEMM plan and variants", () => {
   test("every plan the presets can produce is a variant the CI compiles", () => {
-    const compiled = new Set(variants.map((v) => definesKey(v.defines)));
+    const compiled = new Set(variants.map((v) => describeDefines(v.defines)));
     for (const preset of Object.values(PRESETS)) {
       for (const { n, k } of presetGemmShapes(preset.hidden, preset.intermediate)) {
         for (const groups of [preset.numExperts / preset.ranks, 1]) {
@@ -289,7 +283,7 @@ describe("grouped GEMM plan and variants", () => {
             for (const outDtype of ["fp32", "bf16"] as const) {
               for (const tile of [undefined, ...GEMM_TILE_NAMES]) {
                 const plan = planGroupedGemm({ mTotal, n, k, groups, outDtype }, { tile });
-                const key = definesKey(plan.defines);
+                const key = describeDefines(plan.defines);
                 assert.ok(compiled.has(key), `${preset.name} n=${n} k=${k} G=${groups} T=${tokens}: ${key}`);
               }
             }
@@ -305,10 +299,10 @@ describe("grouped GEMM plan and variants", () => {
       const tile = Object.values(GEMM_TILES).find(
         (t) => t.blockM === d.BLOCK_M && t.blockN === d.BLOCK_N && t.mathWarpgroups === d.NUM_MATH_WARPGROUPS,
       );
-      assert.ok(tile, `no tile for ${definesKey(d)}`);
+      assert.ok(tile, `no tile for ${describeDefines(d)}`);
       const bytes = gemmSharedBytes(tile, d.NUM_STAGES, d.K, d.NUM_GROUPS);
-      assert.ok(bytes <= SM90_SHARED_OPTIN_BYTES, `${definesKey(d)}: ${bytes} B`);
-      assert.ok(d.NUM_STAGES >= 4, `${definesKey(d)}: ${d.NUM_STAGES} stages`);
+      assert.ok(bytes <= SM90_SHARED_OPTIN_BYTES, `${describeDefines(d)}: ${bytes} B`);
+      assert.ok(d.NUM_STAGES >= 4, `${describeDefines(d)}: ${d.NUM_STAGES} stages`);
       assert.equal(d.N % d.BLOCK_N, 0);
     }
   });

@@ -11,7 +11,7 @@
 
 import assert from "node:assert/strict";
 import { describe, test } from "node:test";
-import { QUANT_BLOCK, type ScaleFormat } from "../../src/config/config.js";
+import { QUANT_BLOCK, SCALE_FORMATS, type ScaleFormat } from "../../src/config/config.js";
 import { compileKernel, DeviceTensor, KernelArgs, loadKernel } from "../../src/cuda/index.js";
 import {
   allocQuantOutputs,
@@ -23,7 +23,7 @@ import {
   quantLaunchConfig,
   residentBlocksPerSm,
 } from "../../src/kernels/quant/quant.js";
-import { quantDefines, SCALE_FORMATS } from "../../src/kernels/quant/quant.variants.js";
+import { quantDefines } from "../../src/kernels/quant/quant.variants.js";
 import { bf16BitsToF32, f32ToBf16Bits } from "../../src/numerics/bf16.js";
 import { encodeE4m3 } from "../../src/numerics/fp8.js";
 import { quantizeActivations } from "../../src/numerics/quant.js";

@@ -144,6 +144,13 @@ export function reserveGateWorkspace(device: Device, bytes: number): DeviceTenso
 
 const WHERE = "routeOnDevice";
 
+/**
+ * Config objects already validated: a decode step routes with the same config every launch, so each is
+ * checked on its first use only (a config is not mutated once in use; a bad one is never added and
+ * throws on every launch).
+ */
+const validatedConfigs = new WeakSet<MoEConfig>();
+
 function checkOperands(
   device: Device,
   x: DeviceTensor,
@@ -151,7 +158,10 @@ function checkOperands(
   config: MoEConfig,
   out: GateOutputs,
 ): number {
-  validateConfig(config);
+  if (!validatedConfigs.has(config)) {
+    validateConfig(config);
+    validatedConfigs.add(config);
+  }
   const { numExperts: E, hidden: H, topK } = config;
   if (E % 8 !== 0 || E > GATE_MAX_EXPERTS) {
     throw new Error(

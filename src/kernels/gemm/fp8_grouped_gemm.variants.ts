@@ -43,7 +43,8 @@ export const GEMM_MAX_GROUPS = 1024;
 export const GEMM_MIN_STAGES = 2;
 export const GEMM_MAX_STAGES = 10;
 
-function alignUp(x: number, to: number): number {
+/** `x` rounded up to a multiple of `to` (the shared-memory layout formulas' alignment). */
+export function alignUp(x: number, to: number): number {
   return Math.ceil(x / to) * to;
 }
 

@@ -39,7 +39,7 @@ import {
 
 export type { TensorLike };
 
-import type { KernelDefines } from "../variants.js";
+import { describeDefines, type KernelDefines } from "../variants.js";
 import {
   GEMM_BLOCK_K,
   GEMM_MAX_GROUPS,
@@ -248,8 +248,6 @@ export function planGroupedGemm(problem: GroupedGemmProblem, options: PlanOption
 // ---------------------------------------------------------------------------------------------------
 // Argument checks
 
-/** The part of a tensor the checks look at (a DeviceTensor has it). */
-
 /** Operands and sizes of one grouped GEMM. */
 export interface GroupedGemmArgs<T extends TensorLike = DeviceTensor> {
   a: T;
@@ -346,28 +344,20 @@ interface GemmKernel {
 }
 
 const gemmKernels = perDeviceMemo<string, GemmKernel>();
-const statusByDevice = new WeakMap<Device, bigint>();
-
-function definesKey(defines: KernelDefines): string {
-  return Object.keys(defines)
-    .sort()
-    .map((name) => `${name}=${defines[name]}`)
-    .join(" ");
-}
+// One status word per device, so the key is always null.
+const statusBuffers = perDeviceMemo<null, bigint>();
 
 /** The device's watchdog status word (int32[4], zeroed once; the kernel writes it only on a stall). */
 function statusBuffer(device: Device): bigint {
-  let ptr = statusByDevice.get(device);
-  if (ptr === undefined) {
-    ptr = device.alloc(16);
+  return statusBuffers(device, null, () => {
+    const ptr = device.alloc(16);
     device.memsetD32(ptr, 0, 4);
-    statusByDevice.set(device, ptr);
-  }
-  return ptr;
+    return ptr;
+  });
 }
 
 function gemmKernelFor(device: Device, plan: GroupedGemmPlan): GemmKernel {
-  return gemmKernels(device, definesKey(plan.defines), () => {
+  return gemmKernels(device, describeDefines(plan.defines), () => {
     const compiled = compileKernel({ source: GROUPED_GEMM_SOURCE, defines: plan.defines });
     const kernel = loadKernel(device, compiled, GROUPED_GEMM_KERNEL);
     if (plan.sharedBytes > 48 * 1024) kernel.setMaxDynamicSharedMemory(plan.sharedBytes);
@@ -669,8 +659,7 @@ export function benchmarkGroupedGemm(
       );
       const stall = takeGroupedGemmStatus(device);
       if (stall) throw new Error(`grouped GEMM stalled during the benchmark: ${JSON.stringify(stall)}`);
-      const activeGroups = mPerGroup > 0 ? groups : 0;
-      const bytes = groupedGemmBytes(mTotal, n, k, activeGroups, outDtype);
+      const bytes = groupedGemmBytes(mTotal, n, k, groups, outDtype); // mPerGroup ≥ 1: every group is active
       const flops = 2 * mTotal * n * k;
       rows.push({
         config: c.config ?? "custom",

@@ -8,7 +8,7 @@
  * per device like the quantization kernel's.
  */
 
-import { QUANT_BLOCK, type ScaleFormat } from "../../config/config.js";
+import { QUANT_BLOCK, SCALE_FORMATS, type ScaleFormat } from "../../config/config.js";
 import {
   compileKernel,
   type Device,
@@ -22,7 +22,7 @@ import {
   perDeviceMemo,
   type Stream,
 } from "../../cuda/index.js";
-import { NORM_SCALE_FORMATS, normDefines } from "./norm.variants.js";
+import { normDefines } from "./norm.variants.js";
 
 export const NORM_KERNEL_SOURCE = "norm/norm.cu";
 export const NORM_KERNEL_NAME = "megamoe_rmsnorm";
@@ -100,7 +100,7 @@ function checkOperands(
     throw new Error(`${WHERE}: no output asked for (y and fp8 are null)`);
   if (out.y !== null) expectOperand(WHERE, "out.y", out.y, "bf16", [tokens, hidden], device);
   if (out.fp8 !== null) {
-    if (!NORM_SCALE_FORMATS.includes(out.fp8.format)) {
+    if (!SCALE_FORMATS.includes(out.fp8.format)) {
       throw new Error(`${WHERE}: scale format must be "fp32" or "ue8m0", got ${String(out.fp8.format)}`);
     }
     expectOperand(WHERE, "out.fp8.q", out.fp8.q, "fp8_e4m3", [tokens, hidden], device);

@@ -4,7 +4,15 @@
  * (the floor of a kernel that writes about as much as it reads, e.g. the quantization) and the host cost
  * of one launch from Node (the floor of a small layer run launch by launch).
  */
-import { compileKernel, type Device, KernelArgs, loadKernel, timeKernel } from "../../cuda/index.js";
+import {
+  compileKernel,
+  type Device,
+  type Kernel,
+  KernelArgs,
+  loadKernel,
+  perDeviceMemo,
+  timeKernel,
+} from "../../cuda/index.js";
 
 export interface Ceilings {
   /** Read stream, bytes read per second (nothing written), in TB/s. */
@@ -19,13 +27,25 @@ export interface Ceilings {
   emptyKernelUs: number;
 }
 
-function probeKernels(device: Device) {
-  const compiled = compileKernel({ source: "probe/probe.cu" });
-  return {
-    empty: loadKernel(device, compiled, "probe_empty"),
-    copy: loadKernel(device, compiled, "probe_copy"),
-    read: loadKernel(device, compiled, "probe_read"),
-  };
+interface ProbeKernels {
+  empty: Kernel;
+  copy: Kernel;
+  read: Kernel;
+}
+
+// One specialization, so the key is always null.
+const probeKernelMemo = perDeviceMemo<null, ProbeKernels>();
+
+/** The probe kernels on `device`, compiled (or read from the JIT cache) once. */
+function probeKernels(device: Device): ProbeKernels {
+  return probeKernelMemo(device, null, () => {
+    const compiled = compileKernel({ source: "probe/probe.cu" });
+    return {
+      empty: loadKernel(device, compiled, "probe_empty"),
+      copy: loadKernel(device, compiled, "probe_copy"),
+      read: loadKernel(device, compiled, "probe_read"),
+    };
+  });
 }
 
 /** The probes' buffer: `bytes`, capped at a quarter of the device's memory, a multiple of 16. */

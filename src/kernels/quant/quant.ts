@@ -7,7 +7,7 @@
  * memory-bound, so the benchmark reports it against a measured device-copy ceiling.
  */
 
-import { QUANT_BLOCK, type ScaleFormat } from "../../config/config.js";
+import { QUANT_BLOCK, SCALE_FORMATS, type ScaleFormat } from "../../config/config.js";
 import {
   compileKernel,
   type Device,
@@ -23,7 +23,7 @@ import {
   timeKernel,
 } from "../../cuda/index.js";
 import { measureCopyCeiling } from "../probe/probe.js";
-import { quantDefines, SCALE_FORMATS } from "./quant.variants.js";
+import { quantDefines } from "./quant.variants.js";
 
 /** The kernel source, relative to src/kernels. */
 export const QUANT_KERNEL_SOURCE = "quant/quant.cu";

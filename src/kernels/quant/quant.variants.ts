@@ -3,14 +3,12 @@
  * asks the JIT for exactly these defines) and the CI compile check (which builds every one the
  * presets can produce), so the two cannot drift apart.
  */
-import { PRESETS, type ScaleFormat } from "../../config/config.js";
+import { PRESETS, SCALE_FORMATS, type ScaleFormat, scaleFormatDefine } from "../../config/config.js";
 import type { KernelDefines, KernelVariant } from "../variants.js";
-
-export const SCALE_FORMATS: readonly ScaleFormat[] = ["fp32", "ue8m0"];
 
 /** The -D macros that specialize quant.cu for one hidden size and scale format. */
 export function quantDefines(hidden: number, format: ScaleFormat): KernelDefines {
-  return { HIDDEN: hidden, SCALE_UE8M0: format === "ue8m0" ? 1 : 0 };
+  return { HIDDEN: hidden, ...scaleFormatDefine(format) };
 }
 
 /** Every hidden size of a preset × both formats (a layer may run either format on any preset). */

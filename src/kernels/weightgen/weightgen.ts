@@ -18,6 +18,7 @@ import {
   type Kernel,
   KernelArgs,
   loadKernel,
+  perDeviceMemo,
   type Stream,
 } from "../../cuda/index.js";
 import { streamKey, tensorKey } from "../../weights/counter-rng.js";
@@ -25,6 +26,7 @@ import {
   ACTIVATION_BASE,
   checkSeed,
   GATE_BIAS_SCALE,
+  gateWeightScale,
   generatorNames,
   type MatrixSpec,
   matrixBaseScale,
@@ -50,14 +52,14 @@ interface WeightgenKernels {
   activationArgs: KernelArgs;
 }
 
-const kernelsByDevice = new WeakMap<Device, WeightgenKernels>();
+// One specialization, so the key is always null.
+const weightgenKernels = perDeviceMemo<null, WeightgenKernels>();
 
 /** The three kernels on `device`, compiled (or read from the JIT cache) once, with reusable arguments. */
 function kernelsFor(device: Device): WeightgenKernels {
-  let k = kernelsByDevice.get(device);
-  if (k === undefined) {
+  return weightgenKernels(device, null, () => {
     const compiled = compileKernel({ source: WEIGHTGEN_KERNEL_SOURCE });
-    k = {
+    return {
       matrix: loadKernel(device, compiled, "megamoe_weightgen_matrix"),
       uniform: loadKernel(device, compiled, "megamoe_weightgen_uniform"),
       activations: loadKernel(device, compiled, "megamoe_weightgen_activations"),
@@ -66,9 +68,7 @@ function kernelsFor(device: Device): WeightgenKernels {
       uniformArgs: new KernelArgs(5),
       activationArgs: new KernelArgs(6),
     };
-    kernelsByDevice.set(device, k);
-  }
-  return k;
+  });
 }
 
 /** The 32-bit stream every element hash of tensor `name` starts from (counter-rng.ts). */
@@ -96,8 +96,6 @@ function checkTensor(
     );
   }
 }
-
-export type { MatrixSpec };
 
 /**
  * Queues the generation of matrix `spec` (what `generateBlockQuantized(seed, name, rows, cols, fanIn)`
@@ -184,7 +182,7 @@ export function generateGateWeightOnDevice(
   stream: Stream | null,
 ): void {
   if (weight.dtype !== "bf16") throw new Error(`gate weight must be bf16, got ${weight.dtype}`);
-  const scale = Math.fround(Math.sqrt(3 / hidden));
+  const scale = gateWeightScale(hidden);
   generateUniformOnDevice(device, seed, generatorNames.gateWeight, scale, weight, experts * hidden, stream);
 }
 
