@@ -8,7 +8,9 @@
 #   PART=12 the pipeline tests, then (if they pass) the timeline and PART=2       (~9 min)
 #   PART=13 PART=12, then the decode-step benchmark and the flash sweeps
 #   (pass MEGAMOE_COMMIT: the device's copy has no current git history)
-#   PART=14 tests, timeline, decode step, sanitizers and the pro sweeps, in $OUT/all.tgz
+#   PART=14 tests, timeline, decode step, sanitizers and the pro sweeps (with ARCHIVE=1)
+#   PART=15 every GPU test file, the timeline, the flash-ep8 sweeps (with ARCHIVE=1)
+#   ARCHIVE=1 returns everything as $OUT/all.tgz
 #   PART=2  flash-ep8 sweeps, shared expert on and off, fused (every block M) + unfused + torch  (~8 min)
 #   PART=3  flash sweeps on/off + the decode-step benchmark                        (~8 min)
 #   PART=4  pro sweeps on/off                                                      (~8 min)
@@ -28,15 +30,25 @@ sweep() {  # shape shared
     --plot "$out/layers-$1-shared$2.svg" 2>&1 | grep -vE "^[├┌└]" | grep -E "fused|floor|T=|written" | cut -c1-170
 }
 
+# ARCHIVE=1: everything the part writes comes back as $OUT/all.tgz (the device tool returns 8 files).
+if [ -n "${ARCHIVE:-}" ] && [ -z "${INNER:-}" ]; then
+  mkdir -p "$out/all"
+  INNER=1 OUT="$out/all" timeout 540 bash "$0"; rc=$?
+  tar czf "$out/all.tgz" -C "$out/all" . && rm -rf "$out/all"
+  exit $rc
+fi
+
 case "${PART:-1}" in
-14)  # one call, every file in one archive (the device tool returns at most 8 files): PART=12's tests
-     # and timeline, the decode-step benchmark, the sanitizers, then the pro sweeps
-  if [ -z "${INNER:-}" ]; then
-    mkdir -p "$out/all"
-    INNER=1 OUT="$out/all" timeout 540 bash "$0"; rc=$?
-    tar czf "$out/all.tgz" -C "$out/all" . && rm -rf "$out/all"
-    exit $rc
-  fi
+15)  # every GPU test file, the timeline, the flash-ep8 sweeps (ARCHIVE=1)
+  timeout 330 node --test --test-reporter=spec $(find dist-test/test/gpu -name '*.test.js' | sort) \
+    >"$out/test-gpu-all.txt" 2>&1
+  echo "all GPU tests rc=$?"; grep -E "^ℹ (tests|pass|fail|skipped)|✖" "$out/test-gpu-all.txt" | head -20
+  grep -q "^ℹ fail 0" "$out/test-gpu-all.txt" || exit 1
+  timeout 60 node dist-test/scripts/gpu-fused-trace.js flash-ep8 1,64,512,8192 >"$out/trace.txt" 2>&1
+  cat "$out/trace.txt"
+  sweep flash-ep8 1; sweep flash-ep8 0
+  ;;
+14)  # PART=12's tests and timeline, the decode-step benchmark, the sanitizers, the pro sweeps (ARCHIVE=1)
   timeout 200 node --test --test-reporter=spec dist-test/test/gpu/unfused.test.js >"$out/test-pipelines.txt" 2>&1
   echo "pipelines rc=$?"; grep -E "^ℹ (tests|pass|fail)|✖" "$out/test-pipelines.txt" | head -20
   grep -q "^ℹ fail 0" "$out/test-pipelines.txt" || exit 1

@@ -200,6 +200,8 @@ enum Trace : int {
   kTracePlaceClaimNs,   // thread 0's runs: the pool-row claims,
   kTracePlaceCopyNs,    // the row copies,
   kTracePlaceSignalNs,  // the fence and the arrival signals
+  kTraceL2EpilogueNs,   // thread 0: the part of kTraceEpilogueNs spent in L2 tiles,
+  kTracePublishNs,      // and in the fence, barrier and release that publish a tile
   kTraceWords = 24,
 };
 
@@ -965,11 +967,16 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
     const unsigned long long t_epilogue = trace_clock(op.trace);
     if (l1) l1_epilogue(op, m, task, acc, frag_row, frag_col);
     else l2_epilogue(op, m, task, acc, frag_row, frag_col);
-    fence_proxy_async_global();  // L1's h rows are read by TMA in other CTAs
+    const unsigned long long t_publish = trace_clock(op.trace);
+    // L1's h rows are read by TMA (the async proxy) in other CTAs; L2's y rows only by plain loads.
+    if (l1) fence_proxy_async_global();
     named_barrier_sync(1, kMathThreads);
     if (tid == 0) {
       add_release(l1 ? l1_done + task.block : ws + kL2Done, 1);
-      trace_add(op.trace, kTraceEpilogueNs, trace_clock(op.trace) - t_epilogue);
+      const unsigned long long t_end = trace_clock(op.trace);
+      trace_add(op.trace, kTraceEpilogueNs, t_end - t_epilogue);
+      trace_add(op.trace, kTracePublishNs, t_end - t_publish);
+      if (!l1) trace_add(op.trace, kTraceL2EpilogueNs, t_end - t_epilogue);
       trace_add(op.trace, l1 ? kTraceL1Tiles : kTraceL2Tiles, 1);
     }
   }

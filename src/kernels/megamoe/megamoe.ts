@@ -89,6 +89,8 @@ export const FUSED_TRACE_FIELDS = [
   "placeClaimNs",
   "placeCopyNs",
   "placeSignalNs",
+  "l2EpilogueNs",
+  "publishNs",
 ] as const;
 const TRACE_WORDS = 24;
 export type FusedTraceRow = Record<(typeof FUSED_TRACE_FIELDS)[number], number>;
