@@ -33,7 +33,7 @@ sweep() {  # shape shared
 # ARCHIVE=1: everything the part writes comes back as $OUT/all.tgz (the device tool returns 8 files).
 if [ -n "${ARCHIVE:-}" ] && [ -z "${INNER:-}" ]; then
   mkdir -p "$out/all"
-  INNER=1 OUT="$out/all" timeout 540 bash "$0"; rc=$?
+  INNER=1 OUT="$out/all" timeout "${ARCHIVE_TIMEOUT:-540}" bash "$0"; rc=$?
   tar czf "$out/all.tgz" -C "$out/all" . && rm -rf "$out/all"
   exit $rc
 fi
