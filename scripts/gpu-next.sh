@@ -46,7 +46,7 @@ case "${PART:-1}" in
   grep -q "^ℹ fail 0" "$out/test-gpu-all.txt" || exit 1
   timeout 60 node dist-test/scripts/gpu-fused-trace.js flash-ep8 1,64,512,8192 >"$out/trace.txt" 2>&1
   cat "$out/trace.txt"
-  sweep flash-ep8 1; sweep flash-ep8 0
+  sweep flash-ep8 0; sweep flash-ep8 1
   ;;
 14)  # PART=12's tests and timeline, the decode-step benchmark, the sanitizers, the pro sweeps (ARCHIVE=1)
   timeout 200 node --test --test-reporter=spec dist-test/test/gpu/unfused.test.js >"$out/test-pipelines.txt" 2>&1
