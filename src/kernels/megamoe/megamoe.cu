@@ -165,7 +165,7 @@ enum Counter : int {
   kTaskClaim,
   kL2Done,
   kExitCount,
-  kCounterWords = 8,  // megamoe.variants.ts FUSED_COUNTER_WORDS (two spare)
+  kCounterWords = 8,  // megamoe.variants.ts FUSED_COUNTER_WORDS (one spare)
 };
 
 // status[0] codes (status[1]: block, status[2..3]: what was awaited).
