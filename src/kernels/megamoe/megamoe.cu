@@ -118,6 +118,11 @@ constexpr int kPlaceRowsInFlight = kRowVectorsPerLane <= 8 ? 3 : 2;  // what 168
 
 // Registers: the producer warpgroup gives its share to the two math warpgroups (2·128·224 + 128·56 = 64512; the math code needs more than 208, the producer more than 40).
 constexpr int kProducerRegisters = 56;
+// With BLOCK_M 128 each math warpgroup owns its 64 rows of a tile outright and publishes them itself, so
+// the two drift apart by up to the stage ring instead of meeting at the end of every tile; at 64 they
+// exchange the L1 rows' amax and publish together. A tile adds this many to its done counter.
+constexpr bool kWarpgroupPublish = kBlockM == 128;
+constexpr int kPublishesPerTile = kWarpgroupPublish ? 2 : 1;
 constexpr int kMathRegisters = 224;
 
 // ---------------------------------------------------------------------------------------------------
@@ -896,7 +901,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
             const int rows = min(kBlockM, task.row_end - task.row0);
             wait_at_least(arrived + task.block, rows, op.status, kStatusArrivalWait, task.block);
           } else {
-            wait_at_least(l1_done + task.block, inter / kQuant, op.status, kStatusL1Wait, task.block);
+            wait_at_least(l1_done + task.block, inter / kQuant * kPublishesPerTile, op.status, kStatusL1Wait,
+                          task.block);
           }
           trace_add(op.trace, kTraceDependencyWaitNs, trace_clock(op.trace) - t_dep);
           fence_proxy_async_global();
@@ -970,9 +976,10 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
     const unsigned long long t_publish = trace_clock(op.trace);
     // L1's h rows are read by TMA (the async proxy) in other CTAs; L2's y rows only by plain loads.
     if (l1) fence_proxy_async_global();
-    named_barrier_sync(1, kMathThreads);
+    if constexpr (kWarpgroupPublish) named_barrier_sync(3 + warpgroup, 128);
+    else named_barrier_sync(1, kMathThreads);
+    if (tid % (kWarpgroupPublish ? 128 : kMathThreads) == 0) add_release(l1 ? l1_done + task.block : ws + kL2Done, 1);
     if (tid == 0) {
-      add_release(l1 ? l1_done + task.block : ws + kL2Done, 1);
       const unsigned long long t_end = trace_clock(op.trace);
       trace_add(op.trace, kTraceEpilogueNs, t_end - t_epilogue);
       trace_add(op.trace, kTracePublishNs, t_end - t_publish);
@@ -985,7 +992,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
   // ---- 5. combine
   if (tid == 0) {
     wait_at_least(ws + kPlaceDone, place_chunks, op.status, kStatusCombineWait, 0);
-    wait_at_least(ws + kL2Done, total_l2, op.status, kStatusCombineWait, 1);
+    wait_at_least(ws + kL2Done, total_l2 * kPublishesPerTile, op.status, kStatusCombineWait, 1);
     trace_time(op.trace, kTraceCombineStart);
   }
   named_barrier_sync(1, kMathThreads);  // thread 0's waits cover the CTA
