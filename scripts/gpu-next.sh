@@ -10,7 +10,7 @@
 #   (pass MEGAMOE_COMMIT: the device's copy has no current git history)
 #   PART=14 tests, timeline, decode step, sanitizers and the pro sweeps (with ARCHIVE=1)
 #   PART=15 every GPU test file, the timeline, the flash-ep8 sweeps (with ARCHIVE=1)
-#   PART=16 the pipeline tests, the timeline, flash-ep8 shared off at six T (with ARCHIVE=1)
+#   PART=16 the pipeline tests, the timeline, flash-ep8 shared off at three T (with ARCHIVE=1)
 #   ARCHIVE=1 returns everything as $OUT/all.tgz
 #   PART=2  flash-ep8 sweeps, shared expert on and off, fused (every block M) + unfused + torch  (~8 min)
 #   PART=3  flash sweeps on/off + the decode-step benchmark                        (~8 min)
@@ -40,14 +40,14 @@ if [ -n "${ARCHIVE:-}" ] && [ -z "${INNER:-}" ]; then
 fi
 
 case "${PART:-1}" in
-16)  # a kernel change on a small budget: the pipeline tests, the timeline, flash-ep8 at six T (ARCHIVE=1)
+16)  # a kernel change on a small budget: the pipeline tests, the timeline, flash-ep8 at three T (ARCHIVE=1)
   timeout 120 node --test --test-reporter=spec dist-test/test/gpu/unfused.test.js >"$out/test-pipelines.txt" 2>&1
   echo "pipelines rc=$?"; grep -E "^ℹ (tests|pass|fail)|✖" "$out/test-pipelines.txt" | head -20
   grep -q "^ℹ fail 0" "$out/test-pipelines.txt" || exit 1
-  timeout 45 node dist-test/scripts/gpu-fused-trace.js flash-ep8 64,8192 >"$out/trace.txt" 2>&1
+  timeout 45 node dist-test/scripts/gpu-fused-trace.js flash-ep8 8192 >"$out/trace.txt" 2>&1
   grep -E "forward|epilogueNs|publishNs|mathDone|producerDone" "$out/trace.txt"
   timeout 90 node dist/cli/main.js bench --impl fused,unfused --shape flash-ep8 --shared 0 \
-    --tokens 1,8,64,512,4096,8192 --iters 20 --out "$out/layers-flash-ep8-shared0.json" 2>&1 \
+    --tokens 64,512,8192 --iters 20 --out "$out/layers-flash-ep8-shared0.json" 2>&1 \
     | grep -vE "^[├┌└]" | grep -E "fused|floor" | cut -c1-120
   ;;
 15)  # every GPU test file, the timeline, the flash-ep8 sweeps (ARCHIVE=1)
