@@ -3,11 +3,18 @@
  * and stage count on every preset, the specializations CI compiles, and the layer's pipeline choice.
  */
 import assert from "node:assert/strict";
+import { readFileSync } from "node:fs";
 import { describe, test } from "node:test";
 import { PRESETS, resolveConfig } from "../../src/config/config.js";
-import { fusedLayerProblem } from "../../src/kernels/megamoe/megamoe.js";
+import { resolveKernelSource } from "../../src/cuda/jit.js";
+import {
+  FUSED_TRACE_FIELDS,
+  FUSED_TRACE_WORDS,
+  fusedLayerProblem,
+} from "../../src/kernels/megamoe/megamoe.js";
 import {
   FUSED_BLOCK_MS,
+  FUSED_COUNTER_WORDS,
   fusedBlockM,
   fusedDefines,
   fusedSharedBytes,
@@ -34,7 +41,7 @@ describe("fused MoE kernel: host-side facts", () => {
     }
   });
 
-  test("block M: 64 while the routed experts average at most 64 rows, else 128", () => {
+  test("block M: 64 while the routed experts average fewer than 64 rows, else 128", () => {
     const ep8 = resolveConfig("flash-ep8"); // 32 experts, top-6
     assert.equal(fusedBlockM(ep8, 1), 64);
     assert.equal(fusedBlockM(ep8, 341), 64); // 341 · 6 / 32 = 63.9
@@ -43,6 +50,24 @@ describe("fused MoE kernel: host-side facts", () => {
     assert.equal(fusedBlockM(resolveConfig("flash"), 8192), 128);
     assert.equal(fusedBlockM(resolveConfig("pro"), 4095), 64);
     assert.equal(fusedBlockM(resolveConfig("pro"), 4096), 128); // exactly 64 rows per expert
+  });
+
+  test("the host's mirrors of the kernel's trace and counter enums match megamoe.cu", () => {
+    const source = readFileSync(resolveKernelSource("megamoe/megamoe.cu"), "utf8");
+    const enumBody = (name: string): string => {
+      const m = source.match(new RegExp(`enum ${name} : int \\{([^}]*)\\}`));
+      assert.ok(m, `enum ${name} in megamoe.cu`);
+      return (m[1] as string).replace(/\/\/.*$/gm, ""); // without the comments
+    };
+    const trace = enumBody("Trace");
+    const names = [...trace.matchAll(/kTrace(\w+)/g)].map((m) => m[1] as string).filter((n) => n !== "Words");
+    const fields = names.map((n) => n[0]?.toLowerCase() + n.slice(1));
+    assert.deepEqual(fields, [...FUSED_TRACE_FIELDS]);
+    assert.equal(Number(trace.match(/kTraceWords = (\d+)/)?.[1]), FUSED_TRACE_WORDS);
+    assert.ok(FUSED_TRACE_FIELDS.length <= FUSED_TRACE_WORDS);
+    const counter = enumBody("Counter");
+    assert.equal(Number(counter.match(/kCounterWords = (\d+)/)?.[1]), FUSED_COUNTER_WORDS);
+    assert.ok([...counter.matchAll(/\bk\w+,/g)].length <= FUSED_COUNTER_WORDS);
   });
 
   test("shapes it cannot run are named; a CPU layer has no GPU pipeline to choose", () => {

@@ -92,7 +92,8 @@ export const FUSED_TRACE_FIELDS = [
   "l2EpilogueNs",
   "publishNs",
 ] as const;
-const TRACE_WORDS = 24;
+/** Words per CTA of the trace buffer (the kernel's kTraceWords; room beyond the fields). */
+export const FUSED_TRACE_WORDS = 24;
 export type FusedTraceRow = Record<(typeof FUSED_TRACE_FIELDS)[number], number>;
 const MAP_COUNT = 8;
 
@@ -350,7 +351,7 @@ export class FusedMoEKernel {
    */
   enableTrace(): void {
     if (this.trace === null)
-      this.trace = DeviceTensor.empty(this.device, "int64", [this.device.smCount, TRACE_WORDS]);
+      this.trace = DeviceTensor.empty(this.device, "int64", [this.device.smCount, FUSED_TRACE_WORDS]);
     this.tracing = true;
   }
 
@@ -366,11 +367,11 @@ export class FusedMoEKernel {
     const words = this.trace.toHost() as BigInt64Array;
     const rows: FusedTraceRow[] = [];
     let t0 = Number.POSITIVE_INFINITY;
-    for (let cta = 0; cta < this.ctas; cta++) t0 = Math.min(t0, Number(words[cta * TRACE_WORDS]));
+    for (let cta = 0; cta < this.ctas; cta++) t0 = Math.min(t0, Number(words[cta * FUSED_TRACE_WORDS]));
     for (let cta = 0; cta < this.ctas; cta++) {
       const row = {} as FusedTraceRow;
       FUSED_TRACE_FIELDS.forEach((field, i) => {
-        const w = Number(words[cta * TRACE_WORDS + i]);
+        const w = Number(words[cta * FUSED_TRACE_WORDS + i]);
         row[field] = i < 8 ? (w === 0 ? Number.NaN : w - t0) : w;
       });
       rows.push(row);
