@@ -15,6 +15,23 @@ export interface KernelVariant {
   noSpill: boolean;
 }
 
+/** Dynamic shared memory a block may opt into on sm_90 (227 KB). */
+export const SM90_SHARED_OPTIN_BYTES = 232_448;
+
+/** `x` rounded up to a multiple of `to` (the shared-memory layout formulas' alignment). */
+export function alignUp(x: number, to: number): number {
+  return Math.ceil(x / to) * to;
+}
+
+/**
+ * Shared-memory bytes per stage of a GEMM's activation scales: TMA loads a box of BLOCK_M + 4 fp32 rows
+ * whose start is aligned down to 4 rows (16 bytes), and stages are 128-byte aligned. Both FP8 GEMM
+ * kernels (grouped and fused) load their A scales this way.
+ */
+export function aScaleStageBytes(blockM: number): number {
+  return alignUp((blockM + 4) * 4, 128);
+}
+
 /** A short label such as `HIDDEN=7168 SCALE_UE8M0=1` for reports and errors. */
 export function describeDefines(defines: KernelDefines): string {
   const names = Object.keys(defines).sort();

@@ -27,7 +27,6 @@ import {
   type GemmTileName,
   gemmSharedBytes,
   presetGemmShapes,
-  SM90_SHARED_OPTIN_BYTES,
   variants,
 } from "../../src/kernels/gemm/fp8_grouped_gemm.variants.js";
 import {
@@ -42,7 +41,7 @@ import {
   takeGroupedGemmStatus,
   validateGroupedGemmArgs,
 } from "../../src/kernels/gemm/grouped_gemm.js";
-import { describeDefines } from "../../src/kernels/variants.js";
+import { describeDefines, SM90_SHARED_OPTIN_BYTES } from "../../src/kernels/variants.js";
 import { bf16BitsToF32, f32ToBf16Bits } from "../../src/numerics/bf16.js";
 import { E4M3_DECODE } from "../../src/numerics/fp8.js";
 import { availability, gpuSkip } from "../helpers/gpu.js";

@@ -5,7 +5,13 @@
  * import it on a machine without a GPU.
  */
 import { PRESETS, QUANT_BLOCK } from "../../config/config.js";
-import type { KernelDefines, KernelVariant } from "../variants.js";
+import {
+  alignUp,
+  aScaleStageBytes,
+  type KernelDefines,
+  type KernelVariant,
+  SM90_SHARED_OPTIN_BYTES,
+} from "../variants.js";
 
 /** Names of the tile shapes the launcher may pick (or a benchmark may force). */
 export type GemmTileName = "m128n128" | "m128n256" | "m64n256" | "m64n128";
@@ -36,17 +42,10 @@ export const GEMM_TILE_NAMES = Object.keys(GEMM_TILES) as GemmTileName[];
 
 /** K per pipeline stage (one scale block). */
 export const GEMM_BLOCK_K = 128;
-/** Dynamic shared memory a block may opt into on sm_90 (227 KB). */
-export const SM90_SHARED_OPTIN_BYTES = 232_448;
 /** Largest group count the kernel's shared group table supports. */
 export const GEMM_MAX_GROUPS = 1024;
 export const GEMM_MIN_STAGES = 2;
 export const GEMM_MAX_STAGES = 10;
-
-/** `x` rounded up to a multiple of `to` (the shared-memory layout formulas' alignment). */
-export function alignUp(x: number, to: number): number {
-  return Math.ceil(x / to) * to;
-}
 
 /** Threads per CTA: the math warpgroups plus one producer warpgroup. */
 export function gemmThreads(tile: GemmTile): number {
@@ -64,8 +63,7 @@ export function gemmSharedBytes(tile: GemmTile, stages: number, k: number, group
   const swRows = Math.ceil(tile.blockN / QUANT_BLOCK);
   const aTile = tile.blockM * GEMM_BLOCK_K;
   const bTile = tile.blockN * GEMM_BLOCK_K;
-  // A-scale box: BLOCK_M + 4 rows, its start aligned down to 4 rows (16 bytes), as the kernel loads it.
-  const saStride = alignUp((tile.blockM + 4) * 4, 128);
+  const saStride = aScaleStageBytes(tile.blockM);
   const offSw = stages * (aTile + bTile + saStride);
   const offFull = alignUp(offSw + 2 * swRows * kBlocks * 4, 8);
   const offGroups = offFull + 16 * stages;

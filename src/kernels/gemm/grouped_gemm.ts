@@ -39,7 +39,7 @@ import {
 
 export type { TensorLike };
 
-import { describeDefines, type KernelDefines } from "../variants.js";
+import { describeDefines, type KernelDefines, SM90_SHARED_OPTIN_BYTES } from "../variants.js";
 import {
   GEMM_BLOCK_K,
   GEMM_MAX_GROUPS,
@@ -51,7 +51,6 @@ import {
   gemmMaxStages,
   gemmSharedBytes,
   gemmThreads,
-  SM90_SHARED_OPTIN_BYTES,
 } from "./fp8_grouped_gemm.variants.js";
 
 /** The kernel source, relative to src/kernels. */

@@ -11,8 +11,13 @@ import {
   scaleFormatDefine,
   sharedIntermediate,
 } from "../../config/config.js";
-import { alignUp, SM90_SHARED_OPTIN_BYTES } from "../gemm/fp8_grouped_gemm.variants.js";
-import type { KernelDefines, KernelVariant } from "../variants.js";
+import {
+  alignUp,
+  aScaleStageBytes,
+  type KernelDefines,
+  type KernelVariant,
+  SM90_SHARED_OPTIN_BYTES,
+} from "../variants.js";
 
 /**
  * Pool rows per tile: 128 (two math warpgroups of 64 rows), or 64 for few rows per expert (both
@@ -45,7 +50,7 @@ export function fusedSharedBytes(c: MoEConfig, stages: number, blockM: FusedBloc
   const maxKBlocks = Math.max(c.hidden / QUANT_BLOCK, maxInter / QUANT_BLOCK);
   const aTile = blockM * 128;
   const bTile = FUSED_BLOCK_N * 128;
-  const saStride = alignUp((blockM + 4) * 4, 128);
+  const saStride = aScaleStageBytes(blockM);
   const offTasks = stages * (aTile + bTile + saStride);
   const taskSlot = alignUp(32 + 2 * maxKBlocks * 4, 16); // the Task and its two weight-scale rows
   const offBars = alignUp(offTasks + 2 * taskSlot, 8);
