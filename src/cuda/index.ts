@@ -75,7 +75,7 @@ export {
   TENSOR_MAP_BYTES,
 } from "./kernel-args.js";
 export { type LocateResult, locateCudaInclude, locateLibcuda, locateLibnvrtc, locateNvcc } from "./locate.js";
-export { type PerDeviceMemo, perDeviceMemo } from "./memo.js";
+export { type PerDeviceMemo, type PerDeviceOnce, perDeviceMemo, perDeviceOnce } from "./memo.js";
 export {
   allocHostArray,
   checkHostArray,

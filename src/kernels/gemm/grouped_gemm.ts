@@ -28,6 +28,7 @@ import {
   KernelArgs,
   loadKernel,
   perDeviceMemo,
+  perDeviceOnce,
   type ResultRow,
   type Stream,
   type TensorLike,
@@ -343,12 +344,11 @@ interface GemmKernel {
 }
 
 const gemmKernels = perDeviceMemo<string, GemmKernel>();
-// One status word per device, so the key is always null.
-const statusBuffers = perDeviceMemo<null, bigint>();
+const statusBuffers = perDeviceOnce<bigint>();
 
 /** The device's watchdog status word (int32[4], zeroed once; the kernel writes it only on a stall). */
 function statusBuffer(device: Device): bigint {
-  return statusBuffers(device, null, () => {
+  return statusBuffers(device, () => {
     const ptr = device.alloc(16);
     device.memsetD32(ptr, 0, 4);
     return ptr;

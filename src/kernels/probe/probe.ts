@@ -10,7 +10,7 @@ import {
   type Kernel,
   KernelArgs,
   loadKernel,
-  perDeviceMemo,
+  perDeviceOnce,
   timeKernel,
 } from "../../cuda/index.js";
 
@@ -33,12 +33,11 @@ interface ProbeKernels {
   read: Kernel;
 }
 
-// One specialization, so the key is always null.
-const probeKernelMemo = perDeviceMemo<null, ProbeKernels>();
+const probeKernelMemo = perDeviceOnce<ProbeKernels>();
 
 /** The probe kernels on `device`, compiled (or read from the JIT cache) once. */
 function probeKernels(device: Device): ProbeKernels {
-  return probeKernelMemo(device, null, () => {
+  return probeKernelMemo(device, () => {
     const compiled = compileKernel({ source: "probe/probe.cu" });
     return {
       empty: loadKernel(device, compiled, "probe_empty"),

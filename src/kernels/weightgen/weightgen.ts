@@ -18,7 +18,7 @@ import {
   type Kernel,
   KernelArgs,
   loadKernel,
-  perDeviceMemo,
+  perDeviceOnce,
   type Stream,
 } from "../../cuda/index.js";
 import { streamKey, tensorKey } from "../../weights/counter-rng.js";
@@ -52,12 +52,11 @@ interface WeightgenKernels {
   activationArgs: KernelArgs;
 }
 
-// One specialization, so the key is always null.
-const weightgenKernels = perDeviceMemo<null, WeightgenKernels>();
+const weightgenKernels = perDeviceOnce<WeightgenKernels>();
 
 /** The three kernels on `device`, compiled (or read from the JIT cache) once, with reusable arguments. */
 function kernelsFor(device: Device): WeightgenKernels {
-  return weightgenKernels(device, null, () => {
+  return weightgenKernels(device, () => {
     const compiled = compileKernel({ source: WEIGHTGEN_KERNEL_SOURCE });
     return {
       matrix: loadKernel(device, compiled, "megamoe_weightgen_matrix"),
