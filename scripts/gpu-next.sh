@@ -14,6 +14,8 @@
 #   PART=14 the pipeline tests, timeline, decode step, sanitizers and the pro sweeps (with ARCHIVE=1)
 #   PART=15 every GPU test file, the timeline, the flash-ep8 sweeps (with ARCHIVE=1)
 #   PART=16 the pipeline tests, the timeline, flash-ep8 shared off at three T (with ARCHIVE=1)
+#   PART=17 the pipeline, gate and norm tests, the fused kernel's SASS, the timeline at three T,
+#           flash-ep8 shared off at six T (with ARCHIVE=1)
 # ARCHIVE=1 returns everything as $OUT/all.tgz (ARCHIVE_TIMEOUT: seconds for the part, default 540).
 # Pass MEGAMOE_COMMIT: the device's copy of the tree has no current git history.
 set -uo pipefail
@@ -109,6 +111,22 @@ case "${PART:-1}" in
   grep -E "forward|epilogueNs|publishNs|mathDone|producerDone" "$out/trace.txt"
   timeout 90 node dist/cli/main.js bench --impl fused,unfused --shape flash-ep8 --shared 0 \
     --tokens 64,512,8192 --iters 20 --out "$out/layers-flash-ep8-shared0.json" 2>&1 \
+    | grep -vE "^[├┌└]" | grep -E "fused|floor" | cut -c1-120
+  ;;
+17)  # a kernel change: its tests, its SASS (nvcc + cuobjdump), the timeline, flash-ep8 at six T (ARCHIVE=1)
+  gpu_tests 200 test-pipelines.txt dist-test/test/gpu/unfused.test.js dist-test/test/gpu/gate.test.js \
+    dist-test/test/gpu/norm.test.js dist-test/test/gpu/prepared-input.test.js
+  passed test-pipelines.txt || exit 1
+  for bm in 64 128; do
+    nvcc -gencode=arch=compute_90a,code=sm_90a -std=c++17 -cubin -Isrc/include -DHIDDEN=4096 -DINTER=2048 \
+      -DSHARED_INTER=2048 -DNUM_EXPERTS=32 -DTOP_K=6 -DBLOCK_M=$bm -DNUM_STAGES=4 -o "$out/fused-$bm.cubin" \
+      src/kernels/megamoe/megamoe.cu && cuobjdump -sass "$out/fused-$bm.cubin" >"$out/fused-$bm.sass"
+    rm -f "$out/fused-$bm.cubin"
+  done
+  fused_trace 60 1,64,8192
+  grep -E "forward|epilogueNs|publishNs|mathDone|producerDone|stageFull" "$out/trace.txt"
+  timeout 150 node dist/cli/main.js bench --impl fused,unfused --shape flash-ep8 --shared 0 \
+    --tokens 1,8,64,512,4096,8192 --iters 20 --out "$out/layers-flash-ep8-shared0.json" 2>&1 \
     | grep -vE "^[├┌└]" | grep -E "fused|floor" | cut -c1-120
   ;;
 esac

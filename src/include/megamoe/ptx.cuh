@@ -37,6 +37,14 @@ __device__ __forceinline__ float rcp_rn(float x) {
   return r;
 }
 
+// 1 / x by the hardware's approximation (MUFU.RCP, at most 1 ulp off; subnormal results flush to 0):
+// one instruction where rcp_rn and div_rn take a Newton refinement and a branch to a slow path.
+__device__ __forceinline__ float rcp_approx_ftz(float x) {
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
+
 // ---- Global memory ----
 
 struct u32x4 {
