@@ -3,6 +3,8 @@
 // e4m3 operands in 128-byte-swizzled shared memory. Inline PTX only, so NVRTC needs no CUDA headers.
 #pragma once
 
+#include "ptx.cuh"
+
 namespace megamoe::sm90 {
 
 // A CUtensorMap (128 bytes, 64-byte aligned) passed by value as a __grid_constant__ kernel parameter.
@@ -223,6 +225,23 @@ __device__ __forceinline__ float load_shared_f32(unsigned address) {
 __device__ __forceinline__ void store_shared_f32(unsigned address, float v) {
   asm volatile("st.shared.f32 [%0], %1;" ::"r"(address), "f"(v) : "memory");
 }
+__device__ __forceinline__ void store_shared_u32(unsigned address, unsigned v) {
+  asm volatile("st.shared.b32 [%0], %1;" ::"r"(address), "r"(v) : "memory");
+}
+
+__device__ __forceinline__ void store_shared_u16(unsigned address, unsigned short v) {
+  asm volatile("st.shared.b16 [%0], %1;" ::"r"(address), "h"(v) : "memory");
+}
+
+__device__ __forceinline__ megamoe::u32x4 load_shared_v4(unsigned address) {
+  megamoe::u32x4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(address)
+               : "memory");
+  return v;
+}
+
 // Bulk copy of `bytes` (a multiple of 16, both addresses 16-byte aligned) from global to shared memory,
 // completing on the mbarrier at `bar` like a tensor load.
 __device__ __forceinline__ void bulk_load(unsigned dst, const void* src, unsigned bytes, unsigned bar) {

@@ -150,7 +150,16 @@ constexpr unsigned kOffOffsets = kOffAmax + 2 * 64 * 4;  // int[kGroups + 1]: fi
 constexpr unsigned kOffBlocks = kOffOffsets + 4 * (kGroups + 1);  // int[kGroups + 1]: first block per group
 constexpr unsigned kOffHist = kOffBlocks + 4 * (kGroups + 1);     // int[kGroups]: a chunk's counts
 constexpr unsigned kOffBroadcast = kOffHist + 4 * kGroups;        // int[4]
-constexpr unsigned kSmemBytes = kOffBroadcast + 16;
+// Epilogue staging, one area per math warp: the warp writes its 16 rows of a tile here in the wgmma
+// fragment's scattered order, then copies them out in 16-byte pieces, so that a global store covers 4
+// rows × 128 bytes instead of 8 rows × 8 (L1) or 16 (L2) bytes. Rows lie 144 bytes apart: the 8 rows of
+// one fragment store then start 4 banks apart and never conflict.
+constexpr unsigned kStagingRows = 16;
+constexpr unsigned kStagingRowBytes = 128;
+constexpr unsigned kStagingPitch = kStagingRowBytes + 16;
+constexpr unsigned kStagingWarpBytes = kStagingRows * kStagingPitch;
+constexpr unsigned kOffStaging = align_up(kOffBroadcast + 16, 16);
+constexpr unsigned kSmemBytes = kOffStaging + kMathWarps * kStagingWarpBytes;
 constexpr unsigned kSmemAlign = 1024;
 constexpr unsigned kDynamicSmemBytes = kSmemBytes + kSmemAlign;
 static_assert(kDynamicSmemBytes <= 232448, "shared memory above the 227 KB opt-in limit");
@@ -434,6 +443,8 @@ struct MathContext {
   unsigned full_bar;
   unsigned empty_bar;
   unsigned amax_smem;  // float[2][64]
+  unsigned staging;    // this warp's staging area
+  int warp_row;        // this warp's first row within its warpgroup's 64
   int warpgroup;
   int lane;
   int* status;
@@ -479,6 +490,27 @@ __device__ __forceinline__ void tile_mainloop(const MathContext& m, const Task& 
   }
 }
 
+// Copies the warp's staged rows out: the first kRowBytes of each of its 16 rows to dst + r·stride, for
+// the rows r < rows_valid, in 16-byte pieces (kRowBytes / 16 lanes per row). The warp syncs before (the
+// staging stores are other lanes') and after (the next staging overwrites the area).
+template <int kRowBytes>
+__device__ __forceinline__ void flush_staging(unsigned staging, unsigned char* dst, long long stride, int rows_valid,
+                                              int lane) {
+  static_assert(kRowBytes % 16 == 0 && kRowBytes <= static_cast<int>(kStagingRowBytes), "a staged row is 16-byte pieces");
+  constexpr int kLanesPerRow = kRowBytes / 16;
+  constexpr int kRowsPerPass = 32 / kLanesPerRow;
+  const int piece = lane % kLanesPerRow;
+  __syncwarp();
+#pragma unroll
+  for (int pass = 0; pass < static_cast<int>(kStagingRows) / kRowsPerPass; ++pass) {
+    const int r = pass * kRowsPerPass + lane / kLanesPerRow;
+    if (r < rows_valid) {
+      megamoe::st_v4(dst + r * stride + 16 * piece, load_shared_v4(staging + r * kStagingPitch + 16 * piece));
+    }
+  }
+  __syncwarp();
+}
+
 // L1 epilogue: chunk 0 holds gate, chunk 1 up of the same channels. Thread rows: frag_row and + 8,
 // columns 8i + frag_col + {0, 1} of its chunk; the 4 lanes of a quad share a row, so the row's amax is a
 // max over the thread's values and two shuffles, and with BLOCK_M 64 (each warpgroup holds 64 of the
@@ -514,44 +546,55 @@ __device__ __forceinline__ void l1_epilogue(const Operands& op, const MathContex
   }
   const megamoe::GroupScale s_lo = megamoe::activation_scale<kUe8m0>(amax_lo);
   const megamoe::GroupScale s_hi = megamoe::activation_scale<kUe8m0>(amax_hi);
-  const int col0 = task.n * kQuant + S::column(0, m.warpgroup) + frag_col;
+  // The codes of the warp's 16 rows go through its staging area; the scales straight to the pool.
+  const int staged_row = frag_row & 15;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    const int row = row_lo + 8 * half;
-    if (row >= task.row_end) continue;
     const megamoe::GroupScale s = half == 0 ? s_lo : s_hi;
-    unsigned short* dst =
-        reinterpret_cast<unsigned short*>(op.pool_h + static_cast<long long>(row) * kMaxInter + col0);
+    const unsigned dst = m.staging + static_cast<unsigned>(staged_row + 8 * half) * kStagingPitch + frag_col;
 #pragma unroll
     for (int i = 0; i < S::kAcc / 4; ++i) {
       const float x0 = megamoe::mul_rn(acc[0][4 * i + 2 * half], s.inv);
       const float x1 = megamoe::mul_rn(acc[0][4 * i + 2 * half + 1], s.inv);
-      dst[4 * i] = megamoe::e4m3x2_from_floats(x0, x1);  // columns 8i + frag_col, + 1
+      store_shared_u16(dst + 8 * i, megamoe::e4m3x2_from_floats(x0, x1));  // columns 8i + frag_col, + 1
     }
-    if (frag_col == 0 && (S::kWide || m.warpgroup == 0)) {
+    const int row = row_lo + 8 * half;
+    if (row < task.row_end && frag_col == 0 && (S::kWide || m.warpgroup == 0)) {
       megamoe::st_f32(op.pool_h_scales + static_cast<long long>(task.n) * op.r_pad + row, s.scale);
     }
   }
+  const int warp_row0 = task.row0 + S::row_offset(m.warpgroup) + m.warp_row;
+  flush_staging<S::kAcc * 2>(m.staging,
+                             op.pool_h + static_cast<long long>(warp_row0) * kMaxInter + task.n * kQuant +
+                                 S::column(0, m.warpgroup),
+                             kMaxInter, task.row_end - warp_row0, m.lane);
 }
 
-// L2 epilogue: bf16 pairs of this warpgroup's output columns.
+// L2 epilogue: this warpgroup's output columns as bf16, through the warp's staging area 64 columns
+// (128 bytes of a row) at a time.
 __device__ __forceinline__ void l2_epilogue(const Operands& op, const MathContext& m, const Task& task,
                                             const float (&acc)[2][kAccum], int frag_row, int frag_col) {
   using S = Split<false>;
-  const int row_lo = task.row0 + S::row_offset(m.warpgroup) + frag_row;
+  static_assert(S::kAcc == 64, "an L2 chunk is 128 columns: two rounds of 64");
+  const int warp_row0 = task.row0 + S::row_offset(m.warpgroup) + m.warp_row;
+  const unsigned staged = m.staging + static_cast<unsigned>(frag_row & 15) * kStagingPitch + 2 * frag_col;
+  unsigned char* const y_rows =
+      reinterpret_cast<unsigned char*>(op.y + static_cast<long long>(warp_row0) * kHidden + task.n * kBlockN);
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int row = row_lo + 8 * half;
-    if (row >= task.row_end) continue;
-    unsigned short* row_out = op.y + static_cast<long long>(row) * kHidden + task.n * kBlockN + frag_col;
+  for (int c = 0; c < S::kChunks; ++c) {
 #pragma unroll
-    for (int c = 0; c < S::kChunks; ++c) {
-      unsigned* dst = reinterpret_cast<unsigned*>(row_out + S::column(c, m.warpgroup));
+    for (int round = 0; round < 2; ++round) {
 #pragma unroll
-      for (int i = 0; i < S::kAcc / 4; ++i) {
-        const unsigned packed = megamoe::bf16x2_from_floats(acc[c][4 * i + 2 * half], acc[c][4 * i + 2 * half + 1]);
-        asm volatile("st.global.b32 [%0], %1;" ::"l"(dst + 4 * i), "r"(packed) : "memory");
+      for (int half = 0; half < 2; ++half) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const int i = 8 * round + j;  // columns 8i + frag_col, + 1 of the chunk
+          store_shared_u32(staged + 8 * half * kStagingPitch + 16 * j,
+                           megamoe::bf16x2_from_floats(acc[c][4 * i + 2 * half], acc[c][4 * i + 2 * half + 1]));
+        }
       }
+      flush_staging<kStagingRowBytes>(m.staging, y_rows + 2 * (S::column(c, m.warpgroup) + 64 * round), 2 * kHidden,
+                                      task.row_end - warp_row0, m.lane);
     }
   }
 }
@@ -942,6 +985,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
                       full_bar,
                       empty_bar,
                       base + kOffAmax,
+                      base + kOffStaging + static_cast<unsigned>(warp) * kStagingWarpBytes,
+                      16 * (warp & 3),
                       warpgroup,
                       lane,
                       op.status,
