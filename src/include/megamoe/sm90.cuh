@@ -174,12 +174,11 @@ __device__ __forceinline__ void wgmma_e4m3(float (&d)[64], unsigned long long de
       : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
 
-// One 128-deep K block on the tensor cores, issued and not waited for: partial = A[64 × 128] · B[n × 128]ᵀ
-// as four k32 wgmmas into a fresh accumulator (n = 2 · kCount), one commit group. `a` and `b` are the
-// shared-memory addresses of the first row of the 128-byte-swizzled K-major tiles. The registers of
-// `partial` belong to the tensor cores until a wgmma_wait that covers this group.
+// One 128-deep K block on the tensor cores: partial = A[64 × 128] · B[n × 128]ᵀ as four k32 wgmmas into a
+// fresh accumulator (n = 2 · kCount), waited for. `a` and `b` are the shared-memory addresses of the
+// first row of the 128-byte-swizzled K-major tiles.
 template <int kCount>
-__device__ __forceinline__ void wgmma_issue_k128(float (&partial)[kCount], unsigned a, unsigned b) {
+__device__ __forceinline__ void wgmma_block_k128(float (&partial)[kCount], unsigned a, unsigned b) {
   fence_registers(partial);
   wgmma_fence();
 #pragma unroll
@@ -188,38 +187,23 @@ __device__ __forceinline__ void wgmma_issue_k128(float (&partial)[kCount], unsig
     wgmma_e4m3(partial, smem_descriptor(a + k * 32), smem_descriptor(b + k * 32), k > 0 ? 1 : 0);
   }
   wgmma_commit();
+  wgmma_wait_all();
   fence_registers(partial);
 }
 
-// Waits until at most kPending commit groups are in flight; then `partial` (of a group now complete)
-// may be read.
-template <int kPending, int kCount>
-__device__ __forceinline__ void wgmma_wait(float (&partial)[kCount]) {
-  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kPending) : "memory");
-  fence_registers(partial);
-}
-
-// wgmma_issue_k128, waited for.
-template <int kCount>
-__device__ __forceinline__ void wgmma_block_k128(float (&partial)[kCount], unsigned a, unsigned b) {
-  wgmma_issue_k128(partial, a, b);
-  wgmma_wait<0>(partial);
-}
-
-// acc[kOffset …] += partial · scale, the promotion of one K block into the fp32 accumulators: in the wgmma
-// D fragment, elements 4i, 4i+1 lie on the thread's upper row (scale_lo) and 4i+2, 4i+3 eight rows below
-// (scale_hi). An n64 partial promoted at offset 32 lands on columns 64 … 127 of an n128 fragment (the
-// fragment's element 4i belongs to columns 8i + …).
-template <int kOffset = 0, int kCount, int kAccCount>
+// acc += partial · scale, the promotion of one K block into the fp32 accumulators: in the wgmma D
+// fragment, elements 4i, 4i+1 lie on the thread's upper row (scale_lo) and 4i+2, 4i+3 eight rows below
+// (scale_hi). acc may be longer than partial (a kernel sizing it for its widest chunk).
+template <int kCount, int kAccCount>
 __device__ __forceinline__ void promote_block(float (&acc)[kAccCount], const float (&partial)[kCount],
                                               float scale_lo, float scale_hi) {
-  static_assert(kOffset + kCount <= kAccCount, "the accumulators must hold the block");
+  static_assert(kCount <= kAccCount, "the accumulators must hold the block");
 #pragma unroll
   for (int i = 0; i < kCount / 4; ++i) {
-    acc[kOffset + 4 * i + 0] = fmaf(partial[4 * i + 0], scale_lo, acc[kOffset + 4 * i + 0]);
-    acc[kOffset + 4 * i + 1] = fmaf(partial[4 * i + 1], scale_lo, acc[kOffset + 4 * i + 1]);
-    acc[kOffset + 4 * i + 2] = fmaf(partial[4 * i + 2], scale_hi, acc[kOffset + 4 * i + 2]);
-    acc[kOffset + 4 * i + 3] = fmaf(partial[4 * i + 3], scale_hi, acc[kOffset + 4 * i + 3]);
+    acc[4 * i + 0] = fmaf(partial[4 * i + 0], scale_lo, acc[4 * i + 0]);
+    acc[4 * i + 1] = fmaf(partial[4 * i + 1], scale_lo, acc[4 * i + 1]);
+    acc[4 * i + 2] = fmaf(partial[4 * i + 2], scale_hi, acc[4 * i + 2]);
+    acc[4 * i + 3] = fmaf(partial[4 * i + 3], scale_hi, acc[4 * i + 3]);
   }
 }
 

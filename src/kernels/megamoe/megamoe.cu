@@ -429,10 +429,6 @@ struct Split {
   static constexpr int kChunks = kWide || kL1 ? 2 : 1;
   static constexpr int kN = kWide || !kL1 ? 128 : 64;
   static constexpr int kAcc = kN / 2;
-  // The tensor-core work of a K block: n64 pieces, piece p = chunk p / kPiecesPerChunk, columns 64·(p %
-  // kPiecesPerChunk) onwards of it.
-  static constexpr int kPiecesPerChunk = kN / 64;
-  static constexpr int kPieces = kChunks * kPiecesPerChunk;
   __device__ static int row_offset(int w) { return kWide ? 64 * w : 0; }
   __device__ static int b_row(int c, int w) { return kWide ? c * 128 : (kL1 ? c * 128 + 64 * w : 128 * w); }
   __device__ static int sw_row(int c, int w) { return kWide || kL1 ? c : w; }
@@ -455,15 +451,11 @@ struct MathContext {
   unsigned long long* trace;
 };
 
-// The K loop of a tile. Within a K block the warpgroup's n64 pieces go through two partial accumulators:
-// piece p + 1 is issued before piece p is waited for and promoted, so the promotion's FMAs run while the
-// tensor cores work (one piece's promotion per K block is left exposed, and the other warpgroup's
-// wgmmas fill that).
 template <bool kL1>
 __device__ __forceinline__ void tile_mainloop(const MathContext& m, const Task& task, unsigned sw_rows,
                                               int& stage, unsigned& phase, float (&acc)[2][kAccum]) {
   using S = Split<kL1>;
-  float partial[2][32];
+  float partial[S::kAcc];
 #pragma unroll
   for (int c = 0; c < 2; ++c)
 #pragma unroll
@@ -484,23 +476,10 @@ __device__ __forceinline__ void tile_mainloop(const MathContext& m, const Task& 
       const float sa_hi = load_shared_f32(sa + 8 * 4);
       const unsigned a_stage = m.a_smem + stage * kATileBytes;
       const unsigned b_stage = m.b_smem + stage * kBTileBytes;
-      const auto b_piece = [&](int p) {
-        return b_stage + (S::b_row(p / S::kPiecesPerChunk, m.warpgroup) + 64 * (p % S::kPiecesPerChunk)) * kBlockK;
-      };
-      wgmma_issue_k128(partial[0], a_stage, b_piece(0));
 #pragma unroll
-      for (int p = 0; p < S::kPieces; ++p) {
-        if (p + 1 < S::kPieces) {
-          wgmma_issue_k128(partial[(p + 1) & 1], a_stage, b_piece(p + 1));
-          wgmma_wait<1>(partial[p & 1]);
-        } else {
-          wgmma_wait<0>(partial[p & 1]);
-        }
-        const int c = p / S::kPiecesPerChunk;
-        const float s_lo = sa_lo * sw[c];
-        const float s_hi = sa_hi * sw[c];
-        if (p % S::kPiecesPerChunk == 0) promote_block<0>(acc[c], partial[p & 1], s_lo, s_hi);
-        else promote_block<32>(acc[c], partial[p & 1], s_lo, s_hi);
+      for (int c = 0; c < S::kChunks; ++c) {
+        wgmma_block_k128(partial, a_stage, b_stage + S::b_row(c, m.warpgroup) * kBlockK);
+        promote_block(acc[c], partial, sa_lo * sw[c], sa_hi * sw[c]);
       }
     }
     if (m.lane == 0) mbar_arrive(m.empty_bar + 8 * stage);
