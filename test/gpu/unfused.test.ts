@@ -54,7 +54,12 @@ const skip = gpuSkip;
  * intermediate may flip. With a handful of tokens one flip weighs more (a first H200 run saw up to
  * 8.6e-3 at T = 1, 2–5e-3 elsewhere; a second, tiny at T = 7 without the shared expert: 1.57e-2 and
  * calc_diff 1.22e-4, while its distance to the FP64 ideal equalled the CPU reference's), so below 8
- * tokens both bounds are wider.
+ * tokens both bounds are wider. How many roundings flip also depends on the data: with
+ * MEGAMOE_SEED=1044225427 the edge cases without the shared expert measure 1.03e-2 (T = 33, experts
+ * 0, 3, 5 empty, fp32) and 1.23e-2 (T = 200 on one expert, ue8m0), identical with three SwiGLU
+ * formulations, while both lie as far from the FP64 ideal as the reference (3.9e-2, 4.9e-2). So the
+ * relative bound is also allowed a third of the reference's own distance to the ideal (what FP8 costs
+ * on that data); calc_diff and the distance-to-ideal checks stay as they are.
  */
 const MAX_REL_VS_REFERENCE = 1e-2;
 const MAX_REL_VS_REFERENCE_FEW_TOKENS = 2e-2;
@@ -134,7 +139,10 @@ function report(label: string, e: Errors, tokens: number): void {
       `vs FP64 ideal ${e.relIdeal.toExponential(2)}, calc_diff ${e.diffIdeal.toExponential(2)} ` +
       `(reference vs ideal ${e.refRelIdeal.toExponential(2)})`,
   );
-  const maxRel = tokens < FEW_TOKENS ? MAX_REL_VS_REFERENCE_FEW_TOKENS : MAX_REL_VS_REFERENCE;
+  const maxRel = Math.max(
+    tokens < FEW_TOKENS ? MAX_REL_VS_REFERENCE_FEW_TOKENS : MAX_REL_VS_REFERENCE,
+    e.refRelIdeal / 3,
+  );
   assert.ok(e.relRef < maxRel, `${label}: relative error vs reference ${e.relRef} (bound ${maxRel})`);
   const maxDiff = tokens < FEW_TOKENS ? MAX_DIFF_VS_REFERENCE_FEW_TOKENS : MAX_DIFF_VS_REFERENCE;
   assert.ok(e.diffRef < maxDiff, `${label}: calc_diff vs reference ${e.diffRef} (bound ${maxDiff})`);
