@@ -21,7 +21,6 @@ import {
   type Device,
   DeviceTensor,
   type DType,
-  encodeTensorMapTiled,
   expectOnDevice,
   expectTensor,
   type Kernel,
@@ -32,11 +31,9 @@ import {
   type ResultRow,
   type Stream,
   type TensorLike,
-  TensorMapDataType,
-  TensorMapL2Promotion,
-  TensorMapSwizzle,
   timeKernel,
 } from "../../cuda/index.js";
+import { encodeFp8RowsMap, encodeScaleColumnsMap } from "../tensor-maps.js";
 
 export type { TensorLike };
 
@@ -376,32 +373,9 @@ function encodeMaps(entry: GemmKernel, plan: GroupedGemmPlan, args: GroupedGemmA
   if (entry.mapsKey === mapsKey) return;
   entry.mapsKey = "";
   const { blockM, blockN } = plan.tile;
-  encodeTensorMapTiled(entry.args.tensorMap(0), {
-    dataType: TensorMapDataType.UINT8,
-    globalAddress: args.a.ptr,
-    globalDims: [k, mTotal],
-    globalStridesBytes: [k],
-    boxDims: [GEMM_BLOCK_K, blockM],
-    swizzle: TensorMapSwizzle.B128,
-    l2Promotion: TensorMapL2Promotion.B256,
-  });
-  encodeTensorMapTiled(entry.args.tensorMap(1), {
-    dataType: TensorMapDataType.UINT8,
-    globalAddress: args.b.ptr,
-    globalDims: [k, groups * n],
-    globalStridesBytes: [k],
-    boxDims: [GEMM_BLOCK_K, blockN],
-    swizzle: TensorMapSwizzle.B128,
-    l2Promotion: TensorMapL2Promotion.B256,
-  });
-  const mPad = aScalesRows(mTotal);
-  encodeTensorMapTiled(entry.args.tensorMap(2), {
-    dataType: TensorMapDataType.FLOAT32,
-    globalAddress: args.aScales.ptr,
-    globalDims: [mPad, k / QUANT_BLOCK],
-    globalStridesBytes: [mPad * 4],
-    boxDims: [blockM + 4, 1], // 4 more rows: the kernel aligns the box start down to 16 bytes
-  });
+  encodeFp8RowsMap(entry.args.tensorMap(0), args.a.ptr, k, mTotal, blockM);
+  encodeFp8RowsMap(entry.args.tensorMap(1), args.b.ptr, k, groups * n, blockN);
+  encodeScaleColumnsMap(entry.args.tensorMap(2), args.aScales.ptr, k, aScalesRows(mTotal), blockM + 4);
   entry.mapsKey = mapsKey;
 }
 

@@ -11,18 +11,15 @@ import {
   compileKernel,
   type Device,
   DeviceTensor,
-  encodeTensorMapTiled,
   expectOperand,
   type Kernel,
   KernelArgs,
   loadKernel,
   type Stream,
-  TensorMapDataType,
-  TensorMapL2Promotion,
-  TensorMapSwizzle,
 } from "../../cuda/index.js";
-import type { DeviceExpertPair, DeviceMoEWeights } from "../../weights/device.js";
+import type { DeviceMoEWeights } from "../../weights/device.js";
 import { aScalesRows } from "../gemm/grouped_gemm.js";
+import { encodeFp8RowsMap, encodeScaleColumnsMap } from "../tensor-maps.js";
 import {
   FUSED_BLOCK_MS,
   FUSED_COUNTER_WORDS,
@@ -111,26 +108,6 @@ export interface FusedLaunch {
   tokens: number;
   /** Add the shared expert (ignored when the layer has none). */
   shared: boolean;
-}
-
-/** FP8 rows [rows, width] in 128-wide boxes of `boxRows` rows, 128-byte swizzle (the wgmma operand layout). */
-function encodeRows(
-  args: KernelArgs,
-  index: number,
-  t: DeviceTensor | DeviceExpertPair["w1"],
-  width: number,
-  rows: number,
-  boxRows = 128,
-): void {
-  encodeTensorMapTiled(args.tensorMap(index), {
-    dataType: TensorMapDataType.UINT8,
-    globalAddress: t.ptr,
-    globalDims: [width, rows],
-    globalStridesBytes: [width],
-    boxDims: [128, boxRows],
-    swizzle: TensorMapSwizzle.B128,
-    l2Promotion: TensorMapL2Promotion.B256,
-  });
 }
 
 export class FusedMoEKernelError extends Error {
@@ -236,14 +213,15 @@ export class FusedMoEKernel {
       const sharedExperts = this.hasShared ? 1 : E;
       for (const { args, blockM } of this.specializations) {
         // The row pools' boxes hold one tile's rows (BLOCK_M): a taller box would overrun the stage.
-        encodeRows(args, 0, poolX, H, poolX.shape[0]!, blockM);
-        this.encodeScales(args, 1, poolXScales, H, blockM);
-        encodeRows(args, 2, routed.w1, H, E * 2 * c.intermediate);
-        encodeRows(args, 3, shared.w1, H, sharedExperts * 2 * sharedInter);
-        encodeRows(args, 4, poolH, maxInter, poolH.shape[0]!, blockM);
-        this.encodeScales(args, 5, poolHScales, maxInter, blockM);
-        encodeRows(args, 6, routed.w2, c.intermediate, E * H);
-        encodeRows(args, 7, shared.w2, sharedInter, sharedExperts * H);
+        // Weight boxes are 128 rows (one of the tile's two B boxes); A boxes a tile's rows.
+        encodeFp8RowsMap(args.tensorMap(0), poolX.ptr, H, poolX.shape[0]!, blockM);
+        encodeScaleColumnsMap(args.tensorMap(1), poolXScales.ptr, H, this.rPad, blockM + 4);
+        encodeFp8RowsMap(args.tensorMap(2), routed.w1.ptr, H, E * 2 * c.intermediate, 128);
+        encodeFp8RowsMap(args.tensorMap(3), shared.w1.ptr, H, sharedExperts * 2 * sharedInter, 128);
+        encodeFp8RowsMap(args.tensorMap(4), poolH.ptr, maxInter, poolH.shape[0]!, blockM);
+        encodeScaleColumnsMap(args.tensorMap(5), poolHScales.ptr, maxInter, this.rPad, blockM + 4);
+        encodeFp8RowsMap(args.tensorMap(6), routed.w2.ptr, c.intermediate, E * H, 128);
+        encodeFp8RowsMap(args.tensorMap(7), shared.w2.ptr, sharedInter, sharedExperts * H, 128);
       }
 
       const v = this.operandsView;
@@ -270,23 +248,6 @@ export class FusedMoEKernel {
       this.dispose();
       throw e;
     }
-  }
-
-  /** Transposed scales [width/128, rPad]: boxes of BLOCK_M + 4 rows of one scale column. */
-  private encodeScales(
-    args: KernelArgs,
-    index: number,
-    t: DeviceTensor,
-    width: number,
-    blockM: number,
-  ): void {
-    encodeTensorMapTiled(args.tensorMap(index), {
-      dataType: TensorMapDataType.FLOAT32,
-      globalAddress: t.ptr,
-      globalDims: [this.rPad, width / QUANT_BLOCK],
-      globalStridesBytes: [this.rPad * 4],
-      boxDims: [blockM + 4, 1],
-    });
   }
 
   /** Checks the operands and queues one launch on `stream` (null: the legacy default stream). */

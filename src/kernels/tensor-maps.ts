@@ -1,0 +1,57 @@
+/**
+ * The two TMA descriptor shapes the wgmma kernels read (the grouped GEMM and the fused layer): FP8
+ * operand rows, K-major, in 128-wide boxes with the 128-byte swizzle that wgmma's shared-memory
+ * descriptors expect; and per-128 scales stored transposed ([K/128, rows]), read one scale column at a
+ * time in boxes of a tile's rows.
+ */
+
+import { QUANT_BLOCK } from "../config/config.js";
+import {
+  encodeTensorMapTiled,
+  TensorMapDataType,
+  TensorMapL2Promotion,
+  TensorMapSwizzle,
+} from "../cuda/index.js";
+
+/** Bytes of K per box of FP8 operand rows: one 128-byte swizzle row, the kernels' K block. */
+const OPERAND_BOX_K = 128;
+
+/** FP8 rows [rows, width] at `address`, boxes of OPERAND_BOX_K × `boxRows`. */
+export function encodeFp8RowsMap(
+  map: Uint8Array,
+  address: bigint,
+  width: number,
+  rows: number,
+  boxRows: number,
+): void {
+  encodeTensorMapTiled(map, {
+    dataType: TensorMapDataType.UINT8,
+    globalAddress: address,
+    globalDims: [width, rows],
+    globalStridesBytes: [width],
+    boxDims: [OPERAND_BOX_K, boxRows],
+    swizzle: TensorMapSwizzle.B128,
+    l2Promotion: TensorMapL2Promotion.B256,
+  });
+}
+
+/**
+ * Transposed fp32 scales [width/128, paddedRows] at `address`, boxes of `boxRows` rows of one scale
+ * column. The kernels start a box at the tile's first row rounded down to 4 (a box's inner start must
+ * be 16-byte aligned), so `boxRows` is a tile's rows + 4.
+ */
+export function encodeScaleColumnsMap(
+  map: Uint8Array,
+  address: bigint,
+  width: number,
+  paddedRows: number,
+  boxRows: number,
+): void {
+  encodeTensorMapTiled(map, {
+    dataType: TensorMapDataType.FLOAT32,
+    globalAddress: address,
+    globalDims: [paddedRows, width / QUANT_BLOCK],
+    globalStridesBytes: [paddedRows * 4],
+    boxDims: [boxRows, 1],
+  });
+}
