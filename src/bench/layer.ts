@@ -14,7 +14,14 @@
  * 1193 µs = 4.20 TB/s, 106% of it).
  */
 import { type MoEConfig, QUANT_BLOCK, resolveConfigForTokens, sharedIntermediate } from "../config/config.js";
-import { type Device, DeviceTensor, type ResultRow, type Stream, timeKernel } from "../cuda/index.js";
+import {
+  type Device,
+  DeviceTensor,
+  type ResultRow,
+  type Stream,
+  summarizeSamples,
+  timeKernel,
+} from "../cuda/index.js";
 import { FP8_PEAK_FLOPS, READ_BYTES_PER_S } from "../kernels/gemm/grouped_gemm.js";
 import { FUSED_BLOCK_MS, fusedBlockM } from "../kernels/megamoe/megamoe.variants.js";
 import { FusedPipeline } from "../pipeline/fused.js";
@@ -122,13 +129,40 @@ export interface LayerBenchOptions {
   /** Read-stream ceiling measured in the same process (TB/s), the floor's bandwidth. */
   readTbps: number;
   fp8Tflops?: number;
-  /** Timed runs per case (default 30; at least 20 is what the project reports). */
+  /** Timed runs per case (default DEFAULT_LAYER_ITERS; at least 20 is what the project reports). */
   iters?: number;
   /** Also time CUDA-graph replays of the forward (default true). */
   graph?: boolean;
   /** Also time the fused kernel with every block M forced (rows `fused-m64`, `fused-m128`, graph). */
   configs?: boolean;
+  /**
+   * Interleaving (default 1): the runs of a token count are split into this many rounds, and each round
+   * times every row in turn, so a slow drift (clocks, heat) lands on all of them alike instead of on
+   * whichever was timed last.
+   */
+  rounds?: number;
   onProgress?: (done: number, total: number) => void;
+}
+
+/** Timed runs per row and token count when LayerBenchOptions.iters is not given. */
+export const DEFAULT_LAYER_ITERS = 30;
+
+/** One row's timing at one token count: what runs, how, and the samples of every round. */
+interface Measurement {
+  impl: string;
+  pipeline: MoEPipeline;
+  graph: boolean;
+  run: (s: Stream) => void;
+  /** Warm-up runs before the first round's samples (later rounds: one). */
+  warmup: number;
+  blockM?: number;
+  /** Around each round's runs (a forced block M). */
+  enter?: () => void;
+  leave?: () => void;
+  samples: number[];
+  /** Set when a graph capture or replay failed: the row is left out and its eager row says why. */
+  error?: string;
+  eager?: Measurement;
 }
 
 /** One forward's device operands: x from the activation generator, the routing, an output buffer. */
@@ -198,14 +232,19 @@ function errorLine(e: unknown): string {
  * a failed capture is recorded as `graph_error` on the eager row. The fused pipeline adds a row
  * `fused-kernel`: its kernel alone on rows quantized beforehand, in a graph (launch hidden), the way
  * DeepGEMM's fp8_mega_moe is timed. Weights are generated once on the device for the largest count.
+ * With `rounds` > 1 the rows of a token count are timed in interleaved rounds (see LayerBenchOptions).
  */
 export function benchmarkLayer(device: Device, o: LayerBenchOptions): ResultRow[] {
   if (o.tokens.length === 0) throw new RangeError("benchmarkLayer: no token counts");
   const impls = o.impls ?? LAYER_IMPLS;
   const maxTokens = Math.max(...o.tokens);
   const config = resolveConfigForTokens(o.shape, maxTokens);
-  const iters = o.iters ?? 30;
+  const iters = o.iters ?? DEFAULT_LAYER_ITERS;
   const withGraph = o.graph ?? true;
+  const rounds = o.rounds ?? 1;
+  if (!Number.isInteger(rounds) || rounds < 1 || rounds > iters) {
+    throw new RangeError(`benchmarkLayer: rounds must be an integer in [1, iters = ${iters}], got ${rounds}`);
+  }
   // Made on the device, bit for bit what GeneratedWeights would give (a flash layer is 6.4 GB of FP8).
   const weights = DeviceMoEWeights.generate(device, config, o.seed);
   const rows: ResultRow[] = [];
@@ -247,37 +286,80 @@ export function benchmarkLayer(device: Device, o: LayerBenchOptions): ResultRow[
           bound: f.bound,
           graph,
         });
+        const measurements: Measurement[] = [];
+        const add = (m: Omit<Measurement, "samples">) => {
+          const full = { ...m, samples: [] };
+          measurements.push(full);
+          return full;
+        };
         for (const p of pipelines) {
           const run = (s: Stream) => p.forward({ x, ids, weights: w, out, tokens, shared: o.shared }, s);
           // Eager first: it also compiles and loads every kernel, which capture requires.
-          const eager = row(p.kind, timeKernel(device, run, { warmup: 5, iters }), false);
-          p.checkStatus();
-          rows.push(eager);
-          if (withGraph) {
-            try {
-              rows.push(row(p.kind, timeKernel(device, run, { warmup: 3, iters, graph: true }), true));
-            } catch (e) {
-              eager.graph_error = errorLine(e);
-            }
-          }
+          const eager = add({ impl: p.kind, pipeline: p, graph: false, run, warmup: 5 });
+          if (withGraph) add({ impl: p.kind, pipeline: p, graph: true, run, warmup: 3, eager });
           if (p instanceof FusedPipeline && withGraph) {
             const launch = (s: Stream) => p.launchKernelOnly(ids, w, out, tokens, o.shared, s);
-            const timed = (impl: string, blockM: number) => {
-              const r = row(impl, timeKernel(device, launch, { warmup: 3, iters, graph: true }), true);
-              r.block_m = blockM;
-              rows.push(r);
-            };
-            timed("fused-kernel", fusedBlockM(config, tokens));
+            add({
+              impl: "fused-kernel",
+              pipeline: p,
+              graph: true,
+              run: launch,
+              warmup: 3,
+              eager,
+              blockM: fusedBlockM(config, tokens),
+            });
             for (const blockM of o.configs ? FUSED_BLOCK_MS : []) {
-              p.kernel.blockM = blockM;
-              try {
-                timed(`fused-m${blockM}`, blockM);
-              } finally {
-                p.kernel.blockM = "auto";
-              }
+              add({
+                impl: `fused-m${blockM}`,
+                pipeline: p,
+                graph: true,
+                run: launch,
+                warmup: 3,
+                eager,
+                blockM,
+                enter: () => {
+                  p.kernel.blockM = blockM;
+                },
+                leave: () => {
+                  p.kernel.blockM = "auto";
+                },
+              });
             }
           }
-          p.checkStatus();
+        }
+        const perRound = Math.ceil(iters / rounds);
+        for (let r = 0; r < rounds; r++) {
+          for (const m of measurements) {
+            if (m.error !== undefined) continue;
+            m.enter?.();
+            try {
+              const t = timeKernel(device, m.run, {
+                warmup: r === 0 ? m.warmup : 1,
+                iters: perRound,
+                graph: m.graph,
+              });
+              m.samples.push(...t.samples);
+            } catch (e) {
+              if (!m.graph) throw e;
+              m.error = errorLine(e);
+            } finally {
+              m.leave?.();
+            }
+            m.pipeline.checkStatus();
+          }
+        }
+        const rowOf = new Map<Measurement, ResultRow>();
+        for (const m of measurements) {
+          if (m.error !== undefined) {
+            // A failed capture or replay: its eager row says why (the first such failure of the pipeline).
+            const eagerRow = m.eager && rowOf.get(m.eager);
+            if (eagerRow && eagerRow.graph_error === undefined) eagerRow.graph_error = m.error;
+            continue;
+          }
+          const r = row(m.impl, summarizeSamples(m.samples), m.graph);
+          if (m.blockM !== undefined) r.block_m = m.blockM;
+          rowOf.set(m, r);
+          rows.push(r);
         }
       } finally {
         operands.dispose();

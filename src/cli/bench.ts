@@ -2,7 +2,7 @@
 import path from "node:path";
 import Table from "cli-table3";
 import pc from "picocolors";
-import { benchmarkLayer, DEFAULT_FP8_TFLOPS, type LayerImpl } from "../bench/layer.js";
+import { benchmarkLayer, DEFAULT_FP8_TFLOPS, DEFAULT_LAYER_ITERS, type LayerImpl } from "../bench/layer.js";
 import { matchPeerRow, type PeerResults, readPeerResults } from "../bench/peer.js";
 import { benchmarkDecodeStep, DEFAULT_STEP_LAYERS, STEP_TOKENS } from "../bench/step.js";
 import { resolveConfig } from "../config/config.js";
@@ -41,6 +41,8 @@ export interface BenchOptions {
   hidden: number[];
   format: string;
   iters?: number;
+  /** fused/unfused: interleaved rounds (benchmarkLayer's `rounds`). */
+  rounds?: number;
   fp8Tflops?: number;
   peer?: string;
   plot?: string;
@@ -208,6 +210,13 @@ function validate(opts: BenchOptions): void {
   if (opts.iters !== undefined && opts.iters < 20) {
     throw new Error(`--iters must be at least 20 (medians of fewer runs are noise), got ${opts.iters}`);
   }
+  if (opts.rounds !== undefined) {
+    if (layerImpls(opts.impl) === null) {
+      throw new Error(`--rounds applies to --impl fused, unfused or fused,unfused, not ${opts.impl}`);
+    }
+    const iters = opts.iters ?? DEFAULT_LAYER_ITERS;
+    if (opts.rounds > iters) throw new Error(`--rounds (${opts.rounds}) must not exceed --iters (${iters})`);
+  }
 }
 
 /** The FP8 rate for the floor: --fp8-tflops, else the peer's measurement, else the default. */
@@ -289,6 +298,7 @@ function runCases(
       readTbps: ceilings.readTbps,
       fp8Tflops,
       iters: opts.iters,
+      rounds: opts.rounds,
       graph: opts.graph ?? true,
       configs: opts.configs ?? false,
       onProgress: (d, t) => bar.update(d, t),

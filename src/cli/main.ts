@@ -104,6 +104,11 @@ program
   )
   .option("--iters <n>", "timed runs per case (median; at least 20)", positiveInt("iters"))
   .option(
+    "--rounds <n>",
+    "fused/unfused: split the runs into n rounds that each time every row in turn (drifts then hit all alike)",
+    positiveInt("rounds"),
+  )
+  .option(
     "--fp8-tflops <rate>",
     "FP8 rate for the floor (default: the peer's measurement, else 1500)",
     positiveNumber,

@@ -79,6 +79,12 @@ describe("megamoe CLI", () => {
       [["run", "--backend", "tpu"], /--backend tpu: expected auto, cpu or cuda/],
       [["run", "--shared", "2"], /must be 0 or 1/],
       [["run", "--weights", "/nonexistent/w.safetensors"], /w\.safetensors/],
+      [["bench", "--impl", "quant", "--rounds", "2"], /--rounds applies to --impl fused/],
+      [
+        ["bench", "--impl", "fused", "--iters", "20", "--rounds", "21"],
+        /--rounds \(21\) must not exceed --iters \(20\)/,
+      ],
+      [["bench", "--impl", "fused", "--rounds", "0"], /rounds must be a positive integer/],
     ];
     for (const [args, message] of cases) {
       const r = megamoe(...args);
