@@ -17,7 +17,8 @@
 #   PART=17 the pipeline, gate and norm tests, the fused kernel's SASS, the timeline at three T,
 #           flash-ep8 shared off at six T (with ARCHIVE=1)
 #   PART=18 every GPU test file, the sanitizers, the timeline at four T, the decode step (with ARCHIVE=1)
-#   PART=19 every GPU test file, the sanitizers, the timeline, flash-ep8 shared off at every T (ARCHIVE=1)
+#   PART=19 every GPU test file, the sanitizers, the timeline, flash-ep8 shared off at every T in 4
+#           interleaved rounds (ARCHIVE=1)
 # ARCHIVE=1 returns everything as $OUT/all.tgz (ARCHIVE_TIMEOUT: seconds for the part, default 540).
 # Pass MEGAMOE_COMMIT: the device's copy of the tree has no current git history.
 set -uo pipefail
@@ -143,8 +144,8 @@ case "${PART:-1}" in
   gpu_tests 200 test-gpu-all.txt $(find dist-test/test/gpu -name '*.test.js' | sort)
   PART=5 bash "$0"
   fused_trace 60 1,64,512,8192
-  timeout 150 node dist/cli/main.js bench --impl fused,unfused --shape flash-ep8 --shared 0 --tokens $T --iters 20 \
-    --out "$out/layers-flash-ep8-shared0.json" --plot "$out/layers-flash-ep8-shared0.svg" 2>&1 \
+  timeout 200 node dist/cli/main.js bench --impl fused,unfused --shape flash-ep8 --shared 0 --tokens $T --iters 20 \
+    --rounds 4 --out "$out/layers-flash-ep8-shared0.json" --plot "$out/layers-flash-ep8-shared0.svg" 2>&1 \
     | grep -vE "^[├┌└]" | grep -E "fused|floor" | grep -v eager | cut -c1-120
   ;;
 esac
