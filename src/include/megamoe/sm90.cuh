@@ -242,6 +242,37 @@ __device__ __forceinline__ megamoe::u32x4 load_shared_v4(unsigned address) {
   return v;
 }
 
+__device__ __forceinline__ void store_shared_v2(unsigned address, float x, float y) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(address), "f"(x), "f"(y) : "memory");
+}
+
+// Epilogue staging. A warp's wgmma accumulator fragment covers 16 rows, and a thread's pieces of a row
+// are 4–8 bytes with the quad's other lanes beside them: stored straight to global memory, one
+// instruction touches 8 rows for 32–128 bytes. So the warp writes its fragment into a shared-memory
+// area first (rows kPitch bytes apart, a pitch chosen so that one store instruction's 8 rows fall on
+// different banks) and this copies the rows out in 16-byte pieces, kRowBytes / 16 lanes per row: the
+// first kRowBytes of each of the 16 rows to dst + r·stride, for r < rows_valid. The warp syncs before
+// (the staged bytes are other lanes') and after (the next staging overwrites the area).
+template <int kRowBytes, int kPitch>
+__device__ __forceinline__ void copy_out_staged_rows(unsigned staging, unsigned char* dst, long long stride,
+                                                     int rows_valid, int lane) {
+  static_assert(kRowBytes % 16 == 0 && kRowBytes >= 16 && kRowBytes <= 512, "a staged row is 16-byte pieces");
+  static_assert(kPitch >= kRowBytes && kPitch % 16 == 0, "the pitch holds a row, 16-byte aligned");
+  constexpr int kRows = 16;
+  constexpr int kLanesPerRow = kRowBytes / 16 < 32 ? kRowBytes / 16 : 32;
+  constexpr int kRowsPerPass = 32 / kLanesPerRow;
+  const int piece = lane % kLanesPerRow;
+  __syncwarp();
+#pragma unroll
+  for (int pass = 0; pass < kRows / kRowsPerPass; ++pass) {
+    const int r = pass * kRowsPerPass + lane / kLanesPerRow;
+    if (r < rows_valid) {
+      megamoe::st_v4(dst + r * stride + 16 * piece, load_shared_v4(staging + r * kPitch + 16 * piece));
+    }
+  }
+  __syncwarp();
+}
+
 // Bulk copy of `bytes` (a multiple of 16, both addresses 16-byte aligned) from global to shared memory,
 // completing on the mbarrier at `bar` like a tensor load.
 __device__ __forceinline__ void bulk_load(unsigned dst, const void* src, unsigned bytes, unsigned bar) {

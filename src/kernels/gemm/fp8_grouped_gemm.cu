@@ -157,7 +157,15 @@ constexpr unsigned kOffFull = align_up(kOffSw + 2 * kSwPerTile * 4, 8);
 constexpr unsigned kOffEmpty = kOffFull + 8 * kStages;
 constexpr unsigned kOffGroups = kOffEmpty + 8 * kStages;  // GroupRows[kGroups]
 constexpr unsigned kOffPrefix = kOffGroups + 8 * kGroups;  // int[kGroups + 1]: first tile of each group
-constexpr unsigned kSmemBytes = kOffPrefix + 4 * (kGroups + 1);
+// Epilogue staging (megamoe/sm90.cuh: copy_out_staged_rows), one area per math warp: 16 rows of up to
+// 128 bytes, 144 bytes apart for the bf16 pairs' 4-byte stores and 160 for the fp32 pairs' 8-byte ones
+// (either way the 8 rows of one store instruction fall on different banks).
+constexpr int kMathWarps = kMathThreads / 32;
+constexpr unsigned kStagingRowBytes = 128;
+constexpr unsigned kStagingPitch = kOutBf16 ? 144 : 160;
+constexpr unsigned kStagingWarpBytes = 16 * 160;  // grouped_gemm.ts sizes it for the wider pitch
+constexpr unsigned kOffStaging = align_up(kOffPrefix + 4 * (kGroups + 1), 16);
+constexpr unsigned kSmemBytes = kOffStaging + kMathWarps * kStagingWarpBytes;
 constexpr unsigned kSmemAlign = 1024;  // the 128-byte swizzle pattern repeats every 1024 bytes
 constexpr unsigned kDynamicSmemBytes = kSmemBytes + kSmemAlign;  // + slack to align the base
 static_assert(kATileBytes % 1024 == 0 && kBTileBytes % 1024 == 0, "tiles must keep 1024-byte alignment");
@@ -188,19 +196,6 @@ __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity, int* st
       __threadfence();
     }
   });
-}
-
-// Two adjacent output columns of one row.
-__device__ __forceinline__ void store_pair(void* out, unsigned long long element, float x, float y) {
-  if constexpr (kOutBf16) {
-    unsigned packed;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(packed) : "f"(y), "f"(x));  // first source → high half
-    unsigned short* p = static_cast<unsigned short*>(out) + element;
-    asm volatile("st.global.b32 [%0], %1;" ::"l"(p), "r"(packed) : "memory");
-  } else {
-    float* p = static_cast<float*>(out) + element;
-    asm volatile("st.global.v2.f32 [%0], {%1, %2};" ::"l"(p), "f"(x), "f"(y) : "memory");
-  }
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -348,6 +343,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
   const unsigned b_smem = base + kOffB + wg_col0 * kBlockK;
   const unsigned sa_smem = base + kOffSa + (wg_row0 + frag_row) * 4;
   const unsigned sw_smem = base + kOffSw;  // two buffers of kSwPerTile floats, alternating per tile
+  const unsigned staging = base + kOffStaging + static_cast<unsigned>(math_thread / 32) * kStagingWarpBytes;
 
   // Weight scales of the next tile travel through registers while the current tile runs.
   float sw_prefetch[kSwPerThread];
@@ -447,23 +443,42 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
 
     if (next_tile < total_tiles) store_weight_scales((local_tile + 1) & 1);
 
-    // Epilogue: each thread writes pairs of adjacent columns of rows frag_row and frag_row + 8.
+    // Epilogue: each warp stages its 16 rows (pairs of adjacent columns of rows frag_row and frag_row
+    // + 8 per thread), kRoundCols columns at a time, and copies them out in 16-byte pieces.
+    constexpr int kOutBytes = kOutBf16 ? 2 : 4;
+    constexpr int kRoundCols = kMmaN < static_cast<int>(kStagingRowBytes) / kOutBytes ? kMmaN : kStagingRowBytes / kOutBytes;
+    constexpr int kRounds = kMmaN / kRoundCols;
 #pragma unroll
     for (int w = 0; w < kWavesM; ++w) {
       if (!wave_active[w]) continue;
-      const int row_lo = current.row0 + wg_row0 + w * 64 + frag_row;
-      const int row_hi = row_lo + 8;
-      const bool store_lo = row_lo < current.row_end;
-      const bool store_hi = row_hi < current.row_end;
+      const int warp_row0 = current.row0 + wg_row0 + w * 64 + warp_in_wg * 16;
+      const unsigned staged = staging + static_cast<unsigned>(lane / 4) * kStagingPitch + frag_col * kOutBytes;
 #pragma unroll
       for (int c = 0; c < kChunksN; ++c) {
-        const int col = current.n0 + wg_col0 + c * kMmaN + frag_col;
 #pragma unroll
-        for (int i = 0; i < kAccum / 4; ++i) {
-          const unsigned long long lo = static_cast<unsigned long long>(row_lo) * kShapeN + col + 8 * i;
-          const unsigned long long hi = lo + 8ull * kShapeN;
-          if (store_lo) store_pair(out, lo, promoted[w][c][4 * i + 0], promoted[w][c][4 * i + 1]);
-          if (store_hi) store_pair(out, hi, promoted[w][c][4 * i + 2], promoted[w][c][4 * i + 3]);
+        for (int round = 0; round < kRounds; ++round) {
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+#pragma unroll
+            for (int j = 0; j < kRoundCols / 8; ++j) {
+              const int i = round * (kRoundCols / 8) + j;  // columns 8i + frag_col, + 1 of the chunk
+              const unsigned at = staged + 8 * half * kStagingPitch + 8 * j * kOutBytes;
+              const float x = promoted[w][c][4 * i + 2 * half];
+              const float y = promoted[w][c][4 * i + 2 * half + 1];
+              if constexpr (kOutBf16) {
+                unsigned packed;
+                asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(packed) : "f"(y), "f"(x));  // first source → high half
+                store_shared_u32(at, packed);
+              } else {
+                store_shared_v2(at, x, y);
+              }
+            }
+          }
+          const long long first = static_cast<long long>(warp_row0) * kShapeN + current.n0 + wg_col0 + c * kMmaN +
+                                  round * kRoundCols;
+          copy_out_staged_rows<kRoundCols * kOutBytes, kStagingPitch>(
+              staging, static_cast<unsigned char*>(out) + first * kOutBytes, static_cast<long long>(kShapeN) * kOutBytes,
+              current.row_end - warp_row0, lane);
         }
       }
     }

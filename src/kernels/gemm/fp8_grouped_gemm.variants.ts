@@ -44,6 +44,8 @@ export const GEMM_TILE_NAMES = Object.keys(GEMM_TILES) as GemmTileName[];
 export const GEMM_BLOCK_K = 128;
 /** Largest group count the kernel's shared group table supports. */
 export const GEMM_MAX_GROUPS = 1024;
+/** The epilogue's staging area of each math warp: 16 rows, 160 bytes apart at most. */
+const GEMM_STAGING_WARP_BYTES = 16 * 160;
 export const GEMM_MIN_STAGES = 2;
 export const GEMM_MAX_STAGES = 10;
 
@@ -55,7 +57,8 @@ export function gemmThreads(tile: GemmTile): number {
 /**
  * Dynamic shared memory of one CTA, byte for byte the kernel's layout: per stage an A tile, a B tile and
  * BLOCK_M activation scales (128-aligned); two buffers of the tile's weight scales; full/empty barriers;
- * the group table (8 bytes per group) and tile prefix (4 · (G + 1)); 1024 bytes to align the base.
+ * the group table (8 bytes per group) and tile prefix (4 · (G + 1)); each math warp's epilogue staging
+ * area; 1024 bytes to align the base.
  * The kernel checks %dynamic_smem_size against its own figure and reports a mismatch in its status.
  */
 export function gemmSharedBytes(tile: GemmTile, stages: number, k: number, groups: number): number {
@@ -67,7 +70,8 @@ export function gemmSharedBytes(tile: GemmTile, stages: number, k: number, group
   const offSw = stages * (aTile + bTile + saStride);
   const offFull = alignUp(offSw + 2 * swRows * kBlocks * 4, 8);
   const offGroups = offFull + 16 * stages;
-  const bytes = offGroups + 8 * groups + 4 * (groups + 1);
+  const offStaging = alignUp(offGroups + 8 * groups + 4 * (groups + 1), 16);
+  const bytes = offStaging + 4 * tile.mathWarpgroups * GEMM_STAGING_WARP_BYTES;
   return bytes + 1024;
 }
 

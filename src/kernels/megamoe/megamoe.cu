@@ -490,27 +490,6 @@ __device__ __forceinline__ void tile_mainloop(const MathContext& m, const Task& 
   }
 }
 
-// Copies the warp's staged rows out: the first kRowBytes of each of its 16 rows to dst + r·stride, for
-// the rows r < rows_valid, in 16-byte pieces (kRowBytes / 16 lanes per row). The warp syncs before (the
-// staging stores are other lanes') and after (the next staging overwrites the area).
-template <int kRowBytes>
-__device__ __forceinline__ void flush_staging(unsigned staging, unsigned char* dst, long long stride, int rows_valid,
-                                              int lane) {
-  static_assert(kRowBytes % 16 == 0 && kRowBytes <= static_cast<int>(kStagingRowBytes), "a staged row is 16-byte pieces");
-  constexpr int kLanesPerRow = kRowBytes / 16;
-  constexpr int kRowsPerPass = 32 / kLanesPerRow;
-  const int piece = lane % kLanesPerRow;
-  __syncwarp();
-#pragma unroll
-  for (int pass = 0; pass < static_cast<int>(kStagingRows) / kRowsPerPass; ++pass) {
-    const int r = pass * kRowsPerPass + lane / kLanesPerRow;
-    if (r < rows_valid) {
-      megamoe::st_v4(dst + r * stride + 16 * piece, load_shared_v4(staging + r * kStagingPitch + 16 * piece));
-    }
-  }
-  __syncwarp();
-}
-
 // L1 epilogue: chunk 0 holds gate, chunk 1 up of the same channels. Thread rows: frag_row and + 8,
 // columns 8i + frag_col + {0, 1} of its chunk; the 4 lanes of a quad share a row, so the row's amax is a
 // max over the thread's values and two shuffles, and with BLOCK_M 64 (each warpgroup holds 64 of the
@@ -564,7 +543,7 @@ __device__ __forceinline__ void l1_epilogue(const Operands& op, const MathContex
     }
   }
   const int warp_row0 = task.row0 + S::row_offset(m.warpgroup) + m.warp_row;
-  flush_staging<S::kAcc * 2>(m.staging,
+  copy_out_staged_rows<S::kAcc * 2, kStagingPitch>(m.staging,
                              op.pool_h + static_cast<long long>(warp_row0) * kMaxInter + task.n * kQuant +
                                  S::column(0, m.warpgroup),
                              kMaxInter, task.row_end - warp_row0, m.lane);
@@ -593,8 +572,9 @@ __device__ __forceinline__ void l2_epilogue(const Operands& op, const MathContex
                            megamoe::bf16x2_from_floats(acc[c][4 * i + 2 * half], acc[c][4 * i + 2 * half + 1]));
         }
       }
-      flush_staging<kStagingRowBytes>(m.staging, y_rows + 2 * (S::column(c, m.warpgroup) + 64 * round), 2 * kHidden,
-                                      task.row_end - warp_row0, m.lane);
+      copy_out_staged_rows<kStagingRowBytes, kStagingPitch>(m.staging,
+                                                            y_rows + 2 * (S::column(c, m.warpgroup) + 64 * round),
+                                                            2 * kHidden, task.row_end - warp_row0, m.lane);
     }
   }
 }
