@@ -17,8 +17,8 @@
 #   PART=17 the pipeline, gate and norm tests, the fused kernel's SASS, the timeline at three T,
 #           flash-ep8 shared off at six T (with ARCHIVE=1)
 #   PART=18 every GPU test file, the sanitizers, the timeline at four T, the decode step (with ARCHIVE=1)
-#   PART=19 every GPU test file, the sanitizers, the timeline, flash-ep8 shared off at every T in 4
-#           interleaved rounds (ARCHIVE=1)
+#   PART=19 every GPU test file, racecheck, the grouped GEMM against torch, flash-ep8 shared off at every
+#           T in 4 interleaved rounds, the timeline, memcheck and synccheck (ARCHIVE=1)
 # ARCHIVE=1 returns everything as $OUT/all.tgz (ARCHIVE_TIMEOUT: seconds for the part, default 540).
 # Pass MEGAMOE_COMMIT: the device's copy of the tree has no current git history.
 set -uo pipefail
@@ -140,12 +140,24 @@ case "${PART:-1}" in
   grep -E "forward|epilogueNs|publishNs|mathDone" "$out/trace.txt"
   step_bench
   ;;
-19)  # a session's last call: every GPU test file, the sanitizers, the timeline, flash-ep8 (ARCHIVE=1)
+19)  # a session's last call (ARCHIVE=1): every GPU test file, racecheck, the grouped GEMM against torch,
+     # flash-ep8 shared off at every T in 4 interleaved rounds, the timeline, memcheck and synccheck
   gpu_tests 200 test-gpu-all.txt $(find dist-test/test/gpu -name '*.test.js' | sort)
-  PART=5 bash "$0"
-  fused_trace 60 1,64,512,8192
+  sanitizer() {  # tool
+    MEGAMOE_JIT_LINEINFO=1 timeout 120 compute-sanitizer --tool "$1" --print-limit 20 node dist-test/scripts/gpu-fused-small.js \
+      >"$out/sanitizer-$1.txt" 2>&1
+    echo "$1 rc=$?"; grep -E "ERROR SUMMARY|tiny T=|Error" "$out/sanitizer-$1.txt" | head -8
+  }
+  sanitizer racecheck
+  timeout 90 python3 bench/peers/torch_moe.py --grouped-gemm-only --out "$out/torch-grouped-gemm.json" 2>&1 | tail -3
+  timeout 120 node dist/cli/main.js bench --impl grouped-gemm --peer "$out/torch-grouped-gemm.json" \
+    --out "$out/grouped-gemm.json" 2>&1 | grep -vE "^[├┌└]" | cut -c1-150
   timeout 200 node dist/cli/main.js bench --impl fused,unfused --shape flash-ep8 --shared 0 --tokens $T --iters 20 \
     --rounds 4 --out "$out/layers-flash-ep8-shared0.json" --plot "$out/layers-flash-ep8-shared0.svg" 2>&1 \
     | grep -vE "^[├┌└]" | grep -E "fused|floor" | grep -v eager | cut -c1-120
+  fused_trace 60 1,64,512,8192
+  grep -E "forward|epilogueNs|publishNs|mathDone" "$out/trace.txt"
+  sanitizer memcheck
+  sanitizer synccheck
   ;;
 esac
