@@ -216,6 +216,10 @@ enum Trace : int {
   kTracePlaceSignalNs,  // the fence and the arrival signals
   kTraceL2EpilogueNs,   // thread 0: the part of kTraceEpilogueNs spent in L2 tiles,
   kTracePublishNs,      // and in the fence, barrier and release that publish a tile
+  kTraceL1EndLast,      // thread 0: the end of this CTA's last L1 tile,
+  kTraceL2EndFirst,     // and of its first L2 tile
+  kTraceL2ClaimFirst,   // the producer: its first L2 task claimed,
+  kTraceL2ReadyFirst,   // and that task's rows ready (every L1 tile of the block done)
   kTraceWords = 24,
 };
 
@@ -844,6 +848,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
     int slot = 0;
     unsigned slot_phase = 0;
     bool first = true;
+    bool l2_seen = false;
     for (;;) {
       const int claimed = atomicAdd(ws + kTaskClaim, 1);
       if (first) trace_time(op.trace, kTraceFirstTask);
@@ -896,6 +901,9 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
       const bool l1 = task.kind == kTaskL1;
       const bool shared = task.group == kExperts;
       const int inter = group_inter(task.group);
+      const bool first_l2 = !l1 && !l2_seen;
+      if (first_l2) trace_time(op.trace, kTraceL2ClaimFirst);
+      l2_seen = l2_seen || !l1;
       const TensorMap* map_a = l1 ? &map_pool_x : &map_pool_h;
       const TensorMap* map_sa = l1 ? &map_pool_x_scales : &map_pool_h_scales;
       const TensorMap* map_b = l1 ? (shared ? &map_w1s : &map_w1) : (shared ? &map_w2s : &map_w2);
@@ -928,6 +936,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
                           task.block);
           }
           trace_add(op.trace, kTraceDependencyWaitNs, trace_clock(op.trace) - t_dep);
+          if (first_l2) trace_time(op.trace, kTraceL2ReadyFirst);
           fence_proxy_async_global();
           int s = first_stage;
           for (int k = 0; k < early; ++k) {
@@ -976,6 +985,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
   int slot = 0;
   unsigned slot_phase = 0;
   float acc[2][kAccum];
+  bool l2_done_one = false;  // thread 0's trace: an L2 tile has ended
   for (;;) {
     const unsigned long long t_task = trace_clock(op.trace);
     wait_barrier(task_full_bar + 8 * slot, slot_phase, op.status, kStatusTaskWait, slot);
@@ -1010,6 +1020,9 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
       trace_add(op.trace, kTracePublishNs, t_end - t_publish);
       if (!l1) trace_add(op.trace, kTraceL2EpilogueNs, t_end - t_epilogue);
       trace_add(op.trace, l1 ? kTraceL1Tiles : kTraceL2Tiles, 1);
+      if (l1) trace_time(op.trace, kTraceL1EndLast);
+      else if (!l2_done_one) trace_time(op.trace, kTraceL2EndFirst);
+      l2_done_one = l2_done_one || !l1;
     }
   }
   if (tid == 0) trace_time(op.trace, kTraceMathDone);

@@ -88,8 +88,14 @@ export const FUSED_TRACE_FIELDS = [
   "placeSignalNs",
   "l2EpilogueNs",
   "publishNs",
+  "l1EndLast",
+  "l2EndFirst",
+  "l2ClaimFirst",
+  "l2ReadyFirst",
 ] as const;
-/** Words per CTA of the trace buffer (the kernel's kTraceWords; room beyond the fields). */
+/** Which trace fields are times (globaltimer ns; the rest are sums of waits or counts). */
+const isTraceTime = (field: (typeof FUSED_TRACE_FIELDS)[number]): boolean => !/Ns$|Tiles$/.test(field);
+/** Words per CTA of the trace buffer (the kernel's kTraceWords; at least the fields). */
 export const FUSED_TRACE_WORDS = 24;
 export type FusedTraceRow = Record<(typeof FUSED_TRACE_FIELDS)[number], number>;
 const MAP_COUNT = 8;
@@ -333,7 +339,7 @@ export class FusedMoEKernel {
       const row = {} as FusedTraceRow;
       FUSED_TRACE_FIELDS.forEach((field, i) => {
         const w = Number(words[cta * FUSED_TRACE_WORDS + i]);
-        row[field] = i < 8 ? (w === 0 ? Number.NaN : w - t0) : w;
+        row[field] = isTraceTime(field) ? (w === 0 ? Number.NaN : w - t0) : w;
       });
       rows.push(row);
     }
