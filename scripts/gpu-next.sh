@@ -18,7 +18,8 @@
 #           flash-ep8 shared off at six T (with ARCHIVE=1)
 #   PART=18 every GPU test file, the sanitizers, the timeline at four T, the decode step (with ARCHIVE=1)
 #   PART=19 every GPU test file, racecheck, the grouped GEMM against torch, flash-ep8 shared off at every
-#           T in 4 interleaved rounds, the timeline, memcheck and synccheck (ARCHIVE=1)
+#           T in 4 interleaved rounds, the timeline, memcheck and synccheck (ARCHIVE=1; a smaller call:
+#           SWEEP_T, TRACE_T token lists, SKIP_SANITIZERS=1 leaves out memcheck and synccheck)
 # ARCHIVE=1 returns everything as $OUT/all.tgz (ARCHIVE_TIMEOUT: seconds for the part, default 540).
 # Pass MEGAMOE_COMMIT: the device's copy of the tree has no current git history.
 set -uo pipefail
@@ -152,12 +153,11 @@ case "${PART:-1}" in
   timeout 90 python3 bench/peers/torch_moe.py --grouped-gemm-only --out "$out/torch-grouped-gemm.json" 2>&1 | tail -3
   timeout 120 node dist/cli/main.js bench --impl grouped-gemm --peer "$out/torch-grouped-gemm.json" \
     --out "$out/grouped-gemm.json" 2>&1 | grep -vE "^[├┌└]" | cut -c1-150
-  timeout 200 node dist/cli/main.js bench --impl fused,unfused --shape flash-ep8 --shared 0 --tokens $T --iters 20 \
-    --rounds 4 --out "$out/layers-flash-ep8-shared0.json" --plot "$out/layers-flash-ep8-shared0.svg" 2>&1 \
+  timeout 200 node dist/cli/main.js bench --impl fused,unfused --shape flash-ep8 --shared 0 --tokens "${SWEEP_T:-$T}" \
+    --iters 20 --rounds 4 --out "$out/layers-flash-ep8-shared0.json" --plot "$out/layers-flash-ep8-shared0.svg" 2>&1 \
     | grep -vE "^[├┌└]" | grep -E "fused|floor" | grep -v eager | cut -c1-120
-  fused_trace 60 1,64,512,8192
+  fused_trace 60 "${TRACE_T:-1,64,512,8192}"
   grep -E "forward|epilogueNs|publishNs|mathDone" "$out/trace.txt"
-  sanitizer memcheck
-  sanitizer synccheck
+  [ -n "${SKIP_SANITIZERS:-}" ] || { sanitizer memcheck; sanitizer synccheck; }
   ;;
 esac
