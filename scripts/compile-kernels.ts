@@ -85,7 +85,15 @@ async function variantsFor(source: string): Promise<readonly KernelVariant[]> {
 function parsePtxasReport(log: string): FunctionReport[] {
   const reports: FunctionReport[] = [];
   let current: FunctionReport | undefined;
+  // The function the next "bytes stack frame" line describes: ptxas also reports every non-inlined
+  // callee ("Function properties for <callee>") after the entry, which must not overwrite the entry's.
+  let described: string | undefined;
   for (const line of log.split("\n")) {
+    const properties = /Function properties for (\S+)/.exec(line);
+    if (properties) {
+      described = properties[1];
+      continue;
+    }
     const entry = /Compiling entry function '([^']+)'/.exec(line);
     if (entry) {
       current = {
@@ -101,7 +109,7 @@ function parsePtxasReport(log: string): FunctionReport[] {
     }
     if (current === undefined) continue;
     const frame = /(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads/.exec(line);
-    if (frame) {
+    if (frame && described === current.name) {
       current.stackBytes = Number(frame[1]);
       current.spillStores = Number(frame[2]);
       current.spillLoads = Number(frame[3]);

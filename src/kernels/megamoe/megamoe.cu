@@ -307,6 +307,11 @@ __device__ __forceinline__ void trace_time(unsigned long long* trace, int word) 
   if (trace != nullptr) trace[blockIdx.x * kTraceWords + word] = global_timer_ns();
 }
 
+// The first time only (the word is zeroed before a traced launch): no flag kept in registers.
+__device__ __forceinline__ void trace_time_once(unsigned long long* trace, int word) {
+  if (trace != nullptr && trace[blockIdx.x * kTraceWords + word] == 0ull) trace_time(trace, word);
+}
+
 __device__ __forceinline__ void trace_add(unsigned long long* trace, int word, unsigned long long v) {
   if (trace != nullptr) trace[blockIdx.x * kTraceWords + word] += v;
 }
@@ -848,7 +853,6 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
     int slot = 0;
     unsigned slot_phase = 0;
     bool first = true;
-    bool l2_seen = false;
     for (;;) {
       const int claimed = atomicAdd(ws + kTaskClaim, 1);
       if (first) trace_time(op.trace, kTraceFirstTask);
@@ -901,9 +905,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
       const bool l1 = task.kind == kTaskL1;
       const bool shared = task.group == kExperts;
       const int inter = group_inter(task.group);
-      const bool first_l2 = !l1 && !l2_seen;
-      if (first_l2) trace_time(op.trace, kTraceL2ClaimFirst);
-      l2_seen = l2_seen || !l1;
+      if (!l1) trace_time_once(op.trace, kTraceL2ClaimFirst);
       const TensorMap* map_a = l1 ? &map_pool_x : &map_pool_h;
       const TensorMap* map_sa = l1 ? &map_pool_x_scales : &map_pool_h_scales;
       const TensorMap* map_b = l1 ? (shared ? &map_w1s : &map_w1) : (shared ? &map_w2s : &map_w2);
@@ -936,7 +938,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
                           task.block);
           }
           trace_add(op.trace, kTraceDependencyWaitNs, trace_clock(op.trace) - t_dep);
-          if (first_l2) trace_time(op.trace, kTraceL2ReadyFirst);
+          if (!l1) trace_time_once(op.trace, kTraceL2ReadyFirst);
           fence_proxy_async_global();
           int s = first_stage;
           for (int k = 0; k < early; ++k) {
@@ -985,7 +987,6 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
   int slot = 0;
   unsigned slot_phase = 0;
   float acc[2][kAccum];
-  bool l2_done_one = false;  // thread 0's trace: an L2 tile has ended
   for (;;) {
     const unsigned long long t_task = trace_clock(op.trace);
     wait_barrier(task_full_bar + 8 * slot, slot_phase, op.status, kStatusTaskWait, slot);
@@ -1021,8 +1022,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
       if (!l1) trace_add(op.trace, kTraceL2EpilogueNs, t_end - t_epilogue);
       trace_add(op.trace, l1 ? kTraceL1Tiles : kTraceL2Tiles, 1);
       if (l1) trace_time(op.trace, kTraceL1EndLast);
-      else if (!l2_done_one) trace_time(op.trace, kTraceL2EndFirst);
-      l2_done_one = l2_done_one || !l1;
+      else trace_time_once(op.trace, kTraceL2EndFirst);
     }
   }
   if (tid == 0) trace_time(op.trace, kTraceMathDone);
