@@ -28,6 +28,7 @@ import { FusedPipeline } from "../pipeline/fused.js";
 import { type MoEPipeline, UnfusedPipeline } from "../pipeline/unfused.js";
 import { type Routing, randomRouting } from "../reference/router.js";
 import { DeviceMoEWeights, generateActivationsOnDevice } from "../weights/device.js";
+import { type RoundsMeasurement, timeInRounds } from "./rounds.js";
 
 /** FP8 tensor-core rate assumed for the floor when none is known: the grouped GEMM's, in TFLOP/s. */
 export const DEFAULT_FP8_TFLOPS = FP8_PEAK_FLOPS / 1e12;
@@ -147,21 +148,12 @@ export interface LayerBenchOptions {
 /** Timed runs per row and token count when LayerBenchOptions.iters is not given. */
 export const DEFAULT_LAYER_ITERS = 30;
 
-/** One row's timing at one token count: what runs, how, and the samples of every round. */
-interface Measurement {
+/** One row's timing at one token count (a failed graph row is left out; its eager row says why). */
+interface Measurement extends RoundsMeasurement {
   impl: string;
   pipeline: MoEPipeline;
-  graph: boolean;
   run: (s: Stream) => void;
-  /** Warm-up runs before the first round's samples (later rounds: one). */
-  warmup: number;
   blockM?: number;
-  /** Around each round's runs (a forced block M). */
-  enter?: () => void;
-  leave?: () => void;
-  samples: number[];
-  /** Set when a graph capture or replay failed: the row is left out and its eager row says why. */
-  error?: string;
   eager?: Measurement;
 }
 
@@ -221,10 +213,6 @@ function warmUpClock(device: Device, pipeline: MoEPipeline, config: MoEConfig, t
   }
 }
 
-function errorLine(e: unknown): string {
-  return (e instanceof Error ? e.message : String(e)).split("\n")[0]!;
-}
-
 /**
  * Times the layer's GPU pipelines side by side at every token count (L2 flushed before each run, median
  * of `iters`), same weights and inputs. Per pipeline and token count: one row of eager launches
@@ -242,9 +230,6 @@ export function benchmarkLayer(device: Device, o: LayerBenchOptions): ResultRow[
   const iters = o.iters ?? DEFAULT_LAYER_ITERS;
   const withGraph = o.graph ?? true;
   const rounds = o.rounds ?? 1;
-  if (!Number.isInteger(rounds) || rounds < 1 || rounds > iters) {
-    throw new RangeError(`benchmarkLayer: rounds must be an integer in [1, iters = ${iters}], got ${rounds}`);
-  }
   // Made on the device, bit for bit what GeneratedWeights would give (a flash layer is 6.4 GB of FP8).
   const weights = DeviceMoEWeights.generate(device, config, o.seed);
   const rows: ResultRow[] = [];
@@ -327,27 +312,13 @@ export function benchmarkLayer(device: Device, o: LayerBenchOptions): ResultRow[
             }
           }
         }
-        const perRound = Math.ceil(iters / rounds);
-        for (let r = 0; r < rounds; r++) {
-          for (const m of measurements) {
-            if (m.error !== undefined) continue;
-            m.enter?.();
-            try {
-              const t = timeKernel(device, m.run, {
-                warmup: r === 0 ? m.warmup : 1,
-                iters: perRound,
-                graph: m.graph,
-              });
-              m.samples.push(...t.samples);
-            } catch (e) {
-              if (!m.graph) throw e;
-              m.error = errorLine(e);
-            } finally {
-              m.leave?.();
-            }
-            m.pipeline.checkStatus();
-          }
-        }
+        timeInRounds(
+          measurements,
+          rounds,
+          iters,
+          (m, warmup, runs) => timeKernel(device, m.run, { warmup, iters: runs, graph: m.graph }).samples,
+          (m) => m.pipeline.checkStatus(),
+        );
         const rowOf = new Map<Measurement, ResultRow>();
         for (const m of measurements) {
           if (m.error !== undefined) {
