@@ -20,6 +20,7 @@
 #   PART=19 every GPU test file, racecheck, the grouped GEMM against torch, flash-ep8 shared off at every
 #           T in 4 interleaved rounds, the timeline, memcheck and synccheck (ARCHIVE=1; a smaller call:
 #           SWEEP_T, TRACE_T token lists, SKIP_SANITIZERS=1 leaves out memcheck and synccheck)
+#   PART=20 the pipeline tests, the timeline at T = 1 and 8192, flash-ep8 at three T in 2 rounds (ARCHIVE=1)
 # ARCHIVE=1 returns everything as $OUT/all.tgz (ARCHIVE_TIMEOUT: seconds for the part, default 540).
 # Pass MEGAMOE_COMMIT: the device's copy of the tree has no current git history.
 set -uo pipefail
@@ -159,5 +160,12 @@ case "${PART:-1}" in
   fused_trace 60 "${TRACE_T:-1,64,512,8192}"
   grep -E "forward|epilogueNs|publishNs|mathDone" "$out/trace.txt"
   [ -n "${SKIP_SANITIZERS:-}" ] || { sanitizer memcheck; sanitizer synccheck; }
+  ;;
+20)  # a small check of a version: the pipeline tests, its timeline, a short sweep in rounds (ARCHIVE=1)
+  pipeline_tests 120
+  fused_trace 45 1,8192
+  grep -E "forward|l1EndLast|l2ReadyFirst|l2EndFirst|mathDone" "$out/trace.txt"
+  timeout 90 node dist/cli/main.js bench --impl fused,unfused --shape flash-ep8 --shared 0 --tokens 1,64,4096 --iters 20 \
+    --rounds 2 --no-graph --out "$out/layers-flash-ep8-shared0.json" 2>&1 | grep -vE "^[├┌└]" | grep -E "fused|floor" | cut -c1-120
   ;;
 esac
