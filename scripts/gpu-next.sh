@@ -166,6 +166,6 @@ case "${PART:-1}" in
   fused_trace 45 1,8192
   grep -E "forward|l1EndLast|l2ReadyFirst|l2EndFirst|mathDone" "$out/trace.txt"
   timeout 90 node dist/cli/main.js bench --impl fused,unfused --shape flash-ep8 --shared 0 --tokens 1,64,4096 --iters 20 \
-    --rounds 2 --no-graph --out "$out/layers-flash-ep8-shared0.json" 2>&1 | grep -vE "^[├┌└]" | grep -E "fused|floor" | cut -c1-120
+    --rounds 2 --out "$out/layers-flash-ep8-shared0.json" 2>&1 | grep -vE "^[├┌└]" | grep -E "fused|floor" | cut -c1-120
   ;;
 esac
