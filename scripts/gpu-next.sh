@@ -47,6 +47,12 @@ gpu_tests() {  # seconds report test files...: runs them into $out/<report>, pri
 
 passed() { grep -q "^ℹ fail 0" "$out/$1"; }  # report
 
+sanitizer() {  # tool: compute-sanitizer on a small fused run, into $out/sanitizer-<tool>.txt
+  MEGAMOE_JIT_LINEINFO=1 timeout 180 compute-sanitizer --tool "$1" --print-limit 20 node dist-test/scripts/gpu-fused-small.js \
+    >"$out/sanitizer-$1.txt" 2>&1
+  echo "$1 rc=$?"; grep -E "ERROR SUMMARY|tiny T=|Error" "$out/sanitizer-$1.txt" | head -8
+}
+
 pipeline_tests() { gpu_tests "$1" test-pipelines.txt dist-test/test/gpu/unfused.test.js; }  # seconds
 
 fused_trace() {  # seconds tokens: the fused kernel's per-CTA timeline on flash-ep8, into $out/trace.txt
@@ -77,13 +83,7 @@ case "${PART:-1}" in
 2) sweep flash-ep8 1; sweep flash-ep8 0 ;;
 3) sweep flash 1; sweep flash 0; step_bench ;;
 4) sweep pro 1; sweep pro 0 ;;
-5)
-  for tool in memcheck racecheck synccheck; do
-    MEGAMOE_JIT_LINEINFO=1 timeout 180 compute-sanitizer --tool $tool --print-limit 20 node dist-test/scripts/gpu-fused-small.js \
-      >"$out/sanitizer-$tool.txt" 2>&1
-    echo "$tool rc=$?"; grep -E "ERROR SUMMARY|tiny T=|Error" "$out/sanitizer-$tool.txt" | head -8
-  done
-  ;;
+5) sanitizer memcheck; sanitizer racecheck; sanitizer synccheck ;;
 12)  # the pipeline tests on a new kernel version, then (only if they pass) its timeline and PART=2
   pipeline_tests 200; passed test-pipelines.txt || exit 1
   fused_trace 60 1,64,512,8192
@@ -145,11 +145,6 @@ case "${PART:-1}" in
 19)  # a session's last call (ARCHIVE=1): every GPU test file, racecheck, the grouped GEMM against torch,
      # flash-ep8 shared off at every T in 4 interleaved rounds, the timeline, memcheck and synccheck
   gpu_tests 200 test-gpu-all.txt $(find dist-test/test/gpu -name '*.test.js' | sort)
-  sanitizer() {  # tool
-    MEGAMOE_JIT_LINEINFO=1 timeout 120 compute-sanitizer --tool "$1" --print-limit 20 node dist-test/scripts/gpu-fused-small.js \
-      >"$out/sanitizer-$1.txt" 2>&1
-    echo "$1 rc=$?"; grep -E "ERROR SUMMARY|tiny T=|Error" "$out/sanitizer-$1.txt" | head -8
-  }
   sanitizer racecheck
   timeout 90 python3 bench/peers/torch_moe.py --grouped-gemm-only --out "$out/torch-grouped-gemm.json" 2>&1 | tail -3
   timeout 120 node dist/cli/main.js bench --impl grouped-gemm --peer "$out/torch-grouped-gemm.json" \

@@ -32,6 +32,14 @@ export function aScaleStageBytes(blockM: number): number {
   return alignUp((blockM + 4) * 4, 128);
 }
 
+/**
+ * Shared memory of one math warp's epilogue staging area (megamoe/sm90.cuh: staging_area_bytes): 16
+ * rows, `pitch` bytes apart. Both FP8 GEMM kernels stage their output tiles this way.
+ */
+export function stagingAreaBytes(pitch: number): number {
+  return 16 * pitch;
+}
+
 /** A short label such as `HIDDEN=7168 SCALE_UE8M0=1` for reports and errors. */
 export function describeDefines(defines: KernelDefines): string {
   const names = Object.keys(defines).sort();

@@ -253,13 +253,20 @@ __device__ __forceinline__ void store_shared_v2(unsigned address, float x, float
 // different banks) and this copies the rows out in 16-byte pieces, kRowBytes / 16 lanes per row: the
 // first kRowBytes of each of the 16 rows to dst + r·stride, for r < rows_valid. The warp syncs before
 // (the staged bytes are other lanes') and after (the next staging overwrites the area).
+// A warp's area holds kStagedRows rows of up to kStagedRowBytes, kPitch apart (kernels/variants.ts:
+// stagingAreaBytes mirrors the size).
+constexpr int kStagedRows = 16;
+constexpr int kStagedRowBytes = 128;
+__host__ __device__ constexpr unsigned staging_area_bytes(unsigned pitch) { return kStagedRows * pitch; }
+
 template <int kRowBytes, int kPitch>
 __device__ __forceinline__ void copy_out_staged_rows(unsigned staging, unsigned char* dst, long long stride,
                                                      int rows_valid, int lane) {
-  static_assert(kRowBytes % 16 == 0 && kRowBytes >= 16 && kRowBytes <= 512, "a staged row is 16-byte pieces");
+  static_assert(kRowBytes % 16 == 0 && kRowBytes >= 16 && kRowBytes <= kStagedRowBytes,
+                "a staged row is 16-byte pieces");
   static_assert(kPitch >= kRowBytes && kPitch % 16 == 0, "the pitch holds a row, 16-byte aligned");
-  constexpr int kRows = 16;
-  constexpr int kLanesPerRow = kRowBytes / 16 < 32 ? kRowBytes / 16 : 32;
+  constexpr int kRows = kStagedRows;
+  constexpr int kLanesPerRow = kRowBytes / 16;
   constexpr int kRowsPerPass = 32 / kLanesPerRow;
   const int piece = lane % kLanesPerRow;
   __syncwarp();

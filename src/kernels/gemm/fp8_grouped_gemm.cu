@@ -29,6 +29,7 @@
 //   N (output columns), K, NUM_GROUPS, OUT_BF16 0|1. Diagnosis only: GEMM_SETMAXNREG 0|1 (default 1),
 //   GEMM_WATCHDOG_NS (default 2 s).
 
+#include "megamoe/bf16.cuh"
 #include "megamoe/sm90.cuh"
 
 #ifndef BLOCK_M
@@ -161,9 +162,8 @@ constexpr unsigned kOffPrefix = kOffGroups + 8 * kGroups;  // int[kGroups + 1]: 
 // 128 bytes, 144 bytes apart for the bf16 pairs' 4-byte stores and 160 for the fp32 pairs' 8-byte ones
 // (either way the 8 rows of one store instruction fall on different banks).
 constexpr int kMathWarps = kMathThreads / 32;
-constexpr unsigned kStagingRowBytes = 128;
 constexpr unsigned kStagingPitch = kOutBf16 ? 144 : 160;
-constexpr unsigned kStagingWarpBytes = 16 * 160;  // grouped_gemm.ts sizes it for the wider pitch
+constexpr unsigned kStagingWarpBytes = staging_area_bytes(160);  // the variants size it for the wider pitch
 constexpr unsigned kOffStaging = align_up(kOffPrefix + 4 * (kGroups + 1), 16);
 constexpr unsigned kSmemBytes = kOffStaging + kMathWarps * kStagingWarpBytes;
 constexpr unsigned kSmemAlign = 1024;  // the 128-byte swizzle pattern repeats every 1024 bytes
@@ -446,19 +446,21 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
     // Epilogue: each warp stages its 16 rows (pairs of adjacent columns of rows frag_row and frag_row
     // + 8 per thread), kRoundCols columns at a time, and copies them out in 16-byte pieces.
     constexpr int kOutBytes = kOutBf16 ? 2 : 4;
-    constexpr int kRoundCols = kMmaN < static_cast<int>(kStagingRowBytes) / kOutBytes ? kMmaN : kStagingRowBytes / kOutBytes;
+    constexpr int kRoundCols = kMmaN < kStagedRowBytes / kOutBytes ? kMmaN : kStagedRowBytes / kOutBytes;
     constexpr int kRounds = kMmaN / kRoundCols;
 #pragma unroll
     for (int w = 0; w < kWavesM; ++w) {
       if (!wave_active[w]) continue;
       const int warp_row0 = current.row0 + wg_row0 + w * 64 + warp_in_wg * 16;
       const unsigned staged = staging + static_cast<unsigned>(lane / 4) * kStagingPitch + frag_col * kOutBytes;
+      const int rows_valid = current.row_end - warp_row0;  // of the warp's 16; the others are never copied out
 #pragma unroll
       for (int c = 0; c < kChunksN; ++c) {
 #pragma unroll
         for (int round = 0; round < kRounds; ++round) {
 #pragma unroll
           for (int half = 0; half < 2; ++half) {
+            if (lane / 4 + 8 * half >= rows_valid) continue;
 #pragma unroll
             for (int j = 0; j < kRoundCols / 8; ++j) {
               const int i = round * (kRoundCols / 8) + j;  // columns 8i + frag_col, + 1 of the chunk
@@ -466,9 +468,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
               const float x = promoted[w][c][4 * i + 2 * half];
               const float y = promoted[w][c][4 * i + 2 * half + 1];
               if constexpr (kOutBf16) {
-                unsigned packed;
-                asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(packed) : "f"(y), "f"(x));  // first source → high half
-                store_shared_u32(at, packed);
+                store_shared_u32(at, megamoe::bf16x2_from_floats(x, y));
               } else {
                 store_shared_v2(at, x, y);
               }
@@ -478,7 +478,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
                                   round * kRoundCols;
           copy_out_staged_rows<kRoundCols * kOutBytes, kStagingPitch>(
               staging, static_cast<unsigned char*>(out) + first * kOutBytes, static_cast<long long>(kShapeN) * kOutBytes,
-              current.row_end - warp_row0, lane);
+              rows_valid, lane);
         }
       }
     }

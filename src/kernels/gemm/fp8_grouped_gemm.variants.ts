@@ -11,6 +11,7 @@ import {
   type KernelDefines,
   type KernelVariant,
   SM90_SHARED_OPTIN_BYTES,
+  stagingAreaBytes,
 } from "../variants.js";
 
 /** Names of the tile shapes the launcher may pick (or a benchmark may force). */
@@ -44,8 +45,6 @@ export const GEMM_TILE_NAMES = Object.keys(GEMM_TILES) as GemmTileName[];
 export const GEMM_BLOCK_K = 128;
 /** Largest group count the kernel's shared group table supports. */
 export const GEMM_MAX_GROUPS = 1024;
-/** The epilogue's staging area of each math warp: 16 rows, 160 bytes apart at most. */
-const GEMM_STAGING_WARP_BYTES = 16 * 160;
 export const GEMM_MIN_STAGES = 2;
 export const GEMM_MAX_STAGES = 10;
 
@@ -71,7 +70,8 @@ export function gemmSharedBytes(tile: GemmTile, stages: number, k: number, group
   const offFull = alignUp(offSw + 2 * swRows * kBlocks * 4, 8);
   const offGroups = offFull + 16 * stages;
   const offStaging = alignUp(offGroups + 8 * groups + 4 * (groups + 1), 16);
-  const bytes = offStaging + 4 * tile.mathWarpgroups * GEMM_STAGING_WARP_BYTES;
+  // One staging area per math warp, sized for the wider (fp32) pitch of 160 bytes.
+  const bytes = offStaging + 4 * tile.mathWarpgroups * stagingAreaBytes(160);
   return bytes + 1024;
 }
 

@@ -154,10 +154,8 @@ constexpr unsigned kOffBroadcast = kOffHist + 4 * kGroups;        // int[4]
 // fragment's scattered order, then copies them out in 16-byte pieces, so that a global store covers 4
 // rows × 128 bytes instead of 8 rows × 8 (L1) or 16 (L2) bytes. Rows lie 144 bytes apart: the 8 rows of
 // one fragment store then start 4 banks apart and never conflict.
-constexpr unsigned kStagingRows = 16;
-constexpr unsigned kStagingRowBytes = 128;
-constexpr unsigned kStagingPitch = kStagingRowBytes + 16;
-constexpr unsigned kStagingWarpBytes = kStagingRows * kStagingPitch;
+constexpr unsigned kStagingPitch = kStagedRowBytes + 16;
+constexpr unsigned kStagingWarpBytes = staging_area_bytes(kStagingPitch);
 constexpr unsigned kOffStaging = align_up(kOffBroadcast + 16, 16);
 constexpr unsigned kSmemBytes = kOffStaging + kMathWarps * kStagingWarpBytes;
 constexpr unsigned kSmemAlign = 1024;
@@ -453,7 +451,6 @@ struct MathContext {
   unsigned empty_bar;
   unsigned amax_smem;  // float[2][64]
   unsigned staging;    // this warp's staging area
-  int warp_row;        // this warp's first row within its warpgroup's 64
   int warpgroup;
   int lane;
   int* status;
@@ -538,6 +535,8 @@ __device__ __forceinline__ void l1_epilogue(const Operands& op, const MathContex
   const int staged_row = frag_row & 15;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
+    const int row = row_lo + 8 * half;
+    if (row >= task.row_end) continue;  // never copied out
     const megamoe::GroupScale s = half == 0 ? s_lo : s_hi;
     const unsigned dst = m.staging + static_cast<unsigned>(staged_row + 8 * half) * kStagingPitch + frag_col;
 #pragma unroll
@@ -546,12 +545,11 @@ __device__ __forceinline__ void l1_epilogue(const Operands& op, const MathContex
       const float x1 = megamoe::mul_rn(acc[0][4 * i + 2 * half + 1], s.inv);
       store_shared_u16(dst + 8 * i, megamoe::e4m3x2_from_floats(x0, x1));  // columns 8i + frag_col, + 1
     }
-    const int row = row_lo + 8 * half;
-    if (row < task.row_end && frag_col == 0 && (S::kWide || m.warpgroup == 0)) {
+    if (frag_col == 0 && (S::kWide || m.warpgroup == 0)) {
       megamoe::st_f32(op.pool_h_scales + static_cast<long long>(task.n) * op.r_pad + row, s.scale);
     }
   }
-  const int warp_row0 = task.row0 + S::row_offset(m.warpgroup) + m.warp_row;
+  const int warp_row0 = task.row0 + S::row_offset(m.warpgroup) + (frag_row & ~15);  // the warp's first row
   copy_out_staged_rows<S::kAcc * 2, kStagingPitch>(m.staging,
                              op.pool_h + static_cast<long long>(warp_row0) * kMaxInter + task.n * kQuant +
                                  S::column(0, m.warpgroup),
@@ -564,8 +562,9 @@ __device__ __forceinline__ void l2_epilogue(const Operands& op, const MathContex
                                             const float (&acc)[2][kAccum], int frag_row, int frag_col) {
   using S = Split<false>;
   static_assert(S::kAcc == 64, "an L2 chunk is 128 columns: two rounds of 64");
-  const int warp_row0 = task.row0 + S::row_offset(m.warpgroup) + m.warp_row;
+  const int warp_row0 = task.row0 + S::row_offset(m.warpgroup) + (frag_row & ~15);  // the warp's first row
   const unsigned staged = m.staging + static_cast<unsigned>(frag_row & 15) * kStagingPitch + 2 * frag_col;
+  const int rows_valid = task.row_end - warp_row0;  // of the warp's 16; the others are never copied out
   unsigned char* const y_rows =
       reinterpret_cast<unsigned char*>(op.y + static_cast<long long>(warp_row0) * kHidden + task.n * kBlockN);
 #pragma unroll
@@ -574,6 +573,7 @@ __device__ __forceinline__ void l2_epilogue(const Operands& op, const MathContex
     for (int round = 0; round < 2; ++round) {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
+        if ((frag_row & 15) + 8 * half >= rows_valid) continue;
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
           const int i = 8 * round + j;  // columns 8i + frag_col, + 1 of the chunk
@@ -581,9 +581,9 @@ __device__ __forceinline__ void l2_epilogue(const Operands& op, const MathContex
                            megamoe::bf16x2_from_floats(acc[c][4 * i + 2 * half], acc[c][4 * i + 2 * half + 1]));
         }
       }
-      copy_out_staged_rows<kStagingRowBytes, kStagingPitch>(m.staging,
+      copy_out_staged_rows<kStagedRowBytes, kStagingPitch>(m.staging,
                                                             y_rows + 2 * (S::column(c, m.warpgroup) + 64 * round),
-                                                            2 * kHidden, task.row_end - warp_row0, m.lane);
+                                                            2 * kHidden, rows_valid, m.lane);
     }
   }
 }
@@ -977,7 +977,6 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
                       empty_bar,
                       base + kOffAmax,
                       base + kOffStaging + static_cast<unsigned>(warp) * kStagingWarpBytes,
-                      16 * (warp & 3),
                       warpgroup,
                       lane,
                       op.status,

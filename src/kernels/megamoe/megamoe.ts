@@ -22,6 +22,7 @@ import { aScalesRows } from "../gemm/grouped_gemm.js";
 import { encodeFp8RowsMap, encodeScaleColumnsMap } from "../tensor-maps.js";
 import {
   FUSED_BLOCK_MS,
+  FUSED_BLOCK_N,
   FUSED_COUNTER_WORDS,
   FUSED_THREADS,
   type FusedBlockM,
@@ -99,6 +100,7 @@ const isTraceTime = (field: (typeof FUSED_TRACE_FIELDS)[number]): boolean => !/N
 export const FUSED_TRACE_WORDS = 24;
 export type FusedTraceRow = Record<(typeof FUSED_TRACE_FIELDS)[number], number>;
 const MAP_COUNT = 8;
+const WEIGHT_BOX_ROWS = FUSED_BLOCK_N / 2;
 
 /** One forward's operands on the kernel's device. */
 export interface FusedLaunch {
@@ -219,15 +221,21 @@ export class FusedMoEKernel {
       const sharedExperts = this.hasShared ? 1 : E;
       for (const { args, blockM } of this.specializations) {
         // The row pools' boxes hold one tile's rows (BLOCK_M): a taller box would overrun the stage.
-        // Weight boxes are 128 rows (one of the tile's two B boxes); A boxes a tile's rows.
+        // A weight box is one of a tile's two B boxes; an A box a tile's rows.
         encodeFp8RowsMap(args.tensorMap(0), poolX.ptr, H, poolX.shape[0]!, blockM);
         encodeScaleColumnsMap(args.tensorMap(1), poolXScales.ptr, H, this.rPad, blockM + 4);
-        encodeFp8RowsMap(args.tensorMap(2), routed.w1.ptr, H, E * 2 * c.intermediate, 128);
-        encodeFp8RowsMap(args.tensorMap(3), shared.w1.ptr, H, sharedExperts * 2 * sharedInter, 128);
+        encodeFp8RowsMap(args.tensorMap(2), routed.w1.ptr, H, E * 2 * c.intermediate, WEIGHT_BOX_ROWS);
+        encodeFp8RowsMap(
+          args.tensorMap(3),
+          shared.w1.ptr,
+          H,
+          sharedExperts * 2 * sharedInter,
+          WEIGHT_BOX_ROWS,
+        );
         encodeFp8RowsMap(args.tensorMap(4), poolH.ptr, maxInter, poolH.shape[0]!, blockM);
         encodeScaleColumnsMap(args.tensorMap(5), poolHScales.ptr, maxInter, this.rPad, blockM + 4);
-        encodeFp8RowsMap(args.tensorMap(6), routed.w2.ptr, c.intermediate, E * H, 128);
-        encodeFp8RowsMap(args.tensorMap(7), shared.w2.ptr, sharedInter, sharedExperts * H, 128);
+        encodeFp8RowsMap(args.tensorMap(6), routed.w2.ptr, c.intermediate, E * H, WEIGHT_BOX_ROWS);
+        encodeFp8RowsMap(args.tensorMap(7), shared.w2.ptr, sharedInter, sharedExperts * H, WEIGHT_BOX_ROWS);
       }
 
       const v = this.operandsView;

@@ -17,6 +17,7 @@ import {
   type KernelDefines,
   type KernelVariant,
   SM90_SHARED_OPTIN_BYTES,
+  stagingAreaBytes,
 } from "../variants.js";
 
 /**
@@ -29,9 +30,6 @@ export const FUSED_BLOCK_MS: readonly FusedBlockM[] = [64, 128];
 export const FUSED_BLOCK_N = 256;
 /** Threads per CTA: two math warpgroups and one producer warpgroup. */
 export const FUSED_THREADS = 384;
-/** The epilogues' staging area of each math warp: 16 rows of 128 bytes, 144 bytes apart. */
-const FUSED_MATH_WARPS = 8;
-const FUSED_STAGING_WARP_BYTES = 16 * 144;
 export const FUSED_MIN_STAGES = 2;
 export const FUSED_MAX_STAGES = 8;
 /** Int32 words of the workspace before the per-group and per-block arrays (the kernel's Counter enum). */
@@ -60,7 +58,8 @@ export function fusedSharedBytes(c: MoEConfig, stages: number, blockM: FusedBloc
   const offAmax = offBars + 8 * (2 * stages + 4);
   const offOffsets = offAmax + 2 * 64 * 4;
   const offStaging = alignUp(offOffsets + 4 * (groups + 1) * 2 + 4 * groups + 16, 16);
-  const bytes = offStaging + FUSED_MATH_WARPS * FUSED_STAGING_WARP_BYTES;
+  // One staging area per math warp (all but the producer warpgroup), rows 144 bytes apart.
+  const bytes = offStaging + ((FUSED_THREADS - 128) / 32) * stagingAreaBytes(144);
   return bytes + 1024;
 }
 
