@@ -21,6 +21,7 @@
 #           T in 4 interleaved rounds, the timeline, memcheck and synccheck (ARCHIVE=1; a smaller call:
 #           SWEEP_T, TRACE_T token lists, SKIP_SANITIZERS=1 leaves out memcheck and synccheck)
 #   PART=20 the pipeline tests, the timeline at T = 1 and 8192, flash-ep8 at three T in 2 rounds (ARCHIVE=1)
+#   PART=21 the TMA weight-stream probe (layouts, CTA counts, boxes, ring depths), then PART=20 (ARCHIVE=1)
 # ARCHIVE=1 returns everything as $OUT/all.tgz (ARCHIVE_TIMEOUT: seconds for the part, default 540).
 # Pass MEGAMOE_COMMIT: the device's copy of the tree has no current git history.
 set -uo pipefail
@@ -162,5 +163,9 @@ case "${PART:-1}" in
   grep -E "forward|l1EndLast|l2ReadyFirst|l2EndFirst|mathDone" "$out/trace.txt"
   timeout 90 node dist/cli/main.js bench --impl fused,unfused --shape flash-ep8 --shared 0 --tokens 1,64,4096 --iters 20 \
     --rounds 2 --out "$out/layers-flash-ep8-shared0.json" 2>&1 | grep -vE "^[├┌└]" | grep -E "fused|floor" | cut -c1-120
+  ;;
+21)  # the weight-stream probe (does the weights' layout or the busy SMs' count bound decode?), then PART=20
+  timeout 60 node dist-test/scripts/gpu-weight-stream.js --out "$out/weight-stream.json" 2>&1 | tee "$out/weight-stream.txt"
+  PART=20 bash "$0"
   ;;
 esac

@@ -1,7 +1,10 @@
 // Probes of the machine's ceilings: an empty kernel (launch overhead), a streaming copy (device memory
-// bandwidth, bytes read plus bytes written) and a read stream (bytes read only: the ceiling of a
-// kernel that streams weights).
+// bandwidth, bytes read plus bytes written), a read stream (bytes read only: the ceiling of a kernel
+// that streams weights) and a TMA weight stream (the same bytes the way the layer's producer loads them).
 
+#include "megamoe/sm90.cuh"
+
+using namespace megamoe::sm90;
 
 extern "C" __global__ void probe_empty() {}
 
@@ -51,4 +54,52 @@ extern "C" __global__ void __launch_bounds__(512, 2) probe_read(const int4* __re
     acc ^= static_cast<unsigned int>(v.x ^ v.y ^ v.z ^ v.w);
   }
   if (write_sink != 0) atomicXor(sink + blockIdx.x, acc);  // one word per block: the XOR of its threads
+}
+
+// Weight tiles streamed through a TMA stage ring with no math: how fast the fused kernel's producer could
+// feed its math warps at decode, where each CTA streams one tile of weights (tile_rows rows × k_blocks
+// 128-byte K blocks, box_rows rows per TMA box). The map's layout decides what a box covers:
+// row-major [rows, K] (128 bytes out of each of box_rows rows K bytes apart, the layer's weights today)
+// or K-block-major [K/128][rows][128] (box_rows × 128 contiguous bytes), with box coordinate
+// (kb·128, row) or (0, kb·total_rows + row). Thread 0 loads, thread 32 frees each stage once it lands.
+extern "C" __global__ void __launch_bounds__(64, 1) probe_tma_stream(const __grid_constant__ TensorMap map, int tile_rows,
+                                                                     int box_rows, int total_rows, int k_blocks,
+                                                                     int kblock_major, int stages, int* stalled) {
+  extern __shared__ __align__(1024) unsigned char smem[];
+  const unsigned base = align_up(smem_u32(smem), 1024);
+  const unsigned stage_bytes = static_cast<unsigned>(tile_rows) * 128;
+  const unsigned full_bar = base + stages * stage_bytes;
+  const unsigned empty_bar = full_bar + 8 * stages;
+  const int tid = threadIdx.x;
+  if (tid == 0) {
+    for (int s = 0; s < stages; ++s) {
+      mbar_init(full_bar + 8 * s, 1);
+      mbar_init(empty_bar + 8 * s, 1);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  const auto on_stall = [&] { atomicAdd(stalled, 1); };
+  const int row0 = blockIdx.x * tile_rows;
+  if (tid == 0) {
+    for (int kb = 0; kb < k_blocks; ++kb) {
+      const int s = kb % stages;
+      if (kb >= stages) mbar_wait_bounded(empty_bar + 8 * s, ((kb / stages) - 1) & 1, 1000000000ull, on_stall);
+      mbar_arrive_expect_tx(full_bar + 8 * s, stage_bytes);
+      for (int r = 0; r < tile_rows; r += box_rows) {
+        const unsigned dst = base + s * stage_bytes + r * 128;
+        if (kblock_major != 0) {
+          tma_load_2d(dst, &map, full_bar + 8 * s, 0, kb * total_rows + row0 + r);
+        } else {
+          tma_load_2d(dst, &map, full_bar + 8 * s, kb * 128, row0 + r);
+        }
+      }
+    }
+  } else if (tid == 32) {
+    for (int kb = 0; kb < k_blocks; ++kb) {
+      const int s = kb % stages;
+      mbar_wait_bounded(full_bar + 8 * s, (kb / stages) & 1, 1000000000ull, on_stall);
+      mbar_arrive(empty_bar + 8 * s);
+    }
+  }
 }

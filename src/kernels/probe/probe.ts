@@ -7,10 +7,14 @@
 import {
   compileKernel,
   type Device,
+  encodeTensorMapTiled,
   type Kernel,
   KernelArgs,
   loadKernel,
   perDeviceOnce,
+  TensorMapDataType,
+  TensorMapL2Promotion,
+  TensorMapSwizzle,
   timeKernel,
 } from "../../cuda/index.js";
 
@@ -31,6 +35,7 @@ interface ProbeKernels {
   empty: Kernel;
   copy: Kernel;
   read: Kernel;
+  tmaStream: Kernel;
 }
 
 const probeKernelMemo = perDeviceOnce<ProbeKernels>();
@@ -43,6 +48,7 @@ function probeKernels(device: Device): ProbeKernels {
       empty: loadKernel(device, compiled, "probe_empty"),
       copy: loadKernel(device, compiled, "probe_copy"),
       read: loadKernel(device, compiled, "probe_read"),
+      tmaStream: loadKernel(device, compiled, "probe_tma_stream"),
     };
   });
 }
@@ -102,6 +108,77 @@ export function measureCopyCeiling(device: Device, bytes = 2 ** 31): { tbps: num
   } finally {
     device.free(src);
     device.free(dst);
+  }
+}
+
+/** How weights lie in memory for `measureWeightStream`. */
+export type WeightLayout = "row-major" | "kblock-major";
+
+export interface WeightStreamOptions {
+  /** CTAs, one tile each (the layer at decode: one L1 tile per busy SM). */
+  ctas: number;
+  /** Rows per tile (a stage holds tileRows × 128 bytes). */
+  tileRows: number;
+  /** Rows per TMA box (at most 256). */
+  boxRows: number;
+  /** 128-byte K blocks per tile row (K / 128). */
+  kBlocks: number;
+  layout: WeightLayout;
+  stages: number;
+}
+
+/**
+ * Bytes per second with which `options.ctas` CTAs stream one weight tile each through a TMA stage ring
+ * and no math (`probe_tma_stream`): the rate the layer's producer can reach at decode, for either weight
+ * layout. Timed with the L2 flushed (each tile is read once per run), median of 20 runs.
+ */
+export function measureWeightStream(
+  device: Device,
+  options: WeightStreamOptions,
+): { tbps: number; us: number } {
+  const { ctas, tileRows, boxRows, kBlocks, layout, stages } = options;
+  if (tileRows % boxRows !== 0 || boxRows > 256)
+    throw new RangeError("weight stream: boxRows must divide tileRows and be ≤ 256");
+  const { tmaStream } = probeKernels(device);
+  const rows = ctas * tileRows;
+  const bytes = rows * kBlocks * 128;
+  const shared = stages * tileRows * 128 + 1024 + 16 * stages;
+  tmaStream.setMaxDynamicSharedMemory(shared);
+  const src = device.alloc(bytes);
+  const stalled = device.alloc(4);
+  try {
+    device.memsetD32(src, 0x3c003c00, bytes / 4, device.nullStream);
+    device.memsetD32(stalled, 0, 1, device.nullStream);
+    const args = new KernelArgs(8, { tensorMaps: [0] });
+    const rowMajor = layout === "row-major";
+    encodeTensorMapTiled(args.tensorMap(0), {
+      dataType: TensorMapDataType.UINT8,
+      globalAddress: src,
+      globalDims: rowMajor ? [kBlocks * 128, rows] : [128, rows * kBlocks],
+      globalStridesBytes: [rowMajor ? kBlocks * 128 : 128],
+      boxDims: [128, boxRows],
+      swizzle: TensorMapSwizzle.B128,
+      l2Promotion: TensorMapL2Promotion.B256,
+    });
+    args
+      .i32(1, tileRows)
+      .i32(2, boxRows)
+      .i32(3, rows)
+      .i32(4, kBlocks)
+      .i32(5, rowMajor ? 0 : 1)
+      .i32(6, stages);
+    args.ptr(7, stalled);
+    const t = timeKernel(device, (s) => tmaStream.launch(ctas, 64, shared, s, args), {
+      warmup: 3,
+      iters: 20,
+    });
+    const flag = new Int32Array(1);
+    device.copyDtoH(flag, stalled, 4);
+    if (flag[0] !== 0) throw new Error(`weight stream: ${flag[0]} waits stalled (a wedged ring)`);
+    return { tbps: bytes / (t.usMedian * 1e-6) / 1e12, us: t.usMedian };
+  } finally {
+    device.free(src);
+    device.free(stalled);
   }
 }
 
