@@ -21,6 +21,7 @@
 #           T in 4 interleaved rounds, the timeline, memcheck and synccheck (ARCHIVE=1; a smaller call:
 #           SWEEP_T, TRACE_T token lists, SKIP_SANITIZERS=1 leaves out memcheck and synccheck)
 #   PART=20 the pipeline tests, the timeline at T = 1 and 8192, flash-ep8 at three T in 2 rounds (ARCHIVE=1)
+#   PART=22 Nsight Compute on the fused kernel (T = 1, 64, 4096) and the unfused pipeline's GEMMs (T = 4096)
 #   PART=21 the TMA weight-stream probe (layouts, CTA counts, boxes, ring depths), then PART=20 (ARCHIVE=1)
 # ARCHIVE=1 returns everything as $OUT/all.tgz (ARCHIVE_TIMEOUT: seconds for the part, default 540).
 # Pass MEGAMOE_COMMIT: the device's copy of the tree has no current git history.
@@ -163,6 +164,20 @@ case "${PART:-1}" in
   grep -E "forward|l1EndLast|l2ReadyFirst|l2EndFirst|mathDone" "$out/trace.txt"
   timeout 90 node dist/cli/main.js bench --impl fused,unfused --shape flash-ep8 --shared 0 --tokens 1,64,4096 --iters 20 \
     --rounds 2 --out "$out/layers-flash-ep8-shared0.json" 2>&1 | grep -vE "^[├┌└]" | grep -E "fused|floor" | cut -c1-120
+  ;;
+22)  # Nsight Compute (hardware counters; clocks left alone): one launch per case, text reports in $out
+  for case in "fused 1 megamoe_fused 1" "fused 64 megamoe_fused 1" "fused 4096 megamoe_fused 1" \
+    "unfused 4096 megamoe_fp8_grouped_gemm 2"; do
+    set -- $case
+    timeout 150 ncu --clock-control none -k "$3" --launch-count "$4" --section SpeedOfLight \
+      --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section WarpStateStats \
+      --section SchedulerStats --section LaunchStats --metrics \
+      sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,lts__t_bytes.sum.per_second,dram__bytes_read.sum.per_second \
+      node dist/cli/main.js bench --impl "$1" --shape flash-ep8 --shared 0 --tokens "$2" --iters 20 \
+      >"$out/ncu-$1-T$2.txt" 2>&1
+    echo "ncu $1 T=$2 rc=$?"
+    grep -E "gmma|Duration|Throughput|Busy|lts__t_bytes|dram__bytes|Stall|Issued Warp|No Eligible|Registers" "$out/ncu-$1-T$2.txt" | head -40
+  done
   ;;
 21)  # the weight-stream probe (does the weights' layout or the busy SMs' count bound decode?), then PART=20
   timeout 60 node dist-test/scripts/gpu-weight-stream.js --out "$out/weight-stream.json" 2>&1 | tee "$out/weight-stream.txt"
