@@ -70,15 +70,6 @@ __device__ __forceinline__ void tma_load_2d(unsigned dst, const TensorMap* map, 
       : "memory");
 }
 
-// Asks the L2 cache to fetch one box of a tensor map (nothing lands in shared memory, no barrier): warms
-// the cache for a TMA load that must first wait for something else.
-__device__ __forceinline__ void tma_prefetch_l2_2d(const TensorMap* map, int x, int y) {
-  asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];" ::"l"(
-                   reinterpret_cast<unsigned long long>(map)),
-               "r"(x), "r"(y)
-               : "memory");
-}
-
 __device__ __forceinline__ void prefetch_tensor_map(const TensorMap* map) {
   asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<unsigned long long>(map)) : "memory");
 }

@@ -916,15 +916,6 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
       const int b_row1 = l1 ? b_row0 + inter : b_row0 + kQuant;
       const int early = task.k_blocks < kStages ? task.k_blocks : kStages;
       const int first_stage = stage;
-      // An L2 tile whose rows are still being produced (decode: every L1 tile of the expert runs at
-      // once) gets its weights past the ring's first stages fetched into the L2 cache now, so that the
-      // wait for the rows overlaps the weights' trip from memory instead of preceding it.
-      if (!l1 && load_acquire(l1_done + task.block) < inter / kQuant * kPublishesPerTile) {
-        for (int kb = early; kb < task.k_blocks; ++kb) {
-          tma_prefetch_l2_2d(map_b, kb * kBlockK, b_row0);
-          tma_prefetch_l2_2d(map_b, kb * kBlockK, b_row1);
-        }
-      }
       for (int kb = 0; kb < task.k_blocks; ++kb) {
         const unsigned long long t_empty = trace_clock(op.trace);
         wait_barrier(empty_bar + 8 * stage, phase ^ 1u, op.status, kStatusStageEmptyWait, stage);
