@@ -21,6 +21,8 @@
 #           T in 4 interleaved rounds, the timeline, memcheck and synccheck (ARCHIVE=1; a smaller call:
 #           SWEEP_T, TRACE_T token lists, SKIP_SANITIZERS=1 leaves out memcheck and synccheck)
 #   PART=20 the pipeline tests, the timeline at T = 1 and 8192, flash-ep8 at three T in 2 rounds (ARCHIVE=1)
+#   PART=23 the pipeline tests, the timeline at T = 1 and 64, flash-ep8 at five T in 2 rounds, and the fused
+#           kernel's stall reasons at T = 4096 (Nsight Compute) (ARCHIVE=1)
 #   PART=22 Nsight Compute on the fused kernel (T = 1, 64, 4096) and the unfused pipeline's GEMMs (T = 4096)
 #   PART=21 the TMA weight-stream probe (layouts, CTA counts, boxes, ring depths), then PART=20 (ARCHIVE=1)
 # ARCHIVE=1 returns everything as $OUT/all.tgz (ARCHIVE_TIMEOUT: seconds for the part, default 540).
@@ -178,6 +180,17 @@ case "${PART:-1}" in
     echo "ncu $1 T=$2 rc=$?"
     grep -E "gmma|Duration|Throughput|Busy|lts__t_bytes|dram__bytes|Stall|Issued Warp|No Eligible|Registers" "$out/ncu-$1-T$2.txt" | head -40
   done
+  ;;
+23)  # a version's check (tests, timeline, short sweep in rounds), then where the fused kernel's warps stall
+  pipeline_tests 120
+  fused_trace 45 1,64
+  grep -E "forward|l1EndLast|l2ReadyFirst|l2EndFirst|mathDone|end " "$out/trace.txt"
+  timeout 120 node dist/cli/main.js bench --impl fused,unfused --shape flash-ep8 --shared 0 --tokens 1,8,64,512,4096 \
+    --iters 20 --rounds 2 --out "$out/layers-flash-ep8-shared0.json" 2>&1 | grep -vE "^[├┌└]" | grep -E "graph|floor" | cut -c1-120
+  timeout 150 ncu --clock-control none -k megamoe_fused --launch-count 1 --section WarpStateStats \
+    --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,regex:sm__pipe_tensor.*pct_of_peak_sustained_active" \
+    node dist/cli/main.js bench --impl fused --shape flash-ep8 --shared 0 --tokens 4096 --iters 20 >"$out/ncu-stalls-T4096.txt" 2>&1
+  echo "ncu rc=$?"; grep -E "stalled|tensor" "$out/ncu-stalls-T4096.txt" | sort -k3 -g -r | head -30
   ;;
 21)  # the weight-stream probe (does the weights' layout or the busy SMs' count bound decode?), then PART=20
   timeout 60 node dist-test/scripts/gpu-weight-stream.js --out "$out/weight-stream.json" 2>&1 | tee "$out/weight-stream.txt"
