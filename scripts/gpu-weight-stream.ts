@@ -34,8 +34,12 @@ for (const layout of ["row-major", "kblock-major"] as WeightLayout[]) {
     }
   }
 }
-if (out)
-  writeFileSync(
-    out,
-    `${JSON.stringify({ device: device.describe(), readTbps: read.tbps, rows }, null, 2)}\n`,
-  );
+if (out) {
+  const header = {
+    device: device.describe(),
+    commit: process.env.MEGAMOE_COMMIT ?? "unknown",
+    date: new Date().toISOString(),
+    command: `node dist-test/scripts/gpu-weight-stream.js --out ${out}`,
+  };
+  writeFileSync(out, `${JSON.stringify({ ...header, readTbps: read.tbps, rows }, null, 2)}\n`);
+}
