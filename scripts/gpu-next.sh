@@ -21,6 +21,7 @@
 #           T in 4 interleaved rounds, the timeline, memcheck and synccheck (ARCHIVE=1; a smaller call:
 #           SWEEP_T, TRACE_T token lists, SKIP_SANITIZERS=1 leaves out memcheck and synccheck)
 #   PART=20 the pipeline tests, the timeline at T = 1 and 8192, flash-ep8 at three T in 2 rounds (ARCHIVE=1)
+#   PART=24 the gate, norm and prepared-input tests, the gate's two logits paths timed, the decode step
 #   PART=23 the pipeline tests, the timeline at T = 1 and 64, flash-ep8 at five T in 2 rounds, and the fused
 #           kernel's stall reasons at T = 4096 (Nsight Compute) (ARCHIVE=1)
 #   PART=22 Nsight Compute on the fused kernel (T = 1, 64, 4096) and the unfused pipeline's GEMMs (T = 4096)
@@ -180,6 +181,13 @@ case "${PART:-1}" in
     echo "ncu $1 T=$2 rc=$?"
     grep -E "gmma|Duration|Throughput|Busy|lts__t_bytes|dram__bytes|Stall|Issued Warp|No Eligible|Registers" "$out/ncu-$1-T$2.txt" | head -40
   done
+  ;;
+24)  # the router: its tests (both logits paths), both paths timed alone, the decode step that uses it
+  gpu_tests 240 test-gate-norm-prepared.txt dist-test/test/gpu/gate.test.js dist-test/test/gpu/norm.test.js \
+    dist-test/test/gpu/prepared-input.test.js
+  grep -E "exact.*max weight|fast.*max weight" "$out/test-gate-norm-prepared.txt" | sort -t' ' -k1,1 | head -40
+  timeout 120 node dist-test/scripts/gpu-gate-bench.js --out "$out/gate.json" 2>&1 | tee "$out/gate.txt"
+  step_bench
   ;;
 23)  # a version's check (tests, timeline, short sweep in rounds), then where the fused kernel's warps stall
   pipeline_tests 120

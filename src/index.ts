@@ -19,7 +19,13 @@ export {
   validateConfig,
 } from "./config/config.js";
 export * as cuda from "./cuda/index.js";
-export { reserveGateWorkspace, routeOnDevice } from "./kernels/gate/gate.js";
+export {
+  defaultGateLogits,
+  type GateLogits,
+  type GateOptions,
+  reserveGateWorkspace,
+  routeOnDevice,
+} from "./kernels/gate/gate.js";
 export { groupedGemmFp8, planGroupedGemm } from "./kernels/gemm/grouped_gemm.js";
 export { FusedMoEKernel, FusedMoEKernelError } from "./kernels/megamoe/megamoe.js";
 export { rmsNormOnDevice } from "./kernels/norm/norm.js";

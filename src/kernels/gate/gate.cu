@@ -2,9 +2,17 @@
 // (bias for selection) → group-limited top-k → weights, with the rules of the CPU reference
 // (src/reference/router.ts, docs/numerics.md "The router").
 //
-// Two kernels, launched back to back by gate.ts:
+// Two kernels, launched back to back by gate.ts: one of the two logits kernels, then the select kernel.
 //
-// megamoe_gate_logits (tensor cores). A warp owns a tile of 16 tokens × kExpertsPerWarp experts over one
+// megamoe_gate_logits_exact (fp64 tensor cores, gate.ts's default for small batches). A warp owns a tile
+// of 8 tokens × kExpertsPerWarp experts over one K split. Per 32-channel step lane (g, q) loads channels
+// 8q … 8q+7 of token row g and of expert row g of each 8-expert column block (16 bytes each), and runs
+// eight mma.sync.m8n8k4 f64 per column block, the j-th taking channel 8q + j into k slot q (A and B use
+// the same map). bf16 values and their products are exact in double and the accumulator is double
+// throughout, so a partial is the exact dot product up to a few double ulps: once rounded to fp32 the
+// logit equals the reference's unless the exact sum lies within those ulps of an fp32 rounding boundary.
+//
+// megamoe_gate_logits (bf16 tensor cores, for large batches, where fp64 would cost ~30× the time). A warp owns a tile of 16 tokens × kExpertsPerWarp experts over one
 // K split (a range of 32-channel steps). Per step each lane does one 16-byte load of x for each of its
 // two rows and one of W per 8-expert column block, then two mma.sync.m16n8k16 bf16 per column block.
 // Every mma starts from a zero accumulator, and its fp32 result (an exact sum of 16 exact bf16
@@ -37,7 +45,8 @@ namespace {
 
 constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
-constexpr int kTokensPerTile = 16;
+constexpr int kTokensPerTile = 16;      // megamoe_gate_logits
+constexpr int kExactTokensPerTile = 8;  // megamoe_gate_logits_exact
 constexpr int kExpertsPerWarp = NUM_EXPERTS < 32 ? NUM_EXPERTS : 32;
 constexpr int kColumnBlocks = kExpertsPerWarp / 8;
 constexpr int kExpertBlocks = (NUM_EXPERTS + kExpertsPerWarp - 1) / kExpertsPerWarp;
@@ -65,6 +74,20 @@ __device__ __forceinline__ void mma_bf16_zero(unsigned int a0, unsigned int a1, 
       "{%10, %10, %10, %10};"
       : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "f"(0.0f));
+}
+
+// D += A·B in double: A one value per lane (row lane / 4, k slot lane % 4), B likewise (k slot lane % 4,
+// column lane / 4), D two per lane (row lane / 4, columns 2 · (lane % 4) + {0, 1}).
+__device__ __forceinline__ void mma_f64(double (&d)[2], double a, double b) {
+  asm volatile("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0, %1}, {%2}, {%3}, {%0, %1};"
+               : "+d"(d[0]), "+d"(d[1])
+               : "d"(a), "d"(b));
+}
+
+// bf16 channel 2i + h (h = 0: low half) of a 32-bit word of bf16 pairs, exactly as a double.
+template <int h>
+__device__ __forceinline__ double bf16_half(unsigned int word) {
+  return static_cast<double>(__uint_as_float(h != 0 ? word & 0xFFFF0000u : word << 16));
 }
 
 // The reference's candidate order: higher value first, then the lower index.
@@ -167,7 +190,74 @@ extern "C" __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// partial double [S, T, E] from megamoe_gate_logits; bias fp32 [E] or null; ids int32 [T, topK],
+// Same arguments and partials as megamoe_gate_logits; tiles of kExactTokensPerTile tokens.
+extern "C" __global__ void __launch_bounds__(kThreads)
+    megamoe_gate_logits_exact(const void* __restrict__ x, const void* __restrict__ w, double* __restrict__ partial,
+                              unsigned int tokens, unsigned int hidden, unsigned int splits,
+                              unsigned int steps_per_split) {
+  const unsigned int lane = threadIdx.x & 31u;
+  const unsigned int unit = blockIdx.x * kWarps + (threadIdx.x >> 5);
+  const unsigned int tiles = (tokens + kExactTokensPerTile - 1) / kExactTokensPerTile;
+  if (unit >= kExpertBlocks * tiles * splits) return;  // warp-uniform
+  const unsigned int eb = unit % kExpertBlocks;
+  const unsigned int tile = (unit / kExpertBlocks) % tiles;
+  const unsigned int split = unit / (kExpertBlocks * tiles);
+  const unsigned int steps = hidden / 32u;
+  const unsigned int first = split * steps_per_split;
+  const unsigned int last = min(steps, first + steps_per_split);
+
+  const unsigned int g = lane >> 2;  // token within the tile, and expert within a column block
+  const unsigned int q = lane & 3u;
+  const unsigned int t = tile * kExactTokensPerTile + g;
+  const unsigned char* wb = static_cast<const unsigned char*>(w);
+  // A row past T reads row 0 (always valid) and is never written.
+  const unsigned char* xrow = static_cast<const unsigned char*>(x) +
+                              (static_cast<unsigned long long>(t < tokens ? t : 0u) * hidden + q * 8u) * 2u;
+  const unsigned char* wrow[kColumnBlocks];
+#pragma unroll
+  for (int c = 0; c < kColumnBlocks; ++c) {
+    const unsigned int e = eb * kExpertsPerWarp + c * 8u + g;
+    wrow[c] = wb + (static_cast<unsigned long long>(e) * hidden + q * 8u) * 2u;
+  }
+
+  double acc[kColumnBlocks][2];
+#pragma unroll
+  for (int c = 0; c < kColumnBlocks; ++c) acc[c][0] = acc[c][1] = 0.0;
+
+#pragma unroll 2  // (not unrolled, ptxas keeps 56 registers and spills)
+  for (unsigned int step = first; step < last; ++step) {
+    const unsigned int byte = step * 64u;  // 32 bf16 channels
+    const u32x4 a = ld_v4(xrow + byte);
+    u32x4 b[kColumnBlocks];
+#pragma unroll
+    for (int c = 0; c < kColumnBlocks; ++c) b[c] = ld_v4(wrow[c] + byte);
+    // Channel 8q + j: word j / 2 of the load, half j % 2.
+#define MEGAMOE_GATE_EXACT_WORD(field)                                                                  \
+  {                                                                                                     \
+    const double lo = bf16_half<0>(a.field);                                                            \
+    const double hi = bf16_half<1>(a.field);                                                            \
+    _Pragma("unroll") for (int c = 0; c < kColumnBlocks; ++c) mma_f64(acc[c], lo, bf16_half<0>(b[c].field)); \
+    _Pragma("unroll") for (int c = 0; c < kColumnBlocks; ++c) mma_f64(acc[c], hi, bf16_half<1>(b[c].field)); \
+  }
+    MEGAMOE_GATE_EXACT_WORD(x)
+    MEGAMOE_GATE_EXACT_WORD(y)
+    MEGAMOE_GATE_EXACT_WORD(z)
+    MEGAMOE_GATE_EXACT_WORD(w)
+#undef MEGAMOE_GATE_EXACT_WORD
+  }
+
+  if (t < tokens) {
+#pragma unroll
+    for (int c = 0; c < kColumnBlocks; ++c) {
+      const unsigned int e = eb * kExpertsPerWarp + c * 8u + 2u * q;
+      double* p = partial + (static_cast<unsigned long long>(split) * tokens + t) * NUM_EXPERTS + e;
+      p[0] = acc[c][0];
+      p[1] = acc[c][1];
+    }
+  }
+}
+
+// partial double [S, T, E] from either logits kernel; bias fp32 [E] or null; ids int32 [T, topK],
 // weights fp32 [T, topK]; logits fp32 [T, E] or null. n_group ≥ 1 divides E; 1 ≤ topk_group ≤ n_group;
 // 1 ≤ top_k ≤ 64; scale_bits: the bits of routedScalingFactor as a double.
 extern "C" __global__ void __launch_bounds__(kThreads)

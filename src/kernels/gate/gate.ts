@@ -3,11 +3,13 @@
  * (with the fp32 correction bias [E] when the config has one) → int32 ids [T, k] and fp32 weights [T, k]
  * in caller tensors, and optionally the fp32 logits [T, E].
  *
- * The logits come from tensor cores (mma.sync bf16, every 16-product sum added to a double
- * accumulator); they are within a bound of the CPU reference's (docs/numerics.md, "The router on the
- * GPU"), and everything after the logits follows `scoreLogits` / `selectTopK` bit for bit. Two
- * launches: the logits into a double workspace [S, T, E] (K split S ways when tokens are too few to
- * fill the GPU), then one warp per token for scores, selection and weights.
+ * The logits come from tensor cores in one of two ways (`GateLogits`, docs/numerics.md "The router on
+ * the GPU"): "exact" on the fp64 tensor cores, equal to the CPU reference's fp32 logits but for an
+ * fp32 rounding the two double sums may take differently; "fast" on the bf16 tensor cores (every
+ * 16-product sum added to a double accumulator), within a bound of the reference's. Everything after
+ * the logits follows `scoreLogits` / `selectTopK` bit for bit. Two launches: the logits into a double
+ * workspace [S, T, E] (K split S ways when tokens are too few to fill the GPU), then one warp per
+ * token for scores, selection and weights.
  */
 
 import type { MoEConfig } from "../../config/config.js";
@@ -29,17 +31,41 @@ import { GATE_MAX_EXPERTS, gateDefines } from "./gate.variants.js";
 
 export const GATE_KERNEL_SOURCE = "gate/gate.cu";
 export const GATE_LOGITS_KERNEL = "megamoe_gate_logits";
+export const GATE_LOGITS_EXACT_KERNEL = "megamoe_gate_logits_exact";
 export const GATE_SELECT_KERNEL = "megamoe_gate_select";
 
 // Mirrors of gate.cu's constants.
 const WARPS_PER_BLOCK = 4;
-const TOKENS_PER_TILE = 16;
+const TOKENS_PER_TILE = { fast: 16, exact: 8 } as const;
 const STEP_CHANNELS = 32;
 const MAX_TOP_K = 64;
 /** Warps of logits work per SM the split heuristic aims for (memory latency wants many in flight). */
 const TARGET_WARPS_PER_SM = 16;
 
 const SCORING_CODES = { sigmoid: 0, softmax: 1, sqrtsoftplus: 2 } as const;
+
+/**
+ * How the logits GEMM sums: "exact" (fp64 tensor cores: the reference's logits, and so its weights, to
+ * the last bit but for rare fp32 rounding ties; ~30× the tensor time of "fast", which at decode sizes
+ * is hidden behind reading the gate weight) or "fast" (bf16 tensor cores, within 2^-18 · Σ|x·w|).
+ */
+export type GateLogits = "exact" | "fast";
+
+/**
+ * Multiply-adds T·E·H up to which routing defaults to "exact": 2^28 is ~8 µs at the H200's 67 TFLOP/s
+ * of fp64 tensor math (flash up to 256 tokens, pro up to 97); beyond, "fast".
+ */
+export const GATE_EXACT_MAX_MACS = 2 ** 28;
+
+/** The default way to sum the logits for a batch (see GATE_EXACT_MAX_MACS). */
+export function defaultGateLogits(tokens: number, hidden: number, numExperts: number): GateLogits {
+  return tokens * hidden * numExperts <= GATE_EXACT_MAX_MACS ? "exact" : "fast";
+}
+
+export interface GateOptions {
+  /** How the logits are summed; default `defaultGateLogits`. */
+  logits?: GateLogits;
+}
 
 export interface GateOperands {
   /** bf16 [E, H]. */
@@ -58,11 +84,13 @@ export interface GateOutputs {
 }
 
 export interface GatePlan {
+  /** Which logits kernel runs. */
+  logits: GateLogits;
   /** K splits of the logits GEMM. */
   splits: number;
   /** 32-channel steps per split. */
   stepsPerSplit: number;
-  /** Warps of the logits kernel (one per 16 tokens × expert block × split) and its blocks. */
+  /** Warps of the logits kernel (one per token tile × expert block × split) and its blocks. */
   logitsWarps: number;
   logitsBlocks: number;
   selectBlocks: number;
@@ -79,8 +107,14 @@ function expertsPerWarp(numExperts: number): number {
  * The launch plan: K is split until the logits kernel has about TARGET_WARPS_PER_SM warps per SM (small
  * T), never below one 32-channel step per split; large T runs unsplit.
  */
-export function planGate(tokens: number, hidden: number, numExperts: number, smCount: number): GatePlan {
-  const tiles = Math.ceil(tokens / TOKENS_PER_TILE);
+export function planGate(
+  tokens: number,
+  hidden: number,
+  numExperts: number,
+  smCount: number,
+  logits: GateLogits = defaultGateLogits(tokens, hidden, numExperts),
+): GatePlan {
+  const tiles = Math.ceil(tokens / TOKENS_PER_TILE[logits]);
   const expertBlocks = numExperts / expertsPerWarp(numExperts);
   const steps = hidden / STEP_CHANNELS;
   const wanted = Math.ceil((TARGET_WARPS_PER_SM * smCount) / Math.max(1, tiles * expertBlocks));
@@ -88,6 +122,7 @@ export function planGate(tokens: number, hidden: number, numExperts: number, smC
   const splits = Math.ceil(steps / stepsPerSplit);
   const logitsWarps = tiles * expertBlocks * splits;
   return {
+    logits,
     splits,
     stepsPerSplit,
     logitsWarps,
@@ -101,7 +136,7 @@ export function planGate(tokens: number, hidden: number, numExperts: number, smC
 // Kernels and workspace, memoized per device
 
 interface GateKernels {
-  logits: Kernel;
+  logits: Record<GateLogits, Kernel>;
   select: Kernel;
   logitsArgs: KernelArgs;
   selectArgs: KernelArgs;
@@ -114,7 +149,10 @@ function gateKernelsFor(device: Device, numExperts: number): GateKernels {
   return gateKernels(device, numExperts, () => {
     const compiled = compileKernel({ source: GATE_KERNEL_SOURCE, defines: gateDefines(numExperts) });
     return {
-      logits: loadKernel(device, compiled, GATE_LOGITS_KERNEL),
+      logits: {
+        fast: loadKernel(device, compiled, GATE_LOGITS_KERNEL),
+        exact: loadKernel(device, compiled, GATE_LOGITS_EXACT_KERNEL),
+      },
       select: loadKernel(device, compiled, GATE_SELECT_KERNEL),
       logitsArgs: new KernelArgs(7),
       selectArgs: new KernelArgs(13),
@@ -210,7 +248,8 @@ function doubleBits(v: number): bigint {
  * Queues the router for x (bf16 [T, H]) on `stream` (null: the legacy default stream): writes out.ids,
  * out.weights and, when given, out.logits. T = 0 queues nothing. Inputs must be finite (the GPU cannot
  * throw as the CPU reference does; a non-finite selection score that leaves fewer than k candidates
- * gives id −1 and weight 0 in those slots). The first call for a (device, E) compiles the kernels.
+ * gives id −1 and weight 0 in those slots). `options.logits` picks how the logits are summed. The
+ * first call for a (device, E) compiles the kernels.
  */
 export function routeOnDevice(
   device: Device,
@@ -219,12 +258,16 @@ export function routeOnDevice(
   config: MoEConfig,
   out: GateOutputs,
   stream: Stream | null,
+  options: GateOptions = {},
 ): void {
   const tokens = checkOperands(device, x, gate, config, out);
+  if (options.logits !== undefined && options.logits !== "exact" && options.logits !== "fast") {
+    throw new Error(`${WHERE}: options.logits must be "exact" or "fast", got ${String(options.logits)}`);
+  }
   if (tokens === 0) return;
   const { numExperts: E, hidden: H, topK } = config;
   const r = config.router;
-  const plan = planGate(tokens, H, E, device.smCount);
+  const plan = planGate(tokens, H, E, device.smCount, options.logits);
   const ws = reserveGateWorkspace(device, plan.workspaceBytes);
   const k = gateKernelsFor(device, E);
   k.logitsArgs
@@ -235,7 +278,7 @@ export function routeOnDevice(
     .u32(4, H)
     .u32(5, plan.splits)
     .u32(6, plan.stepsPerSplit);
-  k.logits.launch(plan.logitsBlocks, 32 * WARPS_PER_BLOCK, 0, stream, k.logitsArgs);
+  k.logits[plan.logits].launch(plan.logitsBlocks, 32 * WARPS_PER_BLOCK, 0, stream, k.logitsArgs);
   k.selectArgs
     .ptr(0, ws.ptr)
     .u32(1, plan.splits)
