@@ -52,6 +52,7 @@ constexpr int kColumnBlocks = kExpertsPerWarp / 8;
 constexpr int kExpertBlocks = (NUM_EXPERTS + kExpertsPerWarp - 1) / kExpertsPerWarp;
 constexpr int kPerLane = (NUM_EXPERTS + 31) / 32;  // experts (or groups) per lane in the select kernel
 constexpr int kMaxTopK = 64;
+constexpr int kSplitsInFlight = kPerLane >= 16 ? 1 : 16 / kPerLane;  // ~16 partial loads in flight per lane
 constexpr double kRenormalizeEpsilon = 1e-20;      // RENORMALIZE_EPSILON, a double as on the CPU
 constexpr double kSoftplusThreshold = 20.0;
 
@@ -260,7 +261,8 @@ extern "C" __global__ void __launch_bounds__(kThreads)
 // partial double [S, T, E] from either logits kernel; bias fp32 [E] or null; ids int32 [T, topK],
 // weights fp32 [T, topK]; logits fp32 [T, E] or null. n_group ≥ 1 divides E; 1 ≤ topk_group ≤ n_group;
 // 1 ≤ top_k ≤ 64; scale_bits: the bits of routedScalingFactor as a double.
-extern "C" __global__ void __launch_bounds__(kThreads)
+// One block per SM is enough (T / 4 blocks); the bound lets ptxas keep the partials' loads in flight.
+extern "C" __global__ void __launch_bounds__(kThreads, 1)
     megamoe_gate_select(const double* __restrict__ partial, unsigned int splits, unsigned int tokens,
                         const float* __restrict__ bias, unsigned int scoring, unsigned int n_group,
                         unsigned int topk_group, unsigned int top_k, unsigned int renormalize,
@@ -277,20 +279,38 @@ extern "C" __global__ void __launch_bounds__(kThreads)
   const unsigned int t = blockIdx.x * kWarps + warp;
   if (t >= tokens) return;  // warp-uniform
 
-  // Logits: the splits' partials in order, one rounding to fp32.
+  // Logits: the splits' partials in order, one rounding to fp32. The loads of kSplitsInFlight splits
+  // are issued before their adds (at decode there are ~100 splits, and one dependent load per split
+  // cost tens of µs); the adds keep the split order.
+  double logit_sum[kPerLane];
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) logit_sum[i] = 0.0;
+  for (unsigned int s0 = 0; s0 < splits; s0 += kSplitsInFlight) {
+    double v[kSplitsInFlight][kPerLane];
+#pragma unroll
+    for (int u = 0; u < kSplitsInFlight; ++u) {
+#pragma unroll
+      for (int i = 0; i < kPerLane; ++i) {
+        const unsigned int e = i * 32u + lane;
+        v[u][i] = s0 + u < splits && e < NUM_EXPERTS
+                      ? partial[(static_cast<unsigned long long>(s0 + u) * tokens + t) * NUM_EXPERTS + e]
+                      : 0.0;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kSplitsInFlight; ++u) {
+#pragma unroll
+      for (int i = 0; i < kPerLane; ++i) {
+        if (s0 + u < splits) logit_sum[i] = __dadd_rn(logit_sum[i], v[u][i]);
+      }
+    }
+  }
   float logit[kPerLane];
 #pragma unroll
   for (int i = 0; i < kPerLane; ++i) {
     const unsigned int e = i * 32u + lane;
-    logit[i] = 0.0f;
-    if (e < NUM_EXPERTS) {
-      double sum = 0.0;
-      for (unsigned int s = 0; s < splits; ++s) {
-        sum = __dadd_rn(sum, partial[(static_cast<unsigned long long>(s) * tokens + t) * NUM_EXPERTS + e]);
-      }
-      logit[i] = __double2float_rn(sum);
-      if (logits != nullptr) logits[static_cast<unsigned long long>(t) * NUM_EXPERTS + e] = logit[i];
-    }
+    logit[i] = __double2float_rn(logit_sum[i]);
+    if (e < NUM_EXPERTS && logits != nullptr) logits[static_cast<unsigned long long>(t) * NUM_EXPERTS + e] = logit[i];
   }
 
   // Scores, in double from the fp32 logit, rounded once.
