@@ -22,6 +22,7 @@
 #           SWEEP_T, TRACE_T token lists, SKIP_SANITIZERS=1 leaves out memcheck and synccheck)
 #   PART=20 the pipeline tests, the timeline at T = 1 and 8192, flash-ep8 at three T in 2 rounds (ARCHIVE=1)
 #   PART=24 the gate, norm and prepared-input tests, the gate's two logits paths timed, the decode step
+#   PART=25 PART=24, then the sanitizers (PART=5) (ARCHIVE=1)
 #   PART=23 the pipeline tests, the timeline at T = 1 and 64, flash-ep8 at five T in 2 rounds, and the fused
 #           kernel's stall reasons at T = 4096 (Nsight Compute) (ARCHIVE=1)
 #   PART=22 Nsight Compute on the fused kernel (T = 1, 64, 4096) and the unfused pipeline's GEMMs (T = 4096)
@@ -189,6 +190,7 @@ case "${PART:-1}" in
   timeout 120 node dist-test/scripts/gpu-gate-bench.js --out "$out/gate.json" 2>&1 | tee "$out/gate.txt"
   step_bench
   ;;
+25) PART=24 bash "$0"; PART=5 bash "$0" ;;
 23)  # a version's check (tests, timeline, short sweep in rounds), then where the fused kernel's warps stall
   pipeline_tests 120
   fused_trace 45 1,64

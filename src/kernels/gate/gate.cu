@@ -52,7 +52,7 @@ constexpr int kColumnBlocks = kExpertsPerWarp / 8;
 constexpr int kExpertBlocks = (NUM_EXPERTS + kExpertsPerWarp - 1) / kExpertsPerWarp;
 constexpr int kPerLane = (NUM_EXPERTS + 31) / 32;  // experts (or groups) per lane in the select kernel
 constexpr int kMaxTopK = 64;
-constexpr int kSplitsInFlight = kPerLane >= 16 ? 1 : 16 / kPerLane;  // ~16 partial loads in flight per lane
+constexpr int kSplitsInFlight = kPerLane >= 32 ? 1 : 32 / kPerLane;  // ~32 partial loads in flight per lane
 constexpr double kRenormalizeEpsilon = 1e-20;      // RENORMALIZE_EPSILON, a double as on the CPU
 constexpr double kSoftplusThreshold = 20.0;
 

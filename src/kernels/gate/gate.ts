@@ -41,6 +41,11 @@ const STEP_CHANNELS = 32;
 const MAX_TOP_K = 64;
 /** Warps of logits work per SM the split heuristic aims for (memory latency wants many in flight). */
 const TARGET_WARPS_PER_SM = 16;
+/**
+ * At most this many K splits: the select kernel adds each logit's partials in split order, one thread
+ * per logit, so every split is a load on its path (at 128 splits flash T = 1 spent ~20 µs there).
+ */
+const MAX_SPLITS = 16;
 
 const SCORING_CODES = { sigmoid: 0, softmax: 1, sqrtsoftplus: 2 } as const;
 
@@ -105,7 +110,7 @@ function expertsPerWarp(numExperts: number): number {
 
 /**
  * The launch plan: K is split until the logits kernel has about TARGET_WARPS_PER_SM warps per SM (small
- * T), never below one 32-channel step per split; large T runs unsplit.
+ * T), into at most MAX_SPLITS ranges of at least one 32-channel step; large T runs unsplit.
  */
 export function planGate(
   tokens: number,
@@ -118,7 +123,7 @@ export function planGate(
   const expertBlocks = numExperts / expertsPerWarp(numExperts);
   const steps = hidden / STEP_CHANNELS;
   const wanted = Math.ceil((TARGET_WARPS_PER_SM * smCount) / Math.max(1, tiles * expertBlocks));
-  const stepsPerSplit = Math.ceil(steps / Math.max(1, Math.min(steps, wanted)));
+  const stepsPerSplit = Math.ceil(steps / Math.max(1, Math.min(steps, wanted, MAX_SPLITS)));
   const splits = Math.ceil(steps / stepsPerSplit);
   const logitsWarps = tiles * expertBlocks * splits;
   return {
