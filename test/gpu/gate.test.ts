@@ -432,15 +432,18 @@ describe("MegaGate plan (no GPU needed)", () => {
       for (const tokens of [1, 7, 16, 129, 1000, 8192]) {
         const p = planGate(tokens, c.hidden, c.numExperts, 132);
         const steps = c.hidden / 32;
-        assert.ok(p.splits >= 1 && p.splits <= Math.min(steps, 16));
+        assert.ok(
+          p.splits >= 1 && p.splits <= Math.min(steps, Math.floor(256 / Math.ceil(c.numExperts / 32))),
+        );
         assert.ok((p.splits - 1) * p.stepsPerSplit < steps && p.splits * p.stepsPerSplit >= steps);
         assert.equal(p.workspaceBytes, p.splits * tokens * c.numExperts * 8);
         assert.equal(p.selectBlocks, Math.ceil(tokens / 4));
       }
     }
     assert.equal(planGate(8192, 7168, 384, 132).splits, 1); // enough tiles: no split
-    assert.equal(planGate(1, 7168, 384, 132).splits, 16); // capped: 12 expert blocks × 16 splits of 14 steps
-    assert.equal(planGate(1, 7168, 384, 132).stepsPerSplit, 14);
+    // Capped at 256 / ⌈E/32⌉ select loads per lane: pro at most 21 splits (of 11 of its 224 steps).
+    assert.equal(planGate(1, 7168, 384, 132).splits, 21);
+    assert.equal(planGate(1, 4096, 32, 132).splits, 128); // flash-ep8: one expert block, 128 splits of 1 step
     // Exact tiles hold 8 tokens, fast ones 16: twice the warps for the same batch.
     assert.equal(planGate(8192, 4096, 256, 132, "exact").logitsWarps, 1024 * 8);
     assert.equal(planGate(8192, 4096, 256, 132, "fast").logitsWarps, 512 * 8);

@@ -42,10 +42,12 @@ const MAX_TOP_K = 64;
 /** Warps of logits work per SM the split heuristic aims for (memory latency wants many in flight). */
 const TARGET_WARPS_PER_SM = 16;
 /**
- * At most this many K splits: the select kernel adds each logit's partials in split order, one thread
- * per logit, so every split is a load on its path (at 128 splits flash T = 1 spent ~20 µs there).
+ * Partial loads per select-kernel lane the split heuristic allows: the select kernel adds each logit's
+ * partials in split order, one lane per logit and ⌈E/32⌉ logits per lane, so splits × ⌈E/32⌉ loads lie
+ * on a lane's path, 32 in flight at a time (flash at T = 1 spent ~20 µs there with 128 splits, and
+ * flash-ep8 doubled its time with splits capped at 16: its logits kernel then had too few warps).
  */
-const MAX_SPLITS = 16;
+const MAX_SELECT_LOADS = 256;
 
 const SCORING_CODES = { sigmoid: 0, softmax: 1, sqrtsoftplus: 2 } as const;
 
@@ -110,7 +112,8 @@ function expertsPerWarp(numExperts: number): number {
 
 /**
  * The launch plan: K is split until the logits kernel has about TARGET_WARPS_PER_SM warps per SM (small
- * T), into at most MAX_SPLITS ranges of at least one 32-channel step; large T runs unsplit.
+ * T), into at most MAX_SELECT_LOADS / ⌈E/32⌉ ranges of at least one 32-channel step; large T runs
+ * unsplit.
  */
 export function planGate(
   tokens: number,
@@ -123,7 +126,8 @@ export function planGate(
   const expertBlocks = numExperts / expertsPerWarp(numExperts);
   const steps = hidden / STEP_CHANNELS;
   const wanted = Math.ceil((TARGET_WARPS_PER_SM * smCount) / Math.max(1, tiles * expertBlocks));
-  const stepsPerSplit = Math.ceil(steps / Math.max(1, Math.min(steps, wanted, MAX_SPLITS)));
+  const maxSplits = Math.max(1, Math.floor(MAX_SELECT_LOADS / Math.ceil(numExperts / 32)));
+  const stepsPerSplit = Math.ceil(steps / Math.max(1, Math.min(steps, wanted, maxSplits)));
   const splits = Math.ceil(steps / stepsPerSplit);
   const logitsWarps = tiles * expertBlocks * splits;
   return {
