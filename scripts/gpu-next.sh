@@ -23,6 +23,8 @@
 #   PART=20 the pipeline tests, the timeline at T = 1 and 8192, flash-ep8 at three T in 2 rounds (ARCHIVE=1)
 #   PART=24 the gate, norm and prepared-input tests, the gate's two logits paths timed, the decode step
 #   PART=25 PART=24, then the sanitizers (PART=5) (ARCHIVE=1)
+#   PART=26 the pipeline tests, the timeline at T = 1 and 8192, flash-ep8 shared off at six T in 2 rounds,
+#           the gate timed (ARCHIVE=1)
 #   PART=23 the pipeline tests, the timeline at T = 1 and 64, flash-ep8 at five T in 2 rounds, and the fused
 #           kernel's stall reasons at T = 4096 (Nsight Compute) (ARCHIVE=1)
 #   PART=22 Nsight Compute on the fused kernel (T = 1, 64, 4096) and the unfused pipeline's GEMMs (T = 4096)
@@ -191,6 +193,14 @@ case "${PART:-1}" in
   step_bench
   ;;
 25) PART=24 bash "$0"; PART=5 bash "$0" ;;
+26)  # a version's check over the whole T range, and the router's time
+  pipeline_tests 120
+  fused_trace 45 1,8192
+  grep -E "forward|placed|firstTask|l1EndLast|mathDone|end " "$out/trace.txt"
+  timeout 150 node dist/cli/main.js bench --impl fused,unfused --shape flash-ep8 --shared 0 --tokens 1,8,64,512,4096,8192 \
+    --iters 20 --rounds 2 --out "$out/layers-flash-ep8-shared0.json" 2>&1 | grep -vE "^[├┌└]" | grep -E "graph|floor" | cut -c1-120
+  timeout 120 node dist-test/scripts/gpu-gate-bench.js --out "$out/gate.json" 2>&1 | tee "$out/gate.txt"
+  ;;
 23)  # a version's check (tests, timeline, short sweep in rounds), then where the fused kernel's warps stall
   pipeline_tests 120
   fused_trace 45 1,64

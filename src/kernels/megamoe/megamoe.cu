@@ -779,9 +779,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
     const int t0 = chunk * place_tokens;
     const int items = (min(op.tokens, t0 + place_tokens) - t0) * (kTopK + 1);
     // Each warp takes a run of up to 32 items (token, slot); the slot kTopK is the shared expert's row.
-    // Lane j claims item j's pool row (one atomic round trip for the run), the warp copies the claimed
-    // rows kPlaceRowsInFlight at a time (their loads issued together), and lane j signals item j's
-    // arrival after the copies.
+    // Lane j claims item j's pool row (one atomic round trip for the run), the warp copies each token's
+    // row to its claimed pool rows, and lane j signals item j's arrival after the copies.
     constexpr int kWarps = kThreads / 32;
     const int run = min(32, (items + kWarps - 1) / kWarps);
     for (int r0 = warp * run; r0 < items; r0 += kWarps * run) {
@@ -808,19 +807,25 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
       unsigned pending = __ballot_sync(0xffffffffu, row >= 0);  // the run's claimed rows, in lane order
       const unsigned long long t_copy = trace_clock(op.trace);
       if (tid == 0) trace_add(op.trace, kTracePlaceClaimNs, t_copy - t_claim);
+      // A token's items are consecutive lanes: its row is loaded once and stored to each of its claimed
+      // pool rows (up to kTopK + 1), kPlaceRowsInFlight tokens' loads issued together.
+      const int lane_token = (r0 + lane) / (kTopK + 1);
       while (pending != 0) {
-        int lanes[kPlaceRowsInFlight];
+        unsigned targets[kPlaceRowsInFlight];
         RowPieces pieces[kPlaceRowsInFlight];
 #pragma unroll
         for (int q = 0; q < kPlaceRowsInFlight; ++q) {
-          lanes[q] = pending != 0 ? __ffs(pending) - 1 : -1;
-          pending &= pending - 1;
-          if (lanes[q] >= 0) load_token_row(op, t0 + (r0 + lanes[q]) / (kTopK + 1), lane, pieces[q]);
+          const int first = pending != 0 ? __ffs(pending) - 1 : 0;
+          const int token = __shfl_sync(0xffffffffu, lane_token, first);
+          targets[q] = pending != 0 ? __ballot_sync(0xffffffffu, lane_token == token) & pending : 0u;
+          pending &= ~targets[q];
+          if (targets[q] != 0) load_token_row(op, t0 + token, lane, pieces[q]);
         }
 #pragma unroll
         for (int q = 0; q < kPlaceRowsInFlight; ++q) {
-          const int dst_row = __shfl_sync(0xffffffffu, row, lanes[q] & 31);
-          if (lanes[q] >= 0) store_pool_row(op, dst_row, lane, pieces[q]);
+          for (unsigned left = targets[q]; left != 0; left &= left - 1) {
+            store_pool_row(op, __shfl_sync(0xffffffffu, row, __ffs(left) - 1), lane, pieces[q]);
+          }
         }
       }
       const unsigned long long t_signal = trace_clock(op.trace);
