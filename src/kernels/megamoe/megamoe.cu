@@ -142,13 +142,7 @@ constexpr unsigned kOffB = kOffA + kStages * kATileBytes;
 constexpr unsigned kOffSa = kOffB + kStages * kBTileBytes;
 // Task slots: the Task (32 bytes) and the tile's two weight-scale rows of up to kMaxKBlocks floats.
 constexpr unsigned kTaskSlotBytes = align_up(32 + 2 * kMaxKBlocks * 4, 16);
-// Weight-scale rows fetched by bulk copy need 16-byte sizes and starts: every row length (H/128, I/128,
-// the shared expert's I/128) a multiple of 4 floats (flash and pro; the small test shapes load them
-// one by one). The launcher checks the scale tensors' 16-byte alignment.
-constexpr bool kBulkWeightScales = kHiddenBlocks % 4 == 0 && (kInter / kQuant) % 4 == 0 &&
-                                   (kSharedInter == 0 || (kSharedInter / kQuant) % 4 == 0);
 constexpr unsigned kOffTasks = kOffSa + kStages * kSaStride;
-static_assert(kOffTasks % 16 == 0 && kTaskSlotBytes % 16 == 0, "bulk copies into task slots need 16-byte alignment");
 constexpr unsigned kOffBars = align_up(kOffTasks + 2 * kTaskSlotBytes, 8);
 constexpr unsigned kBarCount = 2 * kStages + 4;  // full[S], empty[S], task_full[2], task_empty[2]
 constexpr unsigned kOffAmax = kOffBars + 8 * kBarCount;         // float[2][64]: row amax per warpgroup
@@ -892,21 +886,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
         task.k_blocks = task.kind == kTaskL1 ? kHiddenBlocks : group_inter(task.group) / kQuant;
       }
       *reinterpret_cast<Task*>(smem + kOffTasks + slot * kTaskSlotBytes) = task;
-      // The tile's two weight-scale rows go into the slot, so the math warpgroups start the tile without
-      // a global load.
-      const unsigned slot_bar = task_full_bar + 8 * slot;
-      if (task.kind == kTaskNone) {
-        mbar_arrive(slot_bar);
-      } else if constexpr (kBulkWeightScales) {
-        // Two bulk copies that land on the slot's barrier: the producer goes on to the tile's first
-        // loads instead of waiting out 2 · k_blocks scalar loads (several µs from DRAM).
-        const float* rows = weight_scale_rows(op, task);
-        const unsigned bytes = static_cast<unsigned>(task.k_blocks) * 4;
-        const unsigned sw = base + kOffTasks + slot * kTaskSlotBytes + 32;
-        mbar_arrive_expect_tx(slot_bar, 2 * bytes);
-        bulk_load(sw, rows, bytes, slot_bar);
-        bulk_load(sw + kMaxKBlocks * 4, rows + task_weight_scale_stride(task), bytes, slot_bar);
-      } else {
+      if (task.kind != kTaskNone) {
+        // The tile's two weight-scale rows, so the math warpgroups start the tile without a global load.
         float* sw = reinterpret_cast<float*>(smem + kOffTasks + slot * kTaskSlotBytes + 32);
         const float* rows = weight_scale_rows(op, task);
         const int stride = task_weight_scale_stride(task);
@@ -915,8 +896,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
           sw[kb] = load_scale(rows + kb);
           sw[kMaxKBlocks + kb] = load_scale(rows + stride + kb);
         }
-        mbar_arrive(slot_bar);
       }
+      mbar_arrive(task_full_bar + 8 * slot);
       if (++slot == 2) {
         slot = 0;
         slot_phase ^= 1u;
