@@ -23,6 +23,7 @@
 #   PART=20 the pipeline tests, the timeline at T = 1 and 8192, flash-ep8 at three T in 2 rounds (ARCHIVE=1)
 #   PART=24 the gate, norm and prepared-input tests, the gate's two logits paths timed, the decode step
 #   PART=25 PART=24, then the sanitizers (PART=5) (ARCHIVE=1)
+#   PART=29 the pipeline tests (240 s), the timeline at T = 1 and 8192, flash-ep8 and flash at a few T in 2 rounds
 #   PART=28 the flash sweep, shared off, every T, with the torch peer (ARCHIVE=1)
 #   PART=27 the pipeline tests (240 s), then the flash-ep8 sweep, shared off, every T, with the torch peer
 #   PART=26 the pipeline tests, the timeline at T = 1 and 8192, flash-ep8 shared off at six T in 2 rounds,
@@ -197,6 +198,16 @@ case "${PART:-1}" in
 25) PART=24 bash "$0"; PART=5 bash "$0" ;;
 27) pipeline_tests 240; sweep flash-ep8 0 ;;
 28) sweep flash 0 ;;
+29)  # a version's check: tests, timeline, both flash shapes at the T that moved
+  pipeline_tests 240
+  fused_trace 45 1,8192
+  grep -E "forward|placed|firstTask|l1EndLast|mathDone|end " "$out/trace.txt"
+  for shape in flash-ep8 flash; do
+    tokens=1,8,64,512,4096; [ "$shape" = flash ] && tokens=1,128,256,2048
+    timeout 150 node dist/cli/main.js bench --impl fused,unfused --shape $shape --shared 0 --tokens $tokens \
+      --iters 20 --rounds 2 --out "$out/layers-$shape-shared0.json" 2>&1 | grep -vE "^[├┌└]" | grep -E "graph|floor" | cut -c1-120
+  done
+  ;;
 26)  # a version's check over the whole T range, and the router's time
   pipeline_tests 120
   fused_trace 45 1,8192
