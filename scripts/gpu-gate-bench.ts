@@ -57,12 +57,12 @@ for (const shape of ["flash-ep8", "flash", "pro"]) {
         tokens,
         logits,
         us: t.usMedian,
-        default: defaultGateLogits(tokens, H, E) === logits,
+        default: defaultGateLogits(tokens, H, E, c.router.scoring) === logits,
       });
       line.push(`${logits} ${t.usMedian.toFixed(1).padStart(7)} µs`);
     }
     console.log(
-      `${shape.padEnd(10)} T=${String(tokens).padStart(5)}: ${line.join("  ")}  (default ${defaultGateLogits(tokens, H, E)})`,
+      `${shape.padEnd(10)} T=${String(tokens).padStart(5)}: ${line.join("  ")}  (default ${defaultGateLogits(tokens, H, E, c.router.scoring)})`,
     );
     for (const t of [x, ids, weights]) t.dispose();
   }

@@ -449,11 +449,13 @@ describe("MegaGate plan (no GPU needed)", () => {
     assert.equal(planGate(8192, 4096, 256, 132, "fast").logitsWarps, 512 * 8);
   });
 
-  test("the default logits path: exact up to 2^28 multiply-adds, fast beyond", () => {
+  test("the default logits path: exact up to 2^28 multiply-adds or for softmax, fast beyond", () => {
     assert.equal(defaultGateLogits(256, 4096, 256), "exact"); // flash decode: T ≤ 256
     assert.equal(defaultGateLogits(257, 4096, 256), "fast");
     assert.equal(defaultGateLogits(97, 7168, 384), "exact"); // pro: T ≤ 97
     assert.equal(defaultGateLogits(98, 7168, 384), "fast");
+    assert.equal(defaultGateLogits(8192, 7168, 384, "softmax"), "exact"); // softmax: always exact
+    assert.equal(defaultGateLogits(8192, 7168, 384, "sigmoid"), "fast");
     assert.equal(planGate(8, 4096, 256, 132).logits, "exact");
     assert.equal(planGate(8192, 4096, 256, 132).logits, "fast");
   });

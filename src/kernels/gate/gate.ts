@@ -53,19 +53,30 @@ const SCORING_CODES = { sigmoid: 0, softmax: 1, sqrtsoftplus: 2 } as const;
 
 /**
  * How the logits GEMM sums: "exact" (fp64 tensor cores: the reference's logits, and so its weights, to
- * the last bit but for rare fp32 rounding ties; ~30× the tensor time of "fast", which at decode sizes
- * is hidden behind reading the gate weight) or "fast" (bf16 tensor cores, within 2^-18 · Σ|x·w|).
+ * the last bit but for rare fp32 rounding ties) or "fast" (bf16 tensor cores, within 2^-18 · Σ|x·w|).
+ * On the H200 the two take about the same time at decode sizes and "exact" 1.2–1.5× as long from
+ * T = 1024 up (bench/NOTES.md).
  */
 export type GateLogits = "exact" | "fast";
 
 /**
- * Multiply-adds T·E·H up to which routing defaults to "exact": 2^28 is ~8 µs at the H200's 67 TFLOP/s
- * of fp64 tensor math (flash up to 256 tokens, pro up to 97); beyond, "fast".
+ * Multiply-adds T·E·H up to which routing defaults to "exact" (flash up to 256 tokens, pro up to 97):
+ * 2^28 is ~8 µs at the H200's rated 67 TFLOP/s of fp64 tensor math.
  */
 export const GATE_EXACT_MAX_MACS = 2 ** 28;
 
-/** The default way to sum the logits for a batch (see GATE_EXACT_MAX_MACS). */
-export function defaultGateLogits(tokens: number, hidden: number, numExperts: number): GateLogits {
+/**
+ * The default way to sum the logits: "exact" for softmax scoring at any size (a softmax weight follows
+ * the difference of two logits, and "fast" moved it by up to 2·10^-6) and for batches up to
+ * GATE_EXACT_MAX_MACS; "fast" for larger sigmoid and sqrt-softplus batches (weights within ~2·10^-7).
+ */
+export function defaultGateLogits(
+  tokens: number,
+  hidden: number,
+  numExperts: number,
+  scoring?: MoEConfig["router"]["scoring"],
+): GateLogits {
+  if (scoring === "softmax") return "exact";
   return tokens * hidden * numExperts <= GATE_EXACT_MAX_MACS ? "exact" : "fast";
 }
 
@@ -276,7 +287,13 @@ export function routeOnDevice(
   if (tokens === 0) return;
   const { numExperts: E, hidden: H, topK } = config;
   const r = config.router;
-  const plan = planGate(tokens, H, E, device.smCount, options.logits);
+  const plan = planGate(
+    tokens,
+    H,
+    E,
+    device.smCount,
+    options.logits ?? defaultGateLogits(tokens, H, E, r.scoring),
+  );
   const ws = reserveGateWorkspace(device, plan.workspaceBytes);
   const k = gateKernelsFor(device, E);
   k.logitsArgs
