@@ -111,38 +111,25 @@ __device__ __forceinline__ void warp_best(float& v, int& i, float& payload) {
   }
 }
 
-// A logits warp's share: expert block, token tile and K split (32-channel steps [first, last)). Warp u
-// handles expert block u % EB, token tile (u / EB) % TT and split u / (EB · TT); false past the last.
-struct LogitsUnit {
-  unsigned int eb, tile, first, last, split;
-};
-
-template <int kTileTokens>
-__device__ __forceinline__ bool logits_unit(unsigned int tokens, unsigned int hidden, unsigned int splits,
-                                            unsigned int steps_per_split, LogitsUnit& u) {
-  const unsigned int unit = blockIdx.x * kWarps + (threadIdx.x >> 5);
-  const unsigned int tiles = (tokens + kTileTokens - 1) / kTileTokens;
-  if (unit >= kExpertBlocks * tiles * splits) return false;
-  u.eb = unit % kExpertBlocks;
-  u.tile = (unit / kExpertBlocks) % tiles;
-  u.split = unit / (kExpertBlocks * tiles);
-  u.first = u.split * steps_per_split;
-  u.last = min(hidden / 32u, u.first + steps_per_split);
-  return true;
-}
-
 }  // namespace
 
 // x bf16 [T, H], w bf16 [E, H], partial double [S, T, E]; `steps_per_split` 32-channel steps per split
-// (the last split takes the rest); one warp per LogitsUnit.
+// (the last split takes the rest). Warp u handles expert block u % EB, token tile (u / EB) % TT and
+// split u / (EB · TT).
 extern "C" __global__ void __launch_bounds__(kThreads)
     megamoe_gate_logits(const void* __restrict__ x, const void* __restrict__ w, double* __restrict__ partial,
                         unsigned int tokens, unsigned int hidden, unsigned int splits,
                         unsigned int steps_per_split) {
   const unsigned int lane = threadIdx.x & 31u;
-  LogitsUnit u;
-  if (!logits_unit<kTokensPerTile>(tokens, hidden, splits, steps_per_split, u)) return;  // warp-uniform
-  const unsigned int eb = u.eb, tile = u.tile, split = u.split, first = u.first, last = u.last;
+  const unsigned int unit = blockIdx.x * kWarps + (threadIdx.x >> 5);
+  const unsigned int tiles = (tokens + kTokensPerTile - 1) / kTokensPerTile;
+  if (unit >= kExpertBlocks * tiles * splits) return;  // warp-uniform
+  const unsigned int eb = unit % kExpertBlocks;
+  const unsigned int tile = (unit / kExpertBlocks) % tiles;
+  const unsigned int split = unit / (kExpertBlocks * tiles);
+  const unsigned int steps = hidden / 32u;
+  const unsigned int first = split * steps_per_split;
+  const unsigned int last = min(steps, first + steps_per_split);
 
   const unsigned int g = lane >> 2;  // row (token) within the tile, and column (expert) within a block
   const unsigned int q = lane & 3u;
@@ -210,9 +197,15 @@ extern "C" __global__ void __launch_bounds__(kThreads)
                               unsigned int tokens, unsigned int hidden, unsigned int splits,
                               unsigned int steps_per_split) {
   const unsigned int lane = threadIdx.x & 31u;
-  LogitsUnit u;
-  if (!logits_unit<kExactTokensPerTile>(tokens, hidden, splits, steps_per_split, u)) return;  // warp-uniform
-  const unsigned int eb = u.eb, tile = u.tile, split = u.split, first = u.first, last = u.last;
+  const unsigned int unit = blockIdx.x * kWarps + (threadIdx.x >> 5);
+  const unsigned int tiles = (tokens + kExactTokensPerTile - 1) / kExactTokensPerTile;
+  if (unit >= kExpertBlocks * tiles * splits) return;  // warp-uniform
+  const unsigned int eb = unit % kExpertBlocks;
+  const unsigned int tile = (unit / kExpertBlocks) % tiles;
+  const unsigned int split = unit / (kExpertBlocks * tiles);
+  const unsigned int steps = hidden / 32u;
+  const unsigned int first = split * steps_per_split;
+  const unsigned int last = min(steps, first + steps_per_split);
 
   const unsigned int g = lane >> 2;  // token within the tile, and expert within a column block
   const unsigned int q = lane & 3u;
