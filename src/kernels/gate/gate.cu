@@ -12,8 +12,9 @@
 // throughout, so a partial is the exact dot product up to a few double ulps: once rounded to fp32 the
 // logit equals the reference's unless the exact sum lies within those ulps of an fp32 rounding boundary.
 //
-// megamoe_gate_logits (bf16 tensor cores, for large batches, where fp64 would cost ~30× the time). A warp owns a tile of 16 tokens × kExpertsPerWarp experts over one
-// K split (a range of 32-channel steps). Per step each lane does one 16-byte load of x for each of its
+// megamoe_gate_logits (bf16 tensor cores: the default for large batches, which the fp64 path takes
+// 1.2–1.5× as long over). A warp owns a tile of 16 tokens × kExpertsPerWarp experts over one K split
+// (a range of 32-channel steps). Per step each lane does one 16-byte load of x for each of its
 // two rows and one of W per 8-expert column block, then two mma.sync.m16n8k16 bf16 per column block.
 // Every mma starts from a zero accumulator, and its fp32 result (an exact sum of 16 exact bf16
 // products, up to the tensor core's internal alignment, see docs/numerics.md) is added to a double
@@ -261,7 +262,8 @@ extern "C" __global__ void __launch_bounds__(kThreads)
 // partial double [S, T, E] from either logits kernel; bias fp32 [E] or null; ids int32 [T, topK],
 // weights fp32 [T, topK]; logits fp32 [T, E] or null. n_group ≥ 1 divides E; 1 ≤ topk_group ≤ n_group;
 // 1 ≤ top_k ≤ 64; scale_bits: the bits of routedScalingFactor as a double.
-// One block per SM is enough (T / 4 blocks); the bound lets ptxas keep the partials' loads in flight.
+// Asking for only one resident block per SM gives ptxas the registers to keep the partials' loads in
+// flight (without it, it held E = 32 to 32 registers).
 extern "C" __global__ void __launch_bounds__(kThreads, 1)
     megamoe_gate_select(const double* __restrict__ partial, unsigned int splits, unsigned int tokens,
                         const float* __restrict__ bias, unsigned int scoring, unsigned int n_group,
