@@ -21,17 +21,17 @@
 #           T in 4 interleaved rounds, the timeline, memcheck and synccheck (ARCHIVE=1; a smaller call:
 #           SWEEP_T, TRACE_T token lists, SKIP_SANITIZERS=1 leaves out memcheck and synccheck)
 #   PART=20 the pipeline tests, the timeline at T = 1 and 8192, flash-ep8 at three T in 2 rounds (ARCHIVE=1)
-#   PART=24 the gate, norm and prepared-input tests, the gate's two logits paths timed, the decode step
-#   PART=25 PART=24, then the sanitizers (PART=5) (ARCHIVE=1)
-#   PART=29 the pipeline tests (240 s), the timeline at T = 1 and 8192, flash-ep8 and flash at a few T in 2 rounds
-#   PART=28 the flash sweep, shared off, every T, with the torch peer (ARCHIVE=1)
-#   PART=27 the pipeline tests (240 s), then the flash-ep8 sweep, shared off, every T, with the torch peer
-#   PART=26 the pipeline tests, the timeline at T = 1 and 8192, flash-ep8 shared off at six T in 2 rounds,
-#           the gate timed (ARCHIVE=1)
+#   PART=21 the TMA weight-stream probe (layouts, CTA counts, boxes, ring depths), then PART=20 (ARCHIVE=1)
+#   PART=22 Nsight Compute on the fused kernel (T = 1, 64, 4096) and the unfused pipeline's GEMMs (T = 4096)
 #   PART=23 the pipeline tests, the timeline at T = 1 and 64, flash-ep8 at five T in 2 rounds, and the fused
 #           kernel's stall reasons at T = 4096 (Nsight Compute) (ARCHIVE=1)
-#   PART=22 Nsight Compute on the fused kernel (T = 1, 64, 4096) and the unfused pipeline's GEMMs (T = 4096)
-#   PART=21 the TMA weight-stream probe (layouts, CTA counts, boxes, ring depths), then PART=20 (ARCHIVE=1)
+#   PART=24 the gate, norm and prepared-input tests, the gate's two logits paths timed, the decode step
+#   PART=25 PART=24, then the sanitizers (PART=5) (ARCHIVE=1)
+#   PART=26 the pipeline tests, the timeline at T = 1 and 8192, flash-ep8 shared off at six T in 2 rounds,
+#           the gate timed (ARCHIVE=1)
+#   PART=27 the pipeline tests (240 s), then the flash-ep8 sweep, shared off, every T, with the torch peer
+#   PART=28 the flash sweep, shared off, every T, with the torch peer (ARCHIVE=1)
+#   PART=29 the pipeline tests (240 s), the timeline at T = 1 and 8192, flash-ep8 and flash at a few T in 2 rounds
 # ARCHIVE=1 returns everything as $OUT/all.tgz (ARCHIVE_TIMEOUT: seconds for the part, default 540).
 # Pass MEGAMOE_COMMIT: the device's copy of the tree has no current git history.
 set -uo pipefail
