@@ -112,25 +112,32 @@ __device__ __forceinline__ void warp_best(float& v, int& i, float& payload) {
   }
 }
 
+// A logits warp's share of the work, declared as locals of the kernel: warp u takes expert block
+// eb = u % EB, token tile (u / EB) % TT and K split u / (EB · TT), the split being 32-channel steps
+// [first, last); a warp past the last unit returns. A macro, not a function: as a function the same
+// statements compiled to other machine code; as a macro both kernels' cubins are byte for byte the
+// ones the GPU tests ran.
+#define MEGAMOE_GATE_LOGITS_UNIT(kTileTokens)                                  \
+  const unsigned int unit = blockIdx.x * kWarps + (threadIdx.x >> 5);          \
+  const unsigned int tiles = (tokens + (kTileTokens) - 1) / (kTileTokens);     \
+  if (unit >= kExpertBlocks * tiles * splits) return; /* warp-uniform */       \
+  const unsigned int eb = unit % kExpertBlocks;                                \
+  const unsigned int tile = (unit / kExpertBlocks) % tiles;                    \
+  const unsigned int split = unit / (kExpertBlocks * tiles);                   \
+  const unsigned int steps = hidden / 32u;                                     \
+  const unsigned int first = split * steps_per_split;                          \
+  const unsigned int last = min(steps, first + steps_per_split)
+
 }  // namespace
 
 // x bf16 [T, H], w bf16 [E, H], partial double [S, T, E]; `steps_per_split` 32-channel steps per split
-// (the last split takes the rest). Warp u handles expert block u % EB, token tile (u / EB) % TT and
-// split u / (EB · TT).
+// (the last split takes the rest); one warp per unit (MEGAMOE_GATE_LOGITS_UNIT).
 extern "C" __global__ void __launch_bounds__(kThreads)
     megamoe_gate_logits(const void* __restrict__ x, const void* __restrict__ w, double* __restrict__ partial,
                         unsigned int tokens, unsigned int hidden, unsigned int splits,
                         unsigned int steps_per_split) {
   const unsigned int lane = threadIdx.x & 31u;
-  const unsigned int unit = blockIdx.x * kWarps + (threadIdx.x >> 5);
-  const unsigned int tiles = (tokens + kTokensPerTile - 1) / kTokensPerTile;
-  if (unit >= kExpertBlocks * tiles * splits) return;  // warp-uniform
-  const unsigned int eb = unit % kExpertBlocks;
-  const unsigned int tile = (unit / kExpertBlocks) % tiles;
-  const unsigned int split = unit / (kExpertBlocks * tiles);
-  const unsigned int steps = hidden / 32u;
-  const unsigned int first = split * steps_per_split;
-  const unsigned int last = min(steps, first + steps_per_split);
+  MEGAMOE_GATE_LOGITS_UNIT(kTokensPerTile);
 
   const unsigned int g = lane >> 2;  // row (token) within the tile, and column (expert) within a block
   const unsigned int q = lane & 3u;
@@ -198,15 +205,7 @@ extern "C" __global__ void __launch_bounds__(kThreads)
                               unsigned int tokens, unsigned int hidden, unsigned int splits,
                               unsigned int steps_per_split) {
   const unsigned int lane = threadIdx.x & 31u;
-  const unsigned int unit = blockIdx.x * kWarps + (threadIdx.x >> 5);
-  const unsigned int tiles = (tokens + kExactTokensPerTile - 1) / kExactTokensPerTile;
-  if (unit >= kExpertBlocks * tiles * splits) return;  // warp-uniform
-  const unsigned int eb = unit % kExpertBlocks;
-  const unsigned int tile = (unit / kExpertBlocks) % tiles;
-  const unsigned int split = unit / (kExpertBlocks * tiles);
-  const unsigned int steps = hidden / 32u;
-  const unsigned int first = split * steps_per_split;
-  const unsigned int last = min(steps, first + steps_per_split);
+  MEGAMOE_GATE_LOGITS_UNIT(kExactTokensPerTile);
 
   const unsigned int g = lane >> 2;  // token within the tile, and expert within a column block
   const unsigned int q = lane & 3u;
