@@ -7,16 +7,13 @@
 import {
   compileKernel,
   type Device,
-  encodeTensorMapTiled,
   type Kernel,
   KernelArgs,
   loadKernel,
   perDeviceOnce,
-  TensorMapDataType,
-  TensorMapL2Promotion,
-  TensorMapSwizzle,
   timeKernel,
 } from "../../cuda/index.js";
+import { encodeFp8RowsMap } from "../tensor-maps.js";
 
 export interface Ceilings {
   /** Read stream, bytes read per second (nothing written), in TB/s. */
@@ -151,15 +148,9 @@ export function measureWeightStream(
     device.memsetD32(stalled, 0, 1, device.nullStream);
     const args = new KernelArgs(8, { tensorMaps: [0] });
     const rowMajor = layout === "row-major";
-    encodeTensorMapTiled(args.tensorMap(0), {
-      dataType: TensorMapDataType.UINT8,
-      globalAddress: src,
-      globalDims: rowMajor ? [kBlocks * 128, rows] : [128, rows * kBlocks],
-      globalStridesBytes: [rowMajor ? kBlocks * 128 : 128],
-      boxDims: [128, boxRows],
-      swizzle: TensorMapSwizzle.B128,
-      l2Promotion: TensorMapL2Promotion.B256,
-    });
+    // The layer's operand map; K-block-major is the same map over rows of one 128-byte K block.
+    if (rowMajor) encodeFp8RowsMap(args.tensorMap(0), src, kBlocks * 128, rows, boxRows);
+    else encodeFp8RowsMap(args.tensorMap(0), src, 128, rows * kBlocks, boxRows);
     args
       .i32(1, tileRows)
       .i32(2, boxRows)
