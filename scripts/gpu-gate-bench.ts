@@ -4,9 +4,15 @@
  * (GATE_EXACT_MAX_MACS) rests on measurement. Prints a table and writes JSON to --out.
  *   node dist-test/scripts/gpu-gate-bench.js --out gate.json
  */
-import { writeFileSync } from "node:fs";
 import { resolveConfig } from "../src/config/config.js";
-import { DeviceTensor, openDevice, timeKernel } from "../src/cuda/index.js";
+import {
+  DeviceTensor,
+  deviceSummary,
+  gitCommit,
+  openDevice,
+  timeKernel,
+  writeResults,
+} from "../src/cuda/index.js";
 import {
   defaultGateLogits,
   type GateLogits,
@@ -70,11 +76,10 @@ for (const shape of ["flash-ep8", "flash", "pro"]) {
   bias?.dispose();
 }
 if (out) {
-  const header = {
-    device: device.describe(),
-    commit: process.env.MEGAMOE_COMMIT ?? "unknown",
-    date: new Date().toISOString(),
+  writeResults(out, {
+    device: deviceSummary(device),
+    commit: process.env.MEGAMOE_COMMIT ?? gitCommit(),
     command: `node dist-test/scripts/gpu-gate-bench.js --out ${out}`,
-  };
-  writeFileSync(out, `${JSON.stringify({ ...header, rows }, null, 2)}\n`);
+    rows,
+  });
 }

@@ -5,8 +5,7 @@
  * number of busy SMs'? Prints one line per configuration and writes JSON to --out.
  *   node dist-test/scripts/gpu-weight-stream.js --out weight-stream.json
  */
-import { writeFileSync } from "node:fs";
-import { openDevice } from "../src/cuda/index.js";
+import { deviceSummary, gitCommit, openDevice, writeResults } from "../src/cuda/index.js";
 import { measureReadCeiling, measureWeightStream, type WeightLayout } from "../src/kernels/probe/probe.js";
 
 const outIndex = process.argv.indexOf("--out");
@@ -35,11 +34,10 @@ for (const layout of ["row-major", "kblock-major"] as WeightLayout[]) {
   }
 }
 if (out) {
-  const header = {
-    device: device.describe(),
-    commit: process.env.MEGAMOE_COMMIT ?? "unknown",
-    date: new Date().toISOString(),
+  writeResults(out, {
+    device: { ...deviceSummary(device), read_tbps: read.tbps },
+    commit: process.env.MEGAMOE_COMMIT ?? gitCommit(),
     command: `node dist-test/scripts/gpu-weight-stream.js --out ${out}`,
-  };
-  writeFileSync(out, `${JSON.stringify({ ...header, readTbps: read.tbps, rows }, null, 2)}\n`);
+    rows,
+  });
 }

@@ -157,7 +157,7 @@ export interface ResultRow {
 }
 
 /** What a results file records about the run. */
-export interface ResultsMeta {
+export interface ResultsMeta<Row extends object = ResultRow> {
   /** Device description (e.g. `device.describe()`) or a structured summary. */
   device: string | Record<string, unknown>;
   /** Default: `git rev-parse --short HEAD` (+ "-dirty" with uncommitted changes), else "unknown". */
@@ -166,7 +166,7 @@ export interface ResultsMeta {
   date?: string;
   /** Default: this process's command line. */
   command?: string;
-  rows: readonly ResultRow[];
+  rows: readonly Row[];
 }
 
 /** The current git commit of the package checkout, or "unknown". */
@@ -200,7 +200,7 @@ export function deviceSummary(device: Device): Record<string, unknown> {
 }
 
 /** Write `{ device, commit, date, command, node, rows }` as pretty JSON to `file` (folders created). */
-export function writeResults(file: string, meta: ResultsMeta): void {
+export function writeResults<Row extends object = ResultRow>(file: string, meta: ResultsMeta<Row>): void {
   const doc = {
     device: meta.device,
     commit: meta.commit ?? gitCommit(),
