@@ -32,6 +32,11 @@
 #   PART=27 the pipeline tests (240 s), then the flash-ep8 sweep, shared off, every T, with the torch peer
 #   PART=28 the flash sweep, shared off, every T, with the torch peer (ARCHIVE=1)
 #   PART=29 the pipeline tests (240 s), the timeline at T = 1 and 8192, flash-ep8 and flash at a few T in 2 rounds
+#   PART=30 A/B of the fused kernel's switches (AB_VARIANTS: MEGAMOE_JIT_DEFINES values separated by spaces,
+#           "-" for none): each variant's bit-equality check, then its timeline on flash-ep8 and flash in
+#           two rounds, and the SASS of the default BLOCK_M 128 build (ARCHIVE=1)
+#   PART=31 one sweep with the torch peer: SWEEP_SHAPE (default pro), SWEEP_SHARED (default 0) (ARCHIVE=1)
+#   PART=32 the sanitizers (PART=5), then the pipeline tests (240 s) (ARCHIVE=1)
 # ARCHIVE=1 returns everything as $OUT/all.tgz (ARCHIVE_TIMEOUT: seconds for the part, default 540).
 # Pass MEGAMOE_COMMIT: the device's copy of the tree has no current git history.
 set -uo pipefail
@@ -196,7 +201,35 @@ case "${PART:-1}" in
   step_bench
   ;;
 25) PART=24 bash "$0"; PART=5 bash "$0" ;;
+30)
+  variants=${AB_VARIANTS:-"-"}
+  for v in $variants; do
+    tag=${v//[^A-Za-z0-9]/_}
+    MEGAMOE_JIT_DEFINES=${v#-} timeout 90 node dist-test/scripts/gpu-fused-small.js >"$out/small-$tag.txt" 2>&1
+    echo "small $v rc=$?"; tail -3 "$out/small-$tag.txt"
+  done
+  nvcc -gencode=arch=compute_90a,code=sm_90a -std=c++17 -cubin -Isrc/include -DHIDDEN=4096 -DINTER=2048 \
+    -DSHARED_INTER=2048 -DNUM_EXPERTS=32 -DTOP_K=6 -DBLOCK_M=128 -DNUM_STAGES=4 -o "$out/fused-128.cubin" \
+    src/kernels/megamoe/megamoe.cu && cuobjdump -sass "$out/fused-128.cubin" >"$out/fused-128.sass"
+  rm -f "$out/fused-128.cubin"
+  for round in 1 2; do
+    for v in $variants; do
+      tag=${v//[^A-Za-z0-9]/_}
+      MEGAMOE_JIT_DEFINES=${v#-} timeout 60 node dist-test/scripts/gpu-fused-trace.js flash-ep8 "${AB_T:-1,64,512,4096}" \
+        >"$out/ab-flash-ep8-$tag-$round.txt" 2>&1
+      echo "flash-ep8 $v round $round"; grep -E "forward|publishNs|stageEmptyWaitNs|epilogueNs" "$out/ab-flash-ep8-$tag-$round.txt"
+    done
+  done
+  for v in $variants; do
+    tag=${v//[^A-Za-z0-9]/_}
+    MEGAMOE_JIT_DEFINES=${v#-} timeout 90 node dist-test/scripts/gpu-fused-trace.js flash "${AB_FLASH_T:-128,1024}" \
+      >"$out/ab-flash-$tag.txt" 2>&1
+    echo "flash $v"; grep -E "forward|publishNs|stageEmptyWaitNs|epilogueNs" "$out/ab-flash-$tag.txt"
+  done
+  ;;
 27) pipeline_tests 240; sweep flash-ep8 0 ;;
+31) sweep "${SWEEP_SHAPE:-pro}" "${SWEEP_SHARED:-0}" ;;
+32) PART=5 bash "$0"; pipeline_tests 240 ;;
 28) sweep flash 0 ;;
 29)  # a version's check: tests, timeline, both flash shapes at the T that moved
   pipeline_tests 240
