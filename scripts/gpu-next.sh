@@ -37,6 +37,7 @@
 #           two rounds, and the SASS of the default BLOCK_M 128 build (ARCHIVE=1)
 #   PART=31 one sweep with the torch peer: SWEEP_SHAPE (default pro), SWEEP_SHARED (default 0) (ARCHIVE=1)
 #   PART=32 the sanitizers (PART=5), then the pipeline tests (240 s) (ARCHIVE=1)
+#   PART=33 the shared-expert-on sweeps with the torch peer: pro, flash-ep8, flash (ARCHIVE=1)
 # ARCHIVE=1 returns everything as $OUT/all.tgz (ARCHIVE_TIMEOUT: seconds for the part, default 540).
 # Pass MEGAMOE_COMMIT: the device's copy of the tree has no current git history.
 set -uo pipefail
@@ -230,6 +231,7 @@ case "${PART:-1}" in
 27) pipeline_tests 240; sweep flash-ep8 0 ;;
 31) sweep "${SWEEP_SHAPE:-pro}" "${SWEEP_SHARED:-0}" ;;
 32) PART=5 bash "$0"; pipeline_tests 240 ;;
+33) sweep pro 1; sweep flash-ep8 1; sweep flash 1 ;;
 28) sweep flash 0 ;;
 29)  # a version's check: tests, timeline, both flash shapes at the T that moved
   pipeline_tests 240
