@@ -38,6 +38,8 @@
 #   PART=31 one sweep with the torch peer: SWEEP_SHAPE (default pro), SWEEP_SHARED (default 0) (ARCHIVE=1)
 #   PART=32 the sanitizers (PART=5), then the pipeline tests (240 s) (ARCHIVE=1)
 #   PART=33 the shared-expert-on sweeps with the torch peer: pro, flash-ep8, flash (ARCHIVE=1)
+#   PART=34 Nsight Compute's per-instruction stall samples (SASS) of the fused kernel at flash-ep8 T = 4096 and
+#           of the grouped GEMM (the unfused pipeline's, T = 4096), as CSV (ARCHIVE=1)
 # ARCHIVE=1 returns everything as $OUT/all.tgz (ARCHIVE_TIMEOUT: seconds for the part, default 540).
 # Pass MEGAMOE_COMMIT: the device's copy of the tree has no current git history.
 set -uo pipefail
@@ -232,6 +234,19 @@ case "${PART:-1}" in
 31) sweep "${SWEEP_SHAPE:-pro}" "${SWEEP_SHARED:-0}" ;;
 32) PART=5 bash "$0"; pipeline_tests 240 ;;
 33) sweep pro 1; sweep flash-ep8 1; sweep flash 1 ;;
+34)
+  for case in "fused megamoe_fused 1" "unfused megamoe_fp8_grouped_gemm 1"; do
+    set -- $case
+    timeout 200 ncu --clock-control none -k "$2" --launch-count "$3" --section SourceCounters \
+      --section WarpStateStats --import-source no -o "$out/ncu-src-$1" \
+      node dist/cli/main.js bench --impl "$1" --shape flash-ep8 --shared 0 --tokens 4096 --iters 2 >"$out/ncu-src-$1.log" 2>&1
+    echo "ncu $1 rc=$?"; tail -3 "$out/ncu-src-$1.log"
+    ncu -i "$out/ncu-src-$1.ncu-rep" --page source --csv --print-source sass >"$out/ncu-src-$1-sass.csv" 2>"$out/ncu-src-$1-sass.err"
+    echo "source page rc=$? $(wc -l <"$out/ncu-src-$1-sass.csv") lines"; head -c 600 "$out/ncu-src-$1-sass.err"
+    ncu -i "$out/ncu-src-$1.ncu-rep" --page details >"$out/ncu-src-$1-details.txt" 2>&1
+    grep -iE "stall|warp cycles|issued" "$out/ncu-src-$1-details.txt" | head -20
+  done
+  ;;
 28) sweep flash 0 ;;
 29)  # a version's check: tests, timeline, both flash shapes at the T that moved
   pipeline_tests 240
