@@ -239,7 +239,7 @@ case "${PART:-1}" in
     set -- $case
     timeout 200 ncu --clock-control none -k "$2" --launch-count "$3" --section SourceCounters \
       --section WarpStateStats --import-source no -o "$out/ncu-src-$1" \
-      node dist/cli/main.js bench --impl "$1" --shape flash-ep8 --shared 0 --tokens 4096 --iters 2 >"$out/ncu-src-$1.log" 2>&1
+      node dist/cli/main.js bench --impl "$1" --shape flash-ep8 --shared 0 --tokens 4096 --iters 20 >"$out/ncu-src-$1.log" 2>&1
     echo "ncu $1 rc=$?"; tail -3 "$out/ncu-src-$1.log"
     ncu -i "$out/ncu-src-$1.ncu-rep" --page source --csv --print-source sass >"$out/ncu-src-$1-sass.csv" 2>"$out/ncu-src-$1-sass.err"
     echo "source page rc=$? $(wc -l <"$out/ncu-src-$1-sass.csv") lines"; head -c 600 "$out/ncu-src-$1-sass.err"
