@@ -40,6 +40,8 @@
 #   PART=33 the shared-expert-on sweeps with the torch peer: pro, flash-ep8, flash (ARCHIVE=1)
 #   PART=34 Nsight Compute's per-instruction stall samples (SASS) of the fused kernel at flash-ep8 T = 4096 and
 #           of the grouped GEMM (the unfused pipeline's, T = 4096), as CSV (ARCHIVE=1)
+#   PART=35 the grouped GEMM's tests, then every tile timed per variant (AB_VARIANTS as in PART=30, default
+#           "- GEMM_PIPELINED_PROMOTION=0") in two rounds, beside torch._scaled_grouped_mm (ARCHIVE=1)
 # ARCHIVE=1 returns everything as $OUT/all.tgz (ARCHIVE_TIMEOUT: seconds for the part, default 540).
 # Pass MEGAMOE_COMMIT: the device's copy of the tree has no current git history.
 set -uo pipefail
@@ -234,6 +236,18 @@ case "${PART:-1}" in
 31) sweep "${SWEEP_SHAPE:-pro}" "${SWEEP_SHARED:-0}" ;;
 32) PART=5 bash "$0"; pipeline_tests 240 ;;
 33) sweep pro 1; sweep flash-ep8 1; sweep flash 1 ;;
+35)
+  gpu_tests 200 test-grouped-gemm.txt dist-test/test/gpu/grouped-gemm.test.js
+  timeout 90 python3 bench/peers/torch_moe.py --grouped-gemm-only --out "$out/torch-grouped-gemm.json" 2>&1 | tail -8
+  for round in 1 2; do
+    for v in ${AB_VARIANTS:-- GEMM_PIPELINED_PROMOTION=0}; do
+      tag=${v//[^A-Za-z0-9]/_}
+      MEGAMOE_JIT_DEFINES=${v#-} timeout 150 node dist-test/scripts/gpu-gemm-bench.js "$out/gemm-tiles-$tag-$round.json" \
+        >"$out/gemm-tiles-$tag-$round.txt" 2>&1
+      echo "gemm tiles $v round $round rc=$?"; cat "$out/gemm-tiles-$tag-$round.txt"
+    done
+  done
+  ;;
 34)
   for case in "fused megamoe_fused 1" "unfused megamoe_fp8_grouped_gemm 1"; do
     set -- $case

@@ -90,7 +90,6 @@ __device__ __forceinline__ void registers_decrease() {
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
 
 // Pins accumulator registers at this point of the program: the compiler may not move their reads or
 // writes across it (wgmma writes them asynchronously, behind the compiler's back).
@@ -174,11 +173,19 @@ __device__ __forceinline__ void wgmma_e4m3(float (&d)[64], unsigned long long de
       : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
 
-// One 128-deep K block on the tensor cores: partial = A[64 × 128] · B[n × 128]ᵀ as four k32 wgmmas into a
-// fresh accumulator (n = 2 · kCount), waited for. `a` and `b` are the shared-memory addresses of the
-// first row of the 128-byte-swizzled K-major tiles.
+// Waits until at most kPending committed wgmma groups of this warpgroup are still running.
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kPending) : "memory");
+}
+
+// One 128-deep K block on the tensor cores, issued and not waited for: partial = A[64 × 128] · B[n × 128]ᵀ
+// as four k32 wgmmas into a fresh accumulator (n = 2 · kCount), committed as one group. `a` and `b` are
+// the shared-memory addresses of the first row of the 128-byte-swizzled K-major tiles. Until a
+// wgmma_wait covers the group, `partial` belongs to the tensor cores: fence_registers(partial) after the
+// wait, before reading it.
 template <int kCount>
-__device__ __forceinline__ void wgmma_block_k128(float (&partial)[kCount], unsigned a, unsigned b) {
+__device__ __forceinline__ void wgmma_issue_k128(float (&partial)[kCount], unsigned a, unsigned b) {
   fence_registers(partial);
   wgmma_fence();
 #pragma unroll
@@ -187,7 +194,13 @@ __device__ __forceinline__ void wgmma_block_k128(float (&partial)[kCount], unsig
     wgmma_e4m3(partial, smem_descriptor(a + k * 32), smem_descriptor(b + k * 32), k > 0 ? 1 : 0);
   }
   wgmma_commit();
-  wgmma_wait_all();
+}
+
+// The same K block, waited for.
+template <int kCount>
+__device__ __forceinline__ void wgmma_block_k128(float (&partial)[kCount], unsigned a, unsigned b) {
+  wgmma_issue_k128(partial, a, b);
+  wgmma_wait<0>();
   fence_registers(partial);
 }
 

@@ -63,6 +63,11 @@
 #ifndef GEMM_SETMAXNREG
 #define GEMM_SETMAXNREG 1
 #endif
+// 1: a warpgroup with one wgmma chunk per K block issues block kb + 1 before promoting block kb (two
+// partial accumulators); 0: it waits for each block before promoting it. An experiment switch.
+#ifndef GEMM_PIPELINED_PROMOTION
+#define GEMM_PIPELINED_PROMOTION 1
+#endif
 // Nanoseconds a barrier wait may take before the kernel gives up and reports a stalled pipeline.
 #ifndef GEMM_WATCHDOG_NS
 #define GEMM_WATCHDOG_NS 2000000000ull
@@ -125,6 +130,10 @@ constexpr int kAccum = kMmaN / 2;  // fp32 accumulator registers per thread of o
 static_assert(kWgAlongM * kWgAlongN == kMathWarpgroups, "math warpgroups must tile the block");
 static_assert(kMmaN == 32 || kMmaN == 64 || kMmaN == 128, "unsupported wgmma N");
 static_assert(kWavesM * kChunksN * kAccum <= 128, "promoted accumulators would not fit in registers");
+// One chunk per warpgroup (n128 or less) leaves registers for a second partial accumulator: the tensor
+// cores then work on block kb + 1 while the math threads promote block kb, instead of idling through
+// every promotion. The promotions stay in K order, so the sums are the same.
+constexpr bool kPipelined = GEMM_PIPELINED_PROMOTION != 0 && kWavesM == 1 && kChunksN == 1;
 
 // Weight scales of one tile: kSwRows rows of kKBlocks values (a 256-wide tile spans two 128-row blocks).
 constexpr int kSwRows = (kBlockN + kQuantBlock - 1) / kQuantBlock;
@@ -379,6 +388,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
 
   float promoted[kWavesM][kChunksN][kAccum];
   float partial[kAccum];
+  float partial_next[kPipelined ? kAccum : 1];  // the odd K blocks' partial, when pipelined
 
   for (int local_tile = 0; tile < total_tiles; ++local_tile) {
     // Makes this tile's weight scales visible, and guarantees every math thread is done reading the
@@ -407,37 +417,89 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int i = 0; i < kAccum; ++i) promoted[w][c][i] = 0.0f;
 
-    for (int kb = 0; kb < kKBlocks; ++kb, ++iteration) {
-      float sw[kChunksN];
-#pragma unroll
-      for (int c = 0; c < kChunksN; ++c) sw[c] = load_shared_f32(sw_tile + (sw_row[c] * kKBlocks + kb) * 4);
-
-      mbar_wait(full_bar + 8 * stage, phase, status, kStatusMathStalled, stage, iteration);
-
-      const unsigned sa_stage = sa_smem + stage * kSaStride + (current.row0 & 3) * 4;
-      float sa_lo[kWavesM], sa_hi[kWavesM];
-#pragma unroll
-      for (int w = 0; w < kWavesM; ++w) {
-        sa_lo[w] = load_shared_f32(sa_stage + w * 64 * 4);
-        sa_hi[w] = load_shared_f32(sa_stage + (w * 64 + 8) * 4);
-      }
-
-      const unsigned a_stage = a_smem + stage * kATileBytes;
-      const unsigned b_stage = b_smem + stage * kBTileBytes;
-#pragma unroll
-      for (int w = 0; w < kWavesM; ++w) {
-        if (!wave_active[w]) continue;  // every row of this wave lies past the group: nothing to store
-#pragma unroll
-        for (int c = 0; c < kChunksN; ++c) {
-          wgmma_block_k128(partial, a_stage + w * 64 * kBlockK, b_stage + c * kMmaN * kBlockK);
-          promote_block(promoted[w][c], partial, sa_lo[w] * sw[c], sa_hi[w] * sw[c]);
+    if constexpr (kPipelined) {
+      // Block kb's wgmmas go into partial (kb even) or partial_next (kb odd); block kb - 1 is promoted
+      // and its stage released while they run.
+      const bool active = wave_active[0];
+      int held_stage = 0;  // the stage of the block in flight
+      float held_lo = 0.0f, held_hi = 0.0f;
+      for (int kb = 0; kb < kKBlocks; ++kb, ++iteration) {
+        const float sw = load_shared_f32(sw_tile + (sw_row[0] * kKBlocks + kb) * 4);
+        mbar_wait(full_bar + 8 * stage, phase, status, kStatusMathStalled, stage, iteration);
+        const unsigned sa_stage = sa_smem + stage * kSaStride + (current.row0 & 3) * 4;
+        const float lo = load_shared_f32(sa_stage) * sw;
+        const float hi = load_shared_f32(sa_stage + 8 * 4) * sw;
+        if (active) {
+          const unsigned a_stage = a_smem + stage * kATileBytes;
+          const unsigned b_stage = b_smem + stage * kBTileBytes;
+          if (kb & 1) wgmma_issue_k128(partial_next, a_stage, b_stage);
+          else wgmma_issue_k128(partial, a_stage, b_stage);
+        }
+        if (kb > 0) {
+          if (active) {
+            wgmma_wait<1>();  // block kb - 1 is done
+            if (kb & 1) {
+              fence_registers(partial);
+              promote_block(promoted[0][0], partial, held_lo, held_hi);
+            } else {
+              fence_registers(partial_next);
+              promote_block(promoted[0][0], partial_next, held_lo, held_hi);
+            }
+          }
+          if (lane == 0) mbar_arrive(empty_bar + 8 * held_stage);
+        }
+        held_stage = stage;
+        held_lo = lo;
+        held_hi = hi;
+        if (++stage == kStages) {
+          stage = 0;
+          phase ^= 1u;
         }
       }
-      // This warp's wgmmas have completed (wait_group 0), so its reads of the stage are done.
-      if (lane == 0) mbar_arrive(empty_bar + 8 * stage);
-      if (++stage == kStages) {
-        stage = 0;
-        phase ^= 1u;
+      if (active) {
+        wgmma_wait<0>();
+        if ((kKBlocks - 1) & 1) {
+          fence_registers(partial_next);
+          promote_block(promoted[0][0], partial_next, held_lo, held_hi);
+        } else {
+          fence_registers(partial);
+          promote_block(promoted[0][0], partial, held_lo, held_hi);
+        }
+      }
+      if (lane == 0) mbar_arrive(empty_bar + 8 * held_stage);
+    } else {
+      for (int kb = 0; kb < kKBlocks; ++kb, ++iteration) {
+        float sw[kChunksN];
+#pragma unroll
+        for (int c = 0; c < kChunksN; ++c) sw[c] = load_shared_f32(sw_tile + (sw_row[c] * kKBlocks + kb) * 4);
+
+        mbar_wait(full_bar + 8 * stage, phase, status, kStatusMathStalled, stage, iteration);
+
+        const unsigned sa_stage = sa_smem + stage * kSaStride + (current.row0 & 3) * 4;
+        float sa_lo[kWavesM], sa_hi[kWavesM];
+#pragma unroll
+        for (int w = 0; w < kWavesM; ++w) {
+          sa_lo[w] = load_shared_f32(sa_stage + w * 64 * 4);
+          sa_hi[w] = load_shared_f32(sa_stage + (w * 64 + 8) * 4);
+        }
+
+        const unsigned a_stage = a_smem + stage * kATileBytes;
+        const unsigned b_stage = b_smem + stage * kBTileBytes;
+#pragma unroll
+        for (int w = 0; w < kWavesM; ++w) {
+          if (!wave_active[w]) continue;  // every row of this wave lies past the group: nothing to store
+#pragma unroll
+          for (int c = 0; c < kChunksN; ++c) {
+            wgmma_block_k128(partial, a_stage + w * 64 * kBlockK, b_stage + c * kMmaN * kBlockK);
+            promote_block(promoted[w][c], partial, sa_lo[w] * sw[c], sa_hi[w] * sw[c]);
+          }
+        }
+        // This warp's wgmmas have completed (wait_group 0), so its reads of the stage are done.
+        if (lane == 0) mbar_arrive(empty_bar + 8 * stage);
+        if (++stage == kStages) {
+          stage = 0;
+          phase ^= 1u;
+        }
       }
     }
 
