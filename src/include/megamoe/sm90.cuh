@@ -62,6 +62,22 @@ __device__ __forceinline__ void mbar_wait_bounded(unsigned bar, unsigned parity,
   }
 }
 
+// The same wait with the warp's lanes spinning together: the loop's branches are warp votes, which the
+// compiler knows to be uniform. Needed where a wgmma group is in flight across the wait: around a branch
+// it cannot prove uniform, ptxas makes every wgmma of the kernel wait for the previous (warning C7518).
+template <typename OnStall>
+__device__ __forceinline__ void mbar_wait_bounded_warp(unsigned bar, unsigned parity, unsigned long long timeout_ns,
+                                                       OnStall on_stall) {
+  if (__all_sync(0xffffffffu, mbar_try_wait(bar, parity))) return;
+  const unsigned long long start = global_timer_ns();
+  while (!__all_sync(0xffffffffu, mbar_try_wait(bar, parity))) {
+    if (__any_sync(0xffffffffu, global_timer_ns() - start > timeout_ns)) {
+      on_stall();
+      asm volatile("exit;");
+    }
+  }
+}
+
 __device__ __forceinline__ void tma_load_2d(unsigned dst, const TensorMap* map, unsigned bar, int x, int y) {
   asm volatile(
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::

@@ -195,16 +195,21 @@ struct GroupRows {
 
 // Waits for the phase of parity `parity` to complete; a wait that outlasts kWatchdogNs records where
 // in `status` (first thread to notice) and exits (sm90.cuh: mbar_wait_bounded).
+// kWarp: every lane of the warp spins (sm90.cuh: mbar_wait_bounded_warp), for waits that a wgmma group
+// in flight spans.
+template <bool kWarp = false>
 __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity, int* status, int code, int stage,
                                           int iteration) {
-  mbar_wait_bounded(bar, parity, kWatchdogNs, [&] {
+  const auto on_stall = [&] {
     if (status != nullptr && atomicCAS(status, 0, code) == 0) {
       status[1] = static_cast<int>(blockIdx.x);
       status[2] = stage;
       status[3] = iteration;
       __threadfence();
     }
-  });
+  };
+  if constexpr (kWarp) mbar_wait_bounded_warp(bar, parity, kWatchdogNs, on_stall);
+  else mbar_wait_bounded(bar, parity, kWatchdogNs, on_stall);
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -388,7 +393,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
 
   float promoted[kWavesM][kChunksN][kAccum];
   float partial[kAccum];
-  float partial_next[kPipelined ? kAccum : 1];  // the odd K blocks' partial, when pipelined
+  float partial_next[kAccum];  // the odd K blocks' partial, when pipelined (unused otherwise)
 
   for (int local_tile = 0; tile < total_tiles; ++local_tile) {
     // Makes this tile's weight scales visible, and guarantees every math thread is done reading the
@@ -418,34 +423,24 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
         for (int i = 0; i < kAccum; ++i) promoted[w][c][i] = 0.0f;
 
     if constexpr (kPipelined) {
-      // Block kb's wgmmas go into partial (kb even) or partial_next (kb odd); block kb - 1 is promoted
-      // and its stage released while they run.
-      const bool active = wave_active[0];
+      // Block kb's wgmmas go into one partial while block kb - 1, in the other, is promoted and its stage
+      // released. The k loop is unrolled by two so that each buffer is fixed at compile time, the stage
+      // wait spins warp-wide, and the wgmmas are issued even by a warpgroup whose rows all lie past the
+      // group (never stored): a branch the compiler cannot prove uniform while a wgmma group is in flight
+      // makes ptxas serialize every wgmma.
       int held_stage = 0;  // the stage of the block in flight
       float held_lo = 0.0f, held_hi = 0.0f;
-      for (int kb = 0; kb < kKBlocks; ++kb, ++iteration) {
+      const auto step = [&](int kb, float (&issue)[kAccum], float (&ready)[kAccum]) {
         const float sw = load_shared_f32(sw_tile + (sw_row[0] * kKBlocks + kb) * 4);
-        mbar_wait(full_bar + 8 * stage, phase, status, kStatusMathStalled, stage, iteration);
+        mbar_wait<true>(full_bar + 8 * stage, phase, status, kStatusMathStalled, stage, iteration);
         const unsigned sa_stage = sa_smem + stage * kSaStride + (current.row0 & 3) * 4;
         const float lo = load_shared_f32(sa_stage) * sw;
         const float hi = load_shared_f32(sa_stage + 8 * 4) * sw;
-        if (active) {
-          const unsigned a_stage = a_smem + stage * kATileBytes;
-          const unsigned b_stage = b_smem + stage * kBTileBytes;
-          if (kb & 1) wgmma_issue_k128(partial_next, a_stage, b_stage);
-          else wgmma_issue_k128(partial, a_stage, b_stage);
-        }
+        wgmma_issue_k128(issue, a_smem + stage * kATileBytes, b_smem + stage * kBTileBytes);
         if (kb > 0) {
-          if (active) {
-            wgmma_wait<1>();  // block kb - 1 is done
-            if (kb & 1) {
-              fence_registers(partial);
-              promote_block(promoted[0][0], partial, held_lo, held_hi);
-            } else {
-              fence_registers(partial_next);
-              promote_block(promoted[0][0], partial_next, held_lo, held_hi);
-            }
-          }
+          wgmma_wait<1>();  // block kb - 1 is done
+          fence_registers(ready);
+          promote_block(promoted[0][0], ready, held_lo, held_hi);
           if (lane == 0) mbar_arrive(empty_bar + 8 * held_stage);
         }
         held_stage = stage;
@@ -455,16 +450,19 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
           stage = 0;
           phase ^= 1u;
         }
+        ++iteration;
+      };
+      for (int kb = 0; kb < kKBlocks; kb += 2) {
+        step(kb, partial, partial_next);
+        if (kb + 1 < kKBlocks) step(kb + 1, partial_next, partial);
       }
-      if (active) {
-        wgmma_wait<0>();
-        if ((kKBlocks - 1) & 1) {
-          fence_registers(partial_next);
-          promote_block(promoted[0][0], partial_next, held_lo, held_hi);
-        } else {
-          fence_registers(partial);
-          promote_block(promoted[0][0], partial, held_lo, held_hi);
-        }
+      wgmma_wait<0>();
+      if constexpr ((kKBlocks & 1) == 0) {
+        fence_registers(partial_next);
+        promote_block(promoted[0][0], partial_next, held_lo, held_hi);
+      } else {
+        fence_registers(partial);
+        promote_block(promoted[0][0], partial, held_lo, held_hi);
       }
       if (lane == 0) mbar_arrive(empty_bar + 8 * held_stage);
     } else {
