@@ -40,6 +40,7 @@
 #   PART=33 the shared-expert-on sweeps with the torch peer: pro, flash-ep8, flash (ARCHIVE=1)
 #   PART=34 Nsight Compute's per-instruction stall samples (SASS) of the fused kernel at flash-ep8 T = 4096 and
 #           of the grouped GEMM (the unfused pipeline's, T = 4096), as CSV (ARCHIVE=1)
+#   PART=36 every GPU test file (300 s), the grouped GEMM against torch, pro unfused at small T (ARCHIVE=1)
 #   PART=35 the grouped GEMM's tests, then every tile timed per variant (AB_VARIANTS as in PART=30, default
 #           "- GEMM_PIPELINED_PROMOTION=0") in two rounds, beside torch._scaled_grouped_mm (ARCHIVE=1)
 # ARCHIVE=1 returns everything as $OUT/all.tgz (ARCHIVE_TIMEOUT: seconds for the part, default 540).
@@ -247,6 +248,14 @@ case "${PART:-1}" in
       echo "gemm tiles $v round $round rc=$?"; cat "$out/gemm-tiles-$tag-$round.txt"
     done
   done
+  ;;
+36)
+  gpu_tests 300 test-gpu-all.txt $(find dist-test/test/gpu -name '*.test.js' | sort)
+  timeout 90 python3 bench/peers/torch_moe.py --grouped-gemm-only --out "$out/torch-grouped-gemm.json" 2>&1 | tail -3
+  timeout 120 node dist/cli/main.js bench --impl grouped-gemm --peer "$out/torch-grouped-gemm.json" \
+    --out "$out/grouped-gemm.json" 2>&1 | grep -vE "^[├┌└]" | cut -c1-150
+  timeout 90 node dist/cli/main.js bench --impl unfused --shape pro --shared 0 --tokens 1,2,4,8,16,32,64 --iters 20 \
+    --out "$out/layers-pro-unfused-small.json" 2>&1 | grep -vE "^[├┌└]" | grep -E "unfused|floor" | cut -c1-120
   ;;
 34)
   for case in "fused megamoe_fused 1" "unfused megamoe_fp8_grouped_gemm 1"; do

@@ -130,10 +130,13 @@ constexpr int kAccum = kMmaN / 2;  // fp32 accumulator registers per thread of o
 static_assert(kWgAlongM * kWgAlongN == kMathWarpgroups, "math warpgroups must tile the block");
 static_assert(kMmaN == 32 || kMmaN == 64 || kMmaN == 128, "unsupported wgmma N");
 static_assert(kWavesM * kChunksN * kAccum <= 128, "promoted accumulators would not fit in registers");
-// One chunk per warpgroup (n128 or less) leaves registers for a second partial accumulator: the tensor
-// cores then work on block kb + 1 while the math threads promote block kb, instead of idling through
-// every promotion. The promotions stay in K order, so the sums are the same.
-constexpr bool kPipelined = GEMM_PIPELINED_PROMOTION != 0 && kWavesM == 1 && kChunksN == 1;
+// A single math warpgroup with one chunk (n128 or less) has the registers for a second partial
+// accumulator: the tensor cores then work on block kb + 1 while it promotes block kb, instead of idling
+// through every promotion (m64n128: 1.2–1.3× on the flash shapes). Two warpgroups already fill each
+// other's promotions (no gain measured, and spills at pro's K), so they keep the plain loop. The
+// promotions stay in K order: the sums are the same.
+constexpr bool kPipelined =
+    GEMM_PIPELINED_PROMOTION != 0 && kMathWarpgroups == 1 && kWavesM == 1 && kChunksN == 1;
 
 // Weight scales of one tile: kSwRows rows of kKBlocks values (a 256-wide tile spans two 128-row blocks).
 constexpr int kSwRows = (kBlockN + kQuantBlock - 1) / kQuantBlock;

@@ -124,12 +124,13 @@ export interface GroupedGemmPlan {
  * loop). Two math warpgroups hide each other's promotion; one cannot. Guesses to calibrate on the GPU.
  */
 // Fractions of the dense FP8 rate each tile reached on the H200 at 512–4096 rows per group (flash L1/L2
-// shapes, bench/results/2026-12-03-h200-grouped-gemm-tiles.json).
+// shapes, bench/results/2026-12-03-h200-grouped-gemm-tiles.json; m64n128 with its pipelined promotion,
+// bench/results/2026-12-04-h200-gemm-pipelined-*.json).
 const TILE_EFFICIENCY: Readonly<Record<GemmTileName, number>> = {
   m128n128: 0.57,
   m128n256: 0.65,
   m64n256: 0.61,
-  m64n128: 0.43,
+  m64n128: 0.56,
 };
 /** Bandwidth one SM can draw from memory with its TMA pipeline (a guess; caps small grids). */
 const PER_SM_BYTES_PER_S = 1.2e11;
