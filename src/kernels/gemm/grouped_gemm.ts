@@ -124,13 +124,15 @@ export interface GroupedGemmPlan {
  * loop). Two math warpgroups hide each other's promotion; one cannot. Guesses to calibrate on the GPU.
  */
 // Fractions of the dense FP8 rate each tile reached on the H200 at 512–4096 rows per group (flash L1/L2
-// shapes, bench/results/2026-12-03-h200-grouped-gemm-tiles.json; m64n128 with its pipelined promotion,
-// bench/results/2026-12-04-h200-gemm-pipelined-*.json).
+// shapes, bench/results/2026-12-03-h200-grouped-gemm-tiles.json). m64n128 reaches 0.56 since its
+// pipelined promotion (…-2026-12-04-h200-gemm-pipelined-*.json) but keeps the old figure: with it, the
+// tie rule picked m64n128 for pro's decode shapes, where it measured 7–10% slower than m64n256 (one
+// warpgroup keeps fewer loads in flight; …-2026-12-04-h200-3b63b8b-pro-unfused-small.json).
 const TILE_EFFICIENCY: Readonly<Record<GemmTileName, number>> = {
   m128n128: 0.57,
   m128n256: 0.65,
   m64n256: 0.61,
-  m64n128: 0.56,
+  m64n128: 0.43,
 };
 /** Bandwidth one SM can draw from memory with its TMA pipeline (a guess; caps small grids). */
 const PER_SM_BYTES_PER_S = 1.2e11;
