@@ -126,8 +126,9 @@ export interface GroupedGemmPlan {
 // Fractions of the dense FP8 rate each tile reached on the H200 at 512–4096 rows per group (flash L1/L2
 // shapes, bench/results/2026-12-03-h200-grouped-gemm-tiles.json). m64n128 reaches 0.56 since its
 // pipelined promotion (…-2026-12-04-h200-gemm-pipelined-*.json) but keeps the old figure: with it, the
-// tie rule picked m64n128 for pro's decode shapes, where it measured 7–10% slower than m64n256 (one
-// warpgroup keeps fewer loads in flight; …-2026-12-04-h200-3b63b8b-pro-unfused-small.json).
+// tie rule picked m64n128 for pro's decode shapes, and the unfused pipeline took 7–10% longer at T = 2
+// and 4 than with m64n256 in an earlier call (…-2026-12-04-h200-3b63b8b-layers-pro-unfused-small.json
+// against …-v2m-pro-shared0.json).
 const TILE_EFFICIENCY: Readonly<Record<GemmTileName, number>> = {
   m128n128: 0.57,
   m128n256: 0.65,
