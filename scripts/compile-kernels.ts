@@ -15,6 +15,7 @@ import { fileURLToPath, pathToFileURL } from "node:url";
 import { promisify } from "node:util";
 import { defineOptions } from "../src/cuda/jit.js";
 import { describeDefines, type KernelVariant } from "../src/kernels/variants.js";
+import { type FunctionReport, parsePtxasReport, ptxasProblems } from "./ptxas-report.js";
 
 const run = promisify(execFile);
 
@@ -27,18 +28,6 @@ const DEFAULT_VARIANT: KernelVariant = { defines: {}, noSpill: true };
 interface CompileJob {
   source: string; // path relative to the repository root
   variant: KernelVariant;
-}
-
-/** What ptxas reports for one entry function. */
-interface FunctionReport {
-  name: string;
-  registers: number;
-  stackBytes: number;
-  spillStores: number;
-  spillLoads: number;
-  sharedBytes: number;
-  /** ptxas made every wgmma wait for the previous one (warning C7518): a mainloop bug, never intended. */
-  wgmmaSerialized: boolean;
 }
 
 interface CompileResult {
@@ -81,55 +70,6 @@ async function variantsFor(source: string): Promise<readonly KernelVariant[]> {
     );
   }
   return list;
-}
-
-/** Splits ptxas -v output into one report per entry function. */
-function parsePtxasReport(log: string): FunctionReport[] {
-  const reports: FunctionReport[] = [];
-  let current: FunctionReport | undefined;
-  // The function the next "bytes stack frame" line describes: ptxas also reports every non-inlined
-  // callee ("Function properties for <callee>") after the entry, which must not overwrite the entry's.
-  let described: string | undefined;
-  for (const line of log.split("\n")) {
-    const properties = /Function properties for (\S+)/.exec(line);
-    if (properties) {
-      described = properties[1];
-      continue;
-    }
-    const entry = /Compiling entry function '([^']+)'/.exec(line);
-    if (entry) {
-      current = {
-        name: entry[1],
-        registers: 0,
-        stackBytes: 0,
-        spillStores: 0,
-        spillLoads: 0,
-        sharedBytes: 0,
-        wgmmaSerialized: false,
-      };
-      reports.push(current);
-      continue;
-    }
-    if (current === undefined) continue;
-    const frame = /(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads/.exec(line);
-    if (frame && described === current.name) {
-      current.stackBytes = Number(frame[1]);
-      current.spillStores = Number(frame[2]);
-      current.spillLoads = Number(frame[3]);
-    }
-    const regs = /Used (\d+) registers/.exec(line);
-    if (regs) current.registers = Number(regs[1]);
-    const smem = /(\d+) bytes smem/.exec(line);
-    if (smem) current.sharedBytes = Number(smem[1]);
-  }
-  // The warning names its function and may come before that function's entry line.
-  for (const m of log.matchAll(
-    /wgmma\.mma_async instructions are serialized[^\n]*in the function '([^']+)'/g,
-  )) {
-    const report = reports.find((r) => r.name === m[1]);
-    if (report) report.wgmmaSerialized = true;
-  }
-  return reports;
 }
 
 async function compile(nvcc: string, job: CompileJob, outDir: string, index: number): Promise<CompileResult> {
@@ -209,20 +149,7 @@ function table(header: string[], rows: string[][]): string {
 
 function problemsOf(result: CompileResult): string[] {
   if (!result.ok) return ["compile failed"];
-  if (result.functions.length === 0) return ["no entry function in ptxas report"];
-  const serialized = result.functions
-    .filter((f) => f.wgmmaSerialized)
-    .map((f) => `${f.name}: ptxas serializes its wgmmas (C7518)`);
-  if (!result.job.variant.noSpill) return serialized;
-  return serialized.concat(
-    result.functions.flatMap((f) => {
-      const p: string[] = [];
-      if (f.spillStores > 0 || f.spillLoads > 0)
-        p.push(`${f.name} spills (${f.spillStores}/${f.spillLoads} B)`);
-      if (f.stackBytes > 0) p.push(`${f.name} uses a ${f.stackBytes} B stack frame`);
-      return p;
-    }),
-  );
+  return ptxasProblems(result.functions, result.job.variant.noSpill === true);
 }
 
 async function main(): Promise<number> {
