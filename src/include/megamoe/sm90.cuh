@@ -309,14 +309,6 @@ __device__ __forceinline__ void copy_out_staged_rows(unsigned staging, unsigned 
   __syncwarp();
 }
 
-// Bulk copy of `bytes` (a multiple of 16, both addresses 16-byte aligned) from global to shared memory,
-// completing on the mbarrier at `bar` like a tensor load.
-__device__ __forceinline__ void bulk_load(unsigned dst, const void* src, unsigned bytes, unsigned bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
-               "l"(src), "r"(bytes), "r"(bar)
-               : "memory");
-}
-
 // Orders this thread's generic-proxy global writes before later async-proxy (TMA) reads of them, and
 // the other way round: data written with st.global and read by another CTA's TMA needs it on both sides.
 __device__ __forceinline__ void fence_proxy_async_global() {
