@@ -41,6 +41,7 @@
 #   PART=34 Nsight Compute's per-instruction stall samples (SASS) of the fused kernel at flash-ep8 T = 4096 and
 #           of the grouped GEMM (the unfused pipeline's, T = 4096), as CSV (ARCHIVE=1)
 #   PART=36 every GPU test file (300 s), the grouped GEMM against torch, pro unfused at small T (ARCHIVE=1)
+#   PART=37 the tensor cores' rate in the mainloops' wgmma shapes (probe_wgmma_n128/256), twice (ARCHIVE=1)
 #   PART=35 the grouped GEMM's tests, then every tile timed per variant (AB_VARIANTS as in PART=30, default
 #           "- GEMM_PIPELINED_PROMOTION=0") in two rounds, beside torch._scaled_grouped_mm (ARCHIVE=1)
 # ARCHIVE=1 returns everything as $OUT/all.tgz (ARCHIVE_TIMEOUT: seconds for the part, default 540).
@@ -256,6 +257,11 @@ case "${PART:-1}" in
     --out "$out/grouped-gemm.json" 2>&1 | grep -vE "^[├┌└]" | cut -c1-150
   timeout 90 node dist/cli/main.js bench --impl unfused --shape pro --shared 0 --tokens 1,2,4,8,16,32,64 --iters 20 \
     --out "$out/layers-pro-unfused-small.json" 2>&1 | grep -vE "^[├┌└]" | grep -E "unfused|floor" | cut -c1-120
+  ;;
+37)
+  for round in 1 2; do
+    timeout 60 node dist-test/scripts/gpu-wgmma-rate.js --out "$out/wgmma-rate-$round.json" 2>&1 | tee "$out/wgmma-rate-$round.txt"
+  done
   ;;
 34)
   for case in "fused megamoe_fused 1" "unfused megamoe_fp8_grouped_gemm 1"; do

@@ -1,6 +1,7 @@
 // Probes of the machine's ceilings: an empty kernel (launch overhead), a streaming copy (device memory
 // bandwidth, bytes read plus bytes written), a read stream (bytes read only: the ceiling of a kernel
-// that streams weights) and a TMA weight stream (the same bytes the way the layer's producer loads them).
+// that streams weights), a TMA weight stream (the same bytes the way the layer's producer loads them) and
+// the tensor cores' rate for the mainloops' wgmma shapes.
 
 #include "megamoe/sm90.cuh"
 
@@ -102,4 +103,44 @@ extern "C" __global__ void __launch_bounds__(64, 1) probe_tma_stream(const __gri
       mbar_arrive(empty_bar + 8 * s);
     }
   }
+}
+
+// The tensor cores' rate for a mainloop's shape with no memory traffic: each of the CTA's warpgroups
+// (blockDim / 128) runs k_blocks K blocks of `chunks` chunks, a chunk being four m64 × n(kN) × k32
+// wgmmas on fixed shared-memory tiles, waited for as the mainloops do, and with kPromote added into a
+// second accumulator (the per-block promotion: kN / 2 FFMAs per thread). The tiles hold zeros.
+template <int kN, bool kPromote>
+__device__ __forceinline__ void wgmma_rate(int k_blocks, int chunks, float* sink) {
+  extern __shared__ __align__(1024) unsigned char smem[];
+  const unsigned base = align_up(smem_u32(smem), 1024);
+  for (unsigned i = threadIdx.x * 16; i < 48 * 1024; i += blockDim.x * 16) {
+    asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};" ::"r"(base + i), "r"(0) : "memory");
+  }
+  __syncthreads();
+  const unsigned a = base + (threadIdx.x / 128) * 8192;  // this warpgroup's 64 rows
+  const unsigned b = base + 16384;                        // 256 B rows: 32 KB
+  float partial[kN / 2];
+  float acc[kN / 2];
+#pragma unroll
+  for (int i = 0; i < kN / 2; ++i) acc[i] = 0.0f;
+  for (int kb = 0; kb < k_blocks; ++kb) {
+    for (int c = 0; c < chunks; ++c) {
+      wgmma_block_k128(partial, a, b + static_cast<unsigned>((c * kN) % 256) * 128);
+      if constexpr (kPromote) promote_block(acc, partial, 1.0f, 1.0f);
+    }
+  }
+  // Every promoted value feeds the sink (the host passes none), so no FFMA is dead code.
+  float total = partial[0];
+#pragma unroll
+  for (int i = 0; i < kN / 2; ++i) total += acc[i];
+  if (sink != nullptr) sink[blockIdx.x * blockDim.x + threadIdx.x] = total;
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1) probe_wgmma_n128(int k_blocks, int chunks, int promote, float* sink) {
+  if (promote != 0) wgmma_rate<128, true>(k_blocks, chunks, sink);
+  else wgmma_rate<128, false>(k_blocks, chunks, sink);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1) probe_wgmma_n256(int k_blocks, int chunks, float* sink) {
+  wgmma_rate<256, false>(k_blocks, chunks, sink);
 }

@@ -33,6 +33,8 @@ interface ProbeKernels {
   copy: Kernel;
   read: Kernel;
   tmaStream: Kernel;
+  wgmmaN128: Kernel;
+  wgmmaN256: Kernel;
 }
 
 const probeKernelMemo = perDeviceOnce<ProbeKernels>();
@@ -46,6 +48,8 @@ function probeKernels(device: Device): ProbeKernels {
       copy: loadKernel(device, compiled, "probe_copy"),
       read: loadKernel(device, compiled, "probe_read"),
       tmaStream: loadKernel(device, compiled, "probe_tma_stream"),
+      wgmmaN128: loadKernel(device, compiled, "probe_wgmma_n128"),
+      wgmmaN256: loadKernel(device, compiled, "probe_wgmma_n256"),
     };
   });
 }
@@ -171,6 +175,43 @@ export function measureWeightStream(
     device.free(src);
     device.free(stalled);
   }
+}
+
+export interface WgmmaRateOptions {
+  /** wgmma N: 128 (the mainloops' chunks) or 256. */
+  n: 128 | 256;
+  /** Math warpgroups per CTA (1 or 2), one CTA per SM. */
+  warpgroups: 1 | 2;
+  /** n-wide chunks per 128-deep K block, each waited for (the mainloops: 2 of n128). */
+  chunks: number;
+  /** Promote each chunk into a second accumulator (n = 128 only: n = 256 has no registers for it). */
+  promote: boolean;
+  /** K blocks per warpgroup. */
+  kBlocks: number;
+}
+
+/**
+ * FP8 FLOP/s of the tensor cores in a mainloop's shape with no memory traffic (`probe_wgmma_n128/256`):
+ * the ceiling a mainloop built that way can reach. Median of 10 runs, one CTA per SM.
+ */
+export function measureWgmmaRate(device: Device, options: WgmmaRateOptions): { tflops: number; us: number } {
+  const { n, warpgroups, chunks, promote, kBlocks } = options;
+  if (n === 256 && promote) throw new RangeError("wgmma rate: no promotion at n = 256");
+  const kernels = probeKernels(device);
+  const kernel = n === 128 ? kernels.wgmmaN128 : kernels.wgmmaN256;
+  const shared = 48 * 1024 + 1024;
+  kernel.setMaxDynamicSharedMemory(shared);
+  const args = new KernelArgs(n === 128 ? 4 : 3).i32(0, kBlocks).i32(1, chunks);
+  if (n === 128) args.i32(2, promote ? 1 : 0).ptr(3, 0n);
+  else args.ptr(2, 0n);
+  const ctas = device.smCount;
+  const t = timeKernel(device, (s) => kernel.launch(ctas, 128 * warpgroups, shared, s, args), {
+    warmup: 2,
+    iters: 10,
+    l2Flush: false,
+  });
+  const flops = ctas * warpgroups * kBlocks * chunks * 2 * 64 * n * 128;
+  return { tflops: flops / (t.usMedian * 1e-6) / 1e12, us: t.usMedian };
 }
 
 /** Host cost per launch (Node → driver) and GPU time per empty kernel. */
