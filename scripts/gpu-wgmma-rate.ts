@@ -2,7 +2,8 @@
  * On the GPU host: the tensor cores' FP8 rate in the mainloops' wgmma shapes with no memory traffic
  * (`probe_wgmma_n128/256`): n128 vs n256 wgmmas, one or two warpgroups, with and without the per-block
  * promotion. The question it answers: can a mainloop of n128 chunks, waited for one at a time, reach the
- * ~1500 TFLOP/s that a dense FP8 GEMM reaches, or is ~70–78% its own ceiling?
+ * ~1500 TFLOP/s that a dense FP8 GEMM reaches, or is ~70–78% its own ceiling? (Rates without promotion
+ * are upper bounds: see probe.cu.)
  *   node dist-test/scripts/gpu-wgmma-rate.js --out wgmma-rate.json
  */
 import { deviceSummary, gitCommit, openDevice, writeResults } from "../src/cuda/index.js";

@@ -108,13 +108,21 @@ extern "C" __global__ void __launch_bounds__(64, 1) probe_tma_stream(const __gri
 // The tensor cores' rate for a mainloop's shape with no memory traffic: each of the CTA's warpgroups
 // (blockDim / 128) runs k_blocks K blocks of `chunks` chunks, a chunk being four m64 × n(kN) × k32
 // wgmmas on fixed shared-memory tiles, waited for as the mainloops do, and with kPromote added into a
-// second accumulator (the per-block promotion: kN / 2 FFMAs per thread). The tiles hold zeros.
+// second accumulator (the per-block promotion: kN / 2 FFMAs per thread). Without it only the last
+// chunk's sums reach the sink, and ptxas may drop wgmmas whose results nothing reads: that rate is an
+// upper bound, not a measurement.
 template <int kN, bool kPromote>
 __device__ __forceinline__ void wgmma_rate(int k_blocks, int chunks, float* sink) {
   extern __shared__ __align__(1024) unsigned char smem[];
   const unsigned base = align_up(smem_u32(smem), 1024);
-  for (unsigned i = threadIdx.x * 16; i < 48 * 1024; i += blockDim.x * 16) {
-    asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};" ::"r"(base + i), "r"(0) : "memory");
+  // Random e4m3 bytes without NaNs (exponent bits 1110 at most): the tensor cores' power, and with it
+  // their clock, depends on the data.
+  for (unsigned i = threadIdx.x * 4; i < 48 * 1024; i += blockDim.x * 4) {
+    unsigned h = (i + 0x9e3779b9u) * 0x85ebca6bu;
+    h ^= h >> 13;
+    h *= 0xc2b2ae35u;
+    h ^= h >> 16;
+    asm volatile("st.shared.u32 [%0], %1;" ::"r"(base + i), "r"(h & 0xf7f7f7f7u) : "memory");
   }
   __syncthreads();
   const unsigned a = base + (threadIdx.x / 128) * 8192;  // this warpgroup's 64 rows
@@ -130,9 +138,9 @@ __device__ __forceinline__ void wgmma_rate(int k_blocks, int chunks, float* sink
     }
   }
   // Every promoted value feeds the sink (the host passes none), so no FFMA is dead code.
-  float total = partial[0];
+  float total = 0.0f;
 #pragma unroll
-  for (int i = 0; i < kN / 2; ++i) total += acc[i];
+  for (int i = 0; i < kN / 2; ++i) total += acc[i] + partial[i];
   if (sink != nullptr) sink[blockIdx.x * blockDim.x + threadIdx.x] = total;
 }
 
