@@ -40,10 +40,10 @@
 #   PART=33 the shared-expert-on sweeps with the torch peer: pro, flash-ep8, flash (ARCHIVE=1)
 #   PART=34 Nsight Compute's per-instruction stall samples (SASS) of the fused kernel at flash-ep8 T = 4096 and
 #           of the grouped GEMM (the unfused pipeline's, T = 4096), as CSV (ARCHIVE=1)
-#   PART=36 every GPU test file (300 s), the grouped GEMM against torch, pro unfused at small T (ARCHIVE=1)
-#   PART=37 the tensor cores' rate in the mainloops' wgmma shapes (probe_wgmma_n128/256), twice (ARCHIVE=1)
 #   PART=35 the grouped GEMM's tests, then every tile timed per variant (AB_VARIANTS as in PART=30, default
 #           "- GEMM_PIPELINED_PROMOTION=0") in two rounds, beside torch._scaled_grouped_mm (ARCHIVE=1)
+#   PART=36 every GPU test file (300 s), the grouped GEMM against torch, pro unfused at small T (ARCHIVE=1)
+#   PART=37 the tensor cores' rate in the mainloops' wgmma shapes (probe_wgmma_n128/256), twice (ARCHIVE=1)
 # ARCHIVE=1 returns everything as $OUT/all.tgz (ARCHIVE_TIMEOUT: seconds for the part, default 540).
 # Pass MEGAMOE_COMMIT: the device's copy of the tree has no current git history.
 set -uo pipefail

@@ -27,7 +27,7 @@
 // Compile-time parameters (-D from src/kernels/gemm/grouped_gemm.ts; defaults build the file alone):
 //   BLOCK_M 64|128, BLOCK_N 64|128|256, BLOCK_K 128, NUM_STAGES, NUM_MATH_WARPGROUPS 1|2,
 //   N (output columns), K, NUM_GROUPS, OUT_BF16 0|1. Diagnosis only: GEMM_SETMAXNREG 0|1 (default 1),
-//   GEMM_WATCHDOG_NS (default 2 s).
+//   GEMM_PIPELINED_PROMOTION 0|1 (default 1), GEMM_WATCHDOG_NS (default 2 s).
 
 #include "megamoe/bf16.cuh"
 #include "megamoe/sm90.cuh"
@@ -63,8 +63,8 @@
 #ifndef GEMM_SETMAXNREG
 #define GEMM_SETMAXNREG 1
 #endif
-// 1: a warpgroup with one wgmma chunk per K block issues block kb + 1 before promoting block kb (two
-// partial accumulators); 0: it waits for each block before promoting it. An experiment switch.
+// 1: a lone math warpgroup with one wgmma chunk per K block issues block kb + 1 before promoting block
+// kb (two partial accumulators; see kPipelined); 0: it waits for each block first (for A/B runs).
 #ifndef GEMM_PIPELINED_PROMOTION
 #define GEMM_PIPELINED_PROMOTION 1
 #endif
