@@ -2,7 +2,8 @@
  * The machine's ceilings, measured by the project's own kernels: the read-stream bandwidth (the floor
  * of a kernel that streams weights, i.e. of the layer and the grouped GEMM), the device-copy bandwidth
  * (the floor of a kernel that writes about as much as it reads, e.g. the quantization) and the host cost
- * of one launch from Node (the floor of a small layer run launch by launch).
+ * of one launch from Node (the floor of a small layer run launch by launch); for diagnosis, the TMA weight
+ * stream of decode and the tensor cores' rate in the mainloops' wgmma shapes.
  */
 import {
   compileKernel,
