@@ -17,6 +17,9 @@ const cases: Omit<WgmmaRateOptions, "kBlocks">[] = [
   { n: 128, warpgroups: 2, chunks: 2, promote: false },
   { n: 128, warpgroups: 1, chunks: 2, promote: true },
   { n: 128, warpgroups: 1, chunks: 2, promote: false },
+  // One n128 chunk per warpgroup and K block: do three warpgroups fill the promotions better than two?
+  { n: 128, warpgroups: 3, chunks: 1, promote: true },
+  { n: 128, warpgroups: 2, chunks: 1, promote: true },
   { n: 256, warpgroups: 2, chunks: 1, promote: false },
   { n: 256, warpgroups: 1, chunks: 1, promote: false },
 ];

@@ -106,7 +106,7 @@ extern "C" __global__ void __launch_bounds__(64, 1) probe_tma_stream(const __gri
 }
 
 // The tensor cores' rate for a mainloop's shape with no memory traffic: each of the CTA's warpgroups
-// (blockDim / 128) runs k_blocks K blocks of `chunks` chunks, a chunk being four m64 × n(kN) × k32
+// (blockDim / 128, up to 3) runs k_blocks K blocks of `chunks` chunks, a chunk being four m64 × n(kN) × k32
 // wgmmas on fixed shared-memory tiles, waited for as the mainloops do, and with kPromote added into a
 // second accumulator (the per-block promotion: kN / 2 FFMAs per thread). Without it only the last
 // chunk's sums reach the sink, and ptxas may drop wgmmas whose results nothing reads: that rate is an
@@ -117,7 +117,7 @@ __device__ __forceinline__ void wgmma_rate(int k_blocks, int chunks, float* sink
   const unsigned base = align_up(smem_u32(smem), 1024);
   // Random e4m3 bytes without NaNs (exponent bits 1110 at most): the tensor cores' power, and with it
   // their clock, depends on the data.
-  for (unsigned i = threadIdx.x * 4; i < 48 * 1024; i += blockDim.x * 4) {
+  for (unsigned i = threadIdx.x * 4; i < 56 * 1024; i += blockDim.x * 4) {
     unsigned h = (i + 0x9e3779b9u) * 0x85ebca6bu;
     h ^= h >> 13;
     h *= 0xc2b2ae35u;
@@ -125,8 +125,8 @@ __device__ __forceinline__ void wgmma_rate(int k_blocks, int chunks, float* sink
     asm volatile("st.shared.u32 [%0], %1;" ::"r"(base + i), "r"(h & 0xf7f7f7f7u) : "memory");
   }
   __syncthreads();
-  const unsigned a = base + (threadIdx.x / 128) * 8192;  // this warpgroup's 64 rows
-  const unsigned b = base + 16384;                        // 256 B rows: 32 KB
+  const unsigned a = base + (threadIdx.x / 128) * 8192;  // this warpgroup's 64 rows (up to 3 warpgroups)
+  const unsigned b = base + 3 * 8192;                     // 256 B rows: 32 KB
   float partial[kN / 2];
   float acc[kN / 2];
 #pragma unroll
@@ -144,11 +144,11 @@ __device__ __forceinline__ void wgmma_rate(int k_blocks, int chunks, float* sink
   if (sink != nullptr) sink[blockIdx.x * blockDim.x + threadIdx.x] = total;
 }
 
-extern "C" __global__ void __launch_bounds__(256, 1) probe_wgmma_n128(int k_blocks, int chunks, int promote, float* sink) {
+extern "C" __global__ void __launch_bounds__(384, 1) probe_wgmma_n128(int k_blocks, int chunks, int promote, float* sink) {
   if (promote != 0) wgmma_rate<128, true>(k_blocks, chunks, sink);
   else wgmma_rate<128, false>(k_blocks, chunks, sink);
 }
 
-extern "C" __global__ void __launch_bounds__(256, 1) probe_wgmma_n256(int k_blocks, int chunks, float* sink) {
+extern "C" __global__ void __launch_bounds__(384, 1) probe_wgmma_n256(int k_blocks, int chunks, float* sink) {
   wgmma_rate<256, false>(k_blocks, chunks, sink);
 }

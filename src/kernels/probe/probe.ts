@@ -181,8 +181,8 @@ export function measureWeightStream(
 export interface WgmmaRateOptions {
   /** wgmma N: 128 (the mainloops' chunks) or 256. */
   n: 128 | 256;
-  /** Math warpgroups per CTA (1 or 2), one CTA per SM. */
-  warpgroups: 1 | 2;
+  /** Math warpgroups per CTA (1 to 3), one CTA per SM. */
+  warpgroups: 1 | 2 | 3;
   /** n-wide chunks per 128-deep K block, each waited for (the mainloops: 2 of n128). */
   chunks: number;
   /** Promote each chunk into a second accumulator (n = 128 only: n = 256 has no registers for it). */
@@ -200,7 +200,7 @@ export function measureWgmmaRate(device: Device, options: WgmmaRateOptions): { t
   if (n === 256 && promote) throw new RangeError("wgmma rate: no promotion at n = 256");
   const kernels = probeKernels(device);
   const kernel = n === 128 ? kernels.wgmmaN128 : kernels.wgmmaN256;
-  const shared = 48 * 1024 + 1024;
+  const shared = 56 * 1024 + 1024; // three warpgroups' A tiles, one B tile, alignment
   kernel.setMaxDynamicSharedMemory(shared);
   const args = new KernelArgs(n === 128 ? 4 : 3).i32(0, kBlocks).i32(1, chunks);
   if (n === 128) args.i32(2, promote ? 1 : 0).ptr(3, 0n);
