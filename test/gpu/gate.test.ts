@@ -429,8 +429,10 @@ function check(
 describe("MegaGate plan (no GPU needed)", () => {
   test("splits cover K exactly and the workspace matches", () => {
     for (const c of CASES.map((x) => x.config)) {
-      for (const tokens of [1, 7, 16, 129, 1000, 8192]) {
-        const p = planGate(tokens, c.hidden, c.numExperts, 132);
+      for (const [tokens, logits] of [1, 7, 16, 129, 1000, 8192].flatMap((t) =>
+        (["exact", "fast"] as const).map((l) => [t, l] as const),
+      )) {
+        const p = planGate(tokens, c.hidden, c.numExperts, 132, logits);
         const steps = c.hidden / 32;
         assert.ok(
           p.splits >= 1 && p.splits <= Math.min(steps, Math.floor(256 / Math.ceil(c.numExperts / 32))),
@@ -440,10 +442,10 @@ describe("MegaGate plan (no GPU needed)", () => {
         assert.equal(p.selectBlocks, Math.ceil(tokens / 4));
       }
     }
-    assert.equal(planGate(8192, 7168, 384, 132).splits, 1); // enough tiles: no split
+    assert.equal(planGate(8192, 7168, 384, 132, "fast").splits, 1); // enough tiles: no split
     // Capped at 256 / ⌈E/32⌉ select loads per lane: pro at most 21 splits (of 11 of its 224 steps).
-    assert.equal(planGate(1, 7168, 384, 132).splits, 21);
-    assert.equal(planGate(1, 4096, 32, 132).splits, 128); // flash-ep8: one expert block, 128 splits of 1 step
+    assert.equal(planGate(1, 7168, 384, 132, "exact").splits, 21);
+    assert.equal(planGate(1, 4096, 32, 132, "exact").splits, 128); // flash-ep8: one expert block, 128 splits of 1 step
     // Exact tiles hold 8 tokens, fast ones 16: twice the warps for the same batch.
     assert.equal(planGate(8192, 4096, 256, 132, "exact").logitsWarps, 1024 * 8);
     assert.equal(planGate(8192, 4096, 256, 132, "fast").logitsWarps, 512 * 8);
@@ -456,8 +458,6 @@ describe("MegaGate plan (no GPU needed)", () => {
     assert.equal(defaultGateLogits(98, 7168, 384), "fast");
     assert.equal(defaultGateLogits(8192, 7168, 384, "softmax"), "exact"); // softmax: always exact
     assert.equal(defaultGateLogits(8192, 7168, 384, "sigmoid"), "fast");
-    assert.equal(planGate(8, 4096, 256, 132).logits, "exact");
-    assert.equal(planGate(8192, 4096, 256, 132).logits, "fast");
   });
 });
 

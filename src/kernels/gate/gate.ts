@@ -122,16 +122,17 @@ function expertsPerWarp(numExperts: number): number {
 }
 
 /**
- * The launch plan: K is split until the logits kernel has about TARGET_WARPS_PER_SM warps per SM (small
- * T), into at most MAX_SELECT_LOADS / ⌈E/32⌉ ranges of at least one 32-channel step; large T runs
- * unsplit.
+ * The launch plan for one logits path (the caller picks it: routeOnDevice takes options.logits or
+ * defaultGateLogits with the router's scoring): K is split until the logits kernel has about
+ * TARGET_WARPS_PER_SM warps per SM (small T), into at most MAX_SELECT_LOADS / ⌈E/32⌉ ranges of at least
+ * one 32-channel step; large T runs unsplit.
  */
 export function planGate(
   tokens: number,
   hidden: number,
   numExperts: number,
   smCount: number,
-  logits: GateLogits = defaultGateLogits(tokens, hidden, numExperts),
+  logits: GateLogits,
 ): GatePlan {
   const tiles = Math.ceil(tokens / TOKENS_PER_TILE[logits]);
   const expertBlocks = numExperts / expertsPerWarp(numExperts);
