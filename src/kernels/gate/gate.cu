@@ -112,6 +112,18 @@ __device__ __forceinline__ void warp_best(float& v, int& i, float& payload) {
   }
 }
 
+// Where lane (g, q) of a logits warp reads expert block eb's weights: expert eb · kExpertsPerWarp + 8c + g,
+// channels 8q … 8q + 7 of each 32-channel step (both logits kernels' B fragment).
+__device__ __forceinline__ void weight_rows(const unsigned char* (&wrow)[kColumnBlocks], const void* w, unsigned int eb,
+                                            unsigned int g, unsigned int q, unsigned int hidden) {
+  const unsigned char* wb = static_cast<const unsigned char*>(w);
+#pragma unroll
+  for (int c = 0; c < kColumnBlocks; ++c) {
+    const unsigned int e = eb * kExpertsPerWarp + c * 8u + g;
+    wrow[c] = wb + (static_cast<unsigned long long>(e) * hidden + q * 8u) * 2u;
+  }
+}
+
 // A logits warp's share of the work, declared as locals of the kernel: warp u takes expert block
 // eb = u % EB, token tile (u / EB) % TT and K split u / (EB · TT), the split being 32-channel steps
 // [first, last); a warp past the last unit returns. A macro, not a function: as a function the same
@@ -144,16 +156,11 @@ extern "C" __global__ void __launch_bounds__(kThreads)
   const unsigned int t0 = tile * kTokensPerTile + g;
   const unsigned int t1 = t0 + 8u;
   const unsigned char* xb = static_cast<const unsigned char*>(x);
-  const unsigned char* wb = static_cast<const unsigned char*>(w);
   // Rows past T read row 0 (always valid) and are never written.
   const unsigned char* x0 = xb + (static_cast<unsigned long long>(t0 < tokens ? t0 : 0u) * hidden + q * 8u) * 2u;
   const unsigned char* x1 = xb + (static_cast<unsigned long long>(t1 < tokens ? t1 : 0u) * hidden + q * 8u) * 2u;
   const unsigned char* wrow[kColumnBlocks];
-#pragma unroll
-  for (int c = 0; c < kColumnBlocks; ++c) {
-    const unsigned int e = eb * kExpertsPerWarp + c * 8u + g;
-    wrow[c] = wb + (static_cast<unsigned long long>(e) * hidden + q * 8u) * 2u;
-  }
+  weight_rows(wrow, w, eb, g, q, hidden);
 
   double acc[kColumnBlocks][4];
 #pragma unroll
@@ -210,16 +217,11 @@ extern "C" __global__ void __launch_bounds__(kThreads)
   const unsigned int g = lane >> 2;  // token within the tile, and expert within a column block
   const unsigned int q = lane & 3u;
   const unsigned int t = tile * kExactTokensPerTile + g;
-  const unsigned char* wb = static_cast<const unsigned char*>(w);
   // A row past T reads row 0 (always valid) and is never written.
   const unsigned char* xrow = static_cast<const unsigned char*>(x) +
                               (static_cast<unsigned long long>(t < tokens ? t : 0u) * hidden + q * 8u) * 2u;
   const unsigned char* wrow[kColumnBlocks];
-#pragma unroll
-  for (int c = 0; c < kColumnBlocks; ++c) {
-    const unsigned int e = eb * kExpertsPerWarp + c * 8u + g;
-    wrow[c] = wb + (static_cast<unsigned long long>(e) * hidden + q * 8u) * 2u;
-  }
+  weight_rows(wrow, w, eb, g, q, hidden);
 
   double acc[kColumnBlocks][2];
 #pragma unroll
