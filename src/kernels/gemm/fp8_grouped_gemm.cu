@@ -459,14 +459,10 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
         step(kb, partial, partial_next);
         if (kb + 1 < kKBlocks) step(kb + 1, partial_next, partial);
       }
+      float (&last)[kAccum] = (kKBlocks & 1) == 0 ? partial_next : partial;  // the last block's partial
       wgmma_wait<0>();
-      if constexpr ((kKBlocks & 1) == 0) {
-        fence_registers(partial_next);
-        promote_block(promoted[0][0], partial_next, held_lo, held_hi);
-      } else {
-        fence_registers(partial);
-        promote_block(promoted[0][0], partial, held_lo, held_hi);
-      }
+      fence_registers(last);
+      promote_block(promoted[0][0], last, held_lo, held_hi);
       if (lane == 0) mbar_arrive(empty_bar + 8 * held_stage);
     } else {
       for (int kb = 0; kb < kKBlocks; ++kb, ++iteration) {
