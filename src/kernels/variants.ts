@@ -40,6 +40,10 @@ export function stagingAreaBytes(pitch: number): number {
   return 16 * pitch;
 }
 
+/** Staging pitches (megamoe/sm90.cuh: kStagingPitchNarrow / Wide): 128-byte rows + 16 or + 32 bytes. */
+export const STAGING_PITCH_NARROW = 144;
+export const STAGING_PITCH_WIDE = 160;
+
 /** A short label such as `HIDDEN=7168 SCALE_UE8M0=1` for reports and errors. */
 export function describeDefines(defines: KernelDefines): string {
   const names = Object.keys(defines).sort();

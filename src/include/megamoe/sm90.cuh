@@ -330,6 +330,11 @@ __device__ __forceinline__ void store_shared_v2(unsigned address, float x, float
 constexpr int kStagedRows = 16;
 constexpr int kStagedRowBytes = 128;
 __host__ __device__ constexpr unsigned staging_area_bytes(unsigned pitch) { return kStagedRows * pitch; }
+// The two pitches (kernels/variants.ts mirrors them): rows staged by 4-byte stores (bf16 pairs, FP8
+// quads) start 4 banks apart at 144 bytes, rows of 8-byte stores (fp32 pairs) 8 banks apart at 160; either
+// way the 8 rows of one store instruction meet no bank twice.
+constexpr unsigned kStagingPitchNarrow = kStagedRowBytes + 16;
+constexpr unsigned kStagingPitchWide = kStagedRowBytes + 32;
 
 template <int kRowBytes, int kPitch>
 __device__ __forceinline__ void copy_out_staged_rows(unsigned staging, unsigned char* dst, long long stride,

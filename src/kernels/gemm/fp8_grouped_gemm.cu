@@ -174,8 +174,8 @@ constexpr unsigned kOffPrefix = kOffGroups + 8 * kGroups;  // int[kGroups + 1]: 
 // 128 bytes, 144 bytes apart for the bf16 pairs' 4-byte stores and 160 for the fp32 pairs' 8-byte ones
 // (either way the 8 rows of one store instruction fall on different banks).
 constexpr int kMathWarps = kMathThreads / 32;
-constexpr unsigned kStagingPitch = kOutBf16 ? 144 : 160;
-constexpr unsigned kStagingWarpBytes = staging_area_bytes(160);  // the variants size it for the wider pitch
+constexpr unsigned kStagingPitch = kOutBf16 ? kStagingPitchNarrow : kStagingPitchWide;
+constexpr unsigned kStagingWarpBytes = staging_area_bytes(kStagingPitchWide);  // the variants size it for either
 constexpr unsigned kOffStaging = align_up(kOffPrefix + 4 * (kGroups + 1), 16);
 constexpr unsigned kSmemBytes = kOffStaging + kMathWarps * kStagingWarpBytes;
 constexpr unsigned kSmemAlign = 1024;  // the 128-byte swizzle pattern repeats every 1024 bytes

@@ -11,6 +11,7 @@ import {
   type KernelDefines,
   type KernelVariant,
   SM90_SHARED_OPTIN_BYTES,
+  STAGING_PITCH_WIDE,
   stagingAreaBytes,
 } from "../variants.js";
 
@@ -70,8 +71,8 @@ export function gemmSharedBytes(tile: GemmTile, stages: number, k: number, group
   const offFull = alignUp(offSw + 2 * swRows * kBlocks * 4, 8);
   const offGroups = offFull + 16 * stages;
   const offStaging = alignUp(offGroups + 8 * groups + 4 * (groups + 1), 16);
-  // One staging area per math warp, sized for the wider (fp32) pitch of 160 bytes.
-  const bytes = offStaging + 4 * tile.mathWarpgroups * stagingAreaBytes(160);
+  // One staging area per math warp, sized for the wider (fp32) pitch.
+  const bytes = offStaging + 4 * tile.mathWarpgroups * stagingAreaBytes(STAGING_PITCH_WIDE);
   return bytes + 1024;
 }
 

@@ -154,7 +154,7 @@ constexpr unsigned kOffBroadcast = kOffHist + 4 * kGroups;        // int[4]
 // fragment's scattered order, then copies them out in 16-byte pieces, so that a global store covers 4
 // rows × 128 bytes instead of 8 rows × 8 (L1) or 16 (L2) bytes. Rows lie 144 bytes apart: the 8 rows of
 // one fragment store then start 4 banks apart and never conflict.
-constexpr unsigned kStagingPitch = kStagedRowBytes + 16;
+constexpr unsigned kStagingPitch = kStagingPitchNarrow;
 constexpr unsigned kStagingWarpBytes = staging_area_bytes(kStagingPitch);
 constexpr unsigned kOffStaging = align_up(kOffBroadcast + 16, 16);
 constexpr unsigned kSmemBytes = kOffStaging + kMathWarps * kStagingWarpBytes;

@@ -17,6 +17,7 @@ import {
   type KernelDefines,
   type KernelVariant,
   SM90_SHARED_OPTIN_BYTES,
+  STAGING_PITCH_NARROW,
   stagingAreaBytes,
 } from "../variants.js";
 
@@ -58,8 +59,8 @@ export function fusedSharedBytes(c: MoEConfig, stages: number, blockM: FusedBloc
   const offAmax = offBars + 8 * (2 * stages + 4);
   const offOffsets = offAmax + 2 * 64 * 4;
   const offStaging = alignUp(offOffsets + 4 * (groups + 1) * 2 + 4 * groups + 16, 16);
-  // One staging area per math warp (all but the producer warpgroup), rows 144 bytes apart.
-  const bytes = offStaging + ((FUSED_THREADS - 128) / 32) * stagingAreaBytes(144);
+  // One staging area per math warp (all but the producer warpgroup), at the narrow pitch.
+  const bytes = offStaging + ((FUSED_THREADS - 128) / 32) * stagingAreaBytes(STAGING_PITCH_NARROW);
   return bytes + 1024;
 }
 
