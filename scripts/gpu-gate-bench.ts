@@ -5,14 +5,7 @@
  *   node dist-test/scripts/gpu-gate-bench.js --out gate.json
  */
 import { resolveConfig } from "../src/config/config.js";
-import {
-  DeviceTensor,
-  deviceSummary,
-  gitCommit,
-  openDevice,
-  timeKernel,
-  writeResults,
-} from "../src/cuda/index.js";
+import { DeviceTensor, deviceSummary, openDevice, timeKernel, writeResults } from "../src/cuda/index.js";
 import {
   defaultGateLogits,
   type GateLogits,
@@ -78,7 +71,6 @@ for (const shape of ["flash-ep8", "flash", "pro"]) {
 if (out) {
   writeResults(out, {
     device: deviceSummary(device),
-    commit: process.env.MEGAMOE_COMMIT ?? gitCommit(),
     command: `node dist-test/scripts/gpu-gate-bench.js --out ${out}`,
     rows,
   });

@@ -2,7 +2,7 @@
  * On the GPU host: every grouped-GEMM tile on the flash expert shapes (32 groups, M per group 64, 512,
  * 4096), so the plan's cost model can be checked against measurement. Writes results JSON to argv[2].
  */
-import { deviceSummary, gitCommit, openDevice, writeResults } from "../src/cuda/index.js";
+import { deviceSummary, openDevice, writeResults } from "../src/cuda/index.js";
 import { benchmarkGroupedGemm, type GroupedGemmBenchCase } from "../src/kernels/gemm/grouped_gemm.js";
 
 const device = openDevice(0);
@@ -37,7 +37,6 @@ for (const s of shapes) {
 if (process.argv[2]) {
   writeResults(process.argv[2], {
     device: deviceSummary(device),
-    commit: process.env.MEGAMOE_COMMIT ?? gitCommit(),
     command: "node dist-test/scripts/gpu-gemm-bench.js",
     rows,
   });

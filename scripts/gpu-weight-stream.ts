@@ -5,7 +5,7 @@
  * number of busy SMs'? Prints one line per configuration and writes JSON to --out.
  *   node dist-test/scripts/gpu-weight-stream.js --out weight-stream.json
  */
-import { deviceSummary, gitCommit, openDevice, writeResults } from "../src/cuda/index.js";
+import { deviceSummary, openDevice, writeResults } from "../src/cuda/index.js";
 import { measureReadCeiling, measureWeightStream, type WeightLayout } from "../src/kernels/probe/probe.js";
 
 const outIndex = process.argv.indexOf("--out");
@@ -36,7 +36,6 @@ for (const layout of ["row-major", "kblock-major"] as WeightLayout[]) {
 if (out) {
   writeResults(out, {
     device: { ...deviceSummary(device), read_tbps: read.tbps },
-    commit: process.env.MEGAMOE_COMMIT ?? gitCommit(),
     command: `node dist-test/scripts/gpu-weight-stream.js --out ${out}`,
     rows,
   });

@@ -6,7 +6,7 @@
  * are upper bounds: see probe.cu.)
  *   node dist-test/scripts/gpu-wgmma-rate.js --out wgmma-rate.json
  */
-import { deviceSummary, gitCommit, openDevice, writeResults } from "../src/cuda/index.js";
+import { deviceSummary, openDevice, writeResults } from "../src/cuda/index.js";
 import { measureWgmmaRate, type WgmmaRateOptions } from "../src/kernels/probe/probe.js";
 
 const outIndex = process.argv.indexOf("--out");
@@ -34,7 +34,6 @@ for (const c of cases) {
 if (out) {
   writeResults(out, {
     device: deviceSummary(device),
-    commit: process.env.MEGAMOE_COMMIT ?? gitCommit(),
     command: `node dist-test/scripts/gpu-wgmma-rate.js --out ${out}`,
     rows,
   });

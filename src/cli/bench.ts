@@ -10,7 +10,6 @@ import {
   cudaAvailability,
   type Device,
   deviceSummary,
-  gitCommit,
   openDevice,
   type ResultRow,
   writeResults,
@@ -348,7 +347,6 @@ export async function runBench(opts: BenchOptions): Promise<void> {
   if (opts.out !== undefined) {
     writeResults(opts.out, {
       device: { ...deviceInfo, fp8_tflops_source: rate.source },
-      commit: process.env.MEGAMOE_COMMIT ?? gitCommit(),
       command: `megamoe ${process.argv.slice(2).join(" ")}`,
       rows: [...rows, ...peerRows.map((p) => ({ ...p, source: path.basename(peer!.file) }))],
     });

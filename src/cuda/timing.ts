@@ -160,7 +160,10 @@ export interface ResultRow {
 export interface ResultsMeta<Row extends object = ResultRow> {
   /** Device description (e.g. `device.describe()`) or a structured summary. */
   device: string | Record<string, unknown>;
-  /** Default: `git rev-parse --short HEAD` (+ "-dirty" with uncommitted changes), else "unknown". */
+  /**
+   * Default: `$MEGAMOE_COMMIT` (set by hand where the tree has no git history, as on the GPU host), else
+   * `git rev-parse --short HEAD` (+ "-dirty" with uncommitted changes), else "unknown".
+   */
   commit?: string;
   /** Default: now, ISO 8601. */
   date?: string;
@@ -203,7 +206,7 @@ export function deviceSummary(device: Device): Record<string, unknown> {
 export function writeResults<Row extends object = ResultRow>(file: string, meta: ResultsMeta<Row>): void {
   const doc = {
     device: meta.device,
-    commit: meta.commit ?? gitCommit(),
+    commit: meta.commit ?? process.env.MEGAMOE_COMMIT ?? gitCommit(),
     date: meta.date ?? new Date().toISOString(),
     command: meta.command ?? process.argv.join(" "),
     node: process.version,
