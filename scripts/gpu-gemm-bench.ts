@@ -3,10 +3,11 @@
  * 4096), so the plan's cost model can be checked against measurement. Writes results JSON to argv[2].
  */
 import { deviceSummary, openDevice, writeResults } from "../src/cuda/index.js";
+import { GEMM_TILE_NAMES } from "../src/kernels/gemm/fp8_grouped_gemm.variants.js";
 import { benchmarkGroupedGemm, type GroupedGemmBenchCase } from "../src/kernels/gemm/grouped_gemm.js";
 
 const device = openDevice(0);
-const tiles = ["m64n128", "m128n128", "m64n256", "m128n256"] as const;
+const tiles = GEMM_TILE_NAMES;
 const shapes = [
   { name: "flash-L1", n: 4096, k: 4096 },
   { name: "flash-L2", n: 4096, k: 2048 },

@@ -44,6 +44,9 @@
 #           "- GEMM_PIPELINED_PROMOTION=0") in two rounds, beside torch._scaled_grouped_mm (ARCHIVE=1)
 #   PART=36 every GPU test file (300 s), the grouped GEMM against torch, pro unfused at small T (ARCHIVE=1)
 #   PART=37 the tensor cores' rate in the mainloops' wgmma shapes (probe_wgmma_n128/256), twice (ARCHIVE=1)
+#   PART=39 the fused kernel without its tensor work (MEGAMOE_DIAG_SKIP_MMA=1) against the kernel, flash-ep8 and
+#           flash at decode and mid T in 2 rounds each, with the timeline at flash-ep8 T = 64; then the grouped
+#           GEMM against torch._scaled_grouped_mm in 3 alternating rounds (ARCHIVE=1)
 # ARCHIVE=1 returns everything as $OUT/all.tgz (ARCHIVE_TIMEOUT: seconds for the part, default 540).
 # Pass MEGAMOE_COMMIT: the device's copy of the tree has no current git history.
 set -uo pipefail
@@ -257,6 +260,23 @@ case "${PART:-1}" in
     --out "$out/grouped-gemm.json" 2>&1 | grep -vE "^[├┌└]" | cut -c1-150
   timeout 90 node dist/cli/main.js bench --impl unfused --shape pro --shared 0 --tokens 1,2,4,8,16,32,64 --iters 20 \
     --out "$out/layers-pro-unfused-small.json" 2>&1 | grep -vE "^[├┌└]" | grep -E "unfused|floor" | cut -c1-120
+  ;;
+39)
+  for v in - MEGAMOE_DIAG_SKIP_MMA=1; do
+    tag=${v//[^A-Za-z0-9]/_}
+    for shape in flash-ep8:1,8,64,256,512,4096 flash:8,64,256; do
+      MEGAMOE_JIT_DEFINES=${v#-} timeout 120 node dist/cli/main.js bench --impl fused --shape "${shape%%:*}" --shared 0 \
+        --tokens "${shape#*:}" --iters 20 --rounds 2 --out "$out/fused-$tag-${shape%%:*}.json" 2>&1 \
+        | grep -vE "^[├┌└]" | grep -E "fused" | cut -c1-120
+    done
+    MEGAMOE_JIT_DEFINES=${v#-} timeout 60 node dist-test/scripts/gpu-fused-trace.js flash-ep8 64 >"$out/trace-$tag.txt" 2>&1
+    echo "trace $v rc=$?"
+  done
+  for round in 1 2 3; do
+    timeout 90 python3 bench/peers/torch_moe.py --grouped-gemm-only --out "$out/torch-grouped-gemm-$round.json" 2>&1 | tail -1
+    timeout 120 node dist/cli/main.js bench --impl grouped-gemm --peer "$out/torch-grouped-gemm-$round.json" \
+      --out "$out/grouped-gemm-$round.json" 2>&1 | grep -vE "^[├┌└]" | grep -E "flash" | cut -c1-150
+  done
   ;;
 37)
   for round in 1 2; do

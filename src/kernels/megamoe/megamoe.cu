@@ -35,7 +35,9 @@
 //
 // Compile-time parameters (-D, from megamoe.variants.ts): HIDDEN, INTER (routed experts' intermediate),
 // SHARED_INTER (the shared expert's, 0: none), NUM_EXPERTS, TOP_K, BLOCK_M, NUM_STAGES, SCALE_UE8M0,
-// and SHARED_BYTES (the launcher's figure for the layout below, checked against it).
+// and SHARED_BYTES (the launcher's figure for the layout below, checked against it). Diagnosis only:
+// MEGAMOE_DIAG_SKIP_MMA 1 issues no wgmma (every stage is still waited for, promoted and released; the
+// results are wrong), to time the kernel without its tensor work.
 #include "megamoe/bf16.cuh"
 #include "megamoe/moe_rules.cuh"
 #include "megamoe/ptx.cuh"
@@ -68,6 +70,9 @@
 #endif
 #ifndef MEGAMOE_WATCHDOG_NS
 #define MEGAMOE_WATCHDOG_NS 2000000000ull
+#endif
+#ifndef MEGAMOE_DIAG_SKIP_MMA
+#define MEGAMOE_DIAG_SKIP_MMA 0
 #endif
 
 namespace {
@@ -484,7 +489,12 @@ __device__ __forceinline__ void tile_mainloop(const MathContext& m, const Task& 
       const unsigned b_stage = m.b_smem + stage * kBTileBytes;
 #pragma unroll
       for (int c = 0; c < S::kChunks; ++c) {
-        wgmma_block_k128(partial, a_stage, b_stage + S::b_row(c, m.warpgroup) * kBlockK);
+        if constexpr (MEGAMOE_DIAG_SKIP_MMA != 0) {
+#pragma unroll
+          for (int i = 0; i < S::kAcc; ++i) partial[i] = 0.0f;
+        } else {
+          wgmma_block_k128(partial, a_stage, b_stage + S::b_row(c, m.warpgroup) * kBlockK);
+        }
         promote_block(acc[c], partial, sa_lo * sw[c], sa_hi * sw[c]);
       }
     }
