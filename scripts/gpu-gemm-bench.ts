@@ -1,13 +1,21 @@
 /**
  * On the GPU host: every grouped-GEMM tile on the flash expert shapes (32 groups, M per group 64, 512,
  * 4096), so the plan's cost model can be checked against measurement. Writes results JSON to argv[2].
+ * GEMM_CODES (default "quantized"): a comma list of operand code distributions to time each case with
+ * (GemmBenchCodes), alternating per case so that drifts hit all alike; GEMM_TILES=plan times the plan's
+ * pick only.
  */
 import { deviceSummary, openDevice, writeResults } from "../src/cuda/index.js";
 import { GEMM_TILE_NAMES } from "../src/kernels/gemm/fp8_grouped_gemm.variants.js";
-import { benchmarkGroupedGemm, type GroupedGemmBenchCase } from "../src/kernels/gemm/grouped_gemm.js";
+import {
+  benchmarkGroupedGemm,
+  type GemmBenchCodes,
+  type GroupedGemmBenchCase,
+} from "../src/kernels/gemm/grouped_gemm.js";
 
 const device = openDevice(0);
-const tiles = GEMM_TILE_NAMES;
+const tiles = process.env.GEMM_TILES === "plan" ? [] : GEMM_TILE_NAMES;
+const codesList = (process.env.GEMM_CODES ?? "quantized").split(",") as GemmBenchCodes[];
 const shapes = [
   { name: "flash-L1", n: 4096, k: 4096 },
   { name: "flash-L2", n: 4096, k: 2048 },
@@ -15,22 +23,22 @@ const shapes = [
 const rows = [];
 for (const s of shapes) {
   for (const m of [64, 512, 4096]) {
-    const cases: GroupedGemmBenchCase[] = [
-      { config: s.name, groups: 32, mPerGroup: m, n: s.n, k: s.k },
-      ...tiles.map((tile) => ({ config: s.name, groups: 32, mPerGroup: m, n: s.n, k: s.k, tile })),
-    ];
+    const base = { config: s.name, groups: 32, mPerGroup: m, n: s.n, k: s.k };
+    const cases: GroupedGemmBenchCase[] = [base, ...tiles.map((tile) => ({ ...base, tile }))];
     for (const c of cases) {
-      try {
-        const [row] = benchmarkGroupedGemm(device, [c], { warmup: 5, iters: 20 });
-        const picked = c.tile === undefined ? "plan" : "forced";
-        rows.push({ ...row, choice: picked });
-        console.log(
-          `${s.name} M/group=${m} ${picked.padEnd(6)} ${String(row.tile).padEnd(9)} ${row.us_median.toFixed(1).padStart(8)} µs  floor ${row.floor_us.toFixed(1).padStart(7)}  ${row.tflops.toFixed(0).padStart(5)} TFLOP/s`,
-        );
-      } catch (e) {
-        console.log(
-          `${s.name} M/group=${m} ${c.tile ?? "plan"}: FAILED ${(e as Error).message.split("\n")[0]}`,
-        );
+      for (const codes of codesList) {
+        try {
+          const [row] = benchmarkGroupedGemm(device, [{ ...c, codes }], { warmup: 5, iters: 20 });
+          const picked = c.tile === undefined ? "plan" : "forced";
+          rows.push({ ...row, choice: picked });
+          console.log(
+            `${s.name} M/group=${m} ${picked.padEnd(6)} ${String(row.tile).padEnd(9)} ${codes.padEnd(13)} ${row.us_median.toFixed(1).padStart(8)} µs  floor ${row.floor_us.toFixed(1).padStart(7)}  ${row.tflops.toFixed(0).padStart(5)} TFLOP/s`,
+          );
+        } catch (e) {
+          console.log(
+            `${s.name} M/group=${m} ${c.tile ?? "plan"} ${codes}: FAILED ${(e as Error).message.split("\n")[0]}`,
+          );
+        }
       }
     }
   }

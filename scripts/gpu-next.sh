@@ -47,6 +47,9 @@
 #   PART=39 the fused kernel without its tensor work (MEGAMOE_DIAG_SKIP_MMA=1) against the kernel, flash-ep8 and
 #           flash at decode and mid T in 2 rounds each, with the timeline at flash-ep8 T = 64; then the grouped
 #           GEMM against torch._scaled_grouped_mm in 3 alternating rounds (ARCHIVE=1)
+#   PART=40 the grouped GEMM's plan against torch._scaled_grouped_mm in 2 alternating rounds, each case on
+#           quantized-looking and on uniformly random codes; the GEMM without its tensor work; the fused
+#           kernel's timeline at flash-ep8 T = 4096 with and without it; the wgmma-rate probe (ARCHIVE=1)
 # ARCHIVE=1 returns everything as $OUT/all.tgz (ARCHIVE_TIMEOUT: seconds for the part, default 540).
 # Pass MEGAMOE_COMMIT: the device's copy of the tree has no current git history.
 set -uo pipefail
@@ -277,6 +280,23 @@ case "${PART:-1}" in
     timeout 120 node dist/cli/main.js bench --impl grouped-gemm --peer "$out/torch-grouped-gemm-$round.json" \
       --out "$out/grouped-gemm-$round.json" 2>&1 | grep -vE "^[├┌└]" | grep -E "flash" | cut -c1-150
   done
+  ;;
+40)
+  for round in 1 2; do
+    timeout 90 python3 bench/peers/torch_moe.py --grouped-gemm-only --out "$out/torch-grouped-gemm-$round.json" 2>&1 | tail -1
+    GEMM_TILES=plan GEMM_CODES=quantized,uniform-bytes timeout 150 node dist-test/scripts/gpu-gemm-bench.js \
+      "$out/gemm-codes-$round.json" >"$out/gemm-codes-$round.txt" 2>&1
+    echo "gemm codes round $round rc=$?"; cat "$out/gemm-codes-$round.txt"
+  done
+  MEGAMOE_JIT_DEFINES=GEMM_DIAG_SKIP_MMA=1 GEMM_TILES=plan timeout 150 node dist-test/scripts/gpu-gemm-bench.js \
+    "$out/gemm-skip-mma.json" >"$out/gemm-skip-mma.txt" 2>&1
+  echo "gemm without mma rc=$?"; cat "$out/gemm-skip-mma.txt"
+  for v in - MEGAMOE_DIAG_SKIP_MMA=1; do
+    tag=${v//[^A-Za-z0-9]/_}
+    MEGAMOE_JIT_DEFINES=${v#-} timeout 90 node dist-test/scripts/gpu-fused-trace.js flash-ep8 4096 >"$out/trace-4096-$tag.txt" 2>&1
+    echo "trace $v rc=$?"; cat "$out/trace-4096-$tag.txt"
+  done
+  timeout 60 node dist-test/scripts/gpu-wgmma-rate.js --out "$out/wgmma-rate.json" 2>&1 | tee "$out/wgmma-rate.txt"
   ;;
 37)
   for round in 1 2; do

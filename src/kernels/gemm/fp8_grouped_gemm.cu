@@ -27,7 +27,9 @@
 // Compile-time parameters (-D from src/kernels/gemm/grouped_gemm.ts; defaults build the file alone):
 //   BLOCK_M 64|128, BLOCK_N 64|128|256, BLOCK_K 128, NUM_STAGES, NUM_MATH_WARPGROUPS 1|2,
 //   N (output columns), K, NUM_GROUPS, OUT_BF16 0|1. Diagnosis only: GEMM_SETMAXNREG 0|1 (default 1),
-//   GEMM_PIPELINED_PROMOTION 0|1 (default 1), GEMM_WATCHDOG_NS (default 2 s).
+//   GEMM_PIPELINED_PROMOTION 0|1 (default 1), GEMM_WATCHDOG_NS (default 2 s), GEMM_DIAG_SKIP_MMA 0|1 (1: no
+//   wgmma is issued, every stage is still waited for, promoted and released; wrong results, for timing the
+//   kernel without its tensor work).
 
 #include "megamoe/bf16.cuh"
 #include "megamoe/sm90.cuh"
@@ -71,6 +73,9 @@
 // Nanoseconds a barrier wait may take before the kernel gives up and reports a stalled pipeline.
 #ifndef GEMM_WATCHDOG_NS
 #define GEMM_WATCHDOG_NS 2000000000ull
+#endif
+#ifndef GEMM_DIAG_SKIP_MMA
+#define GEMM_DIAG_SKIP_MMA 0
 #endif
 
 namespace gemm_shape {
@@ -439,7 +444,12 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
         const unsigned sa_stage = sa_smem + stage * kSaStride + (current.row0 & 3) * 4;
         const float lo = load_shared_f32(sa_stage) * sw;
         const float hi = load_shared_f32(sa_stage + 8 * 4) * sw;
-        wgmma_issue_k128(issue, a_smem + stage * kATileBytes, b_smem + stage * kBTileBytes);
+        if constexpr (GEMM_DIAG_SKIP_MMA != 0) {
+#pragma unroll
+          for (int i = 0; i < kAccum; ++i) issue[i] = 0.0f;
+        } else {
+          wgmma_issue_k128(issue, a_smem + stage * kATileBytes, b_smem + stage * kBTileBytes);
+        }
         if (kb > 0) {
           wgmma_wait<1>();  // block kb - 1 is done
           fence_registers(ready);
@@ -487,7 +497,12 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
           if (!wave_active[w]) continue;  // every row of this wave lies past the group: nothing to store
 #pragma unroll
           for (int c = 0; c < kChunksN; ++c) {
-            wgmma_block_k128(partial, a_stage + w * 64 * kBlockK, b_stage + c * kMmaN * kBlockK);
+            if constexpr (GEMM_DIAG_SKIP_MMA != 0) {
+#pragma unroll
+              for (int i = 0; i < kAccum; ++i) partial[i] = 0.0f;
+            } else {
+              wgmma_block_k128(partial, a_stage + w * 64 * kBlockK, b_stage + c * kMmaN * kBlockK);
+            }
             promote_block(promoted[w][c], partial, sa_lo[w] * sw[c], sa_hi[w] * sw[c]);
           }
         }

@@ -33,6 +33,7 @@ import {
   type TensorLike,
   timeKernel,
 } from "../../cuda/index.js";
+import { encodeE4m3, FP8_E4M3_MAX } from "../../numerics/fp8.js";
 import { encodeFp8RowsMap, encodeScaleColumnsMap } from "../tensor-maps.js";
 
 export type { TensorLike };
@@ -525,7 +526,18 @@ export interface GroupedGemmBenchCase {
   k: number;
   outDtype?: GemmOutDtype;
   tile?: GemmTileName;
+  /** Operand codes (default "quantized"): see GemmBenchCodes. */
+  codes?: GemmBenchCodes;
 }
+
+/**
+ * What the benchmark's e4m3 operands hold. "quantized": uniform values in [−1, 1) scaled to the e4m3
+ * range and rounded, as a block-quantized tensor's codes are (the layer's generated weights, and the
+ * torch peer's Gaussian blocks, look like this: most codes within a few binades of the maximum).
+ * "uniform-bytes": every finite byte equally likely, tiny and subnormal codes included. The tensor
+ * cores' power, and under the power cap their clock, follows the data, so the two time differently.
+ */
+export type GemmBenchCodes = "quantized" | "uniform-bytes";
 
 export interface BenchmarkGroupedGemmOptions {
   warmup?: number;
@@ -540,25 +552,30 @@ export interface GroupedGemmResultRow extends ResultRow {
   k: number;
   tile: GemmTileName;
   stages: number;
+  codes: GemmBenchCodes;
 }
 
 const FILL_CHUNK = 8 << 20;
 
-/** Finite e4m3 codes of varied magnitude (no NaN codes 0x7F/0xFF), from a cheap LCG. */
-function randomCodes(count: number, seed: number): Uint8Array {
+/** Finite e4m3 codes (no NaN codes 0x7F/0xFF) from a cheap LCG, distributed as `codes` says. */
+function randomCodes(count: number, seed: number, codes: GemmBenchCodes): Uint8Array {
   const out = new Uint8Array(count);
   let s = seed >>> 0;
   for (let i = 0; i < count; i++) {
     s = (Math.imul(s, 1664525) + 1013904223) >>> 0;
-    const code = s >>> 24;
-    out[i] = (code & 0x7f) === 0x7f ? code ^ 0x01 : code;
+    if (codes === "quantized") {
+      out[i] = encodeE4m3((s / 2 ** 31 - 1) * FP8_E4M3_MAX);
+    } else {
+      const code = s >>> 24;
+      out[i] = (code & 0x7f) === 0x7f ? code ^ 0x01 : code;
+    }
   }
   return out;
 }
 
 /** Fills a device tensor of `bytes` bytes with copies of one random chunk (big weights in little time). */
-function fillCodes(device: Device, t: DeviceTensor, seed: number): void {
-  const chunk = randomCodes(Math.min(FILL_CHUNK, t.bytes), seed);
+function fillCodes(device: Device, t: DeviceTensor, seed: number, codes: GemmBenchCodes): void {
+  const chunk = randomCodes(Math.min(FILL_CHUNK, t.bytes), seed, codes);
   device.copyHtoD(t.ptr, chunk, chunk.length);
   for (let offset = chunk.length; offset < t.bytes; offset += chunk.length) {
     device.copyDtoD(t.ptr + BigInt(offset), t.ptr, Math.min(chunk.length, t.bytes - offset));
@@ -603,8 +620,9 @@ export function benchmarkGroupedGemm(
     try {
       const a = alloc("fp8_e4m3", [mTotal, k]);
       const b = alloc("fp8_e4m3", [groups * n, k]);
-      fillCodes(device, a, 0x1234 + mTotal);
-      fillCodes(device, b, 0x5678 + n);
+      const codes = c.codes ?? "quantized";
+      fillCodes(device, a, 0x1234 + mTotal, codes);
+      fillCodes(device, b, 0x5678 + n, codes);
       const aScales = alloc("fp32", [kb, aScalesRows(mTotal)]);
       aScales.copyFromHost(randomScales(aScales.numel, 11));
       const bScales = alloc("fp32", [groups, n / QUANT_BLOCK, kb]);
@@ -657,6 +675,7 @@ export function benchmarkGroupedGemm(
         tile: plan!.tile.name,
         stages: plan!.stages,
         estimate_us: plan!.estimate.us,
+        codes,
       });
     } finally {
       for (const t of tensors) t.dispose();
