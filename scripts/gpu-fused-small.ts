@@ -8,6 +8,7 @@
 import { forwardOperands } from "../src/bench/layer.js";
 import { resolveConfig } from "../src/config/config.js";
 import { openDevice } from "../src/cuda/index.js";
+import { FUSED_BLOCK_MS } from "../src/kernels/megamoe/megamoe.variants.js";
 import { FusedPipeline } from "../src/pipeline/fused.js";
 import { UnfusedPipeline } from "../src/pipeline/unfused.js";
 import { randomRouting } from "../src/reference/router.js";
@@ -29,7 +30,7 @@ for (const tokens of [7, 300]) {
   const f = { ...operands, tokens, shared: true };
   unfused.forward(f, null);
   const want = out.toHost() as Uint16Array;
-  for (const blockM of [64, 128] as const) {
+  for (const blockM of FUSED_BLOCK_MS) {
     fused.kernel.blockM = blockM;
     fused.kernel.ctas = 4;
     out.fill(0xff);

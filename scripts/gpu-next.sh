@@ -50,6 +50,8 @@
 #   PART=40 the grouped GEMM's plan against torch._scaled_grouped_mm in 2 alternating rounds, each case on
 #           quantized-looking and on uniformly random codes; the GEMM without its tensor work; the fused
 #           kernel's timeline at flash-ep8 T = 4096 with and without it; the wgmma-rate probe (ARCHIVE=1)
+#   PART=41 swap-AB: the small bit-equality check on every block M, the pipeline tests (240 s), then the
+#           fused kernel's every block M at decode and mid T on flash-ep8 and flash in 2 rounds (ARCHIVE=1)
 # ARCHIVE=1 returns everything as $OUT/all.tgz (ARCHIVE_TIMEOUT: seconds for the part, default 540).
 # Pass MEGAMOE_COMMIT: the device's copy of the tree has no current git history.
 set -uo pipefail
@@ -297,6 +299,16 @@ case "${PART:-1}" in
     echo "trace $v rc=$?"; cat "$out/trace-4096-$tag.txt"
   done
   timeout 60 node dist-test/scripts/gpu-wgmma-rate.js --out "$out/wgmma-rate.json" 2>&1 | tee "$out/wgmma-rate.txt"
+  ;;
+41)
+  timeout 120 node dist-test/scripts/gpu-fused-small.js >"$out/small.txt" 2>&1
+  echo "small rc=$?"; cat "$out/small.txt"
+  pipeline_tests 240
+  for shape in flash-ep8:1,2,4,8,16,32,64,128,256 flash:1,8,64,256,512,1024; do
+    timeout 150 node dist/cli/main.js bench --impl fused --configs --shape "${shape%%:*}" --shared 0 \
+      --tokens "${shape#*:}" --iters 20 --rounds 2 --out "$out/configs-${shape%%:*}.json" 2>&1 \
+      | grep -vE "^[├┌└]" | grep -E "fused|T=" | cut -c1-150
+  done
   ;;
 37)
   for round in 1 2; do

@@ -23,6 +23,7 @@ import { type MoEConfig, QUANT_BLOCK, resolveConfig, type ScaleFormat } from "..
 import { CudaGraph, DeviceTensor, type DType, type HostArray } from "../../src/cuda/index.js";
 import { aScalesRows, takeGroupedGemmStatus } from "../../src/kernels/gemm/grouped_gemm.js";
 import { fusedLayerProblem } from "../../src/kernels/megamoe/megamoe.js";
+import { FUSED_BLOCK_MS } from "../../src/kernels/megamoe/megamoe.variants.js";
 import {
   combineOnDevice,
   dispatchLayoutOnDevice,
@@ -703,9 +704,10 @@ describe("unfused MoE pipeline on a GPU", { skip }, () => {
         const b = runPipeline(pipeline, config, x, tokens, routing, true);
         assert.deepEqual(a, b, "two eager runs differ");
         if (pipeline instanceof FusedPipeline) {
-          // Other scheduling orders (fewer CTAs claim the same work in other interleavings) and both
-          // block Ms (64 splits the tile between the warpgroups by columns): the same bits.
-          for (const blockM of [64, 128] as const) {
+          // Other scheduling orders (fewer CTAs claim the same work in other interleavings) and every
+          // block M (64 splits the tile between the warpgroups by columns, 16 and 32 swap A and B): the
+          // same bits.
+          for (const blockM of FUSED_BLOCK_MS) {
             for (const ctas of [1, 3, 17, device().smCount]) {
               pipeline.kernel.ctas = ctas;
               pipeline.kernel.blockM = blockM;

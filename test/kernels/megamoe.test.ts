@@ -16,6 +16,7 @@ import {
   FUSED_BLOCK_MS,
   FUSED_COUNTER_WORDS,
   fusedBlockM,
+  fusedBlockMsUpTo,
   fusedDefines,
   fusedSharedBytes,
   fusedStages,
@@ -41,15 +42,23 @@ describe("fused MoE kernel: host-side facts", () => {
     }
   });
 
-  test("block M: 64 while the routed experts average fewer than 64 rows, else 128", () => {
+  test("block M: swap-AB 16 up to 6 rows per routed expert, 32 up to 16, 64 below 64, else 128", () => {
     const ep8 = resolveConfig("flash-ep8"); // 32 experts, top-6
-    assert.equal(fusedBlockM(ep8, 1), 64);
+    assert.equal(fusedBlockM(ep8, 1), 16);
+    assert.equal(fusedBlockM(ep8, 32), 16); // 6 rows per expert
+    assert.equal(fusedBlockM(ep8, 33), 32);
+    assert.equal(fusedBlockM(ep8, 85), 32); // 15.9
+    assert.equal(fusedBlockM(ep8, 86), 64);
     assert.equal(fusedBlockM(ep8, 341), 64); // 341 · 6 / 32 = 63.9
     assert.equal(fusedBlockM(ep8, 342), 128);
+    assert.equal(fusedBlockM(resolveConfig("flash"), 256), 16); // 6 rows per expert
     assert.equal(fusedBlockM(resolveConfig("flash"), 2048), 64); // 48 rows per expert
     assert.equal(fusedBlockM(resolveConfig("flash"), 8192), 128);
     assert.equal(fusedBlockM(resolveConfig("pro"), 4095), 64);
     assert.equal(fusedBlockM(resolveConfig("pro"), 4096), 128); // exactly 64 rows per expert
+    assert.deepEqual(fusedBlockMsUpTo(ep8, 32), [16]);
+    assert.deepEqual(fusedBlockMsUpTo(ep8, 8192), [16, 32, 64, 128]);
+    assert.deepEqual(fusedBlockMsUpTo(resolveConfig("flash"), 1000), [16, 32, 64]);
   });
 
   test("the host's mirrors of the kernel's trace and counter enums match megamoe.cu", () => {

@@ -123,11 +123,22 @@ __device__ __forceinline__ unsigned long long smem_descriptor(unsigned address) 
   return (kDescriptorHigh << 32) | ((address >> 4) & 0x3fffu);
 }
 
-// wgmma_e4m3 (overloaded on n = 2 · accumulator count: 32, 64, 128, 256):
+// wgmma_e4m3 (overloaded on n = 2 · accumulator count: 16, 32, 64, 128, 256):
 // D[64 × n] (+)= A[64 × 32] · B[n × 32]ᵀ, e4m3 operands from shared memory; accumulate = 0 overwrites D.
 // Accumulator fragment (PTX ISA, wgmma .m64nNk32 D layout): thread t of the warpgroup holds, for each
 // i < n/8, d[4i], d[4i+1] at row 16·(t/32) + (t%32)/4, columns 8i + 2·(t%4) + {0, 1}, and d[4i+2],
 // d[4i+3] at the row 8 below.
+__device__ __forceinline__ void wgmma_e4m3(float (&d)[8], unsigned long long desc_a, unsigned long long desc_b,
+                                           int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "setp.ne.b32 p, %10, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+
 __device__ __forceinline__ void wgmma_e4m3(float (&d)[16], unsigned long long desc_a,
                                                 unsigned long long desc_b, int accumulate) {
   asm volatile(
@@ -299,6 +310,10 @@ __device__ __forceinline__ void store_shared_f32(unsigned address, float v) {
 }
 __device__ __forceinline__ void store_shared_u32(unsigned address, unsigned v) {
   asm volatile("st.shared.b32 [%0], %1;" ::"r"(address), "r"(v) : "memory");
+}
+
+__device__ __forceinline__ void store_shared_u8(unsigned address, unsigned char v) {
+  asm volatile("st.shared.b8 [%0], %1;" ::"r"(address), "h"(static_cast<unsigned short>(v)) : "memory");
 }
 
 __device__ __forceinline__ void store_shared_u16(unsigned address, unsigned short v) {

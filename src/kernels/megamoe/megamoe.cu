@@ -93,7 +93,10 @@ constexpr bool kUe8m0 = SCALE_UE8M0 != 0;
 constexpr unsigned long long kWatchdogNs = MEGAMOE_WATCHDOG_NS;
 
 constexpr int kQuant = 128;      // channels per activation scale; edge of a weight-scale block
-constexpr int kBlockM = BLOCK_M;  // pool rows per tile (Split says how the math warpgroups share it)
+constexpr int kBlockM = BLOCK_M;  // pool rows per tile (Split / SwapSplit say how the warpgroups share it)
+// BLOCK_M 16 or 32: swap-AB, the decode shape. The weights ride on the wgmma's M side and the tile's
+// few rows on its N side, so a tile costs the tensor cores kBlockM / 64 of a 64-row tile's work.
+constexpr bool kSwapAB = kBlockM < 64;
 constexpr int kBlockN = 256;     // L1: 128 gate + 128 up channels; L2: 256 output columns
 constexpr int kBlockK = 128;
 constexpr int kMathThreads = 256;
@@ -106,7 +109,7 @@ constexpr int kHiddenBlocks = kHidden / kQuant;
 constexpr int kL2TilesPerBlock = kHidden / kBlockN;
 constexpr int kMaxKBlocks = kHiddenBlocks > kMaxInter / kQuant ? kHiddenBlocks : kMaxInter / kQuant;
 
-static_assert(kBlockM == 64 || kBlockM == 128, "BLOCK_M must be 64 or 128");
+static_assert(kBlockM == 16 || kBlockM == 32 || kBlockM == 64 || kBlockM == 128, "BLOCK_M must be 16, 32, 64 or 128");
 static_assert(kHidden % kBlockN == 0, "HIDDEN must be a multiple of 256");
 static_assert(kInter > 0 && kInter % kQuant == 0, "INTER must be a positive multiple of 128");
 static_assert(kSharedInter % kQuant == 0, "SHARED_INTER must be a multiple of 128");
@@ -121,8 +124,11 @@ constexpr int kRowVectorsPerLane = (kHidden / 16 + 31) / 32;  // 16-byte pieces 
 constexpr int kRowScalesPerLane = (kHiddenBlocks + 31) / 32;  // its scale blocks per lane
 constexpr int kPlaceRowsInFlight = kRowVectorsPerLane <= 8 ? 3 : 2;  // what 168 registers hold
 
-// Registers: the producer warpgroup gives its share to the two math warpgroups (2·128·224 + 128·56 = 64512; the math code needs more than 208, the producer more than 40).
-constexpr int kProducerRegisters = 56;
+// Registers: the producer warpgroup gives its share to the two math warpgroups (2·128·224 + 128·56 = 64512;
+// the math code needs more than 208, the producer more than 40). Swap-AB tiles need far fewer math
+// registers, and at 56 the producer spilled in one of them (flash-ep8, BLOCK_M 16, 6 stages): 64 there
+// (2·128·224 + 128·64 = 65536).
+constexpr int kProducerRegisters = kSwapAB ? 64 : 56;
 // With BLOCK_M 128 each math warpgroup owns its 64 rows of a tile outright and publishes them itself, so
 // the two drift apart by up to the stage ring instead of meeting at the end of every tile; at 64 they
 // exchange the L1 rows' amax and publish together. A tile adds this many to its done counter.
@@ -150,8 +156,11 @@ constexpr unsigned kTaskSlotBytes = align_up(32 + 2 * kMaxKBlocks * 4, 16);
 constexpr unsigned kOffTasks = kOffSa + kStages * kSaStride;
 constexpr unsigned kOffBars = align_up(kOffTasks + 2 * kTaskSlotBytes, 8);
 constexpr unsigned kBarCount = 2 * kStages + 4;  // full[S], empty[S], task_full[2], task_empty[2]
-constexpr unsigned kOffAmax = kOffBars + 8 * kBarCount;         // float[2][64]: row amax per warpgroup
-constexpr unsigned kOffOffsets = kOffAmax + 2 * 64 * 4;  // int[kGroups + 1]: first pool row per group
+// Row amax exchange of the L1 epilogue: float[2][64] (BLOCK_M 64: per warpgroup and row) or, swap-AB,
+// float[kMathWarps][kBlockM] (per warp and row).
+constexpr unsigned kAmaxBytes = kSwapAB && kMathWarps * kBlockM > 2 * 64 ? kMathWarps * kBlockM * 4 : 2 * 64 * 4;
+constexpr unsigned kOffAmax = kOffBars + 8 * kBarCount;
+constexpr unsigned kOffOffsets = kOffAmax + kAmaxBytes;  // int[kGroups + 1]: first pool row per group
 constexpr unsigned kOffBlocks = kOffOffsets + 4 * (kGroups + 1);  // int[kGroups + 1]: first block per group
 constexpr unsigned kOffHist = kOffBlocks + 4 * (kGroups + 1);     // int[kGroups]: a chunk's counts
 constexpr unsigned kOffBroadcast = kOffHist + 4 * kGroups;        // int[4]
@@ -435,13 +444,16 @@ __device__ __forceinline__ int task_weight_scale_stride(const Task& task) {
 //   BLOCK_M 64:  both own rows 0 .. 63 (half the A bytes per stage: the decode shape). L1: warpgroup w
 //                owns channels 64w .. 64w + 63 of gate and of up (two n64 chunks, scale rows 0 and 1);
 //                L2: columns 128w .. 128w + 127 (one n128 chunk, scale row w).
+// The first tile row a math warpgroup's A operand starts at (swap-AB tiles have no A rows of their own).
+__device__ __forceinline__ int warpgroup_row_offset(int w) { return kBlockM == 128 ? 64 * w : 0; }
+
 template <bool kL1>
 struct Split {
   static constexpr bool kWide = kBlockM == 128;
   static constexpr int kChunks = kWide || kL1 ? 2 : 1;
   static constexpr int kN = kWide || !kL1 ? 128 : 64;
   static constexpr int kAcc = kN / 2;
-  __device__ static int row_offset(int w) { return kWide ? 64 * w : 0; }
+  __device__ static int row_offset(int w) { return warpgroup_row_offset(w); }
   __device__ static int b_row(int c, int w) { return kWide ? c * 128 : (kL1 ? c * 128 + 64 * w : 128 * w); }
   __device__ static int sw_row(int c, int w) { return kWide || kL1 ? c : w; }
   // First column of chunk c: L1 a channel of the 128-channel block, L2 a column of the 256.
@@ -451,11 +463,12 @@ struct Split {
 struct MathContext {
   unsigned a_smem;   // stage 0's A tile at this warpgroup's first row
   unsigned b_smem;   // stage 0's B tile
-  unsigned sa_smem;  // stage 0's A scales, at this thread's fragment row
+  unsigned sa_smem;  // stage 0's A scales, at this thread's fragment row (swap-AB: at row 0)
   unsigned full_bar;
   unsigned empty_bar;
   unsigned amax_smem;  // float[2][64]
   unsigned staging;    // this warp's staging area
+  unsigned staging_all;  // the first math warp's (swap-AB epilogues stage a tile across warps' areas)
   int warpgroup;
   int lane;
   int* status;
@@ -513,6 +526,7 @@ __device__ __forceinline__ void tile_mainloop(const MathContext& m, const Task& 
 __device__ __forceinline__ void l1_epilogue(const Operands& op, const MathContext& m, const Task& task,
                                             float (&acc)[2][kAccum], int frag_row, int frag_col) {
   using S = Split<true>;
+  static_assert(S::kChunks == 2, "an L1 tile's chunks are its gate and up channels");
   const int row_lo = task.row0 + S::row_offset(m.warpgroup) + frag_row;
   const bool clamp_on = op.has_clamp != 0;
   float amax_lo = 0.0f;
@@ -596,6 +610,180 @@ __device__ __forceinline__ void l2_epilogue(const Operands& op, const MathContex
                                                             2 * kHidden, rows_valid, m.lane);
     }
   }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Swap-AB tiles (BLOCK_M 16 or 32). The wgmma's A operand is 64 rows of the stage's B (weight) tile and
+// its B operand the stage's kBlockM pool rows, so D[64 weight rows × kBlockM rows]: a thread holds
+// weight rows frag_row and + 8 and pool rows (columns) 8j + frag_col + {0, 1}. Warpgroup w takes two
+// m64 waves: L1 the gate rows and the up rows of channels 64w .. 64w + 63 (B rows 64w and 128 + 64w: a
+// thread holds gate and up of the same channel and row), L2 output columns 128w .. 128w + 127 (B rows
+// 128w and 128w + 64). The promotion multiplies the same two scales as the other tiles (the row's times
+// the weight block's), so the sums are theirs.
+constexpr int kSwapAcc = kSwapAB ? kBlockM / 2 : 8;  // fp32 accumulators per thread of one m64 × n(kBlockM) wave
+constexpr int kSwapColGroups = kSwapAcc / 4;         // groups of 8 pool rows (columns) per wave
+
+template <bool kL1>
+struct SwapSplit {
+  __device__ static int b_row(int wave, int w) { return kL1 ? 128 * wave + 64 * w : 128 * w + 64 * wave; }
+  __device__ static int sw_row(int wave, int w) { return kL1 ? wave : w; }
+};
+
+template <bool kL1>
+__device__ __forceinline__ void swap_mainloop(const MathContext& m, const Task& task, unsigned sw_rows,
+                                              int& stage, unsigned& phase, float (&acc)[2][kAccum],
+                                              int frag_col) {
+  using S = SwapSplit<kL1>;
+  float partial[kSwapAcc];
+#pragma unroll
+  for (int wave = 0; wave < 2; ++wave)
+#pragma unroll
+    for (int i = 0; i < kSwapAcc; ++i) acc[wave][i] = 0.0f;
+  for (int kb = 0; kb < task.k_blocks; ++kb) {
+    float sw[2];
+#pragma unroll
+    for (int wave = 0; wave < 2; ++wave) {
+      sw[wave] = load_shared_f32(sw_rows + (S::sw_row(wave, m.warpgroup) * kMaxKBlocks + kb) * 4);
+    }
+    const unsigned long long t0 = trace_clock(m.trace);
+    wait_barrier(m.full_bar + 8 * stage, phase, m.status, kStatusStageFullWait, stage);
+    if (threadIdx.x == 0) trace_add(m.trace, kTraceStageFullWaitNs, trace_clock(m.trace) - t0);
+    const unsigned sa = m.sa_smem + stage * kSaStride + ((task.row0 & 3) + frag_col) * 4;
+    float sa_col[kSwapColGroups][2];
+#pragma unroll
+    for (int j = 0; j < kSwapColGroups; ++j) {
+      sa_col[j][0] = load_shared_f32(sa + 8 * j * 4);
+      sa_col[j][1] = load_shared_f32(sa + (8 * j + 1) * 4);
+    }
+    const unsigned a_stage = m.a_smem + stage * kATileBytes;
+    const unsigned b_stage = m.b_smem + stage * kBTileBytes;
+#pragma unroll
+    for (int wave = 0; wave < 2; ++wave) {
+      if constexpr (MEGAMOE_DIAG_SKIP_MMA != 0) {
+#pragma unroll
+        for (int i = 0; i < kSwapAcc; ++i) partial[i] = 0.0f;
+      } else {
+        wgmma_block_k128(partial, b_stage + S::b_row(wave, m.warpgroup) * kBlockK, a_stage);
+      }
+#pragma unroll
+      for (int j = 0; j < kSwapColGroups; ++j)
+#pragma unroll
+        for (int i = 4 * j; i < 4 * j + 4; ++i) {
+          acc[wave][i] = fmaf(partial[i], sa_col[j][i & 1] * sw[wave], acc[wave][i]);
+        }
+    }
+    if (m.lane == 0) mbar_arrive(m.empty_bar + 8 * stage);
+    if (++stage == kStages) {
+      stage = 0;
+      phase ^= 1u;
+    }
+  }
+}
+
+// Copies `rows` staged rows of kRowBytes (kPitch apart from `staging`) to dst + r·stride, in 16-byte
+// pieces dealt to `threads` threads (thread `index` of them).
+template <int kRowBytes, int kPitch>
+__device__ __forceinline__ void copy_out_staged_tile(unsigned staging, unsigned char* dst, long long stride, int rows,
+                                                     int index, int threads) {
+  constexpr int kPieces = kRowBytes / 16;
+  for (int p = index; p < rows * kPieces; p += threads) {
+    const int r = p / kPieces;
+    const int piece = p % kPieces;
+    megamoe::st_v4(dst + r * stride + 16 * piece, load_shared_v4(staging + r * kPitch + 16 * piece));
+  }
+}
+
+// Swap-AB L1 epilogue: SwiGLU of each (channel, row) in registers, the row's amax over the 128 channels
+// (the 8 lanes of a column, then the 8 warps through shared memory), FP8 codes staged as the tile's
+// [row][128 channels] bytes across the math warps' areas and copied out by all 256 threads.
+constexpr unsigned kSwapL1Pitch = kStagedRowBytes + 16;
+constexpr unsigned kSwapL2Pitch = 2 * kStagedRowBytes + 16;  // a warpgroup's 128 bf16 columns of a row
+static_assert(!kSwapAB || kBlockM * kSwapL1Pitch <= kMathWarps * kStagingWarpBytes, "L1 swap staging");
+static_assert(!kSwapAB || kBlockM * kSwapL2Pitch <= 4 * kStagingWarpBytes, "L2 swap staging");
+
+__device__ __forceinline__ void l1_epilogue_swap(const Operands& op, const MathContext& m, const Task& task,
+                                                 float (&acc)[2][kAccum], int frag_row, int frag_col) {
+  const bool clamp_on = op.has_clamp != 0;
+  const int warp = static_cast<int>(threadIdx.x / 32);
+  float amax[kSwapColGroups][2];
+#pragma unroll
+  for (int j = 0; j < kSwapColGroups; ++j) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      float a = 0.0f;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int i = 4 * j + 2 * half + e;
+        acc[0][i] = megamoe::swiglu(acc[0][i], acc[1][i], clamp_on, op.clamp);
+        a = fmaxf(a, fabsf(acc[0][i]));
+      }
+#pragma unroll
+      for (int d = 4; d <= 16; d <<= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, d));
+      amax[j][e] = a;
+    }
+  }
+  if (m.lane < 4) {
+#pragma unroll
+    for (int j = 0; j < kSwapColGroups; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        store_shared_f32(m.amax_smem + static_cast<unsigned>(warp * kBlockM + 8 * j + frag_col + e) * 4, amax[j][e]);
+      }
+  }
+  named_barrier_sync(2, kMathThreads);
+  const int channel0 = 64 * m.warpgroup + frag_row;  // of the tile's 128; and + 8
+#pragma unroll
+  for (int j = 0; j < kSwapColGroups; ++j) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int col = 8 * j + frag_col + e;
+      float a = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kMathWarps; ++w) a = fmaxf(a, load_shared_f32(m.amax_smem + static_cast<unsigned>(w * kBlockM + col) * 4));
+      const megamoe::GroupScale s = megamoe::activation_scale<kUe8m0>(a);
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const float x = megamoe::mul_rn(acc[0][4 * j + 2 * half + e], s.inv);
+        store_shared_u8(m.staging_all + static_cast<unsigned>(col) * kSwapL1Pitch + channel0 + 8 * half,
+                        megamoe::e4m3_from_float(x));
+      }
+      if (threadIdx.x < 4 && task.row0 + col < task.row_end) {
+        megamoe::st_f32(op.pool_h_scales + static_cast<long long>(task.n) * op.r_pad + task.row0 + col, s.scale);
+      }
+    }
+  }
+  named_barrier_sync(2, kMathThreads);
+  copy_out_staged_tile<kQuant, kSwapL1Pitch>(m.staging_all,
+                                             op.pool_h + static_cast<long long>(task.row0) * kMaxInter + task.n * kQuant,
+                                             kMaxInter, min(kBlockM, task.row_end - task.row0),
+                                             static_cast<int>(threadIdx.x), kMathThreads);
+}
+
+// Swap-AB L2 epilogue: each warpgroup stages its 128 output columns of the tile's rows as bf16
+// ([row][128 columns] across its warps' areas) and copies them out.
+__device__ __forceinline__ void l2_epilogue_swap(const Operands& op, const MathContext& m, const Task& task,
+                                                 const float (&acc)[2][kAccum], int frag_row, int frag_col) {
+  const unsigned staging = m.staging_all + static_cast<unsigned>(m.warpgroup) * 4 * kStagingWarpBytes;
+#pragma unroll
+  for (int wave = 0; wave < 2; ++wave)
+#pragma unroll
+    for (int j = 0; j < kSwapColGroups; ++j)
+#pragma unroll
+      for (int half = 0; half < 2; ++half)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int col = 8 * j + frag_col + e;
+          const int column = 64 * wave + frag_row + 8 * half;  // of the warpgroup's 128
+          const unsigned bits = megamoe::bf16x2_from_floats(acc[wave][4 * j + 2 * half + e], 0.0f);
+          store_shared_u16(staging + static_cast<unsigned>(col) * kSwapL2Pitch + 2 * column,
+                           static_cast<unsigned short>(bits & 0xffffu));
+        }
+  named_barrier_sync(3 + m.warpgroup, 128);
+  unsigned char* const y_rows = reinterpret_cast<unsigned char*>(
+      op.y + static_cast<long long>(task.row0) * kHidden + task.n * kBlockN + 128 * m.warpgroup);
+  copy_out_staged_tile<2 * kStagedRowBytes, kSwapL2Pitch>(staging, y_rows, 2 * kHidden,
+                                                          min(kBlockM, task.row_end - task.row0),
+                                                          static_cast<int>(threadIdx.x % 128), 128);
 }
 
 // One FP8 row and its scales in a warp's registers: lane l holds 16-byte pieces l, l + 32, … and scale
@@ -984,14 +1172,15 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
   const int warpgroup = tid / 128;
   const int frag_row = ((tid / 32) & 3) * 16 + lane / 4;
   const int frag_col = 2 * (lane & 3);
-  const int row_offset = Split<true>::row_offset(warpgroup);  // the same for both kinds
+  const int row_offset = warpgroup_row_offset(warpgroup);  // the same for both kinds
   const MathContext m{base + kOffA + static_cast<unsigned>(row_offset) * kBlockK,
                       base + kOffB,
-                      base + kOffSa + static_cast<unsigned>(row_offset + frag_row) * 4,
+                      base + kOffSa + (kSwapAB ? 0u : static_cast<unsigned>(row_offset + frag_row) * 4),
                       full_bar,
                       empty_bar,
                       base + kOffAmax,
                       base + kOffStaging + static_cast<unsigned>(warp) * kStagingWarpBytes,
+                      base + kOffStaging,
                       warpgroup,
                       lane,
                       op.status,
@@ -1015,14 +1204,24 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
     if (task.kind == kTaskNone) break;
     const bool l1 = task.kind == kTaskL1;
 
-    if (l1) tile_mainloop<true>(m, task, sw_rows, stage, phase, acc);
-    else tile_mainloop<false>(m, task, sw_rows, stage, phase, acc);
+    if constexpr (kSwapAB) {
+      if (l1) swap_mainloop<true>(m, task, sw_rows, stage, phase, acc, frag_col);
+      else swap_mainloop<false>(m, task, sw_rows, stage, phase, acc, frag_col);
+    } else {
+      if (l1) tile_mainloop<true>(m, task, sw_rows, stage, phase, acc);
+      else tile_mainloop<false>(m, task, sw_rows, stage, phase, acc);
+    }
     // The slot (task and weight scales) is read: the producer may reuse it. Every reader arrives (an
     // arrive releases only its own thread's reads), once per tile.
     mbar_arrive(task_empty);
     const unsigned long long t_epilogue = trace_clock(op.trace);
-    if (l1) l1_epilogue(op, m, task, acc, frag_row, frag_col);
-    else l2_epilogue(op, m, task, acc, frag_row, frag_col);
+    if constexpr (kSwapAB) {
+      if (l1) l1_epilogue_swap(op, m, task, acc, frag_row, frag_col);
+      else l2_epilogue_swap(op, m, task, acc, frag_row, frag_col);
+    } else {
+      if (l1) l1_epilogue(op, m, task, acc, frag_row, frag_col);
+      else l2_epilogue(op, m, task, acc, frag_row, frag_col);
+    }
     const unsigned long long t_publish = trace_clock(op.trace);
     // L1's h rows are read by TMA (the async proxy) in other CTAs; L2's y rows only by plain loads.
     if (l1) fence_proxy_async_global();

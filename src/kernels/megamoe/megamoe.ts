@@ -27,6 +27,7 @@ import {
   FUSED_THREADS,
   type FusedBlockM,
   fusedBlockM,
+  fusedBlockMsUpTo,
   fusedDefines,
   fusedShapeProblem,
   fusedSharedBytes,
@@ -130,6 +131,23 @@ export function fusedLayerProblem(config: MoEConfig): string | null {
   return null;
 }
 
+/** One block M's kernel and its launch arguments. */
+interface FusedSpecialization {
+  blockM: FusedBlockM;
+  stages: number;
+  sharedBytes: number;
+  kernel: Kernel;
+  args: KernelArgs;
+}
+
+/** The row pools the kernel's tensor maps point into. */
+interface FusedPools {
+  poolX: DeviceTensor;
+  poolXScales: DeviceTensor;
+  poolH: DeviceTensor;
+  poolHScales: DeviceTensor;
+}
+
 export class FusedMoEKernel {
   readonly device: Device;
   readonly config: MoEConfig;
@@ -140,14 +158,14 @@ export class FusedMoEKernel {
   ctas: number;
   /** Rows per tile: "auto" (fusedBlockM's choice from the token count) or forced (tests, benchmarks). */
   blockM: "auto" | FusedBlockM = "auto";
-  /** The compiled kernel per block M, with its stage count, shared memory and encoded arguments. */
-  readonly specializations: readonly {
-    blockM: FusedBlockM;
-    stages: number;
-    sharedBytes: number;
-    kernel: Kernel;
-    args: KernelArgs;
-  }[];
+  /**
+   * The compiled kernel per block M, with its stage count, shared memory and encoded arguments: those
+   * the heuristic picks for some T ≤ maxTokens are made with the kernel (a launch then only picks one,
+   * so a forward can be captured in a graph), the others on the first launch that forces them.
+   */
+  private readonly specializations = new Map<FusedBlockM, FusedSpecialization>();
+  private readonly pools: FusedPools;
+  private readonly weights: DeviceMoEWeights;
   private readonly operands = new Uint8Array(OPERANDS_BYTES);
   private readonly operandsView = new DataView(this.operands.buffer);
   private readonly owned: DeviceTensor[] = [];
@@ -181,22 +199,7 @@ export class FusedMoEKernel {
       throw new RangeError(`maxTokens ${maxTokens} is too large for the fused kernel's row pool`);
     }
     this.ctas = device.smCount;
-    // Both block-M specializations are compiled and loaded now: a launch then only picks one (graph capture).
-    this.specializations = FUSED_BLOCK_MS.map((blockM) => {
-      const stages = fusedStages(c, blockM);
-      const sharedBytes = fusedSharedBytes(c, stages, blockM);
-      const compiled = compileKernel({
-        source: FUSED_KERNEL_SOURCE,
-        defines: fusedDefines(c, blockM, stages),
-      });
-      const kernel = loadKernel(device, compiled, FUSED_KERNEL);
-      kernel.setMaxDynamicSharedMemory(sharedBytes);
-      const args = new KernelArgs(MAP_COUNT + 1, {
-        tensorMaps: [0, 1, 2, 3, 4, 5, 6, 7],
-        structs: { [MAP_COUNT]: OPERANDS_BYTES },
-      });
-      return { blockM, stages, sharedBytes, kernel, args };
-    });
+    this.weights = weights;
 
     const alloc = <D extends "fp8_e4m3" | "fp32" | "bf16" | "int32">(dtype: D, shape: number[]) => {
       const t = DeviceTensor.empty(device, dtype, shape);
@@ -214,30 +217,10 @@ export class FusedMoEKernel {
       this.status = alloc("int32", [4]);
       this.workspace.fill(0);
       this.status.fill(0);
+      this.pools = { poolX, poolXScales, poolH, poolHScales };
 
       const routed = weights.routed;
       const shared = weights.shared ?? routed; // never read when the layer has no shared expert
-      const sharedInter = this.hasShared ? sharedIntermediate(c) : c.intermediate;
-      const sharedExperts = this.hasShared ? 1 : E;
-      for (const { args, blockM } of this.specializations) {
-        // The row pools' boxes hold one tile's rows (BLOCK_M): a taller box would overrun the stage.
-        // A weight box is one of a tile's two B boxes; an A box a tile's rows.
-        encodeFp8RowsMap(args.tensorMap(0), poolX.ptr, H, poolX.shape[0]!, blockM);
-        encodeScaleColumnsMap(args.tensorMap(1), poolXScales.ptr, H, this.rPad, blockM + 4);
-        encodeFp8RowsMap(args.tensorMap(2), routed.w1.ptr, H, E * 2 * c.intermediate, WEIGHT_BOX_ROWS);
-        encodeFp8RowsMap(
-          args.tensorMap(3),
-          shared.w1.ptr,
-          H,
-          sharedExperts * 2 * sharedInter,
-          WEIGHT_BOX_ROWS,
-        );
-        encodeFp8RowsMap(args.tensorMap(4), poolH.ptr, maxInter, poolH.shape[0]!, blockM);
-        encodeScaleColumnsMap(args.tensorMap(5), poolHScales.ptr, maxInter, this.rPad, blockM + 4);
-        encodeFp8RowsMap(args.tensorMap(6), routed.w2.ptr, c.intermediate, E * H, WEIGHT_BOX_ROWS);
-        encodeFp8RowsMap(args.tensorMap(7), shared.w2.ptr, sharedInter, sharedExperts * H, WEIGHT_BOX_ROWS);
-      }
-
       const v = this.operandsView;
       const fixed: [OperandPointer, bigint][] = [
         ["w1_scales", routed.w1Scales.ptr],
@@ -258,10 +241,53 @@ export class FusedMoEKernel {
       v.setInt32(OFF_MAX_BLOCKS, this.maxBlocks, true);
       v.setInt32(OFF_HAS_CLAMP, c.swigluClamp === null ? 0 : 1, true);
       v.setFloat32(OFF_CLAMP, c.swigluClamp ?? 0, true);
+      for (const blockM of fusedBlockMsUpTo(c, maxTokens)) this.specialization(blockM);
     } catch (e) {
       this.dispose();
       throw e;
     }
+  }
+
+  /** The kernel of one block M, compiled, loaded and given its tensor maps on first use. */
+  private specialization(blockM: FusedBlockM): FusedSpecialization {
+    const made = this.specializations.get(blockM);
+    if (made !== undefined) return made;
+    if (!FUSED_BLOCK_MS.includes(blockM)) {
+      throw new RangeError(
+        `FusedMoEKernel: blockM must be "auto" or one of ${FUSED_BLOCK_MS.join(", ")}, got ${blockM}`,
+      );
+    }
+    const c = this.config;
+    const stages = fusedStages(c, blockM);
+    const sharedBytes = fusedSharedBytes(c, stages, blockM);
+    const compiled = compileKernel({ source: FUSED_KERNEL_SOURCE, defines: fusedDefines(c, blockM, stages) });
+    const kernel = loadKernel(this.device, compiled, FUSED_KERNEL);
+    kernel.setMaxDynamicSharedMemory(sharedBytes);
+    const args = new KernelArgs(MAP_COUNT + 1, {
+      tensorMaps: [0, 1, 2, 3, 4, 5, 6, 7],
+      structs: { [MAP_COUNT]: OPERANDS_BYTES },
+    });
+    const H = c.hidden;
+    const E = c.numExperts;
+    const maxInter = Math.max(c.intermediate, sharedIntermediate(c));
+    const { poolX, poolXScales, poolH, poolHScales } = this.pools;
+    const routed = this.weights.routed;
+    const shared = this.weights.shared ?? routed; // never read when the layer has no shared expert
+    const sharedInter = this.hasShared ? sharedIntermediate(c) : c.intermediate;
+    const sharedExperts = this.hasShared ? 1 : E;
+    // The row pools' boxes hold one tile's rows (BLOCK_M): a taller box would overrun the stage.
+    // A weight box is one of a tile's two B boxes; an A box a tile's rows.
+    encodeFp8RowsMap(args.tensorMap(0), poolX.ptr, H, poolX.shape[0]!, blockM);
+    encodeScaleColumnsMap(args.tensorMap(1), poolXScales.ptr, H, this.rPad, blockM + 4);
+    encodeFp8RowsMap(args.tensorMap(2), routed.w1.ptr, H, E * 2 * c.intermediate, WEIGHT_BOX_ROWS);
+    encodeFp8RowsMap(args.tensorMap(3), shared.w1.ptr, H, sharedExperts * 2 * sharedInter, WEIGHT_BOX_ROWS);
+    encodeFp8RowsMap(args.tensorMap(4), poolH.ptr, maxInter, poolH.shape[0]!, blockM);
+    encodeScaleColumnsMap(args.tensorMap(5), poolHScales.ptr, maxInter, this.rPad, blockM + 4);
+    encodeFp8RowsMap(args.tensorMap(6), routed.w2.ptr, c.intermediate, E * H, WEIGHT_BOX_ROWS);
+    encodeFp8RowsMap(args.tensorMap(7), shared.w2.ptr, sharedInter, sharedExperts * H, WEIGHT_BOX_ROWS);
+    const spec = { blockM, stages, sharedBytes, kernel, args };
+    this.specializations.set(blockM, spec);
+    return spec;
   }
 
   /** Checks the operands and queues one launch on `stream` (null: the legacy default stream). */
@@ -296,10 +322,7 @@ export class FusedMoEKernel {
         `FusedMoEKernel: ctas must be an integer in [1, ${this.device.smCount}], got ${this.ctas}`,
       );
     }
-    const blockM = this.blockM === "auto" ? fusedBlockM(c, tokens) : this.blockM;
-    const spec = this.specializations.find((k) => k.blockM === blockM);
-    if (spec === undefined)
-      throw new RangeError(`FusedMoEKernel: blockM must be "auto", 64 or 128, got ${blockM}`);
+    const spec = this.specialization(this.blockM === "auto" ? fusedBlockM(c, tokens) : this.blockM);
     trace?.fill(0, stream);
     spec.args.struct(MAP_COUNT, this.operands);
     spec.kernel.launch(this.ctas, FUSED_THREADS, spec.sharedBytes, stream, spec.args);

@@ -22,12 +22,17 @@ import {
 } from "../variants.js";
 
 /**
- * Pool rows per tile: 128 (two math warpgroups of 64 rows), or 64 for few rows per expert (both
- * warpgroups on the same 64 rows, half the A bytes per stage). The tile's columns: L1 128 gate + 128 up
- * channels, L2 256 outputs.
+ * Pool rows per tile: 128 (two math warpgroups of 64 rows), 64 for few rows per expert (both warpgroups
+ * on the same 64 rows, half the A bytes per stage), or 32 and 16 for a handful (swap-AB: the weights on
+ * the wgmma's M side, the rows on its N side, so the tensor cores do kBlockM / 64 of a 64-row tile's
+ * work). The tile's columns: L1 128 gate + 128 up channels, L2 256 outputs.
  */
-export type FusedBlockM = 64 | 128;
-export const FUSED_BLOCK_MS: readonly FusedBlockM[] = [64, 128];
+export type FusedBlockM = 16 | 32 | 64 | 128;
+export const FUSED_BLOCK_MS: readonly FusedBlockM[] = [16, 32, 64, 128];
+/** Whether a block M runs its tiles swap-AB (megamoe.cu kSwapAB). */
+export function fusedSwapAB(blockM: FusedBlockM): boolean {
+  return blockM < 64;
+}
 export const FUSED_BLOCK_N = 256;
 /** Threads per CTA: two math warpgroups and one producer warpgroup. */
 export const FUSED_THREADS = 384;
@@ -57,7 +62,9 @@ export function fusedSharedBytes(c: MoEConfig, stages: number, blockM: FusedBloc
   const taskSlot = alignUp(32 + 2 * maxKBlocks * 4, 16); // the Task and its two weight-scale rows
   const offBars = alignUp(offTasks + 2 * taskSlot, 8);
   const offAmax = offBars + 8 * (2 * stages + 4);
-  const offOffsets = offAmax + 2 * 64 * 4;
+  // The L1 epilogue's amax exchange: [2][64] floats, or per math warp and row when swap-AB.
+  const mathWarps = (FUSED_THREADS - 128) / 32;
+  const offOffsets = offAmax + Math.max(2 * 64, fusedSwapAB(blockM) ? mathWarps * blockM : 0) * 4;
   const offStaging = alignUp(offOffsets + 4 * (groups + 1) * 2 + 4 * groups + 16, 16);
   // One staging area per math warp (all but the producer warpgroup), at the narrow pitch.
   const bytes = offStaging + ((FUSED_THREADS - 128) / 32) * stagingAreaBytes(STAGING_PITCH_NARROW);
@@ -92,15 +99,27 @@ export function fusedDefines(
 }
 
 /**
- * The block M for a launch: 64 when the routed experts average fewer than 64 rows (decode: the A tile is
- * mostly padding at 128), else 128 (twice the rows per B tile streamed: half the weight traffic per row).
+ * The block M for a launch, from the rows a routed expert averages (λ = T·k / E): swap-AB 16 while λ ≤ 6
+ * and 32 while λ ≤ 16 (an expert's rows then rarely pass one block: a second block streams the expert's
+ * weights again), 64 below 64 (the A tile would be mostly padding at 128), else 128 (twice the rows per
+ * B tile streamed: half the weight traffic per row).
  */
 export function fusedBlockM(c: MoEConfig, tokens: number): FusedBlockM {
+  const rows = (tokens * c.topK) / c.numExperts;
+  if (rows <= 6) return 16;
+  if (rows <= 16) return 32;
   // At exactly 64 rows 128 won on the H200 (pro, T = 4096: 7705 vs 8230 µs, bench/NOTES.md).
-  return (tokens * c.topK) / c.numExperts < 64 ? 64 : 128;
+  return rows < 64 ? 64 : 128;
 }
 
-/** Every preset in both scale formats and both block Ms (the layer's shapes). */
+/** The block Ms fusedBlockM picks for some token count in 1 .. maxTokens, ascending. */
+export function fusedBlockMsUpTo(c: MoEConfig, maxTokens: number): FusedBlockM[] {
+  const picked = new Set<FusedBlockM>();
+  for (let t = 1; t <= maxTokens; t++) picked.add(fusedBlockM(c, t));
+  return FUSED_BLOCK_MS.filter((m) => picked.has(m));
+}
+
+/** Every preset in both scale formats and every block M (the layer's shapes). */
 export const variants: readonly KernelVariant[] = Object.values(PRESETS).flatMap((preset) =>
   SCALE_FORMATS.flatMap((scaleFormat) =>
     FUSED_BLOCK_MS.map((blockM) => ({
