@@ -124,17 +124,18 @@ constexpr int kRowVectorsPerLane = (kHidden / 16 + 31) / 32;  // 16-byte pieces 
 constexpr int kRowScalesPerLane = (kHiddenBlocks + 31) / 32;  // its scale blocks per lane
 constexpr int kPlaceRowsInFlight = kRowVectorsPerLane <= 8 ? 3 : 2;  // what 168 registers hold
 
-// Registers: the producer warpgroup gives its share to the two math warpgroups (2·128·224 + 128·56 = 64512;
-// the math code needs more than 208, the producer more than 40). Swap-AB tiles need far fewer math
-// registers, and at 56 the producer spilled in one of them (flash-ep8, BLOCK_M 16, 6 stages): 64 there
-// (2·128·224 + 128·64 = 65536).
-constexpr int kProducerRegisters = kSwapAB ? 64 : 56;
+// Registers: the producer warpgroup gives its share to the two math warpgroups. The three warpgroups
+// hold 384 · 168 = 64512 registers from the launch and setmaxnreg only moves them (a sum above that leaves
+// setmaxnreg.inc waiting forever): 2·128·224 + 128·56 = 64512 (the math code needs more than 208, the
+// producer more than 40).
+constexpr int kProducerRegisters = 56;
 // With BLOCK_M 128 each math warpgroup owns its 64 rows of a tile outright and publishes them itself, so
 // the two drift apart by up to the stage ring instead of meeting at the end of every tile; at 64 they
 // exchange the L1 rows' amax and publish together. A tile adds this many to its done counter.
 constexpr bool kWarpgroupPublish = kBlockM == 128;
 constexpr int kPublishesPerTile = kWarpgroupPublish ? 2 : 1;
 constexpr int kMathRegisters = 224;
+static_assert(2 * 128 * kMathRegisters + 128 * kProducerRegisters <= kThreads * 168, "setmaxnreg moves, never adds");
 
 // ---------------------------------------------------------------------------------------------------
 // Shared memory (byte offsets from a 1024-aligned base; megamoe.variants.ts mirrors the total)

@@ -38,6 +38,12 @@ export const FUSED_BLOCK_N = 256;
 export const FUSED_THREADS = 384;
 export const FUSED_MIN_STAGES = 2;
 export const FUSED_MAX_STAGES = 8;
+/**
+ * Swap-AB tiles stop at 5 stages: a 16-row stage is 34 KB, so five keep 170 KB of weights in flight per
+ * SM, and a deeper ring streamed no faster (the TMA weight-stream probe: 4 vs 6 stages, bench/NOTES.md);
+ * at 6 (flash-ep8, BLOCK_M 16) ptxas spilled the producer.
+ */
+export const FUSED_SWAP_MAX_STAGES = 5;
 /** Int32 words of the workspace before the per-group and per-block arrays (the kernel's Counter enum). */
 export const FUSED_COUNTER_WORDS = 8;
 
@@ -71,9 +77,9 @@ export function fusedSharedBytes(c: MoEConfig, stages: number, blockM: FusedBloc
   return bytes + 1024;
 }
 
-/** The deepest stage ring (up to FUSED_MAX_STAGES) that fits `budget`; 0 when 2 do not. */
+/** The deepest stage ring (up to FUSED_MAX_STAGES, or FUSED_SWAP_MAX_STAGES) that fits `budget`; 0 when 2 do not. */
 export function fusedStages(c: MoEConfig, blockM: FusedBlockM, budget = SM90_SHARED_OPTIN_BYTES): number {
-  for (let s = FUSED_MAX_STAGES; s >= FUSED_MIN_STAGES; s--) {
+  for (let s = fusedSwapAB(blockM) ? FUSED_SWAP_MAX_STAGES : FUSED_MAX_STAGES; s >= FUSED_MIN_STAGES; s--) {
     if (fusedSharedBytes(c, s, blockM) <= budget) return s;
   }
   return 0;
