@@ -8,7 +8,7 @@
 import { forwardOperands } from "../src/bench/layer.js";
 import { resolveConfig } from "../src/config/config.js";
 import { openDevice } from "../src/cuda/index.js";
-import { FUSED_BLOCK_MS } from "../src/kernels/megamoe/megamoe.variants.js";
+import { FUSED_BLOCK_MS, type FusedBlockM } from "../src/kernels/megamoe/megamoe.variants.js";
 import { FusedPipeline } from "../src/pipeline/fused.js";
 import { UnfusedPipeline } from "../src/pipeline/unfused.js";
 import { randomRouting } from "../src/reference/router.js";
@@ -23,6 +23,9 @@ const weights = DeviceMoEWeights.upload(
 );
 const fused = new FusedPipeline(device, weights, 512);
 const unfused = new UnfusedPipeline(device, weights, 512);
+// FUSED_SMALL_BLOCK_MS (a comma list) narrows the block Ms, e.g. to keep a sanitizer run short.
+const blockMs =
+  process.env.FUSED_SMALL_BLOCK_MS?.split(",").map((m) => Number(m) as FusedBlockM) ?? FUSED_BLOCK_MS;
 let failures = 0;
 for (const tokens of [7, 300]) {
   const operands = forwardOperands(device, config, tokens, randomRouting(6, tokens, config), 7);
@@ -30,7 +33,7 @@ for (const tokens of [7, 300]) {
   const f = { ...operands, tokens, shared: true };
   unfused.forward(f, null);
   const want = out.toHost() as Uint16Array;
-  for (const blockM of FUSED_BLOCK_MS) {
+  for (const blockM of blockMs) {
     fused.kernel.blockM = blockM;
     fused.kernel.ctas = 4;
     out.fill(0xff);

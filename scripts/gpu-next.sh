@@ -52,6 +52,8 @@
 #           kernel's timeline at flash-ep8 T = 4096 with and without it; the wgmma-rate probe (ARCHIVE=1)
 #   PART=41 swap-AB: the small bit-equality check on every block M, the pipeline tests (240 s), then the
 #           fused kernel's every block M at decode and mid T on flash-ep8 and flash in 2 rounds (ARCHIVE=1)
+#   PART=42 compute-sanitizer memcheck on the small run's swap-AB block Ms, the grouped GEMM's plan on both
+#           code distributions beside torch, then racecheck and synccheck on them (ARCHIVE=1)
 # ARCHIVE=1 returns everything as $OUT/all.tgz (ARCHIVE_TIMEOUT: seconds for the part, default 540).
 # Pass MEGAMOE_COMMIT: the device's copy of the tree has no current git history.
 set -uo pipefail
@@ -309,6 +311,16 @@ case "${PART:-1}" in
       --tokens "${shape#*:}" --iters 20 --rounds 2 --out "$out/configs-${shape%%:*}.json" 2>&1 \
       | grep -vE "^[├┌└]" | grep -E "fused|T=" | cut -c1-150
   done
+  ;;
+42)
+  export FUSED_SMALL_BLOCK_MS=16,32
+  sanitizer memcheck
+  timeout 90 python3 bench/peers/torch_moe.py --grouped-gemm-only --out "$out/torch-grouped-gemm.json" 2>&1 | tail -1
+  GEMM_TILES=plan GEMM_CODES=quantized,uniform-bytes timeout 150 node dist-test/scripts/gpu-gemm-bench.js \
+    "$out/gemm-codes.json" >"$out/gemm-codes.txt" 2>&1
+  echo "gemm codes rc=$?"; cat "$out/gemm-codes.txt"
+  sanitizer racecheck
+  sanitizer synccheck
   ;;
 37)
   for round in 1 2; do
