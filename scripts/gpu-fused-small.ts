@@ -1,6 +1,6 @@
 /**
- * On the GPU host, for compute-sanitizer: the fused kernel on the tiny shape, T = 7 and 300, both block
- * Ms, on 4 CTAs, each output compared bit for bit with the unfused pipeline's. Exits 1 on a difference.
+ * On the GPU host, for compute-sanitizer: the fused kernel on the tiny shape, T = 7 and 300, every block
+ * M, on 4 CTAs, each output compared bit for bit with the unfused pipeline's. Exits 1 on a difference.
  *   compute-sanitizer --tool memcheck  node dist-test/scripts/gpu-fused-small.js
  *   compute-sanitizer --tool racecheck node dist-test/scripts/gpu-fused-small.js   (and synccheck)
  */
