@@ -54,6 +54,7 @@
 #           fused kernel's every block M at decode and mid T on flash-ep8 and flash in 2 rounds (ARCHIVE=1)
 #   PART=42 compute-sanitizer memcheck on the small run's swap-AB block Ms, the grouped GEMM's plan on both
 #           code distributions beside torch, then racecheck and synccheck on them (ARCHIVE=1)
+#   PART=43 the flash-ep8 sweeps, shared expert off and on, with the torch peer (ARCHIVE=1)
 # ARCHIVE=1 returns everything as $OUT/all.tgz (ARCHIVE_TIMEOUT: seconds for the part, default 540).
 # Pass MEGAMOE_COMMIT: the device's copy of the tree has no current git history.
 set -uo pipefail
@@ -322,6 +323,7 @@ case "${PART:-1}" in
   sanitizer racecheck
   sanitizer synccheck
   ;;
+43) sweep flash-ep8 0; sweep flash-ep8 1 ;;
 37)
   for round in 1 2; do
     timeout 60 node dist-test/scripts/gpu-wgmma-rate.js --out "$out/wgmma-rate-$round.json" 2>&1 | tee "$out/wgmma-rate-$round.txt"
