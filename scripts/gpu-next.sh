@@ -55,6 +55,8 @@
 #   PART=42 compute-sanitizer memcheck on the small run's swap-AB block Ms, the grouped GEMM's plan on both
 #           code distributions beside torch, then racecheck and synccheck on them (ARCHIVE=1)
 #   PART=43 the flash-ep8 sweeps, shared expert off and on, with the torch peer (ARCHIVE=1)
+#   PART=44 why large-T timings move: the fused kernel at flash-ep8 T = 4096 in 4 rounds while nvidia-smi logs
+#           the SM clock, power and throttle reasons every 100 ms (ARCHIVE=1)
 # ARCHIVE=1 returns everything as $OUT/all.tgz (ARCHIVE_TIMEOUT: seconds for the part, default 540).
 # Pass MEGAMOE_COMMIT: the device's copy of the tree has no current git history.
 set -uo pipefail
@@ -324,6 +326,15 @@ case "${PART:-1}" in
   sanitizer synccheck
   ;;
 43) sweep flash-ep8 0; sweep flash-ep8 1 ;;
+44)
+  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active \
+    --format=csv -lms 100 >"$out/smi.csv" 2>&1 &
+  smi=$!
+  timeout 200 node dist/cli/main.js bench --impl fused --configs --shape flash-ep8 --shared 0 --tokens 2048,4096 \
+    --iters 20 --rounds 4 --out "$out/rounds-flash-ep8.json" 2>&1 | grep -vE "^[├┌└]" | grep -E "fused|T=" | cut -c1-150
+  kill $smi
+  echo "smi lines $(wc -l <"$out/smi.csv")"; head -3 "$out/smi.csv"
+  ;;
 37)
   for round in 1 2; do
     timeout 60 node dist-test/scripts/gpu-wgmma-rate.js --out "$out/wgmma-rate-$round.json" 2>&1 | tee "$out/wgmma-rate-$round.txt"
