@@ -57,6 +57,7 @@
 #   PART=43 the flash-ep8 sweeps, shared expert off and on, with the torch peer (ARCHIVE=1)
 #   PART=44 why large-T timings move: the fused kernel at flash-ep8 T = 4096 in 4 rounds while nvidia-smi logs
 #           the SM clock, power and throttle reasons every 100 ms (ARCHIVE=1)
+#   PART=45 every GPU test file, then the flash and pro sweeps, shared expert off and on (ARCHIVE=1)
 # ARCHIVE=1 returns everything as $OUT/all.tgz (ARCHIVE_TIMEOUT: seconds for the part, default 540).
 # Pass MEGAMOE_COMMIT: the device's copy of the tree has no current git history.
 set -uo pipefail
@@ -326,6 +327,10 @@ case "${PART:-1}" in
   sanitizer synccheck
   ;;
 43) sweep flash-ep8 0; sweep flash-ep8 1 ;;
+45)
+  gpu_tests 300 test-gpu-all.txt $(find dist-test/test/gpu -name '*.test.js' | sort)
+  sweep flash 0; sweep flash 1; sweep pro 0; sweep pro 1
+  ;;
 44)
   nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active \
     --format=csv -lms 100 >"$out/smi.csv" 2>&1 &
