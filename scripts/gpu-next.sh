@@ -58,6 +58,8 @@
 #   PART=44 why large-T timings move: the fused kernel at flash-ep8 T = 4096 in 4 rounds while nvidia-smi logs
 #           the SM clock, power and throttle reasons every 100 ms (ARCHIVE=1)
 #   PART=45 every GPU test file, then the flash and pro sweeps, shared expert off and on (ARCHIVE=1)
+#   PART=46 the grouped GEMM and torch._scaled_grouped_mm while nvidia-smi logs the SM clock and power every
+#           50 ms, each phase's start and end marked in $OUT/phases.txt (ARCHIVE=1)
 # ARCHIVE=1 returns everything as $OUT/all.tgz (ARCHIVE_TIMEOUT: seconds for the part, default 540).
 # Pass MEGAMOE_COMMIT: the device's copy of the tree has no current git history.
 set -uo pipefail
@@ -327,6 +329,22 @@ case "${PART:-1}" in
   sanitizer synccheck
   ;;
 43) sweep flash-ep8 0; sweep flash-ep8 1 ;;
+46)
+  nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,clocks_event_reasons.active \
+    --format=csv -lms 50 >"$out/smi.csv" 2>&1 &
+  smi=$!
+  for round in 1 2; do
+    echo "torch $round start $(date +%H:%M:%S.%N)" >>"$out/phases.txt"
+    timeout 90 python3 bench/peers/torch_moe.py --grouped-gemm-only --out "$out/torch-grouped-gemm-$round.json" 2>&1 | tail -1
+    echo "torch $round end $(date +%H:%M:%S.%N)" >>"$out/phases.txt"
+    echo "ours $round start $(date +%H:%M:%S.%N)" >>"$out/phases.txt"
+    GEMM_TILES=plan timeout 120 node dist-test/scripts/gpu-gemm-bench.js "$out/gemm-$round.json" >"$out/gemm-$round.txt" 2>&1
+    echo "ours $round end $(date +%H:%M:%S.%N)" >>"$out/phases.txt"
+    cat "$out/gemm-$round.txt"
+  done
+  kill $smi
+  cat "$out/phases.txt"
+  ;;
 45)
   gpu_tests 300 test-gpu-all.txt $(find dist-test/test/gpu -name '*.test.js' | sort)
   sweep flash 0; sweep flash 1; sweep pro 0; sweep pro 1
