@@ -329,6 +329,19 @@ case "${PART:-1}" in
   sanitizer synccheck
   ;;
 43) sweep flash-ep8 0; sweep flash-ep8 1 ;;
+44)
+  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active \
+    --format=csv -lms 100 >"$out/smi.csv" 2>&1 &
+  smi=$!
+  timeout 200 node dist/cli/main.js bench --impl fused --configs --shape flash-ep8 --shared 0 --tokens 2048,4096 \
+    --iters 20 --rounds 4 --out "$out/rounds-flash-ep8.json" 2>&1 | grep -vE "^[├┌└]" | grep -E "fused|T=" | cut -c1-150
+  kill $smi
+  echo "smi lines $(wc -l <"$out/smi.csv")"; head -3 "$out/smi.csv"
+  ;;
+45)
+  gpu_tests 300 test-gpu-all.txt $(find dist-test/test/gpu -name '*.test.js' | sort)
+  sweep flash 0; sweep flash 1; sweep pro 0; sweep pro 1
+  ;;
 46)
   nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,clocks_event_reasons.active \
     --format=csv -lms 50 >"$out/smi.csv" 2>&1 &
@@ -344,19 +357,6 @@ case "${PART:-1}" in
   done
   kill $smi
   cat "$out/phases.txt"
-  ;;
-45)
-  gpu_tests 300 test-gpu-all.txt $(find dist-test/test/gpu -name '*.test.js' | sort)
-  sweep flash 0; sweep flash 1; sweep pro 0; sweep pro 1
-  ;;
-44)
-  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active \
-    --format=csv -lms 100 >"$out/smi.csv" 2>&1 &
-  smi=$!
-  timeout 200 node dist/cli/main.js bench --impl fused --configs --shape flash-ep8 --shared 0 --tokens 2048,4096 \
-    --iters 20 --rounds 4 --out "$out/rounds-flash-ep8.json" 2>&1 | grep -vE "^[├┌└]" | grep -E "fused|T=" | cut -c1-150
-  kill $smi
-  echo "smi lines $(wc -l <"$out/smi.csv")"; head -3 "$out/smi.csv"
   ;;
 37)
   for round in 1 2; do

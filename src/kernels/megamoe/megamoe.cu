@@ -34,7 +34,8 @@
 // trap and not an exit).
 //
 // Compile-time parameters (-D, from megamoe.variants.ts): HIDDEN, INTER (routed experts' intermediate),
-// SHARED_INTER (the shared expert's, 0: none), NUM_EXPERTS, TOP_K, BLOCK_M, NUM_STAGES, SCALE_UE8M0,
+// SHARED_INTER (the shared expert's, 0: none), NUM_EXPERTS, TOP_K, BLOCK_M (128, 64, or 32 and 16 for the
+// swap-AB tiles of decode), NUM_STAGES, SCALE_UE8M0,
 // and SHARED_BYTES (the launcher's figure for the layout below, checked against it). Diagnosis only:
 // MEGAMOE_DIAG_SKIP_MMA 1 issues no wgmma (every stage is still waited for, promoted and released; the
 // results are wrong), to time the kernel without its tensor work.
@@ -467,7 +468,7 @@ struct MathContext {
   unsigned sa_smem;  // stage 0's A scales, at this thread's fragment row (swap-AB: at row 0)
   unsigned full_bar;
   unsigned empty_bar;
-  unsigned amax_smem;  // float[2][64]
+  unsigned amax_smem;  // the L1 epilogue's row amax exchange (see kAmaxBytes)
   unsigned staging;    // this warp's staging area
   unsigned staging_all;  // the first math warp's (swap-AB epilogues stage a tile across warps' areas)
   int warpgroup;
