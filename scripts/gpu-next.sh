@@ -60,6 +60,8 @@
 #   PART=45 every GPU test file, then the flash and pro sweeps, shared expert off and on (ARCHIVE=1)
 #   PART=46 the grouped GEMM and torch._scaled_grouped_mm while nvidia-smi logs the SM clock and power every
 #           50 ms, each phase's start and end marked in $OUT/phases.txt (ARCHIVE=1)
+#   PART=47 the grouped GEMM and torch._scaled_grouped_mm one kernel at a time under Nsight Compute (each run
+#           alone, so near the top clock): duration and SM clock per launch, as CSV (ARCHIVE=1)
 # ARCHIVE=1 returns everything as $OUT/all.tgz (ARCHIVE_TIMEOUT: seconds for the part, default 540).
 # Pass MEGAMOE_COMMIT: the device's copy of the tree has no current git history.
 set -uo pipefail
@@ -357,6 +359,15 @@ case "${PART:-1}" in
   done
   kill $smi
   cat "$out/phases.txt"
+  ;;
+47)
+  metrics=gpu__time_duration.sum,sm__cycles_elapsed.avg.per_second
+  timeout 60 ncu --clock-control none --metrics $metrics --csv \
+    python3 bench/peers/torch_moe.py --grouped-gemm-only --m-per-group 4096 --iters 20 >"$out/ncu-torch.csv" 2>"$out/ncu-torch.err"
+  echo "torch rc=$? $(wc -l <"$out/ncu-torch.csv") lines"
+  GEMM_TILES=plan timeout 60 ncu --clock-control none -k megamoe_fp8_grouped_gemm --metrics $metrics --csv \
+    node dist-test/scripts/gpu-gemm-bench.js >"$out/ncu-ours.csv" 2>"$out/ncu-ours.err"
+  echo "ours rc=$? $(wc -l <"$out/ncu-ours.csv") lines"
   ;;
 37)
   for round in 1 2; do
