@@ -477,6 +477,34 @@ struct MathContext {
   unsigned long long* trace;
 };
 
+// The mainloops' shared steps. A K block's product into `partial`: a waited wgmma block, or zeros under
+// MEGAMOE_DIAG_SKIP_MMA.
+template <int kCount>
+__device__ __forceinline__ void block_product(float (&partial)[kCount], unsigned a, unsigned b) {
+  if constexpr (MEGAMOE_DIAG_SKIP_MMA != 0) {
+#pragma unroll
+    for (int i = 0; i < kCount; ++i) partial[i] = 0.0f;
+  } else {
+    wgmma_block_k128(partial, a, b);
+  }
+}
+
+// Waits until the stage's operands have landed (the wait summed into the trace).
+__device__ __forceinline__ void wait_stage_full(const MathContext& m, int stage, unsigned phase) {
+  const unsigned long long t0 = trace_clock(m.trace);
+  wait_barrier(m.full_bar + 8 * stage, phase, m.status, kStatusStageFullWait, stage);
+  if (threadIdx.x == 0) trace_add(m.trace, kTraceStageFullWaitNs, trace_clock(m.trace) - t0);
+}
+
+// Hands the stage back to the producer (one arrive per math warp, its wgmmas done) and moves to the next.
+__device__ __forceinline__ void release_stage(const MathContext& m, int& stage, unsigned& phase) {
+  if (m.lane == 0) mbar_arrive(m.empty_bar + 8 * stage);
+  if (++stage == kStages) {
+    stage = 0;
+    phase ^= 1u;
+  }
+}
+
 template <bool kL1>
 __device__ __forceinline__ void tile_mainloop(const MathContext& m, const Task& task, unsigned sw_rows,
                                               int& stage, unsigned& phase, float (&acc)[2][kAccum]) {
@@ -493,9 +521,7 @@ __device__ __forceinline__ void tile_mainloop(const MathContext& m, const Task& 
     for (int c = 0; c < S::kChunks; ++c) {
       sw[c] = load_shared_f32(sw_rows + (S::sw_row(c, m.warpgroup) * kMaxKBlocks + kb) * 4);
     }
-    const unsigned long long t0 = trace_clock(m.trace);
-    wait_barrier(m.full_bar + 8 * stage, phase, m.status, kStatusStageFullWait, stage);
-    if (threadIdx.x == 0) trace_add(m.trace, kTraceStageFullWaitNs, trace_clock(m.trace) - t0);
+    wait_stage_full(m, stage, phase);
     if (active) {
       const unsigned sa = m.sa_smem + stage * kSaStride + (task.row0 & 3) * 4;
       const float sa_lo = load_shared_f32(sa);
@@ -504,20 +530,11 @@ __device__ __forceinline__ void tile_mainloop(const MathContext& m, const Task& 
       const unsigned b_stage = m.b_smem + stage * kBTileBytes;
 #pragma unroll
       for (int c = 0; c < S::kChunks; ++c) {
-        if constexpr (MEGAMOE_DIAG_SKIP_MMA != 0) {
-#pragma unroll
-          for (int i = 0; i < S::kAcc; ++i) partial[i] = 0.0f;
-        } else {
-          wgmma_block_k128(partial, a_stage, b_stage + S::b_row(c, m.warpgroup) * kBlockK);
-        }
+        block_product(partial, a_stage, b_stage + S::b_row(c, m.warpgroup) * kBlockK);
         promote_block(acc[c], partial, sa_lo * sw[c], sa_hi * sw[c]);
       }
     }
-    if (m.lane == 0) mbar_arrive(m.empty_bar + 8 * stage);
-    if (++stage == kStages) {
-      stage = 0;
-      phase ^= 1u;
-    }
+    release_stage(m, stage, phase);
   }
 }
 
@@ -647,9 +664,7 @@ __device__ __forceinline__ void swap_mainloop(const MathContext& m, const Task& 
     for (int wave = 0; wave < 2; ++wave) {
       sw[wave] = load_shared_f32(sw_rows + (S::sw_row(wave, m.warpgroup) * kMaxKBlocks + kb) * 4);
     }
-    const unsigned long long t0 = trace_clock(m.trace);
-    wait_barrier(m.full_bar + 8 * stage, phase, m.status, kStatusStageFullWait, stage);
-    if (threadIdx.x == 0) trace_add(m.trace, kTraceStageFullWaitNs, trace_clock(m.trace) - t0);
+    wait_stage_full(m, stage, phase);
     const unsigned sa = m.sa_smem + stage * kSaStride + ((task.row0 & 3) + frag_col) * 4;
     float sa_col[kSwapColGroups][2];
 #pragma unroll
@@ -661,12 +676,7 @@ __device__ __forceinline__ void swap_mainloop(const MathContext& m, const Task& 
     const unsigned b_stage = m.b_smem + stage * kBTileBytes;
 #pragma unroll
     for (int wave = 0; wave < 2; ++wave) {
-      if constexpr (MEGAMOE_DIAG_SKIP_MMA != 0) {
-#pragma unroll
-        for (int i = 0; i < kSwapAcc; ++i) partial[i] = 0.0f;
-      } else {
-        wgmma_block_k128(partial, b_stage + S::b_row(wave, m.warpgroup) * kBlockK, a_stage);
-      }
+      block_product(partial, b_stage + S::b_row(wave, m.warpgroup) * kBlockK, a_stage);
 #pragma unroll
       for (int j = 0; j < kSwapColGroups; ++j)
 #pragma unroll
@@ -674,11 +684,7 @@ __device__ __forceinline__ void swap_mainloop(const MathContext& m, const Task& 
           acc[wave][i] = fmaf(partial[i], sa_col[j][i & 1] * sw[wave], acc[wave][i]);
         }
     }
-    if (m.lane == 0) mbar_arrive(m.empty_bar + 8 * stage);
-    if (++stage == kStages) {
-      stage = 0;
-      phase ^= 1u;
-    }
+    release_stage(m, stage, phase);
   }
 }
 
