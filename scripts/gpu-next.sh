@@ -60,8 +60,8 @@
 #   PART=45 every GPU test file, then the flash and pro sweeps, shared expert off and on (ARCHIVE=1)
 #   PART=46 the grouped GEMM and torch._scaled_grouped_mm while nvidia-smi logs the SM clock and power every
 #           50 ms, each phase's start and end marked in $OUT/phases.txt (ARCHIVE=1)
-#   PART=47 the grouped GEMM and torch._scaled_grouped_mm one kernel at a time under Nsight Compute (each run
-#           alone, so near the top clock): duration and SM clock per launch, as CSV (ARCHIVE=1)
+#   PART=47 the grouped GEMM and torch._scaled_grouped_mm one kernel at a time under Nsight Compute (each
+#           kernel alone, the two at the same clock): duration and SM clock per launch, as CSV (ARCHIVE=1)
 # ARCHIVE=1 returns everything as $OUT/all.tgz (ARCHIVE_TIMEOUT: seconds for the part, default 540).
 # Pass MEGAMOE_COMMIT: the device's copy of the tree has no current git history.
 set -uo pipefail
@@ -95,6 +95,16 @@ sanitizer() {  # tool: compute-sanitizer on a small fused run, into $out/sanitiz
 }
 
 pipeline_tests() { gpu_tests "$1" test-pipelines.txt dist-test/test/gpu/unfused.test.js; }  # seconds
+
+torch_gemm() {  # report [lines]: torch._scaled_grouped_mm alone on the flash expert shapes, into $out/<report>
+  timeout 90 python3 bench/peers/torch_moe.py --grouped-gemm-only --out "$out/$1" 2>&1 | tail -"${2:-1}"
+}
+
+gemm_tiles() {  # name [seconds]: scripts/gpu-gemm-bench.ts into $out/<name>.json and .txt, printed (the caller's
+  # GEMM_TILES, GEMM_CODES and MEGAMOE_JIT_DEFINES apply)
+  timeout "${2:-150}" node dist-test/scripts/gpu-gemm-bench.js "$out/$1.json" >"$out/$1.txt" 2>&1
+  echo "$1 rc=$?"; cat "$out/$1.txt"
+}
 
 fused_trace() {  # seconds tokens: the fused kernel's per-CTA timeline on flash-ep8, into $out/trace.txt
   timeout "$1" node dist-test/scripts/gpu-fused-trace.js flash-ep8 "$2" >"$out/trace.txt" 2>&1
@@ -187,7 +197,7 @@ case "${PART:-1}" in
      # flash-ep8 shared off at every T in 4 interleaved rounds, the timeline, memcheck and synccheck
   gpu_tests 200 test-gpu-all.txt $(find dist-test/test/gpu -name '*.test.js' | sort)
   sanitizer racecheck
-  timeout 90 python3 bench/peers/torch_moe.py --grouped-gemm-only --out "$out/torch-grouped-gemm.json" 2>&1 | tail -3
+  torch_gemm "torch-grouped-gemm.json" 3
   timeout 120 node dist/cli/main.js bench --impl grouped-gemm --peer "$out/torch-grouped-gemm.json" \
     --out "$out/grouped-gemm.json" 2>&1 | grep -vE "^[├┌└]" | cut -c1-150
   timeout 200 node dist/cli/main.js bench --impl fused,unfused --shape flash-ep8 --shared 0 --tokens "${SWEEP_T:-$T}" \
@@ -258,19 +268,17 @@ case "${PART:-1}" in
 33) sweep pro 1; sweep flash-ep8 1; sweep flash 1 ;;
 35)
   gpu_tests 200 test-grouped-gemm.txt dist-test/test/gpu/grouped-gemm.test.js
-  timeout 90 python3 bench/peers/torch_moe.py --grouped-gemm-only --out "$out/torch-grouped-gemm.json" 2>&1 | tail -8
+  torch_gemm "torch-grouped-gemm.json" 8
   for round in 1 2; do
     for v in ${AB_VARIANTS:-- GEMM_PIPELINED_PROMOTION=0}; do
       tag=${v//[^A-Za-z0-9]/_}
-      MEGAMOE_JIT_DEFINES=${v#-} timeout 150 node dist-test/scripts/gpu-gemm-bench.js "$out/gemm-tiles-$tag-$round.json" \
-        >"$out/gemm-tiles-$tag-$round.txt" 2>&1
-      echo "gemm tiles $v round $round rc=$?"; cat "$out/gemm-tiles-$tag-$round.txt"
+      MEGAMOE_JIT_DEFINES=${v#-} gemm_tiles "gemm-tiles-$tag-$round"
     done
   done
   ;;
 36)
   gpu_tests 300 test-gpu-all.txt $(find dist-test/test/gpu -name '*.test.js' | sort)
-  timeout 90 python3 bench/peers/torch_moe.py --grouped-gemm-only --out "$out/torch-grouped-gemm.json" 2>&1 | tail -3
+  torch_gemm "torch-grouped-gemm.json" 3
   timeout 120 node dist/cli/main.js bench --impl grouped-gemm --peer "$out/torch-grouped-gemm.json" \
     --out "$out/grouped-gemm.json" 2>&1 | grep -vE "^[├┌└]" | cut -c1-150
   timeout 90 node dist/cli/main.js bench --impl unfused --shape pro --shared 0 --tokens 1,2,4,8,16,32,64 --iters 20 \
@@ -288,21 +296,17 @@ case "${PART:-1}" in
     echo "trace $v rc=$?"
   done
   for round in 1 2 3; do
-    timeout 90 python3 bench/peers/torch_moe.py --grouped-gemm-only --out "$out/torch-grouped-gemm-$round.json" 2>&1 | tail -1
+    torch_gemm "torch-grouped-gemm-$round.json"
     timeout 120 node dist/cli/main.js bench --impl grouped-gemm --peer "$out/torch-grouped-gemm-$round.json" \
       --out "$out/grouped-gemm-$round.json" 2>&1 | grep -vE "^[├┌└]" | grep -E "flash" | cut -c1-150
   done
   ;;
 40)
   for round in 1 2; do
-    timeout 90 python3 bench/peers/torch_moe.py --grouped-gemm-only --out "$out/torch-grouped-gemm-$round.json" 2>&1 | tail -1
-    GEMM_TILES=plan GEMM_CODES=quantized,uniform-bytes timeout 150 node dist-test/scripts/gpu-gemm-bench.js \
-      "$out/gemm-codes-$round.json" >"$out/gemm-codes-$round.txt" 2>&1
-    echo "gemm codes round $round rc=$?"; cat "$out/gemm-codes-$round.txt"
+    torch_gemm "torch-grouped-gemm-$round.json"
+    GEMM_TILES=plan GEMM_CODES=quantized,uniform-bytes gemm_tiles "gemm-codes-$round"
   done
-  MEGAMOE_JIT_DEFINES=GEMM_DIAG_SKIP_MMA=1 GEMM_TILES=plan timeout 150 node dist-test/scripts/gpu-gemm-bench.js \
-    "$out/gemm-skip-mma.json" >"$out/gemm-skip-mma.txt" 2>&1
-  echo "gemm without mma rc=$?"; cat "$out/gemm-skip-mma.txt"
+  MEGAMOE_JIT_DEFINES=GEMM_DIAG_SKIP_MMA=1 GEMM_TILES=plan gemm_tiles gemm-skip-mma
   for v in - MEGAMOE_DIAG_SKIP_MMA=1; do
     tag=${v//[^A-Za-z0-9]/_}
     MEGAMOE_JIT_DEFINES=${v#-} timeout 90 node dist-test/scripts/gpu-fused-trace.js flash-ep8 4096 >"$out/trace-4096-$tag.txt" 2>&1
@@ -323,10 +327,8 @@ case "${PART:-1}" in
 42)
   export FUSED_SMALL_BLOCK_MS=16,32
   sanitizer memcheck
-  timeout 90 python3 bench/peers/torch_moe.py --grouped-gemm-only --out "$out/torch-grouped-gemm.json" 2>&1 | tail -1
-  GEMM_TILES=plan GEMM_CODES=quantized,uniform-bytes timeout 150 node dist-test/scripts/gpu-gemm-bench.js \
-    "$out/gemm-codes.json" >"$out/gemm-codes.txt" 2>&1
-  echo "gemm codes rc=$?"; cat "$out/gemm-codes.txt"
+  torch_gemm "torch-grouped-gemm.json"
+  GEMM_TILES=plan GEMM_CODES=quantized,uniform-bytes gemm_tiles gemm-codes
   sanitizer racecheck
   sanitizer synccheck
   ;;
@@ -350,12 +352,11 @@ case "${PART:-1}" in
   smi=$!
   for round in 1 2; do
     echo "torch $round start $(date +%H:%M:%S.%N)" >>"$out/phases.txt"
-    timeout 90 python3 bench/peers/torch_moe.py --grouped-gemm-only --out "$out/torch-grouped-gemm-$round.json" 2>&1 | tail -1
+    torch_gemm "torch-grouped-gemm-$round.json"
     echo "torch $round end $(date +%H:%M:%S.%N)" >>"$out/phases.txt"
     echo "ours $round start $(date +%H:%M:%S.%N)" >>"$out/phases.txt"
-    GEMM_TILES=plan timeout 120 node dist-test/scripts/gpu-gemm-bench.js "$out/gemm-$round.json" >"$out/gemm-$round.txt" 2>&1
+    GEMM_TILES=plan gemm_tiles "gemm-$round" 120
     echo "ours $round end $(date +%H:%M:%S.%N)" >>"$out/phases.txt"
-    cat "$out/gemm-$round.txt"
   done
   kill $smi
   cat "$out/phases.txt"
