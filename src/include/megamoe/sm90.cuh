@@ -372,6 +372,21 @@ __device__ __forceinline__ void copy_out_staged_rows(unsigned staging, unsigned 
   __syncwarp();
 }
 
+// The same copy for a tile staged across several warps' areas (rows kPitch bytes apart from `staging`, any
+// number of them, rows of any multiple of 16 bytes): `rows` rows to dst + r·stride in 16-byte pieces
+// dealt to `threads` threads, this one being `index`. The caller synchronizes the threads around it.
+template <int kRowBytes, int kPitch>
+__device__ __forceinline__ void copy_out_staged_tile(unsigned staging, unsigned char* dst, long long stride, int rows,
+                                                     int index, int threads) {
+  static_assert(kRowBytes % 16 == 0 && kPitch >= kRowBytes && kPitch % 16 == 0, "16-byte pieces of staged rows");
+  constexpr int kPieces = kRowBytes / 16;
+  for (int p = index; p < rows * kPieces; p += threads) {
+    const int r = p / kPieces;
+    const int piece = p % kPieces;
+    megamoe::st_v4(dst + r * stride + 16 * piece, load_shared_v4(staging + r * kPitch + 16 * piece));
+  }
+}
+
 // Orders this thread's generic-proxy global writes before later async-proxy (TMA) reads of them, and
 // the other way round: data written with st.global and read by another CTA's TMA needs it on both sides.
 __device__ __forceinline__ void fence_proxy_async_global() {

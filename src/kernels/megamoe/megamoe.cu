@@ -688,19 +688,6 @@ __device__ __forceinline__ void swap_mainloop(const MathContext& m, const Task& 
   }
 }
 
-// Copies `rows` staged rows of kRowBytes (kPitch apart from `staging`) to dst + r·stride, in 16-byte
-// pieces dealt to `threads` threads (thread `index` of them).
-template <int kRowBytes, int kPitch>
-__device__ __forceinline__ void copy_out_staged_tile(unsigned staging, unsigned char* dst, long long stride, int rows,
-                                                     int index, int threads) {
-  constexpr int kPieces = kRowBytes / 16;
-  for (int p = index; p < rows * kPieces; p += threads) {
-    const int r = p / kPieces;
-    const int piece = p % kPieces;
-    megamoe::st_v4(dst + r * stride + 16 * piece, load_shared_v4(staging + r * kPitch + 16 * piece));
-  }
-}
-
 // Swap-AB L1 epilogue: SwiGLU of each (channel, row) in registers, the row's amax over the 128 channels
 // (the 8 lanes of a column, then the 8 warps through shared memory), FP8 codes staged as the tile's
 // [row][128 channels] bytes across the math warps' areas and copied out by all 256 threads.
