@@ -160,7 +160,8 @@ constexpr unsigned kOffBars = align_up(kOffTasks + 2 * kTaskSlotBytes, 8);
 constexpr unsigned kBarCount = 2 * kStages + 4;  // full[S], empty[S], task_full[2], task_empty[2]
 // Row amax exchange of the L1 epilogue: float[2][64] (BLOCK_M 64: per warpgroup and row) or, swap-AB,
 // float[kMathWarps][kBlockM] (per warp and row).
-constexpr unsigned kAmaxBytes = kSwapAB && kMathWarps * kBlockM > 2 * 64 ? kMathWarps * kBlockM * 4 : 2 * 64 * 4;
+constexpr unsigned kAmaxFloats = kSwapAB ? kMathWarps * kBlockM : 0;
+constexpr unsigned kAmaxBytes = (kAmaxFloats > 2 * 64 ? kAmaxFloats : 2 * 64) * 4;  // fusedSharedBytes: the same max
 constexpr unsigned kOffAmax = kOffBars + 8 * kBarCount;
 constexpr unsigned kOffOffsets = kOffAmax + kAmaxBytes;  // int[kGroups + 1]: first pool row per group
 constexpr unsigned kOffBlocks = kOffOffsets + 4 * (kGroups + 1);  // int[kGroups + 1]: first block per group
