@@ -2,11 +2,12 @@
  * On the GPU host: every grouped-GEMM tile on the flash expert shapes (32 groups, M per group 64, 512,
  * 4096), so the plan's cost model can be checked against measurement. Writes results JSON to argv[2].
  * GEMM_CODES (default "quantized"): a comma list of operand code distributions to time each case with
- * (GemmBenchCodes), alternating per case so that drifts hit all alike; GEMM_TILES=plan times the plan's
- * pick only.
+ * (GemmBenchCodes), alternating per case so that drifts hit all alike. GEMM_TILES: "plan" times the
+ * plan's pick only, a comma list of tile names the plan's pick and those (default: every tile). GEMM_M:
+ * a comma list of M per group (default 64,512,4096).
  */
 import { deviceSummary, openDevice, writeResults } from "../src/cuda/index.js";
-import { GEMM_TILE_NAMES } from "../src/kernels/gemm/fp8_grouped_gemm.variants.js";
+import { GEMM_TILE_NAMES, type GemmTileName } from "../src/kernels/gemm/fp8_grouped_gemm.variants.js";
 import {
   benchmarkGroupedGemm,
   type GemmBenchCodes,
@@ -14,7 +15,17 @@ import {
 } from "../src/kernels/gemm/grouped_gemm.js";
 
 const device = openDevice(0);
-const tiles = process.env.GEMM_TILES === "plan" ? [] : GEMM_TILE_NAMES;
+const tiles = ((): GemmTileName[] => {
+  const asked = process.env.GEMM_TILES;
+  if (asked === undefined) return GEMM_TILE_NAMES;
+  if (asked === "plan") return [];
+  const names = asked.split(",") as GemmTileName[];
+  const unknown = names.filter((name) => !GEMM_TILE_NAMES.includes(name));
+  if (unknown.length > 0)
+    throw new Error(`GEMM_TILES: unknown tile ${unknown.join(", ")} (${GEMM_TILE_NAMES.join(", ")})`);
+  return names;
+})();
+const mPerGroup = (process.env.GEMM_M ?? "64,512,4096").split(",").map(Number);
 const codesList = (process.env.GEMM_CODES ?? "quantized").split(",") as GemmBenchCodes[];
 const shapes = [
   { name: "flash-L1", n: 4096, k: 4096 },
@@ -22,7 +33,7 @@ const shapes = [
 ];
 const rows = [];
 for (const s of shapes) {
-  for (const m of [64, 512, 4096]) {
+  for (const m of mPerGroup) {
     const base = { config: s.name, groups: 32, mPerGroup: m, n: s.n, k: s.k };
     const cases: GroupedGemmBenchCase[] = [base, ...tiles.map((tile) => ({ ...base, tile }))];
     for (const c of cases) {

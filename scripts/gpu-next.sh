@@ -62,6 +62,10 @@
 #           50 ms, each phase's start and end marked in $OUT/phases.txt (ARCHIVE=1)
 #   PART=47 the grouped GEMM and torch._scaled_grouped_mm one kernel at a time under Nsight Compute (each
 #           kernel alone, the two at the same clock): duration and SM clock per launch, as CSV (ARCHIVE=1)
+#   PART=48 the B-multicast cluster tile (m128n256x2): the grouped GEMM's tests on every tile, m128n256 and
+#           m128n256x2 beside torch._scaled_grouped_mm in 2 alternating rounds, both at M = 4096 under Nsight
+#           Compute (equal clocks), then memcheck, racecheck and synccheck on the cluster tile's tiny cases
+#           (ARCHIVE=1)
 # ARCHIVE=1 returns everything as $OUT/all.tgz (ARCHIVE_TIMEOUT: seconds for the part, default 540).
 # Pass MEGAMOE_COMMIT: the device's copy of the tree has no current git history.
 set -uo pipefail
@@ -369,6 +373,26 @@ case "${PART:-1}" in
   GEMM_TILES=plan timeout 60 ncu --clock-control none -k megamoe_fp8_grouped_gemm --metrics $metrics --csv \
     node dist-test/scripts/gpu-gemm-bench.js >"$out/ncu-ours.csv" 2>"$out/ncu-ours.err"
   echo "ours rc=$? $(wc -l <"$out/ncu-ours.csv") lines"
+  ;;
+48)
+  gpu_tests 200 test-grouped-gemm.txt dist-test/test/gpu/grouped-gemm.test.js
+  passed test-grouped-gemm.txt || { grep -A14 "✖" "$out/test-grouped-gemm.txt" | head -80; exit 1; }
+  for round in 1 2; do
+    torch_gemm "torch-grouped-gemm-$round.json"
+    GEMM_TILES=m128n256,m128n256x2 gemm_tiles "gemm-$round" 150
+  done
+  metrics=gpu__time_duration.sum,sm__cycles_elapsed.avg.per_second
+  timeout 60 ncu --clock-control none --metrics $metrics --csv \
+    python3 bench/peers/torch_moe.py --grouped-gemm-only --m-per-group 4096 --iters 20 >"$out/ncu-torch.csv" 2>"$out/ncu-torch.err"
+  echo "torch rc=$? $(wc -l <"$out/ncu-torch.csv") lines"
+  GEMM_TILES=m128n256,m128n256x2 GEMM_M=4096 timeout 90 ncu --clock-control none -k megamoe_fp8_grouped_gemm \
+    --metrics $metrics --csv node dist-test/scripts/gpu-gemm-bench.js >"$out/ncu-ours.csv" 2>"$out/ncu-ours.err"
+  echo "ours rc=$? $(wc -l <"$out/ncu-ours.csv") lines"
+  for tool in memcheck racecheck synccheck; do
+    MEGAMOE_GEMM_TILES=m128n256x2 MEGAMOE_GEMM_CASE=tiny timeout 120 compute-sanitizer --tool $tool --print-limit 20 \
+      node --test --test-reporter=spec dist-test/test/gpu/grouped-gemm.test.js >"$out/sanitizer-$tool.txt" 2>&1
+    echo "$tool rc=$?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|^ℹ (pass|fail)|Error" "$out/sanitizer-$tool.txt" | head -8
+  done
   ;;
 37)
   for round in 1 2; do
