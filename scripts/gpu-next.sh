@@ -66,6 +66,9 @@
 #           m128n256x2 beside torch._scaled_grouped_mm in 2 alternating rounds, both at M = 4096 under Nsight
 #           Compute (equal clocks), then memcheck, racecheck and synccheck on the cluster tile's tiny cases
 #           (ARCHIVE=1)
+#   PART=49 A/B of the cluster tile's switches (AB_VARIANTS as in PART=30, default: none, release.cluster
+#           arrives, no multicast): m128n256 and m128n256x2 at M = 512 and 4096 per variant in two rounds, then
+#           the warps' stall reasons of each tile at flash L1 M = 4096 (Nsight Compute) (ARCHIVE=1)
 # ARCHIVE=1 returns everything as $OUT/all.tgz (ARCHIVE_TIMEOUT: seconds for the part, default 540).
 # Pass MEGAMOE_COMMIT: the device's copy of the tree has no current git history.
 set -uo pipefail
@@ -392,6 +395,21 @@ case "${PART:-1}" in
     MEGAMOE_GEMM_TILES=m128n256x2 MEGAMOE_GEMM_CASE=tiny timeout 120 compute-sanitizer --tool $tool --print-limit 20 \
       node --test --test-reporter=spec dist-test/test/gpu/grouped-gemm.test.js >"$out/sanitizer-$tool.txt" 2>&1
     echo "$tool rc=$?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|^ℹ (pass|fail)|Error" "$out/sanitizer-$tool.txt" | head -8
+  done
+  ;;
+49)
+  for round in 1 2; do
+    for v in ${AB_VARIANTS:-- GEMM_CLUSTER_ARRIVE_SCOPE_CLUSTER=1 GEMM_DIAG_CLUSTER_NO_MULTICAST=1}; do
+      tag=${v//[^A-Za-z0-9]/_}
+      MEGAMOE_JIT_DEFINES=${v#-} GEMM_TILES=m128n256,m128n256x2 GEMM_M=512,4096 gemm_tiles "gemm-$tag-$round" 120
+    done
+  done
+  for tile in m128n256 m128n256x2; do
+    GEMM_TILES=$tile GEMM_M=4096 timeout 120 ncu --clock-control none -k megamoe_fp8_grouped_gemm --launch-skip 30 \
+      --launch-count 1 --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
+      --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,lts__t_bytes.sum" \
+      node dist-test/scripts/gpu-gemm-bench.js >"$out/ncu-stalls-$tile.txt" 2>&1
+    echo "ncu $tile rc=$?"; grep -E "stalled|gmma|Duration|lts__t_bytes|L2 Cache Throughput|Mem.*Busy" "$out/ncu-stalls-$tile.txt" | sort -k3 -g -r | head -16
   done
   ;;
 37)

@@ -105,13 +105,25 @@ __device__ __forceinline__ unsigned cluster_cta_rank() {
   return rank;
 }
 
+// kClusterScope: the arrive releases this thread's earlier writes to the whole cluster (a fence that
+// waits for them); without it, the default release.cta, enough where the arrive only says "done reading".
+template <bool kClusterScope = false>
 __device__ __forceinline__ void mbar_arrive_cluster(unsigned bar, unsigned cta) {
-  asm volatile(
-      "{\n.reg .b32 remote;\n"
-      "mapa.shared::cluster.u32 remote, %0, %1;\n"
-      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}\n" ::"r"(bar),
-      "r"(cta)
-      : "memory");
+  if constexpr (kClusterScope) {
+    asm volatile(
+        "{\n.reg .b32 remote;\n"
+        "mapa.shared::cluster.u32 remote, %0, %1;\n"
+        "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}\n" ::"r"(bar),
+        "r"(cta)
+        : "memory");
+  } else {
+    asm volatile(
+        "{\n.reg .b32 remote;\n"
+        "mapa.shared::cluster.u32 remote, %0, %1;\n"
+        "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::"r"(bar),
+        "r"(cta)
+        : "memory");
+  }
 }
 
 // Not .aligned: threads of one warp may reach it apart (a producer warp's one loading lane).

@@ -39,7 +39,9 @@
 //   N (output columns), K, NUM_GROUPS, OUT_BF16 0|1. Diagnosis only: GEMM_SETMAXNREG 0|1 (default 1),
 //   GEMM_PIPELINED_PROMOTION 0|1 (default 1), GEMM_WATCHDOG_NS (default 2 s), GEMM_DIAG_SKIP_MMA 0|1 (1: no
 //   wgmma is issued, every stage is still waited for, promoted and released; wrong results, for timing the
-//   kernel without its tensor work).
+//   kernel without its tensor work), GEMM_CLUSTER_ARRIVE_SCOPE_CLUSTER 0|1 (1: the math warps' stage releases
+//   to the cluster are release.cluster arrives), GEMM_DIAG_CLUSTER_NO_MULTICAST 0|1 (1: each CTA of a
+//   cluster loads the whole B tile itself, the cross-CTA stage releases kept).
 
 #include "megamoe/bf16.cuh"
 #include "megamoe/sm90.cuh"
@@ -89,6 +91,12 @@
 #endif
 #ifndef GEMM_DIAG_SKIP_MMA
 #define GEMM_DIAG_SKIP_MMA 0
+#endif
+#ifndef GEMM_CLUSTER_ARRIVE_SCOPE_CLUSTER
+#define GEMM_CLUSTER_ARRIVE_SCOPE_CLUSTER 0
+#endif
+#ifndef GEMM_DIAG_CLUSTER_NO_MULTICAST
+#define GEMM_DIAG_CLUSTER_NO_MULTICAST 0
 #endif
 
 namespace gemm_shape {
@@ -386,6 +394,12 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
         }
         if constexpr (kClusterM == 1) {
           tma_load_2d(b_smem + stage * kBTileBytes, &map_b, bar, kb * kBlockK, b_row);
+        } else if constexpr (GEMM_DIAG_CLUSTER_NO_MULTICAST != 0) {
+#pragma unroll
+          for (int r = 0; r < kClusterM; ++r) {
+            tma_load_2d(b_smem + stage * kBTileBytes + r * kBSliceBytes, &map_b, bar, kb * kBlockK,
+                        b_row + r * kBSliceRows);
+          }
         } else {
           tma_load_2d_multicast(b_smem + stage * kBTileBytes + rank * kBSliceBytes, &map_b, bar, kb * kBlockK,
                                 b_row + rank * kBSliceRows, (1u << kClusterM) - 1u);
@@ -421,7 +435,9 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
     if constexpr (kClusterM == 1) {
       if (lane == 0) mbar_arrive(empty_bar + 8 * s);
     } else {
-      if (lane < kClusterM) mbar_arrive_cluster(empty_bar + 8 * s, static_cast<unsigned>(lane));
+      if (lane < kClusterM) {
+        mbar_arrive_cluster<GEMM_CLUSTER_ARRIVE_SCOPE_CLUSTER != 0>(empty_bar + 8 * s, static_cast<unsigned>(lane));
+      }
     }
   };
 
