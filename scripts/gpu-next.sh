@@ -62,7 +62,8 @@
 #           50 ms, each phase's start and end marked in $OUT/phases.txt (ARCHIVE=1)
 #   PART=47 the grouped GEMM and torch._scaled_grouped_mm one kernel at a time under Nsight Compute (each
 #           kernel alone, the two at the same clock): duration and SM clock per launch, as CSV (ARCHIVE=1)
-#   PART=48 the B-multicast cluster tile (m128n256x2): the grouped GEMM's tests on every tile, m128n256 and
+#   PART=48 the B-multicast cluster tile (m128n256x2, reverted: it lives on the local branch exp-cluster-multicast,
+#           where these two parts run): the grouped GEMM's tests on every tile, m128n256 and
 #           m128n256x2 beside torch._scaled_grouped_mm in 2 alternating rounds, both at M = 4096 under Nsight
 #           Compute (equal clocks), then memcheck, racecheck and synccheck on the cluster tile's tiny cases
 #           (ARCHIVE=1)

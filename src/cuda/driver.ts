@@ -251,7 +251,6 @@ interface DriverApi {
     extra: null,
   ): number;
   cuLaunchKernelEx(config: bigint, fn: bigint, params: bigint, extra: null): number;
-  cuOccupancyMaxActiveClusters(out: Int32Array, fn: bigint, config: bigint): number;
   cuGraphInstantiateWithFlags(out: BigUint64Array, graph: bigint, flags: bigint): number;
   cuGraphLaunch(exec: bigint, stream: bigint): number;
   cuGraphExecDestroy(exec: bigint): number;
@@ -331,7 +330,6 @@ const DRIVER_DECLARATIONS: Record<keyof DriverApi, string[]> = {
     "int cuLaunchKernel(void *fn, uint32_t gx, uint32_t gy, uint32_t gz, uint32_t bx, uint32_t by, uint32_t bz, uint32_t sharedBytes, void *stream, void *params, void *extra)",
   ],
   cuLaunchKernelEx: ["int cuLaunchKernelEx(void *config, void *fn, void *params, void *extra)"],
-  cuOccupancyMaxActiveClusters: ["int cuOccupancyMaxActiveClusters(void *out, void *fn, void *config)"],
   cuGraphInstantiateWithFlags: ["int cuGraphInstantiateWithFlags(void *out, void *graph, uint64_t flags)"],
   cuGraphLaunch: ["int cuGraphLaunch(void *exec, void *stream)"],
   cuGraphExecDestroy: ["int cuGraphExecDestroy(void *exec)"],
@@ -962,42 +960,6 @@ export class Kernel {
   ): void {
     if (sharedBytes > DEFAULT_MAX_DYNAMIC_SHARED_BYTES) this.checkShared(sharedBytes);
     if (currentContext !== this.device.context) this.device.makeCurrent();
-    this.fillExConfig(grid, block, sharedBytes, stream, cluster);
-    const code = cu.cuLaunchKernelEx(this.exConfigAddress, this.handle, args.paramsAddress, null);
-    if (code !== 0) {
-      check(
-        "cuLaunchKernelEx",
-        code,
-        `${this.launchDetail(grid, block, sharedBytes)}, cluster ${dimX(cluster)}x${dimY(cluster)}x${dimZ(cluster)}`,
-      );
-    }
-    kernelLaunchCount += 1;
-  }
-
-  /**
-   * How many clusters of `cluster` blocks of this kernel the device can hold at once
-   * (`cuOccupancyMaxActiveClusters`): a persistent grid of more clusters would run the rest in a second
-   * wave. GPCs hold different numbers of usable SMs, so this can be below ⌊SMs / cluster size⌋.
-   */
-  maxActiveClusters(block: Dim3, sharedBytes: number, cluster: Dim3): number {
-    if (currentContext !== this.device.context) this.device.makeCurrent();
-    // The query reads the block, shared bytes and cluster of the config; the grid is one cluster.
-    this.fillExConfig(cluster, block, sharedBytes, null, cluster);
-    check(
-      "cuOccupancyMaxActiveClusters",
-      cu.cuOccupancyMaxActiveClusters(outI32, this.handle, this.exConfigAddress),
-      `${this.launchDetail(cluster, block, sharedBytes)}, cluster ${dimX(cluster)}x${dimY(cluster)}x${dimZ(cluster)}`,
-    );
-    return outI32[0]!;
-  }
-
-  private fillExConfig(
-    grid: Dim3,
-    block: Dim3,
-    sharedBytes: number,
-    stream: Stream | null,
-    cluster: Dim3,
-  ): void {
     const c = this.exConfig ?? this.createExConfig();
     const L = LAUNCH_CONFIG_LAYOUT;
     c.setUint32(L.gridDimX, dimX(grid), true);
@@ -1012,6 +974,15 @@ export class Kernel {
     c.setUint32(attr + L.attributeValue, dimX(cluster), true);
     c.setUint32(attr + L.attributeValue + 4, dimY(cluster), true);
     c.setUint32(attr + L.attributeValue + 8, dimZ(cluster), true);
+    const code = cu.cuLaunchKernelEx(this.exConfigAddress, this.handle, args.paramsAddress, null);
+    if (code !== 0) {
+      check(
+        "cuLaunchKernelEx",
+        code,
+        `${this.launchDetail(grid, block, sharedBytes)}, cluster ${dimX(cluster)}x${dimY(cluster)}x${dimZ(cluster)}`,
+      );
+    }
+    kernelLaunchCount += 1;
   }
 
   private createExConfig(): DataView {

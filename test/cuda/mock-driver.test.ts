@@ -158,12 +158,6 @@ describe("against the mock libcuda", { skip }, () => {
       /cuLaunchKernelEx failed: CUDA_ERROR_INVALID_CLUSTER_SIZE.*cluster 4x1x1/,
     );
     assert.throws(() => other.launch(1, 32, 200_000, stream, args), /limit set is 100000/);
-    assert.equal(other.maxActiveClusters(384, 100_000, 2), 66);
-    assert.equal(other.maxActiveClusters(384, 100_000, [2, 2, 1]), 33);
-    assert.throws(
-      () => other.maxActiveClusters(384, 200_000, 2),
-      /cuOccupancyMaxActiveClusters failed: CUDA_ERROR_INVALID_VALUE.*cluster 2x1x1/,
-    );
     assert.throws(() => other.setMaxDynamicSharedMemory(300_000), /exceed the device's 232448/);
     stream.destroy();
     module.unload();

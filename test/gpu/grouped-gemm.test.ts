@@ -296,11 +296,7 @@ describe("grouped GEMM plan and variants", () => {
     for (const v of variants) {
       const d = v.defines;
       const tile = Object.values(GEMM_TILES).find(
-        (t) =>
-          t.blockM === d.BLOCK_M &&
-          t.blockN === d.BLOCK_N &&
-          t.mathWarpgroups === d.NUM_MATH_WARPGROUPS &&
-          t.clusterM === d.CLUSTER_M,
+        (t) => t.blockM === d.BLOCK_M && t.blockN === d.BLOCK_N && t.mathWarpgroups === d.NUM_MATH_WARPGROUPS,
       );
       assert.ok(tile, `no tile for ${describeDefines(d)}`);
       const bytes = gemmSharedBytes(tile, d.NUM_STAGES, d.K, d.NUM_GROUPS);
@@ -420,18 +416,15 @@ interface GpuCase {
   lead?: number;
   tail?: number;
   outDtype: GemmOutDtype;
-  /**
-   * Tiles to run ("plan" = whatever the plan picks; "plan-1cta": the same on a grid of one CTA;
-   * "m128n256x2-1cluster": the cluster tile on one cluster of two CTAs).
-   */
-  tiles: (GemmTileName | "plan" | "plan-1cta" | "m128n256x2-1cluster")[];
+  /** Tiles to run ("plan" = whatever the plan picks; "plan-1cta": the same on a grid of one CTA). */
+  tiles: (GemmTileName | "plan" | "plan-1cta")[];
   /** Rows checked on the CPU (all when the problem has fewer). */
   cpuRows: number;
 }
 
-// One CTA (or cluster) walking every tile checks what a wide grid may never exercise on a small problem:
-// the stage ring's phases carried from tile to tile and the double-buffered weight scales.
-const ALL_TILES: GpuCase["tiles"] = [...GEMM_TILE_NAMES, "plan-1cta", "m128n256x2-1cluster"];
+// One CTA walking every tile checks what a wide grid may never exercise on a small problem: the stage
+// ring's phases carried from tile to tile and the double-buffered weight scales.
+const ALL_TILES: GpuCase["tiles"] = [...GEMM_TILE_NAMES, "plan-1cta"];
 const FALLBACK: GemmTileName = "m64n128";
 
 function randomSizes(groups: number, max: number): number[] {
@@ -594,21 +587,10 @@ describe("grouped GEMM on a GPU", { skip }, () => {
 
         for (const tile of c.tiles.filter((t) => tileFilter === undefined || tileFilter.includes(t))) {
           const args: GroupedGemmArgs =
-            tile === "plan"
-              ? base
-              : tile === "plan-1cta"
-                ? { ...base, maxCtas: 1 }
-                : tile === "m128n256x2-1cluster"
-                  ? { ...base, tile: "m128n256x2", maxCtas: 1 }
-                  : { ...base, tile };
+            tile === "plan" ? base : tile === "plan-1cta" ? { ...base, maxCtas: 1 } : { ...base, tile };
           out.fill(0xff);
           const plan = groupedGemmFp8(device, args, null);
-          const how =
-            {
-              plan: ", planned",
-              "plan-1cta": ", planned, 1 CTA",
-              "m128n256x2-1cluster": ", 1 cluster",
-            }[tile as string] ?? "";
+          const how = tile === "plan" ? ", planned" : tile === "plan-1cta" ? ", planned, 1 CTA" : "";
           const label = `${plan.tile.name} (${plan.stages} stages${how})`;
           const stall = takeGroupedGemmStatus(device);
           if (stall) {

@@ -86,51 +86,6 @@ __device__ __forceinline__ void tma_load_2d(unsigned dst, const TensorMap* map, 
       : "memory");
 }
 
-// The same load, written at the same offset into the shared memory of every CTA of the cluster named in
-// `cta_mask`, each copy completing its bytes on the mbarrier at `bar`'s offset in that CTA.
-__device__ __forceinline__ void tma_load_2d_multicast(unsigned dst, const TensorMap* map, unsigned bar, int x, int y,
-                                                      unsigned short cta_mask) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster "
-      "[%0], [%1, {%2, %3}], [%4], %5;" ::"r"(dst),
-      "l"(reinterpret_cast<unsigned long long>(map)), "r"(x), "r"(y), "r"(bar), "h"(cta_mask)
-      : "memory");
-}
-
-// Thread-block clusters: this CTA's rank, an arrive on the mbarrier at `bar`'s offset in CTA `cta` of
-// the cluster (this one included), and a barrier every thread of the cluster passes.
-__device__ __forceinline__ unsigned cluster_cta_rank() {
-  unsigned rank;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
-  return rank;
-}
-
-// kClusterScope: the arrive releases this thread's earlier writes to the whole cluster (a fence that
-// waits for them); without it, the default release.cta, enough where the arrive only says "done reading".
-template <bool kClusterScope = false>
-__device__ __forceinline__ void mbar_arrive_cluster(unsigned bar, unsigned cta) {
-  if constexpr (kClusterScope) {
-    asm volatile(
-        "{\n.reg .b32 remote;\n"
-        "mapa.shared::cluster.u32 remote, %0, %1;\n"
-        "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}\n" ::"r"(bar),
-        "r"(cta)
-        : "memory");
-  } else {
-    asm volatile(
-        "{\n.reg .b32 remote;\n"
-        "mapa.shared::cluster.u32 remote, %0, %1;\n"
-        "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::"r"(bar),
-        "r"(cta)
-        : "memory");
-  }
-}
-
-// Not .aligned: threads of one warp may reach it apart (a producer warp's one loading lane).
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
-}
-
 __device__ __forceinline__ void prefetch_tensor_map(const TensorMap* map) {
   asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<unsigned long long>(map)) : "memory");
 }

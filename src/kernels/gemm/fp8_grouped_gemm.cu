@@ -24,24 +24,12 @@
 // Tile order: within a group, n-block major and m-block minor, so the CTAs working at the same time on
 // one group share each B tile through L2 and a group's A rows stay hot across its n-blocks.
 //
-// Clusters (CLUSTER_M = 2). Two CTAs of a cluster take the two m-blocks of one tile of 2 · BLOCK_M rows
-// and one B tile: each loads half of the B tile and multicasts it into both CTAs' stages, so B crosses
-// from L2 once per pair (the L2-to-SM traffic of a 128 × 256 tile drops from 48 to 32 KB per K block).
-// A stage may then be overwritten only once the math warps of both CTAs are done with it, so each math
-// warp arrives on the stage's `empty` barrier in every CTA of the cluster. When a group's m-block count
-// is odd, the last pair's second CTA has no rows: it skips its A loads and its wgmmas but still takes
-// its share of B and releases every stage, so the two stay in step. The CTAs pass a cluster barrier
-// after the barriers' initialization and before exiting (no CTA may exit while its peer can still write
-// into its shared memory).
-//
 // Compile-time parameters (-D from src/kernels/gemm/grouped_gemm.ts; defaults build the file alone):
-//   BLOCK_M 64|128, BLOCK_N 64|128|256, BLOCK_K 128, NUM_STAGES, NUM_MATH_WARPGROUPS 1|2, CLUSTER_M 1|2,
+//   BLOCK_M 64|128, BLOCK_N 64|128|256, BLOCK_K 128, NUM_STAGES, NUM_MATH_WARPGROUPS 1|2,
 //   N (output columns), K, NUM_GROUPS, OUT_BF16 0|1. Diagnosis only: GEMM_SETMAXNREG 0|1 (default 1),
 //   GEMM_PIPELINED_PROMOTION 0|1 (default 1), GEMM_WATCHDOG_NS (default 2 s), GEMM_DIAG_SKIP_MMA 0|1 (1: no
 //   wgmma is issued, every stage is still waited for, promoted and released; wrong results, for timing the
-//   kernel without its tensor work), GEMM_CLUSTER_ARRIVE_SCOPE_CLUSTER 0|1 (1: the math warps' stage releases
-//   to the cluster are release.cluster arrives), GEMM_DIAG_CLUSTER_NO_MULTICAST 0|1 (1: each CTA of a
-//   cluster loads the whole B tile itself, the cross-CTA stage releases kept).
+//   kernel without its tensor work).
 
 #include "megamoe/bf16.cuh"
 #include "megamoe/sm90.cuh"
@@ -60,9 +48,6 @@
 #endif
 #ifndef NUM_MATH_WARPGROUPS
 #define NUM_MATH_WARPGROUPS 2
-#endif
-#ifndef CLUSTER_M
-#define CLUSTER_M 1
 #endif
 #ifndef N
 #define N 4096
@@ -92,12 +77,6 @@
 #ifndef GEMM_DIAG_SKIP_MMA
 #define GEMM_DIAG_SKIP_MMA 0
 #endif
-#ifndef GEMM_CLUSTER_ARRIVE_SCOPE_CLUSTER
-#define GEMM_CLUSTER_ARRIVE_SCOPE_CLUSTER 0
-#endif
-#ifndef GEMM_DIAG_CLUSTER_NO_MULTICAST
-#define GEMM_DIAG_CLUSTER_NO_MULTICAST 0
-#endif
 
 namespace gemm_shape {
 constexpr int kN = N;
@@ -119,7 +98,6 @@ constexpr int kBlockN = BLOCK_N;
 constexpr int kBlockK = BLOCK_K;
 constexpr int kStages = NUM_STAGES;
 constexpr int kMathWarpgroups = NUM_MATH_WARPGROUPS;
-constexpr int kClusterM = CLUSTER_M;
 constexpr int kShapeN = gemm_shape::kN;
 constexpr int kShapeK = gemm_shape::kK;
 constexpr int kGroups = NUM_GROUPS;
@@ -137,7 +115,6 @@ static_assert(kBlockK == 128, "BLOCK_K must be 128: one wgmma batch per activati
 static_assert(kBlockM == 64 || kBlockM == 128, "BLOCK_M must be 64 or 128");
 static_assert(kBlockN == 64 || kBlockN == 128 || kBlockN == 256, "BLOCK_N must be 64, 128 or 256");
 static_assert(kMathWarpgroups == 1 || kMathWarpgroups == 2, "NUM_MATH_WARPGROUPS must be 1 or 2");
-static_assert(kClusterM == 1 || kClusterM == 2, "CLUSTER_M must be 1 or 2");
 static_assert(kStages >= 2 && kStages <= 16, "NUM_STAGES must be in 2..16");
 static_assert(kShapeK > 0 && kShapeK % kBlockK == 0, "K must be a positive multiple of 128");
 static_assert(kShapeN > 0 && kShapeN % kQuantBlock == 0, "N must be a positive multiple of 128");
@@ -182,10 +159,6 @@ constexpr int kMathRegisters = 232;
 
 constexpr unsigned kATileBytes = kBlockM * kBlockK;  // e4m3
 constexpr unsigned kBTileBytes = kBlockN * kBlockK;
-// The B rows each CTA of a cluster loads (and multicasts): a slice of whole 8-row swizzle atoms.
-constexpr int kBSliceRows = kBlockN / kClusterM;
-constexpr unsigned kBSliceBytes = kBSliceRows * kBlockK;
-static_assert(kBSliceBytes % 1024 == 0, "a B slice must keep the 1024-byte swizzle alignment");
 // A scales arrive by TMA from row0 rounded down to a multiple of 4: a box's start in the inner
 // dimension must be 16-byte aligned (an unaligned start is an illegal instruction), and groups start
 // at any row. So the box holds 4 more rows, and readers skip row0 % 4 of them.
@@ -257,20 +230,15 @@ struct Tile {
   int n0;       // first output column
 };
 
-// Rows of one cluster's tile: kClusterM m-blocks, one per CTA.
-constexpr int kClusterRows = kBlockM * kClusterM;
-
-// Cluster tiles are numbered group by group; prefix[g] is group g's first and prefix[kGroups] the total.
-// `cursor` only moves forward, as every role visits its tiles in increasing order. The CTA of rank
-// `rank` in its cluster takes the tile's m-block `rank` (whose rows may all lie past the group).
-__device__ __forceinline__ Tile decode_tile(int tile, int rank, int& cursor, const int* prefix,
-                                            const GroupRows* groups) {
+// Tiles are numbered group by group; prefix[g] is group g's first tile and prefix[kGroups] the total.
+// `cursor` only moves forward, as every role visits its tiles in increasing order.
+__device__ __forceinline__ Tile decode_tile(int tile, int& cursor, const int* prefix, const GroupRows* groups) {
   while (tile >= prefix[cursor + 1]) ++cursor;
   const int first = prefix[cursor];
-  const int m_tiles = (prefix[cursor + 1] - first) / kNBlocks;
+  const int m_blocks = (prefix[cursor + 1] - first) / kNBlocks;
   const int local = tile - first;
-  const int n_block = local / m_tiles;
-  const int m_block = (local - n_block * m_tiles) * kClusterM + rank;
+  const int n_block = local / m_blocks;
+  const int m_block = local - n_block * m_blocks;
   const GroupRows rows = groups[cursor];
   return Tile{cursor, rows.begin + m_block * kBlockM, rows.end, n_block * kBlockN};
 }
@@ -290,7 +258,7 @@ __device__ __forceinline__ void build_schedule(const int* group_offsets, int m_t
     const int lo = clamp_int(group_offsets[g], 0, m_total);
     const int hi = clamp_int(group_offsets[g + 1], lo, m_total);
     groups[g] = GroupRows{lo, hi};
-    tiles += (hi - lo + kClusterRows - 1) / kClusterRows * kNBlocks;
+    tiles += (hi - lo + kBlockM - 1) / kBlockM * kNBlocks;
   }
   int inclusive = tiles;
 #pragma unroll
@@ -301,7 +269,7 @@ __device__ __forceinline__ void build_schedule(const int* group_offsets, int m_t
   int running = inclusive - tiles;
   for (int g = first; g < last; ++g) {
     prefix[g] = running;
-    running += (groups[g].end - groups[g].begin + kClusterRows - 1) / kClusterRows * kNBlocks;
+    running += (groups[g].end - groups[g].begin + kBlockM - 1) / kBlockM * kNBlocks;
   }
   if (lane == 31) prefix[kGroups] = inclusive;
 }
@@ -309,9 +277,8 @@ __device__ __forceinline__ void build_schedule(const int* group_offsets, int m_t
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------------
-// The kernel. Launch: grid = number of SMs (or fewer; a multiple of CLUSTER_M, launched as clusters of
-// CLUSTER_M × 1 × 1), block = kThreads, dynamic shared memory = kDynamicSmemBytes (grouped_gemm.ts:
-// gemmSharedBytes).
+// The kernel. Launch: grid = number of SMs (or fewer), block = kThreads, dynamic shared memory =
+// kDynamicSmemBytes (grouped_gemm.ts: gemmSharedBytes).
 
 extern "C" __global__ void __launch_bounds__(kThreads, 1)
     megamoe_fp8_grouped_gemm(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
@@ -345,30 +312,17 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
     prefetch_tensor_map(&map_sa);
     for (int s = 0; s < kStages; ++s) {
       mbar_init(full_bar + 8 * s, 1);                       // the producer's arrive.expect_tx
-      mbar_init(empty_bar + 8 * s, kClusterM * kMathWarpgroups * 4);  // one arrive per math warp of the cluster
+      mbar_init(empty_bar + 8 * s, kMathWarpgroups * 4);  // one arrive per math warp
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
-  // A peer's multicast and arrives may target this CTA's barriers only once they are initialized.
-  if constexpr (kClusterM > 1) cluster_sync();
-  else __syncthreads();
+  __syncthreads();
   const int total_tiles = prefix[kGroups];
-  const int rank = kClusterM > 1 ? static_cast<int>(cluster_cta_rank()) : 0;
-  const int first_tile = static_cast<int>(blockIdx.x) / kClusterM;
-  const int tile_stride = static_cast<int>(gridDim.x) / kClusterM;
-  // Every thread passes this before exiting: the peer CTA may still multicast into this CTA's stages
-  // or arrive on its barriers until it is done itself.
-  const auto leave_cluster = [] {
-    if constexpr (kClusterM > 1) cluster_sync();
-  };
 
   if (warpgroup == kMathWarpgroups) {
     // ---------------- Producer: one thread streams A, its scales and B through the stage ring.
     if constexpr (kReconfigureRegisters) registers_decrease<kProducerRegisters>();
-    if (threadIdx.x != kMathThreads) {
-      leave_cluster();
-      return;
-    }
+    if (threadIdx.x != kMathThreads) return;
     const unsigned a_smem = base + kOffA;
     const unsigned b_smem = base + kOffB;
     const unsigned sa_smem = base + kOffSa;
@@ -376,41 +330,24 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
     unsigned phase = 0;
     int cursor = 0;
     int iteration = 0;
-    for (int tile = first_tile; tile < total_tiles; tile += tile_stride) {
-      const Tile t = decode_tile(tile, rank, cursor, prefix, groups);
+    for (int tile = static_cast<int>(blockIdx.x); tile < total_tiles; tile += static_cast<int>(gridDim.x)) {
+      const Tile t = decode_tile(tile, cursor, prefix, groups);
       const int b_row = t.group * kShapeN + t.n0;
-      // Without clusters every tile has rows; a cluster's second CTA may have none (see the top).
-      const bool has_rows = kClusterM == 1 || t.row0 < t.row_end;
-      const unsigned tx_bytes = has_rows ? kStageTxBytes : kBTileBytes;
       for (int kb = 0; kb < kKBlocks; ++kb, ++iteration) {
         // A fresh barrier counts as having completed the phase before its first, so the first pass
         // through the ring does not wait.
         mbar_wait(empty_bar + 8 * stage, phase ^ 1u, status, kStatusProducerStalled, stage, iteration);
         const unsigned bar = full_bar + 8 * stage;
-        mbar_arrive_expect_tx(bar, tx_bytes);
-        if (has_rows) {
-          tma_load_2d(a_smem + stage * kATileBytes, &map_a, bar, kb * kBlockK, t.row0);
-          tma_load_2d(sa_smem + stage * kSaStride, &map_sa, bar, t.row0 & ~3, kb);
-        }
-        if constexpr (kClusterM == 1) {
-          tma_load_2d(b_smem + stage * kBTileBytes, &map_b, bar, kb * kBlockK, b_row);
-        } else if constexpr (GEMM_DIAG_CLUSTER_NO_MULTICAST != 0) {
-#pragma unroll
-          for (int r = 0; r < kClusterM; ++r) {
-            tma_load_2d(b_smem + stage * kBTileBytes + r * kBSliceBytes, &map_b, bar, kb * kBlockK,
-                        b_row + r * kBSliceRows);
-          }
-        } else {
-          tma_load_2d_multicast(b_smem + stage * kBTileBytes + rank * kBSliceBytes, &map_b, bar, kb * kBlockK,
-                                b_row + rank * kBSliceRows, (1u << kClusterM) - 1u);
-        }
+        mbar_arrive_expect_tx(bar, kStageTxBytes);
+        tma_load_2d(a_smem + stage * kATileBytes, &map_a, bar, kb * kBlockK, t.row0);
+        tma_load_2d(sa_smem + stage * kSaStride, &map_sa, bar, t.row0 & ~3, kb);
+        tma_load_2d(b_smem + stage * kBTileBytes, &map_b, bar, kb * kBlockK, b_row);
         if (++stage == kStages) {
           stage = 0;
           phase ^= 1u;
         }
       }
     }
-    leave_cluster();
     return;
   }
 
@@ -429,17 +366,6 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
   const unsigned sa_smem = base + kOffSa + (wg_row0 + frag_row) * 4;
   const unsigned sw_smem = base + kOffSw;  // two buffers of kSwPerTile floats, alternating per tile
   const unsigned staging = base + kOffStaging + static_cast<unsigned>(math_thread / 32) * kStagingWarpBytes;
-  // A warp whose wgmmas reading a stage have completed gives the stage back to the producer of every
-  // CTA of the cluster (lane r arrives in CTA r).
-  const auto release_stage = [&](int s) {
-    if constexpr (kClusterM == 1) {
-      if (lane == 0) mbar_arrive(empty_bar + 8 * s);
-    } else {
-      if (lane < kClusterM) {
-        mbar_arrive_cluster<GEMM_CLUSTER_ARRIVE_SCOPE_CLUSTER != 0>(empty_bar + 8 * s, static_cast<unsigned>(lane));
-      }
-    }
-  };
 
   // Weight scales of the next tile travel through registers while the current tile runs.
   float sw_prefetch[kSwPerThread];
@@ -465,10 +391,10 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
   unsigned phase = 0;
   int cursor = 0;
   int iteration = 0;
-  int tile = first_tile;
+  int tile = static_cast<int>(blockIdx.x);
   Tile current{};
   if (tile < total_tiles) {
-    current = decode_tile(tile, rank, cursor, prefix, groups);
+    current = decode_tile(tile, cursor, prefix, groups);
     load_weight_scales(current);
     store_weight_scales(0);
   }
@@ -481,10 +407,10 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
     // Makes this tile's weight scales visible, and guarantees every math thread is done reading the
     // buffer that the prefetch below will overwrite (it served the previous tile).
     named_barrier_sync(1, kMathThreads);
-    const int next_tile = tile + tile_stride;
+    const int next_tile = tile + static_cast<int>(gridDim.x);
     Tile next{};
     if (next_tile < total_tiles) {
-      next = decode_tile(next_tile, rank, cursor, prefix, groups);
+      next = decode_tile(next_tile, cursor, prefix, groups);
       load_weight_scales(next);
     }
     const unsigned sw_tile = sw_smem + (local_tile & 1) * kSwPerTile * 4;
@@ -528,7 +454,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
           wgmma_wait<1>();  // block kb - 1 is done
           fence_registers(ready);
           promote_block(promoted[0][0], ready, held_lo, held_hi);
-          release_stage(held_stage);
+          if (lane == 0) mbar_arrive(empty_bar + 8 * held_stage);
         }
         held_stage = stage;
         held_lo = lo;
@@ -547,7 +473,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
       wgmma_wait<0>();
       fence_registers(last);
       promote_block(promoted[0][0], last, held_lo, held_hi);
-      release_stage(held_stage);
+      if (lane == 0) mbar_arrive(empty_bar + 8 * held_stage);
     } else {
       for (int kb = 0; kb < kKBlocks; ++kb, ++iteration) {
         float sw[kChunksN];
@@ -581,7 +507,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
           }
         }
         // This warp's wgmmas have completed (wait_group 0), so its reads of the stage are done.
-        release_stage(stage);
+        if (lane == 0) mbar_arrive(empty_bar + 8 * stage);
         if (++stage == kStages) {
           stage = 0;
           phase ^= 1u;
@@ -634,7 +560,6 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
     current = next;
     tile = next_tile;
   }
-  leave_cluster();
 }
 
 // ---------------------------------------------------------------------------------------------------

@@ -16,35 +16,28 @@ import {
 } from "../variants.js";
 
 /** Names of the tile shapes the launcher may pick (or a benchmark may force). */
-export type GemmTileName = "m128n128" | "m128n256" | "m128n256x2" | "m64n256" | "m64n128";
+export type GemmTileName = "m128n128" | "m128n256" | "m64n256" | "m64n128";
 
-/**
- * One tile shape: BLOCK_M × BLOCK_N per CTA, split among 1 or 2 math warpgroups; with clusterM = 2, two
- * CTAs (a thread-block cluster) take 2 · BLOCK_M rows of the same B tile, which they load once between
- * them by TMA multicast.
- */
+/** One tile shape: BLOCK_M × BLOCK_N per CTA, split among 1 or 2 math warpgroups. */
 export interface GemmTile {
   name: GemmTileName;
   blockM: 64 | 128;
   blockN: 64 | 128 | 256;
   mathWarpgroups: 1 | 2;
-  clusterM: 1 | 2;
 }
 
 /**
  * The menu. m128n128: large groups, each math warpgroup owns 64 rows (DeepGEMM's shape). m128n256: the
  * same with a wider B tile (two n128 wgmma chunks per warpgroup, needs setmaxnreg's 232 registers).
- * m128n256x2: m128n256 on clusters of two CTAs multicasting B (a third less L2-to-SM traffic).
  * m64n256: small groups (decode), the two warpgroups share 64 rows and split the 256 columns.
  * m64n128: one math warpgroup, no register hand-over: the most tiles for small problems, and the
  * simplest path when a faster one must be diagnosed.
  */
 export const GEMM_TILES: Readonly<Record<GemmTileName, GemmTile>> = {
-  m128n128: { name: "m128n128", blockM: 128, blockN: 128, mathWarpgroups: 2, clusterM: 1 },
-  m128n256: { name: "m128n256", blockM: 128, blockN: 256, mathWarpgroups: 2, clusterM: 1 },
-  m128n256x2: { name: "m128n256x2", blockM: 128, blockN: 256, mathWarpgroups: 2, clusterM: 2 },
-  m64n256: { name: "m64n256", blockM: 64, blockN: 256, mathWarpgroups: 2, clusterM: 1 },
-  m64n128: { name: "m64n128", blockM: 64, blockN: 128, mathWarpgroups: 1, clusterM: 1 },
+  m128n128: { name: "m128n128", blockM: 128, blockN: 128, mathWarpgroups: 2 },
+  m128n256: { name: "m128n256", blockM: 128, blockN: 256, mathWarpgroups: 2 },
+  m64n256: { name: "m64n256", blockM: 64, blockN: 256, mathWarpgroups: 2 },
+  m64n128: { name: "m64n128", blockM: 64, blockN: 128, mathWarpgroups: 1 },
 };
 
 export const GEMM_TILE_NAMES = Object.keys(GEMM_TILES) as GemmTileName[];
@@ -114,7 +107,6 @@ export function gemmDefines(s: GemmSpecialization): KernelDefines {
     BLOCK_K: GEMM_BLOCK_K,
     NUM_STAGES: s.stages,
     NUM_MATH_WARPGROUPS: s.tile.mathWarpgroups,
-    CLUSTER_M: s.tile.clusterM,
     N: s.n,
     K: s.k,
     NUM_GROUPS: s.groups,

@@ -113,7 +113,7 @@ export interface GroupedGemmPlan {
   threads: number;
   /** Dynamic shared memory of a launch. */
   sharedBytes: number;
-  /** CTAs of the persistent grid: min(SMs, tiles in the worst case), in whole clusters. */
+  /** CTAs of the persistent grid: min(SMs, tiles in the worst case). */
   grid: number;
   outDtype: GemmOutDtype;
   defines: KernelDefines;
@@ -133,8 +133,6 @@ export interface GroupedGemmPlan {
 const TILE_EFFICIENCY: Readonly<Record<GemmTileName, number>> = {
   m128n128: 0.57,
   m128n256: 0.65,
-  // A guess until measured: m128n256 with its B tile's L2 traffic halved.
-  m128n256x2: 0.68,
   m64n256: 0.61,
   m64n128: 0.43,
 };
@@ -144,11 +142,6 @@ const PER_SM_BYTES_PER_S = 1.2e11;
 /** Rows of the A-scale layout: M rounded up to 4, so each K block's row of scales is 16-byte aligned. */
 export function aScalesRows(mTotal: number): number {
   return Math.ceil(mTotal / 4) * 4;
-}
-
-/** A grid of at most `ctas` CTAs (at least one cluster) that whole clusters of `tile` make up. */
-function clusterGrid(ctas: number, tile: GemmTile): number {
-  return Math.max(tile.clusterM, Math.floor(ctas / tile.clusterM) * tile.clusterM);
 }
 
 function checkProblem(p: GroupedGemmProblem): void {
@@ -178,9 +171,7 @@ export function estimateGroupedGemm(
 ): GroupedGemmEstimate {
   const expected = p.expectedRowsPerGroup ?? Math.ceil(p.mTotal / p.groups);
   const activeGroups = expected > 0 ? Math.min(p.groups, Math.max(1, Math.ceil(p.mTotal / expected))) : 0;
-  // A cluster's CTAs take m-blocks in runs of clusterM: a group's odd last one leaves a CTA idle.
-  const clusterRows = tile.blockM * tile.clusterM;
-  const tiles = activeGroups * Math.ceil(expected / clusterRows) * tile.clusterM * (p.n / tile.blockN);
+  const tiles = activeGroups * Math.ceil(expected / tile.blockM) * (p.n / tile.blockN);
   const waves = Math.ceil(tiles / smCount);
   const perSmFlops = FP8_PEAK_FLOPS / H200_SMS;
   const tileUs = ((2 * tile.blockM * tile.blockN * p.k) / (perSmFlops * TILE_EFFICIENCY[tile.name])) * 1e6;
@@ -242,7 +233,7 @@ export function planGroupedGemm(problem: GroupedGemmProblem, options: PlanOption
     stages,
     threads: gemmThreads(best),
     sharedBytes: gemmSharedBytes(best, stages, problem.k, problem.groups),
-    grid: clusterGrid(Math.min(smCount, worstTiles), best),
+    grid: Math.max(1, Math.min(smCount, worstTiles)),
     outDtype,
     defines: gemmDefines({
       tile: best,
@@ -274,7 +265,7 @@ export interface GroupedGemmArgs<T extends TensorLike = DeviceTensor> {
   expectedRowsPerGroup?: number;
   /** Force a tile shape (benchmarks, diagnosis). */
   tile?: GemmTileName;
-  /** Cap on the persistent grid (diagnosis: 1 makes one CTA, or one cluster, walk every tile). */
+  /** Cap on the persistent grid (diagnosis: 1 makes one CTA walk every tile). */
   maxCtas?: number;
 }
 
@@ -352,8 +343,6 @@ interface GemmKernel {
   refArgs: KernelArgs;
   /** Pointers and row count the tensor maps in `args` were encoded for. */
   mapsKey: string;
-  /** CTAs the device holds at once in this kernel's clusters (the persistent grid's cap). */
-  residentCtas: number;
 }
 
 const gemmKernels = perDeviceMemo<string, GemmKernel>();
@@ -373,17 +362,12 @@ function gemmKernelFor(device: Device, plan: GroupedGemmPlan): GemmKernel {
     const compiled = compileKernel({ source: GROUPED_GEMM_SOURCE, defines: plan.defines });
     const kernel = loadKernel(device, compiled, GROUPED_GEMM_KERNEL);
     if (plan.sharedBytes > 48 * 1024) kernel.setMaxDynamicSharedMemory(plan.sharedBytes);
-    const { clusterM } = plan.tile;
     return {
       kernel,
       reference: loadKernel(device, compiled, GROUPED_GEMM_REFERENCE_KERNEL),
       args: new KernelArgs(ARG_COUNT, { tensorMaps: [0, 1, 2] }),
       refArgs: new KernelArgs(REF_ARG_COUNT),
       mapsKey: "",
-      residentCtas:
-        clusterM === 1
-          ? device.smCount
-          : clusterM * kernel.maxActiveClusters(plan.threads, plan.sharedBytes, clusterM),
     };
   });
 }
@@ -395,8 +379,7 @@ function encodeMaps(entry: GemmKernel, plan: GroupedGemmPlan, args: GroupedGemmA
   entry.mapsKey = "";
   const { blockM, blockN } = plan.tile;
   encodeFp8RowsMap(entry.args.tensorMap(0), args.a.ptr, k, mTotal, blockM);
-  // With clusters each CTA loads its slice of the B tile and multicasts it.
-  encodeFp8RowsMap(entry.args.tensorMap(1), args.b.ptr, k, groups * n, blockN / plan.tile.clusterM);
+  encodeFp8RowsMap(entry.args.tensorMap(1), args.b.ptr, k, groups * n, blockN);
   encodeScaleColumnsMap(entry.args.tensorMap(2), args.aScales.ptr, k, aScalesRows(mTotal), blockM + 4);
   entry.mapsKey = mapsKey;
 }
@@ -444,12 +427,8 @@ export function groupedGemmFp8(
     .ptr(5, args.out.ptr)
     .i32(6, args.mTotal)
     .ptr(7, statusBuffer(device));
-  const grid = clusterGrid(Math.min(plan.grid, entry.residentCtas, args.maxCtas ?? plan.grid), plan.tile);
-  if (plan.tile.clusterM === 1) {
-    entry.kernel.launch(grid, plan.threads, plan.sharedBytes, stream, entry.args);
-  } else {
-    entry.kernel.launchEx(grid, plan.threads, plan.sharedBytes, stream, entry.args, plan.tile.clusterM);
-  }
+  const grid = Math.min(plan.grid, args.maxCtas ?? plan.grid);
+  entry.kernel.launch(grid, plan.threads, plan.sharedBytes, stream, entry.args);
   return plan;
 }
 
