@@ -29,7 +29,10 @@
 //   N (output columns), K, NUM_GROUPS, OUT_BF16 0|1. Diagnosis only: GEMM_SETMAXNREG 0|1 (default 1),
 //   GEMM_PIPELINED_PROMOTION 0|1 (default 1), GEMM_WATCHDOG_NS (default 2 s), GEMM_DIAG_SKIP_MMA 0|1 (1: no
 //   wgmma is issued, every stage is still waited for, promoted and released; wrong results, for timing the
-//   kernel without its tensor work).
+//   kernel without its tensor work), GEMM_DIAG_SKIP_EPILOGUE 0|1 (1: the tiles' sums are folded into one
+//   value that is never stored; wrong results, for timing the kernel without its epilogue),
+//   GEMM_EPILOGUE_DIRECT 0|1 (1: each thread stores its pairs of columns straight to global memory instead of
+//   staging the warp's rows in shared memory).
 
 #include "megamoe/bf16.cuh"
 #include "megamoe/sm90.cuh"
@@ -76,6 +79,12 @@
 #endif
 #ifndef GEMM_DIAG_SKIP_MMA
 #define GEMM_DIAG_SKIP_MMA 0
+#endif
+#ifndef GEMM_DIAG_SKIP_EPILOGUE
+#define GEMM_DIAG_SKIP_EPILOGUE 0
+#endif
+#ifndef GEMM_EPILOGUE_DIRECT
+#define GEMM_EPILOGUE_DIRECT 0
 #endif
 
 namespace gemm_shape {
@@ -517,9 +526,57 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
 
     if (next_tile < total_tiles) store_weight_scales((local_tile + 1) & 1);
 
+    if constexpr (GEMM_DIAG_SKIP_EPILOGUE != 0) {
+      // Keeps the promotions live (the compiler would drop them with the stores) at 128 FADDs a tile.
+      float sink = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kWavesM; ++w)
+#pragma unroll
+        for (int c = 0; c < kChunksN; ++c)
+#pragma unroll
+          for (int i = 0; i < kAccum; ++i) sink += promoted[w][c][i];
+      if (sink == -1.0f) static_cast<float*>(out)[0] = sink;
+      current = next;
+      tile = next_tile;
+      continue;
+    }
+    constexpr int kOutBytes = kOutBf16 ? 2 : 4;
+    if constexpr (GEMM_EPILOGUE_DIRECT != 0) {
+      // A thread's pairs of adjacent columns go straight out: a quad of threads fills 16 (bf16) or 32
+      // (fp32) bytes of one row per store, and L2 merges the partial sectors.
+#pragma unroll
+      for (int w = 0; w < kWavesM; ++w) {
+        if (!wave_active[w]) continue;
+        const int warp_row0 = current.row0 + wg_row0 + w * 64 + warp_in_wg * 16;
+        const int rows_valid = current.row_end - warp_row0;
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int row = lane / 4 + 8 * half;
+          if (row >= rows_valid) continue;
+          unsigned char* const dst = static_cast<unsigned char*>(out) +
+                                     (static_cast<long long>(warp_row0 + row) * kShapeN + current.n0 + wg_col0 + frag_col) *
+                                         kOutBytes;
+#pragma unroll
+          for (int c = 0; c < kChunksN; ++c)
+#pragma unroll
+            for (int i = 0; i < kAccum / 4; ++i) {
+              const float x = promoted[w][c][4 * i + 2 * half];
+              const float y = promoted[w][c][4 * i + 2 * half + 1];
+              unsigned char* const at = dst + (c * kMmaN + 8 * i) * kOutBytes;
+              if constexpr (kOutBf16) {
+                *reinterpret_cast<unsigned*>(at) = megamoe::bf16x2_from_floats(x, y);
+              } else {
+                *reinterpret_cast<float2*>(at) = make_float2(x, y);
+              }
+            }
+        }
+      }
+      current = next;
+      tile = next_tile;
+      continue;
+    }
     // Epilogue: each warp stages its 16 rows (pairs of adjacent columns of rows frag_row and frag_row
     // + 8 per thread), kRoundCols columns at a time, and copies them out in 16-byte pieces.
-    constexpr int kOutBytes = kOutBf16 ? 2 : 4;
     constexpr int kRoundCols = kMmaN < kStagedRowBytes / kOutBytes ? kMmaN : kStagedRowBytes / kOutBytes;
     constexpr int kRounds = kMmaN / kRoundCols;
 #pragma unroll
