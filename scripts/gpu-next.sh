@@ -70,9 +70,10 @@
 #   PART=49 A/B of the cluster tile's switches (AB_VARIANTS as in PART=30, default: none, release.cluster
 #           arrives, no multicast): m128n256 and m128n256x2 at M = 512 and 4096 per variant in two rounds, then
 #           the warps' stall reasons of each tile at flash L1 M = 4096 (Nsight Compute) (ARCHIVE=1)
-#   PART=50 the grouped GEMM's tests with the direct epilogue (GEMM_EPILOGUE_DIRECT=1), then A/B of the
-#           switches (AB_VARIANTS as in PART=30, default: none, no epilogue, direct epilogue, no tensor work) on
-#           GEMM_TILES (default m128n256) at M = 512 and 4096 in two rounds, torch's beside each (ARCHIVE=1)
+#   PART=50 the grouped GEMM's tests with each of AB_VARIANTS (as in PART=30; default: none, TMA-store epilogue),
+#           then A/B of them (plus no epilogue) on GEMM_TILES (default m128n256) at M = 512 and 4096 in two
+#           rounds, torch's beside each (ARCHIVE=1). Its first run (74f39d2) A/B'd the direct epilogue
+#           (GEMM_EPILOGUE_DIRECT, since removed), no epilogue and no tensor work.
 # ARCHIVE=1 returns everything as $OUT/all.tgz (ARCHIVE_TIMEOUT: seconds for the part, default 540).
 # Pass MEGAMOE_COMMIT: the device's copy of the tree has no current git history.
 set -uo pipefail
@@ -417,10 +418,14 @@ case "${PART:-1}" in
   done
   ;;
 50)
-  MEGAMOE_JIT_DEFINES=GEMM_EPILOGUE_DIRECT=1 gpu_tests 200 test-grouped-gemm-direct.txt dist-test/test/gpu/grouped-gemm.test.js
+  variants=${AB_VARIANTS:-- GEMM_EPILOGUE_TMA=1}
+  for v in $variants; do
+    tag=${v//[^A-Za-z0-9]/_}
+    MEGAMOE_JIT_DEFINES=${v#-} gpu_tests 200 "test-grouped-gemm-$tag.txt" dist-test/test/gpu/grouped-gemm.test.js
+  done
   for round in 1 2; do
     torch_gemm "torch-grouped-gemm-$round.json" 8
-    for v in ${AB_VARIANTS:-- GEMM_DIAG_SKIP_EPILOGUE=1 GEMM_EPILOGUE_DIRECT=1 GEMM_DIAG_SKIP_MMA=1}; do
+    for v in $variants GEMM_DIAG_SKIP_EPILOGUE=1; do
       tag=${v//[^A-Za-z0-9]/_}
       MEGAMOE_JIT_DEFINES=${v#-} GEMM_TILES=${GEMM_TILES:-m128n256} GEMM_M=512,4096 gemm_tiles "gemm-$tag-$round" 120
     done

@@ -13,7 +13,7 @@
 //   sa   fp32 [K/128, M_pad]      TMA map, box {BLOCK_M, 1}; M_pad = M_total rounded up to 4 (16-byte rows)
 //   sw   fp32 [G, N/128, K/128]   plain loads
 //   group_offsets int32 [G + 1]   rows [off[g], off[g+1]) of A and out belong to group g (any sizes, 0 too)
-//   out  fp32 or bf16 [M_total, N]
+//   out  fp32 or bf16 [M_total, N]         and as a TMA map, box {128 bytes of columns, 16}, 128-byte swizzle
 //   status int32 [4]              written only when the pipeline watchdog fires (see kWatchdogNs)
 //
 // Structure. One CTA per SM walks tiles (group, n-block, m-block) round-robin over the grid. Warpgroups
@@ -31,8 +31,7 @@
 //   wgmma is issued, every stage is still waited for, promoted and released; wrong results, for timing the
 //   kernel without its tensor work), GEMM_DIAG_SKIP_EPILOGUE 0|1 (1: the tiles' sums are folded into one
 //   value that is never stored; wrong results, for timing the kernel without its epilogue),
-//   GEMM_EPILOGUE_DIRECT 0|1 (1: each thread stores its pairs of columns straight to global memory instead of
-//   staging the warp's rows in shared memory).
+//   GEMM_EPILOGUE_TMA 0|1 (1: each warp's 16 staged rows go out by TMA store when all 16 belong to the group).
 
 #include "megamoe/bf16.cuh"
 #include "megamoe/sm90.cuh"
@@ -83,8 +82,8 @@
 #ifndef GEMM_DIAG_SKIP_EPILOGUE
 #define GEMM_DIAG_SKIP_EPILOGUE 0
 #endif
-#ifndef GEMM_EPILOGUE_DIRECT
-#define GEMM_EPILOGUE_DIRECT 0
+#ifndef GEMM_EPILOGUE_TMA
+#define GEMM_EPILOGUE_TMA 0
 #endif
 
 namespace gemm_shape {
@@ -192,6 +191,11 @@ constexpr unsigned kStagingPitch = kOutBf16 ? kStagingPitchNarrow : kStagingPitc
 constexpr unsigned kStagingWarpBytes = staging_area_bytes(kStagingPitchWide);  // the variants size it for either
 constexpr unsigned kOffStaging = align_up(kOffPrefix + 4 * (kGroups + 1), 16);
 constexpr unsigned kSmemBytes = kOffStaging + kMathWarps * kStagingWarpBytes;
+// GEMM_EPILOGUE_TMA's areas (a 16-row box of 128-byte rows each, 1024-aligned for the swizzle) lie in the
+// same reservation.
+constexpr unsigned kStagingTmaWarpBytes = 16 * 128;
+constexpr unsigned kOffStagingTma = align_up(kOffStaging, 1024);
+static_assert(kOffStagingTma + kMathWarps * kStagingTmaWarpBytes <= kSmemBytes, "TMA staging must fit the staging areas");
 constexpr unsigned kSmemAlign = 1024;  // the 128-byte swizzle pattern repeats every 1024 bytes
 constexpr unsigned kDynamicSmemBytes = kSmemBytes + kSmemAlign;  // + slack to align the base
 static_assert(kATileBytes % 1024 == 0 && kBTileBytes % 1024 == 0, "tiles must keep 1024-byte alignment");
@@ -291,7 +295,8 @@ __device__ __forceinline__ void build_schedule(const int* group_offsets, int m_t
 
 extern "C" __global__ void __launch_bounds__(kThreads, 1)
     megamoe_fp8_grouped_gemm(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
-                             const __grid_constant__ TensorMap map_sa, const float* __restrict__ b_scales,
+                             const __grid_constant__ TensorMap map_sa, const __grid_constant__ TensorMap map_out,
+                             const float* __restrict__ b_scales,
                              const int* __restrict__ group_offsets, void* __restrict__ out, int m_total,
                              int* __restrict__ status) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -375,6 +380,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
   const unsigned sa_smem = base + kOffSa + (wg_row0 + frag_row) * 4;
   const unsigned sw_smem = base + kOffSw;  // two buffers of kSwPerTile floats, alternating per tile
   const unsigned staging = base + kOffStaging + static_cast<unsigned>(math_thread / 32) * kStagingWarpBytes;
+  const unsigned staging_tma = base + kOffStagingTma + static_cast<unsigned>(math_thread / 32) * kStagingTmaWarpBytes;
 
   // Weight scales of the next tile travel through registers while the current tile runs.
   float sw_prefetch[kSwPerThread];
@@ -541,34 +547,61 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
       continue;
     }
     constexpr int kOutBytes = kOutBf16 ? 2 : 4;
-    if constexpr (GEMM_EPILOGUE_DIRECT != 0) {
-      // A thread's pairs of adjacent columns go straight out: a quad of threads fills 16 (bf16) or 32
-      // (fp32) bytes of one row per store, and L2 merges the partial sectors.
+    if constexpr (GEMM_EPILOGUE_TMA != 0) {
+      // Each warp writes 16 rows × 128 bytes of columns into its area in the TMA box's swizzled layout
+      // (the 128-byte swizzle also spreads the fragment's 8 rows over all banks), then one lane stores
+      // the box. A slab with rows past the group goes out by plain stores: the box would overwrite the
+      // next group's rows.
+      constexpr int kBoxCols = 128 / kOutBytes;
+      constexpr int kBoxes = kMmaN / kBoxCols;
+      static_assert(kMmaN % kBoxCols == 0, "a wgmma chunk must hold whole boxes");
 #pragma unroll
       for (int w = 0; w < kWavesM; ++w) {
         if (!wave_active[w]) continue;
         const int warp_row0 = current.row0 + wg_row0 + w * 64 + warp_in_wg * 16;
         const int rows_valid = current.row_end - warp_row0;
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int row = lane / 4 + 8 * half;
-          if (row >= rows_valid) continue;
-          unsigned char* const dst = static_cast<unsigned char*>(out) +
-                                     (static_cast<long long>(warp_row0 + row) * kShapeN + current.n0 + wg_col0 + frag_col) *
-                                         kOutBytes;
+        for (int c = 0; c < kChunksN; ++c) {
 #pragma unroll
-          for (int c = 0; c < kChunksN; ++c)
+          for (int box = 0; box < kBoxes; ++box) {
+            if (lane == 0) bulk_wait_group_read<0>();  // the area's previous box has been read
+            __syncwarp();
 #pragma unroll
-            for (int i = 0; i < kAccum / 4; ++i) {
-              const float x = promoted[w][c][4 * i + 2 * half];
-              const float y = promoted[w][c][4 * i + 2 * half + 1];
-              unsigned char* const at = dst + (c * kMmaN + 8 * i) * kOutBytes;
-              if constexpr (kOutBf16) {
-                *reinterpret_cast<unsigned*>(at) = megamoe::bf16x2_from_floats(x, y);
-              } else {
-                *reinterpret_cast<float2*>(at) = make_float2(x, y);
+            for (int half = 0; half < 2; ++half) {
+              const int r = lane / 4 + 8 * half;
+#pragma unroll
+              for (int j = 0; j < kBoxCols / 8; ++j) {
+                const int i = box * (kBoxCols / 8) + j;
+                const unsigned byte = static_cast<unsigned>((8 * j + frag_col) * kOutBytes);
+                const unsigned at = staging_tma + r * 128 + (((byte >> 4) ^ (r & 7)) << 4) + (byte & 15);
+                const float x = promoted[w][c][4 * i + 2 * half];
+                const float y = promoted[w][c][4 * i + 2 * half + 1];
+                if constexpr (kOutBf16) {
+                  store_shared_u32(at, megamoe::bf16x2_from_floats(x, y));
+                } else {
+                  store_shared_v2(at, x, y);
+                }
               }
             }
+            const int col = current.n0 + wg_col0 + c * kMmaN + box * kBoxCols;
+            if (rows_valid >= 16) {
+              fence_proxy_async_shared();
+              __syncwarp();
+              if (lane == 0) {
+                tma_store_2d(&map_out, staging_tma, col, warp_row0);
+                bulk_commit_group();
+              }
+            } else {
+              __syncwarp();
+              unsigned char* const dst = static_cast<unsigned char*>(out) +
+                                         (static_cast<long long>(warp_row0) * kShapeN + col) * kOutBytes;
+              for (int idx = lane; idx < rows_valid * 8; idx += 32) {
+                const int r = idx / 8, piece = idx % 8;
+                megamoe::st_v4(dst + static_cast<long long>(r) * kShapeN * kOutBytes + 16 * piece,
+                               load_shared_v4(staging_tma + r * 128 + ((piece ^ (r & 7)) << 4)));
+              }
+            }
+          }
         }
       }
       current = next;
@@ -616,6 +649,10 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
 
     current = next;
     tile = next_tile;
+  }
+  // Shared memory must outlive the reads of this warp's last TMA stores.
+  if constexpr (GEMM_EPILOGUE_TMA != 0) {
+    if (lane == 0) bulk_wait_group<0>();
   }
 }
 

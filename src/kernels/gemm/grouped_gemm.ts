@@ -34,7 +34,7 @@ import {
   timeKernel,
 } from "../../cuda/index.js";
 import { encodeE4m3, FP8_E4M3_MAX } from "../../numerics/fp8.js";
-import { encodeFp8RowsMap, encodeScaleColumnsMap } from "../tensor-maps.js";
+import { encodeFp8RowsMap, encodeOutputRowsMap, encodeScaleColumnsMap } from "../tensor-maps.js";
 
 export type { TensorLike };
 
@@ -332,7 +332,7 @@ function checkDevices(device: Device, args: GroupedGemmArgs): void {
 // ---------------------------------------------------------------------------------------------------
 // Kernels, memoized per device and specialization
 
-const ARG_COUNT = 8; // map_a, map_b, map_sa, b_scales, group_offsets, out, m_total, status
+const ARG_COUNT = 9; // map_a, map_b, map_sa, map_out, b_scales, group_offsets, out, m_total, status
 const REF_ARG_COUNT = 8; // a, b, a_scales, m_pad, b_scales, group_offsets, out, m_total
 const REFERENCE_BLOCK = 256;
 
@@ -365,7 +365,7 @@ function gemmKernelFor(device: Device, plan: GroupedGemmPlan): GemmKernel {
     return {
       kernel,
       reference: loadKernel(device, compiled, GROUPED_GEMM_REFERENCE_KERNEL),
-      args: new KernelArgs(ARG_COUNT, { tensorMaps: [0, 1, 2] }),
+      args: new KernelArgs(ARG_COUNT, { tensorMaps: [0, 1, 2, 3] }),
       refArgs: new KernelArgs(REF_ARG_COUNT),
       mapsKey: "",
     };
@@ -374,13 +374,20 @@ function gemmKernelFor(device: Device, plan: GroupedGemmPlan): GemmKernel {
 
 function encodeMaps(entry: GemmKernel, plan: GroupedGemmPlan, args: GroupedGemmArgs): void {
   const { mTotal, n, k, groups } = args;
-  const mapsKey = `${args.a.ptr}:${args.b.ptr}:${args.aScales.ptr}:${mTotal}`;
+  const mapsKey = `${args.a.ptr}:${args.b.ptr}:${args.aScales.ptr}:${args.out.ptr}:${args.out.dtype}:${mTotal}`;
   if (entry.mapsKey === mapsKey) return;
   entry.mapsKey = "";
   const { blockM, blockN } = plan.tile;
   encodeFp8RowsMap(entry.args.tensorMap(0), args.a.ptr, k, mTotal, blockM);
   encodeFp8RowsMap(entry.args.tensorMap(1), args.b.ptr, k, groups * n, blockN);
   encodeScaleColumnsMap(entry.args.tensorMap(2), args.aScales.ptr, k, aScalesRows(mTotal), blockM + 4);
+  encodeOutputRowsMap(
+    entry.args.tensorMap(3),
+    args.out.ptr,
+    args.out.dtype === "bf16" ? "bf16" : "fp32",
+    n,
+    mTotal,
+  );
   entry.mapsKey = mapsKey;
 }
 
@@ -422,11 +429,11 @@ export function groupedGemmFp8(
   const entry = gemmKernelFor(device, plan);
   encodeMaps(entry, plan, args);
   entry.args
-    .ptr(3, args.bScales.ptr)
-    .ptr(4, args.groupOffsets.ptr)
-    .ptr(5, args.out.ptr)
-    .i32(6, args.mTotal)
-    .ptr(7, statusBuffer(device));
+    .ptr(4, args.bScales.ptr)
+    .ptr(5, args.groupOffsets.ptr)
+    .ptr(6, args.out.ptr)
+    .i32(7, args.mTotal)
+    .ptr(8, statusBuffer(device));
   const grid = Math.min(plan.grid, args.maxCtas ?? plan.grid);
   entry.kernel.launch(grid, plan.threads, plan.sharedBytes, stream, entry.args);
   return plan;
