@@ -74,6 +74,8 @@
 #           then A/B of them (plus no epilogue) on GEMM_TILES (default m128n256) at M = 512 and 4096 in two
 #           rounds, torch's beside each (ARCHIVE=1). Its first run (74f39d2) A/B'd the direct epilogue
 #           (GEMM_EPILOGUE_DIRECT, since removed), no epilogue and no tensor work.
+#   PART=51 the grouped GEMM with its CTAs' start staggered (GEMM_STAGGER_NS) against the plain kernel and the
+#           kernel without its epilogue, M = 512 and 4096, two rounds, torch's beside each (ARCHIVE=1)
 # ARCHIVE=1 returns everything as $OUT/all.tgz (ARCHIVE_TIMEOUT: seconds for the part, default 540).
 # Pass MEGAMOE_COMMIT: the device's copy of the tree has no current git history.
 set -uo pipefail
@@ -428,6 +430,15 @@ case "${PART:-1}" in
     for v in $variants GEMM_DIAG_SKIP_EPILOGUE=1; do
       tag=${v//[^A-Za-z0-9]/_}
       MEGAMOE_JIT_DEFINES=${v#-} GEMM_TILES=${GEMM_TILES:-m128n256} GEMM_M=512,4096 gemm_tiles "gemm-$tag-$round" 120
+    done
+  done
+  ;;
+51)
+  for round in 1 2; do
+    torch_gemm "torch-grouped-gemm-$round.json" 8
+    for v in - GEMM_STAGGER_NS=2000 GEMM_STAGGER_NS=8000 GEMM_STAGGER_NS=24000 GEMM_STAGGER_NS=8000,GEMM_EPILOGUE_TMA=1 GEMM_DIAG_SKIP_EPILOGUE=1; do
+      tag=${v//[^A-Za-z0-9]/_}
+      MEGAMOE_JIT_DEFINES=${v#-} GEMM_TILES=plan GEMM_M=512,4096 gemm_tiles "gemm-$tag-$round" 120
     done
   done
   ;;

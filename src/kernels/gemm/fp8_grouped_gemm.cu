@@ -31,7 +31,9 @@
 //   wgmma is issued, every stage is still waited for, promoted and released; wrong results, for timing the
 //   kernel without its tensor work), GEMM_DIAG_SKIP_EPILOGUE 0|1 (1: the tiles' sums are folded into one
 //   value that is never stored; wrong results, for timing the kernel without its epilogue),
-//   GEMM_EPILOGUE_TMA 0|1 (1: each warp's 16 staged rows go out by TMA store when all 16 belong to the group).
+//   GEMM_EPILOGUE_TMA 0|1 (1: each warp's 16 staged rows go out by TMA store when all 16 belong to the group),
+//   GEMM_STAGGER_NS (default 0): the math warpgroups of CTA b wait (b % 8) / 8 of it before their first tile,
+//   so that the CTAs' epilogues, which otherwise all write at once, spread out in time.
 
 #include "megamoe/bf16.cuh"
 #include "megamoe/sm90.cuh"
@@ -84,6 +86,9 @@
 #endif
 #ifndef GEMM_EPILOGUE_TMA
 #define GEMM_EPILOGUE_TMA 0
+#endif
+#ifndef GEMM_STAGGER_NS
+#define GEMM_STAGGER_NS 0
 #endif
 
 namespace gemm_shape {
@@ -413,6 +418,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
     load_weight_scales(current);
     store_weight_scales(0);
   }
+
+  if constexpr (GEMM_STAGGER_NS > 0) __nanosleep((blockIdx.x % 8u) * (GEMM_STAGGER_NS / 8u));
 
   float promoted[kWavesM][kChunksN][kAccum];
   float partial[kAccum];
