@@ -75,7 +75,10 @@
 #           rounds, torch's beside each (ARCHIVE=1). Its first run (74f39d2) A/B'd the direct epilogue
 #           (GEMM_EPILOGUE_DIRECT, since removed), no epilogue and no tensor work.
 #   PART=51 the grouped GEMM with its CTAs' start staggered (GEMM_STAGGER_NS) against the plain kernel and the
-#           kernel without its epilogue, M = 512 and 4096, two rounds, torch's beside each (ARCHIVE=1)
+#           kernel without its epilogue, M = 512 and 4096, two rounds, torch's beside each (ARCHIVE=1; ran at
+#           6ed0880: the stagger and the per-box TMA switch were removed after it)
+#   PART=52 the grouped GEMM's tests (both epilogues), then the plan's tile with the staged and the TMA epilogue
+#           at M = 64, 512 and 4096 in two rounds, torch's beside each (ARCHIVE=1)
 # ARCHIVE=1 returns everything as $OUT/all.tgz (ARCHIVE_TIMEOUT: seconds for the part, default 540).
 # Pass MEGAMOE_COMMIT: the device's copy of the tree has no current git history.
 set -uo pipefail
@@ -440,6 +443,14 @@ case "${PART:-1}" in
       tag=${v//[^A-Za-z0-9]/_}
       MEGAMOE_JIT_DEFINES=${v#-} GEMM_TILES=plan GEMM_M=512,4096 gemm_tiles "gemm-$tag-$round" 120
     done
+  done
+  ;;
+52)
+  gpu_tests 240 test-grouped-gemm.txt dist-test/test/gpu/grouped-gemm.test.js
+  passed test-grouped-gemm.txt || { grep -A14 "✖" "$out/test-grouped-gemm.txt" | head -60; exit 1; }
+  for round in 1 2; do
+    torch_gemm "torch-grouped-gemm-$round.json" 8
+    GEMM_TILES=plan GEMM_EPILOGUE=staged,tma gemm_tiles "gemm-$round" 150
   done
   ;;
 37)

@@ -26,14 +26,12 @@
 //
 // Compile-time parameters (-D from src/kernels/gemm/grouped_gemm.ts; defaults build the file alone):
 //   BLOCK_M 64|128, BLOCK_N 64|128|256, BLOCK_K 128, NUM_STAGES, NUM_MATH_WARPGROUPS 1|2,
-//   N (output columns), K, NUM_GROUPS, OUT_BF16 0|1. Diagnosis only: GEMM_SETMAXNREG 0|1 (default 1),
-//   GEMM_PIPELINED_PROMOTION 0|1 (default 1), GEMM_WATCHDOG_NS (default 2 s), GEMM_DIAG_SKIP_MMA 0|1 (1: no
-//   wgmma is issued, every stage is still waited for, promoted and released; wrong results, for timing the
-//   kernel without its tensor work), GEMM_DIAG_SKIP_EPILOGUE 0|1 (1: the tiles' sums are folded into one
-//   value that is never stored; wrong results, for timing the kernel without its epilogue),
-//   GEMM_EPILOGUE_TMA 0|1 (1: each warp's 16 staged rows go out by TMA store when all 16 belong to the group),
-//   GEMM_STAGGER_NS (default 0): the math warpgroups of CTA b wait (b % 8) / 8 of it before their first tile,
-//   so that the CTAs' epilogues, which otherwise all write at once, spread out in time.
+//   N (output columns), K, NUM_GROUPS, OUT_BF16 0|1, EPILOGUE_TMA 0|1 (see the epilogue). Diagnosis only:
+//   GEMM_SETMAXNREG 0|1 (default 1), GEMM_PIPELINED_PROMOTION 0|1 (default 1), GEMM_WATCHDOG_NS (default
+//   2 s), GEMM_DIAG_SKIP_MMA 0|1 (1: no wgmma is issued, every stage is still waited for, promoted and
+//   released; wrong results, for timing the kernel without its tensor work), GEMM_DIAG_SKIP_EPILOGUE 0|1
+//   (1: the tiles' sums are folded into one value that is never stored; wrong results, for timing the
+//   kernel without its epilogue).
 
 #include "megamoe/bf16.cuh"
 #include "megamoe/sm90.cuh"
@@ -84,11 +82,8 @@
 #ifndef GEMM_DIAG_SKIP_EPILOGUE
 #define GEMM_DIAG_SKIP_EPILOGUE 0
 #endif
-#ifndef GEMM_EPILOGUE_TMA
-#define GEMM_EPILOGUE_TMA 0
-#endif
-#ifndef GEMM_STAGGER_NS
-#define GEMM_STAGGER_NS 0
+#ifndef EPILOGUE_TMA
+#define EPILOGUE_TMA 0
 #endif
 
 namespace gemm_shape {
@@ -115,6 +110,7 @@ constexpr int kShapeN = gemm_shape::kN;
 constexpr int kShapeK = gemm_shape::kK;
 constexpr int kGroups = NUM_GROUPS;
 constexpr bool kOutBf16 = OUT_BF16 != 0;
+constexpr bool kEpilogueTma = EPILOGUE_TMA != 0;
 constexpr unsigned long long kWatchdogNs = GEMM_WATCHDOG_NS;
 
 constexpr int kQuantBlock = 128;  // edge of a weight-scale block and width of an activation scale
@@ -188,19 +184,22 @@ constexpr unsigned kOffFull = align_up(kOffSw + 2 * kSwPerTile * 4, 8);
 constexpr unsigned kOffEmpty = kOffFull + 8 * kStages;
 constexpr unsigned kOffGroups = kOffEmpty + 8 * kStages;  // GroupRows[kGroups]
 constexpr unsigned kOffPrefix = kOffGroups + 8 * kGroups;  // int[kGroups + 1]: first tile of each group
-// Epilogue staging (megamoe/sm90.cuh: copy_out_staged_rows), one area per math warp: 16 rows of up to
-// 128 bytes, 144 bytes apart for the bf16 pairs' 4-byte stores and 160 for the fp32 pairs' 8-byte ones
-// (either way the 8 rows of one store instruction fall on different banks).
+// Epilogue staging, one area per math warp. Staged copy (megamoe/sm90.cuh: copy_out_staged_rows): 16 rows
+// of up to 128 bytes, 144 bytes apart for the bf16 pairs' 4-byte stores and 160 for the fp32 pairs'
+// 8-byte ones (either way the 8 rows of one store instruction fall on different banks). EPILOGUE_TMA: the
+// warp's whole share of the tile as TMA boxes of 16 rows × 128 bytes (1024-aligned for the swizzle).
 constexpr int kMathWarps = kMathThreads / 32;
+constexpr int kOutBytes = kOutBf16 ? 2 : 4;
 constexpr unsigned kStagingPitch = kOutBf16 ? kStagingPitchNarrow : kStagingPitchWide;
-constexpr unsigned kStagingWarpBytes = staging_area_bytes(kStagingPitchWide);  // the variants size it for either
-constexpr unsigned kOffStaging = align_up(kOffPrefix + 4 * (kGroups + 1), 16);
+constexpr int kBoxCols = 128 / kOutBytes;  // output columns of one TMA box
+constexpr unsigned kBoxBytes = 16 * 128;
+constexpr int kBoxesPerChunk = kMmaN / kBoxCols;
+constexpr int kWarpBoxes = kWavesM * kChunksN * kBoxesPerChunk;
+static_assert(!kEpilogueTma || kMmaN % kBoxCols == 0, "a wgmma chunk must hold whole boxes");
+constexpr unsigned kStagingWarpBytes =
+    kEpilogueTma ? kWarpBoxes * kBoxBytes : staging_area_bytes(kStagingPitchWide);  // the variants size it for either
+constexpr unsigned kOffStaging = align_up(kOffPrefix + 4 * (kGroups + 1), kEpilogueTma ? 1024 : 16);
 constexpr unsigned kSmemBytes = kOffStaging + kMathWarps * kStagingWarpBytes;
-// GEMM_EPILOGUE_TMA's areas (a 16-row box of 128-byte rows each, 1024-aligned for the swizzle) lie in the
-// same reservation.
-constexpr unsigned kStagingTmaWarpBytes = 16 * 128;
-constexpr unsigned kOffStagingTma = align_up(kOffStaging, 1024);
-static_assert(kOffStagingTma + kMathWarps * kStagingTmaWarpBytes <= kSmemBytes, "TMA staging must fit the staging areas");
 constexpr unsigned kSmemAlign = 1024;  // the 128-byte swizzle pattern repeats every 1024 bytes
 constexpr unsigned kDynamicSmemBytes = kSmemBytes + kSmemAlign;  // + slack to align the base
 static_assert(kATileBytes % 1024 == 0 && kBTileBytes % 1024 == 0, "tiles must keep 1024-byte alignment");
@@ -385,7 +384,6 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
   const unsigned sa_smem = base + kOffSa + (wg_row0 + frag_row) * 4;
   const unsigned sw_smem = base + kOffSw;  // two buffers of kSwPerTile floats, alternating per tile
   const unsigned staging = base + kOffStaging + static_cast<unsigned>(math_thread / 32) * kStagingWarpBytes;
-  const unsigned staging_tma = base + kOffStagingTma + static_cast<unsigned>(math_thread / 32) * kStagingTmaWarpBytes;
 
   // Weight scales of the next tile travel through registers while the current tile runs.
   float sw_prefetch[kSwPerThread];
@@ -418,8 +416,6 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
     load_weight_scales(current);
     store_weight_scales(0);
   }
-
-  if constexpr (GEMM_STAGGER_NS > 0) __nanosleep((blockIdx.x % 8u) * (GEMM_STAGGER_NS / 8u));
 
   float promoted[kWavesM][kChunksN][kAccum];
   float partial[kAccum];
@@ -553,34 +549,30 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
       tile = next_tile;
       continue;
     }
-    constexpr int kOutBytes = kOutBf16 ? 2 : 4;
-    if constexpr (GEMM_EPILOGUE_TMA != 0) {
-      // Each warp writes 16 rows × 128 bytes of columns into its area in the TMA box's swizzled layout
-      // (the 128-byte swizzle also spreads the fragment's 8 rows over all banks), then one lane stores
-      // the box. A slab with rows past the group goes out by plain stores: the box would overwrite the
-      // next group's rows.
-      constexpr int kBoxCols = 128 / kOutBytes;
-      constexpr int kBoxes = kMmaN / kBoxCols;
-      static_assert(kMmaN % kBoxCols == 0, "a wgmma chunk must hold whole boxes");
+    if constexpr (kEpilogueTma) {
+      // The warp writes its whole share of the tile into its area, as TMA boxes in their swizzled layout
+      // (the 128-byte swizzle also spreads a fragment store's 8 rows over all banks), and one lane stores
+      // the boxes. The warps go on to the next tile while the stores drain; the area is written again
+      // only after they have read it, a tile later. A slab with rows past the group goes out by plain
+      // stores: a box would overwrite the next group's rows.
+      if (lane == 0) bulk_wait_group_read<0>();
+      __syncwarp();
 #pragma unroll
       for (int w = 0; w < kWavesM; ++w) {
         if (!wave_active[w]) continue;
-        const int warp_row0 = current.row0 + wg_row0 + w * 64 + warp_in_wg * 16;
-        const int rows_valid = current.row_end - warp_row0;
 #pragma unroll
-        for (int c = 0; c < kChunksN; ++c) {
+        for (int c = 0; c < kChunksN; ++c)
 #pragma unroll
-          for (int box = 0; box < kBoxes; ++box) {
-            if (lane == 0) bulk_wait_group_read<0>();  // the area's previous box has been read
-            __syncwarp();
+          for (int box = 0; box < kBoxesPerChunk; ++box) {
+            const unsigned area = staging + ((w * kChunksN + c) * kBoxesPerChunk + box) * kBoxBytes;
 #pragma unroll
             for (int half = 0; half < 2; ++half) {
               const int r = lane / 4 + 8 * half;
 #pragma unroll
               for (int j = 0; j < kBoxCols / 8; ++j) {
-                const int i = box * (kBoxCols / 8) + j;
+                const int i = box * (kBoxCols / 8) + j;  // columns 8i + frag_col, + 1 of the chunk
                 const unsigned byte = static_cast<unsigned>((8 * j + frag_col) * kOutBytes);
-                const unsigned at = staging_tma + r * 128 + (((byte >> 4) ^ (r & 7)) << 4) + (byte & 15);
+                const unsigned at = area + r * 128 + (((byte >> 4) ^ (r & 7)) << 4) + (byte & 15);
                 const float x = promoted[w][c][4 * i + 2 * half];
                 const float y = promoted[w][c][4 * i + 2 * half + 1];
                 if constexpr (kOutBf16) {
@@ -590,27 +582,35 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
                 }
               }
             }
+          }
+      }
+      fence_proxy_async_shared();
+      __syncwarp();
+#pragma unroll
+      for (int w = 0; w < kWavesM; ++w) {
+        if (!wave_active[w]) continue;
+        const int warp_row0 = current.row0 + wg_row0 + w * 64 + warp_in_wg * 16;
+        const int rows_valid = current.row_end - warp_row0;
+#pragma unroll
+        for (int c = 0; c < kChunksN; ++c)
+#pragma unroll
+          for (int box = 0; box < kBoxesPerChunk; ++box) {
+            const unsigned area = staging + ((w * kChunksN + c) * kBoxesPerChunk + box) * kBoxBytes;
             const int col = current.n0 + wg_col0 + c * kMmaN + box * kBoxCols;
             if (rows_valid >= 16) {
-              fence_proxy_async_shared();
-              __syncwarp();
-              if (lane == 0) {
-                tma_store_2d(&map_out, staging_tma, col, warp_row0);
-                bulk_commit_group();
-              }
+              if (lane == 0) tma_store_2d(&map_out, area, col, warp_row0);
             } else {
-              __syncwarp();
               unsigned char* const dst = static_cast<unsigned char*>(out) +
                                          (static_cast<long long>(warp_row0) * kShapeN + col) * kOutBytes;
               for (int idx = lane; idx < rows_valid * 8; idx += 32) {
                 const int r = idx / 8, piece = idx % 8;
                 megamoe::st_v4(dst + static_cast<long long>(r) * kShapeN * kOutBytes + 16 * piece,
-                               load_shared_v4(staging_tma + r * 128 + ((piece ^ (r & 7)) << 4)));
+                               load_shared_v4(area + r * 128 + ((piece ^ (r & 7)) << 4)));
               }
             }
           }
-        }
       }
+      if (lane == 0) bulk_commit_group();
       current = next;
       tile = next_tile;
       continue;
@@ -658,7 +658,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
     tile = next_tile;
   }
   // Shared memory must outlive the reads of this warp's last TMA stores.
-  if constexpr (GEMM_EPILOGUE_TMA != 0) {
+  if constexpr (kEpilogueTma) {
     if (lane == 0) bulk_wait_group<0>();
   }
 }

@@ -36,7 +36,7 @@ import {
 import { encodeE4m3, FP8_E4M3_MAX } from "../../numerics/fp8.js";
 import { encodeFp8RowsMap, encodeOutputRowsMap, encodeScaleColumnsMap } from "../tensor-maps.js";
 
-export type { TensorLike };
+export type { GemmEpilogue, TensorLike };
 
 import { describeDefines, type KernelDefines, SM90_SHARED_OPTIN_BYTES } from "../variants.js";
 import {
@@ -44,6 +44,7 @@ import {
   GEMM_MAX_GROUPS,
   GEMM_TILE_NAMES,
   GEMM_TILES,
+  type GemmEpilogue,
   type GemmTile,
   type GemmTileName,
   gemmDefines,
@@ -93,6 +94,8 @@ export interface PlanOptions {
   tile?: GemmTileName;
   /** Force a pipeline depth (default: the deepest that fits). */
   stages?: number;
+  /** How tiles leave the kernel (default "staged"; see GemmEpilogue). */
+  epilogue?: GemmEpilogue;
 }
 
 /** The plan's cost estimate (a model, for choosing; calibrate it against `benchmarkGroupedGemm`). */
@@ -110,6 +113,7 @@ export interface GroupedGemmEstimate {
 export interface GroupedGemmPlan {
   tile: GemmTile;
   stages: number;
+  epilogue: GemmEpilogue;
   threads: number;
   /** Dynamic shared memory of a launch. */
   sharedBytes: number;
@@ -192,6 +196,10 @@ export function planGroupedGemm(problem: GroupedGemmProblem, options: PlanOption
   const smCount = options.smCount ?? H200_SMS;
   const budget = options.sharedBudgetBytes ?? SM90_SHARED_OPTIN_BYTES;
   const outDtype = problem.outDtype ?? "fp32";
+  const outBytes = outDtype === "bf16" ? 2 : 4;
+  const epilogue = options.epilogue ?? "staged";
+  const maxStagesOf = (tile: GemmTile) =>
+    gemmMaxStages(tile, problem.k, problem.groups, budget, epilogue, outBytes);
   const candidates = (options.tile ? [options.tile] : GEMM_TILE_NAMES)
     .map((name) => {
       const tile = GEMM_TILES[name];
@@ -199,12 +207,10 @@ export function planGroupedGemm(problem: GroupedGemmProblem, options: PlanOption
         throw new RangeError(`grouped GEMM: unknown tile "${name}" (${GEMM_TILE_NAMES.join(", ")})`);
       return tile;
     })
-    .filter(
-      (tile) => problem.n % tile.blockN === 0 && gemmMaxStages(tile, problem.k, problem.groups, budget) > 0,
-    );
+    .filter((tile) => problem.n % tile.blockN === 0 && maxStagesOf(tile) > 0);
   if (candidates.length === 0) {
     throw new RangeError(
-      `grouped GEMM: no tile${options.tile ? ` "${options.tile}"` : ""} fits n=${problem.n}, k=${problem.k}, groups=${problem.groups} in ${budget} bytes of shared memory`,
+      `grouped GEMM: no tile${options.tile ? ` "${options.tile}"` : ""} fits n=${problem.n}, k=${problem.k}, groups=${problem.groups}, ${outDtype} out, ${epilogue} epilogue in ${budget} bytes of shared memory`,
     );
   }
   let best = candidates[0]!;
@@ -218,7 +224,7 @@ export function planGroupedGemm(problem: GroupedGemmProblem, options: PlanOption
       bestEstimate = e;
     }
   }
-  const maxStages = gemmMaxStages(best, problem.k, problem.groups, budget);
+  const maxStages = maxStagesOf(best);
   const stages = options.stages ?? maxStages;
   if (!Number.isInteger(stages) || stages < 2 || stages > maxStages) {
     throw new RangeError(
@@ -231,8 +237,9 @@ export function planGroupedGemm(problem: GroupedGemmProblem, options: PlanOption
   return {
     tile: best,
     stages,
+    epilogue,
     threads: gemmThreads(best),
-    sharedBytes: gemmSharedBytes(best, stages, problem.k, problem.groups),
+    sharedBytes: gemmSharedBytes(best, stages, problem.k, problem.groups, epilogue, outBytes),
     grid: Math.max(1, Math.min(smCount, worstTiles)),
     outDtype,
     defines: gemmDefines({
@@ -242,6 +249,7 @@ export function planGroupedGemm(problem: GroupedGemmProblem, options: PlanOption
       k: problem.k,
       groups: problem.groups,
       outBf16: outDtype === "bf16",
+      epilogue,
     }),
     estimate: bestEstimate,
   };
@@ -265,6 +273,8 @@ export interface GroupedGemmArgs<T extends TensorLike = DeviceTensor> {
   expectedRowsPerGroup?: number;
   /** Force a tile shape (benchmarks, diagnosis). */
   tile?: GemmTileName;
+  /** How tiles leave the kernel (default: the plan's; see GemmEpilogue). */
+  epilogue?: GemmEpilogue;
   /** Cap on the persistent grid (diagnosis: 1 makes one CTA walk every tile). */
   maxCtas?: number;
 }
@@ -310,6 +320,9 @@ export function validateGroupedGemmArgs(args: GroupedGemmArgs<TensorLike>): Gemm
   expect("out", args.out, ["fp32", "bf16"], [[mTotal, n]]);
   if (args.maxCtas !== undefined && !(Number.isInteger(args.maxCtas) && args.maxCtas >= 1)) {
     throw new Error(`groupedGemmFp8: maxCtas must be a positive integer, got ${args.maxCtas}`);
+  }
+  if (args.epilogue !== undefined && args.epilogue !== "staged" && args.epilogue !== "tma") {
+    throw new Error(`groupedGemmFp8: unknown epilogue "${args.epilogue}" (staged, tma)`);
   }
   if (args.tile !== undefined && !GEMM_TILE_NAMES.includes(args.tile)) {
     throw new Error(`groupedGemmFp8: unknown tile "${args.tile}" (${GEMM_TILE_NAMES.join(", ")})`);
@@ -405,6 +418,7 @@ function planFor(device: Device, args: GroupedGemmArgs, outDtype: GemmOutDtype):
       smCount: device.smCount,
       sharedBudgetBytes: Math.min(device.maxSharedMemoryPerBlockOptin, SM90_SHARED_OPTIN_BYTES),
       tile: args.tile,
+      epilogue: args.epilogue,
     },
   );
 }
@@ -533,6 +547,7 @@ export interface GroupedGemmBenchCase {
   k: number;
   outDtype?: GemmOutDtype;
   tile?: GemmTileName;
+  epilogue?: GemmEpilogue;
   /** Operand codes (default "quantized"): see GemmBenchCodes. */
   codes?: GemmBenchCodes;
 }
@@ -559,6 +574,7 @@ export interface GroupedGemmResultRow extends ResultRow {
   k: number;
   tile: GemmTileName;
   stages: number;
+  epilogue: GemmEpilogue;
   codes: GemmBenchCodes;
 }
 
@@ -650,6 +666,7 @@ export function benchmarkGroupedGemm(
         groups,
         expectedRowsPerGroup: mPerGroup,
         tile: c.tile,
+        epilogue: c.epilogue,
       };
       let plan: GroupedGemmPlan | undefined;
       const timing = timeKernel(
@@ -681,6 +698,7 @@ export function benchmarkGroupedGemm(
         out_dtype: outDtype,
         tile: plan!.tile.name,
         stages: plan!.stages,
+        epilogue: plan!.epilogue,
         estimate_us: plan!.estimate.us,
         codes,
       });
