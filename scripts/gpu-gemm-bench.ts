@@ -4,15 +4,13 @@
  * GEMM_CODES (default "quantized"): a comma list of operand code distributions to time each case with
  * (GemmBenchCodes), alternating per case so that drifts hit all alike. GEMM_TILES: "plan" times the
  * plan's pick only, a comma list of tile names the plan's pick and those (default: every tile). GEMM_M:
- * a comma list of M per group (default 64,512,4096). GEMM_EPILOGUE: a comma list of epilogues (GemmEpilogue,
- * default "staged") to time each case with, alternating like the codes.
+ * a comma list of M per group (default 64,512,4096).
  */
 import { deviceSummary, openDevice, writeResults } from "../src/cuda/index.js";
 import { GEMM_TILE_NAMES, type GemmTileName } from "../src/kernels/gemm/fp8_grouped_gemm.variants.js";
 import {
   benchmarkGroupedGemm,
   type GemmBenchCodes,
-  type GemmEpilogue,
   type GroupedGemmBenchCase,
 } from "../src/kernels/gemm/grouped_gemm.js";
 
@@ -28,7 +26,6 @@ const tiles = ((): GemmTileName[] => {
   return names;
 })();
 const mPerGroup = (process.env.GEMM_M ?? "64,512,4096").split(",").map(Number);
-const epilogues = (process.env.GEMM_EPILOGUE ?? "staged").split(",") as GemmEpilogue[];
 const codesList = (process.env.GEMM_CODES ?? "quantized").split(",") as GemmBenchCodes[];
 const shapes = [
   { name: "flash-L1", n: 4096, k: 4096 },
@@ -40,17 +37,17 @@ for (const s of shapes) {
     const base = { config: s.name, groups: 32, mPerGroup: m, n: s.n, k: s.k };
     const cases: GroupedGemmBenchCase[] = [base, ...tiles.map((tile) => ({ ...base, tile }))];
     for (const c of cases) {
-      for (const [codes, epilogue] of codesList.flatMap((k) => epilogues.map((e) => [k, e] as const))) {
+      for (const codes of codesList) {
         try {
-          const [row] = benchmarkGroupedGemm(device, [{ ...c, codes, epilogue }], { warmup: 5, iters: 20 });
+          const [row] = benchmarkGroupedGemm(device, [{ ...c, codes }], { warmup: 5, iters: 20 });
           const picked = c.tile === undefined ? "plan" : "forced";
           rows.push({ ...row, choice: picked });
           console.log(
-            `${s.name} M/group=${m} ${picked.padEnd(6)} ${String(row.tile).padEnd(9)} ${codes.padEnd(13)} ${epilogue.padEnd(6)} ${row.stages} st ${row.us_median.toFixed(1).padStart(8)} µs  floor ${row.floor_us.toFixed(1).padStart(7)}  ${row.tflops.toFixed(0).padStart(5)} TFLOP/s`,
+            `${s.name} M/group=${m} ${picked.padEnd(6)} ${String(row.tile).padEnd(9)} ${codes.padEnd(13)} ${row.us_median.toFixed(1).padStart(8)} µs  floor ${row.floor_us.toFixed(1).padStart(7)}  ${row.tflops.toFixed(0).padStart(5)} TFLOP/s`,
           );
         } catch (e) {
           console.log(
-            `${s.name} M/group=${m} ${c.tile ?? "plan"} ${codes} ${epilogue}: FAILED ${(e as Error).message.split("\n")[0]}`,
+            `${s.name} M/group=${m} ${c.tile ?? "plan"} ${codes}: FAILED ${(e as Error).message.split("\n")[0]}`,
           );
         }
       }

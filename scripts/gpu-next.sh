@@ -72,13 +72,14 @@
 #           the warps' stall reasons of each tile at flash L1 M = 4096 (Nsight Compute) (ARCHIVE=1)
 #   PART=50 the grouped GEMM's tests with each of AB_VARIANTS (as in PART=30; default: none, TMA-store epilogue),
 #           then A/B of them (plus no epilogue) on GEMM_TILES (default m128n256) at M = 512 and 4096 in two
-#           rounds, torch's beside each (ARCHIVE=1). Its first run (74f39d2) A/B'd the direct epilogue
-#           (GEMM_EPILOGUE_DIRECT, since removed), no epilogue and no tensor work.
+#           rounds, torch's beside each (ARCHIVE=1). It ran at 74f39d2 (direct epilogue, no epilogue, no tensor
+#           work) and 1e088f9 (per-box TMA epilogue); both epilogue switches were removed after.
 #   PART=51 the grouped GEMM with its CTAs' start staggered (GEMM_STAGGER_NS) against the plain kernel and the
 #           kernel without its epilogue, M = 512 and 4096, two rounds, torch's beside each (ARCHIVE=1; ran at
 #           6ed0880: the stagger and the per-box TMA switch were removed after it)
 #   PART=52 the grouped GEMM's tests (both epilogues), then the plan's tile with the staged and the TMA epilogue
-#           at M = 64, 512 and 4096 in two rounds, torch's beside each (ARCHIVE=1)
+#           at M = 64, 512 and 4096 in two rounds, torch's beside each (ARCHIVE=1; the whole-tile TMA epilogue
+#           is on the local branch exp-epilogue-tma, f580567, where this part ran)
 # ARCHIVE=1 returns everything as $OUT/all.tgz (ARCHIVE_TIMEOUT: seconds for the part, default 540).
 # Pass MEGAMOE_COMMIT: the device's copy of the tree has no current git history.
 set -uo pipefail

@@ -1,8 +1,8 @@
 /**
- * The TMA descriptor shapes the wgmma kernels use (the grouped GEMM and the fused layer): FP8 operand
- * rows, K-major, in 128-wide boxes with the 128-byte swizzle that wgmma's shared-memory descriptors
- * expect; per-128 scales stored transposed ([K/128, rows]), read one scale column at a time in boxes of
- * a tile's rows; and output rows, stored by a warp in boxes of 16 rows × 128 bytes.
+ * The two TMA descriptor shapes the wgmma kernels read (the grouped GEMM and the fused layer): FP8
+ * operand rows, K-major, in 128-wide boxes with the 128-byte swizzle that wgmma's shared-memory
+ * descriptors expect; and per-128 scales stored transposed ([K/128, rows]), read one scale column at a
+ * time in boxes of a tile's rows.
  */
 
 import { QUANT_BLOCK } from "../config/config.js";
@@ -53,30 +53,5 @@ export function encodeScaleColumnsMap(
     globalDims: [paddedRows, width / QUANT_BLOCK],
     globalStridesBytes: [paddedRows * 4],
     boxDims: [boxRows, 1],
-  });
-}
-
-/** Rows a warp's output box holds: the 16 rows of its accumulator fragments. */
-const OUTPUT_BOX_ROWS = 16;
-
-/**
- * Output rows [rows, width] of fp32 or bf16 at `address`, boxes of 128 bytes of columns × 16 rows with
- * the 128-byte swizzle (which the writing warp's fragment stores need to spread over the banks).
- */
-export function encodeOutputRowsMap(
-  map: Uint8Array,
-  address: bigint,
-  dtype: "fp32" | "bf16",
-  width: number,
-  rows: number,
-): void {
-  const bytes = dtype === "bf16" ? 2 : 4;
-  encodeTensorMapTiled(map, {
-    dataType: dtype === "bf16" ? TensorMapDataType.BFLOAT16 : TensorMapDataType.FLOAT32,
-    globalAddress: address,
-    globalDims: [width, rows],
-    globalStridesBytes: [width * bytes],
-    boxDims: [128 / bytes, OUTPUT_BOX_ROWS],
-    swizzle: TensorMapSwizzle.B128,
   });
 }

@@ -31,10 +31,8 @@ import {
 } from "../../src/kernels/gemm/fp8_grouped_gemm.variants.js";
 import {
   aScalesRows,
-  type GemmEpilogue,
   type GemmOutDtype,
   type GroupedGemmArgs,
-  type GroupedGemmPlan,
   groupedGemmFloorUs,
   groupedGemmFp8,
   groupedGemmFp8Reference,
@@ -283,24 +281,9 @@ describe("grouped GEMM plan and variants", () => {
             const mTotal = groups === 1 ? tokens : tokens * preset.topK;
             for (const outDtype of ["fp32", "bf16"] as const) {
               for (const tile of [undefined, ...GEMM_TILE_NAMES]) {
-                for (const epilogue of ["staged", "tma"] as const) {
-                  let plan: ReturnType<typeof planGroupedGemm>;
-                  try {
-                    plan = planGroupedGemm({ mTotal, n, k, groups, outDtype }, { tile, epilogue });
-                  } catch (e) {
-                    // A tile's worth of fp32 leaves no room for stages; the staged epilogue always fits.
-                    assert.ok(
-                      epilogue === "tma" && tile !== undefined && /no tile/.test(String(e)),
-                      String(e),
-                    );
-                    continue;
-                  }
-                  const key = describeDefines(plan.defines);
-                  assert.ok(
-                    compiled.has(key),
-                    `${preset.name} n=${n} k=${k} G=${groups} T=${tokens}: ${key}`,
-                  );
-                }
+                const plan = planGroupedGemm({ mTotal, n, k, groups, outDtype }, { tile });
+                const key = describeDefines(plan.defines);
+                assert.ok(compiled.has(key), `${preset.name} n=${n} k=${k} G=${groups} T=${tokens}: ${key}`);
               }
             }
           }
@@ -309,27 +292,16 @@ describe("grouped GEMM plan and variants", () => {
     }
   });
 
-  test("every variant fits the 227 KB opt-in, with at least 4 stages (2 with the TMA epilogue)", () => {
+  test("every variant fits the 227 KB opt-in, with at least 4 stages", () => {
     for (const v of variants) {
       const d = v.defines;
       const tile = Object.values(GEMM_TILES).find(
         (t) => t.blockM === d.BLOCK_M && t.blockN === d.BLOCK_N && t.mathWarpgroups === d.NUM_MATH_WARPGROUPS,
       );
       assert.ok(tile, `no tile for ${describeDefines(d)}`);
-      const epilogue = d.EPILOGUE_TMA === 1 ? "tma" : "staged";
-      const bytes = gemmSharedBytes(
-        tile,
-        d.NUM_STAGES,
-        d.K,
-        d.NUM_GROUPS,
-        epilogue,
-        d.OUT_BF16 === 1 ? 2 : 4,
-      );
+      const bytes = gemmSharedBytes(tile, d.NUM_STAGES, d.K, d.NUM_GROUPS);
       assert.ok(bytes <= SM90_SHARED_OPTIN_BYTES, `${describeDefines(d)}: ${bytes} B`);
-      assert.ok(
-        d.NUM_STAGES >= (epilogue === "tma" ? 2 : 4),
-        `${describeDefines(d)}: ${d.NUM_STAGES} stages`,
-      );
+      assert.ok(d.NUM_STAGES >= 4, `${describeDefines(d)}: ${d.NUM_STAGES} stages`);
       assert.equal(d.N % d.BLOCK_N, 0);
     }
   });
@@ -454,8 +426,6 @@ interface GpuCase {
 // ring's phases carried from tile to tile and the double-buffered weight scales.
 const ALL_TILES: GpuCase["tiles"] = [...GEMM_TILE_NAMES, "plan-1cta"];
 const FALLBACK: GemmTileName = "m64n128";
-// Every case and tile with both epilogues (MEGAMOE_GEMM_EPILOGUES narrows it, e.g. "tma").
-const EPILOGUES = (process.env.MEGAMOE_GEMM_EPILOGUES ?? "staged,tma").split(",") as GemmEpilogue[];
 
 function randomSizes(groups: number, max: number): number[] {
   return Array.from({ length: groups }, () => (random() < 0.2 ? 0 : Math.floor(random() * (max + 1))));
@@ -615,22 +585,13 @@ describe("grouped GEMM on a GPU", { skip }, () => {
           allRows.set(r, v);
         }
 
-        const tiles = c.tiles.filter((t) => tileFilter === undefined || tileFilter.includes(t));
-        for (const [tile, epilogue] of tiles.flatMap((t) => EPILOGUES.map((e) => [t, e] as const))) {
-          const byTile: GroupedGemmArgs =
+        for (const tile of c.tiles.filter((t) => tileFilter === undefined || tileFilter.includes(t))) {
+          const args: GroupedGemmArgs =
             tile === "plan" ? base : tile === "plan-1cta" ? { ...base, maxCtas: 1 } : { ...base, tile };
-          const args: GroupedGemmArgs = { ...byTile, epilogue };
           out.fill(0xff);
-          let plan: GroupedGemmPlan;
-          try {
-            plan = groupedGemmFp8(device, args, null);
-          } catch (e) {
-            // A tile's worth of fp32 leaves no room for stages: the TMA epilogue does not fit that tile.
-            if (epilogue === "tma" && /no tile .* fits/.test(String(e))) continue;
-            throw e;
-          }
+          const plan = groupedGemmFp8(device, args, null);
           const how = tile === "plan" ? ", planned" : tile === "plan-1cta" ? ", planned, 1 CTA" : "";
-          const label = `${plan.tile.name} (${plan.stages} stages, ${epilogue} epilogue${how})`;
+          const label = `${plan.tile.name} (${plan.stages} stages${how})`;
           const stall = takeGroupedGemmStatus(device);
           if (stall) {
             failures.push(`${label}: pipeline stalled ${JSON.stringify(stall)}`);

@@ -387,30 +387,6 @@ __device__ __forceinline__ void copy_out_staged_tile(unsigned staging, unsigned 
   }
 }
 
-// TMA stores: a box of shared memory (laid out as the map's box, swizzle included) to global memory at
-// {x, y}, in this thread's bulk async-group; completion is waited for per group.
-__device__ __forceinline__ void tma_store_2d(const TensorMap* map, unsigned src, int x, int y) {
-  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];" ::"l"(
-                   reinterpret_cast<unsigned long long>(map)),
-               "r"(src), "r"(x), "r"(y)
-               : "memory");
-}
-__device__ __forceinline__ void bulk_commit_group() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
-// Waits until at most kPending of this thread's bulk groups still read their shared-memory source.
-template <int kPending>
-__device__ __forceinline__ void bulk_wait_group_read() {
-  asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(kPending) : "memory");
-}
-// Waits until at most kPending of this thread's bulk groups are still writing.
-template <int kPending>
-__device__ __forceinline__ void bulk_wait_group() {
-  asm volatile("cp.async.bulk.wait_group %0;" ::"n"(kPending) : "memory");
-}
-// Makes this thread's shared-memory writes visible to the async proxy (a TMA store reading them).
-__device__ __forceinline__ void fence_proxy_async_shared() {
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-}
-
 // Orders this thread's generic-proxy global writes before later async-proxy (TMA) reads of them, and
 // the other way round: data written with st.global and read by another CTA's TMA needs it on both sides.
 __device__ __forceinline__ void fence_proxy_async_global() {

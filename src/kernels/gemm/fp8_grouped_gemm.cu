@@ -13,7 +13,7 @@
 //   sa   fp32 [K/128, M_pad]      TMA map, box {BLOCK_M, 1}; M_pad = M_total rounded up to 4 (16-byte rows)
 //   sw   fp32 [G, N/128, K/128]   plain loads
 //   group_offsets int32 [G + 1]   rows [off[g], off[g+1]) of A and out belong to group g (any sizes, 0 too)
-//   out  fp32 or bf16 [M_total, N]         and as a TMA map, box {128 bytes of columns, 16}, 128-byte swizzle
+//   out  fp32 or bf16 [M_total, N]
 //   status int32 [4]              written only when the pipeline watchdog fires (see kWatchdogNs)
 //
 // Structure. One CTA per SM walks tiles (group, n-block, m-block) round-robin over the grid. Warpgroups
@@ -26,12 +26,11 @@
 //
 // Compile-time parameters (-D from src/kernels/gemm/grouped_gemm.ts; defaults build the file alone):
 //   BLOCK_M 64|128, BLOCK_N 64|128|256, BLOCK_K 128, NUM_STAGES, NUM_MATH_WARPGROUPS 1|2,
-//   N (output columns), K, NUM_GROUPS, OUT_BF16 0|1, EPILOGUE_TMA 0|1 (see the epilogue). Diagnosis only:
-//   GEMM_SETMAXNREG 0|1 (default 1), GEMM_PIPELINED_PROMOTION 0|1 (default 1), GEMM_WATCHDOG_NS (default
-//   2 s), GEMM_DIAG_SKIP_MMA 0|1 (1: no wgmma is issued, every stage is still waited for, promoted and
-//   released; wrong results, for timing the kernel without its tensor work), GEMM_DIAG_SKIP_EPILOGUE 0|1
-//   (1: the tiles' sums are folded into one value that is never stored; wrong results, for timing the
-//   kernel without its epilogue).
+//   N (output columns), K, NUM_GROUPS, OUT_BF16 0|1. Diagnosis only: GEMM_SETMAXNREG 0|1 (default 1),
+//   GEMM_PIPELINED_PROMOTION 0|1 (default 1), GEMM_WATCHDOG_NS (default 2 s), GEMM_DIAG_SKIP_MMA 0|1 (1: no
+//   wgmma is issued, every stage is still waited for, promoted and released; wrong results, for timing the
+//   kernel without its tensor work), GEMM_DIAG_SKIP_EPILOGUE 0|1 (1: the tiles' sums are folded into one
+//   value that is never stored; wrong results, for timing the kernel without its epilogue).
 
 #include "megamoe/bf16.cuh"
 #include "megamoe/sm90.cuh"
@@ -82,9 +81,6 @@
 #ifndef GEMM_DIAG_SKIP_EPILOGUE
 #define GEMM_DIAG_SKIP_EPILOGUE 0
 #endif
-#ifndef EPILOGUE_TMA
-#define EPILOGUE_TMA 0
-#endif
 
 namespace gemm_shape {
 constexpr int kN = N;
@@ -110,7 +106,6 @@ constexpr int kShapeN = gemm_shape::kN;
 constexpr int kShapeK = gemm_shape::kK;
 constexpr int kGroups = NUM_GROUPS;
 constexpr bool kOutBf16 = OUT_BF16 != 0;
-constexpr bool kEpilogueTma = EPILOGUE_TMA != 0;
 constexpr unsigned long long kWatchdogNs = GEMM_WATCHDOG_NS;
 
 constexpr int kQuantBlock = 128;  // edge of a weight-scale block and width of an activation scale
@@ -184,21 +179,13 @@ constexpr unsigned kOffFull = align_up(kOffSw + 2 * kSwPerTile * 4, 8);
 constexpr unsigned kOffEmpty = kOffFull + 8 * kStages;
 constexpr unsigned kOffGroups = kOffEmpty + 8 * kStages;  // GroupRows[kGroups]
 constexpr unsigned kOffPrefix = kOffGroups + 8 * kGroups;  // int[kGroups + 1]: first tile of each group
-// Epilogue staging, one area per math warp. Staged copy (megamoe/sm90.cuh: copy_out_staged_rows): 16 rows
-// of up to 128 bytes, 144 bytes apart for the bf16 pairs' 4-byte stores and 160 for the fp32 pairs'
-// 8-byte ones (either way the 8 rows of one store instruction fall on different banks). EPILOGUE_TMA: the
-// warp's whole share of the tile as TMA boxes of 16 rows × 128 bytes (1024-aligned for the swizzle).
+// Epilogue staging (megamoe/sm90.cuh: copy_out_staged_rows), one area per math warp: 16 rows of up to
+// 128 bytes, 144 bytes apart for the bf16 pairs' 4-byte stores and 160 for the fp32 pairs' 8-byte ones
+// (either way the 8 rows of one store instruction fall on different banks).
 constexpr int kMathWarps = kMathThreads / 32;
-constexpr int kOutBytes = kOutBf16 ? 2 : 4;
 constexpr unsigned kStagingPitch = kOutBf16 ? kStagingPitchNarrow : kStagingPitchWide;
-constexpr int kBoxCols = 128 / kOutBytes;  // output columns of one TMA box
-constexpr unsigned kBoxBytes = 16 * 128;
-constexpr int kBoxesPerChunk = kMmaN / kBoxCols;
-constexpr int kWarpBoxes = kWavesM * kChunksN * kBoxesPerChunk;
-static_assert(!kEpilogueTma || kMmaN % kBoxCols == 0, "a wgmma chunk must hold whole boxes");
-constexpr unsigned kStagingWarpBytes =
-    kEpilogueTma ? kWarpBoxes * kBoxBytes : staging_area_bytes(kStagingPitchWide);  // the variants size it for either
-constexpr unsigned kOffStaging = align_up(kOffPrefix + 4 * (kGroups + 1), kEpilogueTma ? 1024 : 16);
+constexpr unsigned kStagingWarpBytes = staging_area_bytes(kStagingPitchWide);  // the variants size it for either
+constexpr unsigned kOffStaging = align_up(kOffPrefix + 4 * (kGroups + 1), 16);
 constexpr unsigned kSmemBytes = kOffStaging + kMathWarps * kStagingWarpBytes;
 constexpr unsigned kSmemAlign = 1024;  // the 128-byte swizzle pattern repeats every 1024 bytes
 constexpr unsigned kDynamicSmemBytes = kSmemBytes + kSmemAlign;  // + slack to align the base
@@ -299,8 +286,7 @@ __device__ __forceinline__ void build_schedule(const int* group_offsets, int m_t
 
 extern "C" __global__ void __launch_bounds__(kThreads, 1)
     megamoe_fp8_grouped_gemm(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
-                             const __grid_constant__ TensorMap map_sa, const __grid_constant__ TensorMap map_out,
-                             const float* __restrict__ b_scales,
+                             const __grid_constant__ TensorMap map_sa, const float* __restrict__ b_scales,
                              const int* __restrict__ group_offsets, void* __restrict__ out, int m_total,
                              int* __restrict__ status) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -549,74 +535,9 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
       tile = next_tile;
       continue;
     }
-    if constexpr (kEpilogueTma) {
-      // The warp writes its whole share of the tile into its area, as TMA boxes in their swizzled layout
-      // (the 128-byte swizzle also spreads a fragment store's 8 rows over all banks), and one lane stores
-      // the boxes. The warps go on to the next tile while the stores drain; the area is written again
-      // only after they have read it, a tile later. A slab with rows past the group goes out by plain
-      // stores: a box would overwrite the next group's rows.
-      if (lane == 0) bulk_wait_group_read<0>();
-      __syncwarp();
-#pragma unroll
-      for (int w = 0; w < kWavesM; ++w) {
-        if (!wave_active[w]) continue;
-#pragma unroll
-        for (int c = 0; c < kChunksN; ++c)
-#pragma unroll
-          for (int box = 0; box < kBoxesPerChunk; ++box) {
-            const unsigned area = staging + ((w * kChunksN + c) * kBoxesPerChunk + box) * kBoxBytes;
-#pragma unroll
-            for (int half = 0; half < 2; ++half) {
-              const int r = lane / 4 + 8 * half;
-#pragma unroll
-              for (int j = 0; j < kBoxCols / 8; ++j) {
-                const int i = box * (kBoxCols / 8) + j;  // columns 8i + frag_col, + 1 of the chunk
-                const unsigned byte = static_cast<unsigned>((8 * j + frag_col) * kOutBytes);
-                const unsigned at = area + r * 128 + (((byte >> 4) ^ (r & 7)) << 4) + (byte & 15);
-                const float x = promoted[w][c][4 * i + 2 * half];
-                const float y = promoted[w][c][4 * i + 2 * half + 1];
-                if constexpr (kOutBf16) {
-                  store_shared_u32(at, megamoe::bf16x2_from_floats(x, y));
-                } else {
-                  store_shared_v2(at, x, y);
-                }
-              }
-            }
-          }
-      }
-      fence_proxy_async_shared();
-      __syncwarp();
-#pragma unroll
-      for (int w = 0; w < kWavesM; ++w) {
-        if (!wave_active[w]) continue;
-        const int warp_row0 = current.row0 + wg_row0 + w * 64 + warp_in_wg * 16;
-        const int rows_valid = current.row_end - warp_row0;
-#pragma unroll
-        for (int c = 0; c < kChunksN; ++c)
-#pragma unroll
-          for (int box = 0; box < kBoxesPerChunk; ++box) {
-            const unsigned area = staging + ((w * kChunksN + c) * kBoxesPerChunk + box) * kBoxBytes;
-            const int col = current.n0 + wg_col0 + c * kMmaN + box * kBoxCols;
-            if (rows_valid >= 16) {
-              if (lane == 0) tma_store_2d(&map_out, area, col, warp_row0);
-            } else {
-              unsigned char* const dst = static_cast<unsigned char*>(out) +
-                                         (static_cast<long long>(warp_row0) * kShapeN + col) * kOutBytes;
-              for (int idx = lane; idx < rows_valid * 8; idx += 32) {
-                const int r = idx / 8, piece = idx % 8;
-                megamoe::st_v4(dst + static_cast<long long>(r) * kShapeN * kOutBytes + 16 * piece,
-                               load_shared_v4(area + r * 128 + ((piece ^ (r & 7)) << 4)));
-              }
-            }
-          }
-      }
-      if (lane == 0) bulk_commit_group();
-      current = next;
-      tile = next_tile;
-      continue;
-    }
     // Epilogue: each warp stages its 16 rows (pairs of adjacent columns of rows frag_row and frag_row
     // + 8 per thread), kRoundCols columns at a time, and copies them out in 16-byte pieces.
+    constexpr int kOutBytes = kOutBf16 ? 2 : 4;
     constexpr int kRoundCols = kMmaN < kStagedRowBytes / kOutBytes ? kMmaN : kStagedRowBytes / kOutBytes;
     constexpr int kRounds = kMmaN / kRoundCols;
 #pragma unroll
@@ -656,10 +577,6 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
 
     current = next;
     tile = next_tile;
-  }
-  // Shared memory must outlive the reads of this warp's last TMA stores.
-  if constexpr (kEpilogueTma) {
-    if (lane == 0) bulk_wait_group<0>();
   }
 }
 

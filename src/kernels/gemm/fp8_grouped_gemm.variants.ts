@@ -55,37 +55,13 @@ export function gemmThreads(tile: GemmTile): number {
 }
 
 /**
- * How a tile leaves the kernel. "staged": each warp stages 16 rows × 128 bytes at a time in shared memory
- * and copies them out (the warps wait for every piece). "tma": each warp writes its whole share of the
- * tile into shared memory as TMA boxes and one lane stores them, so the next tile's mainloop runs while
- * they drain (a tile's worth of shared memory: fewer stages).
- */
-export type GemmEpilogue = "staged" | "tma";
-
-/** One math warp's epilogue area: 16 rows at the staging pitch, or its 16 rows × the warpgroup's columns (per M wave). */
-export function gemmStagingWarpBytes(tile: GemmTile, epilogue: GemmEpilogue, outBytes: number): number {
-  if (epilogue === "staged") return stagingAreaBytes(STAGING_PITCH_WIDE);
-  const alongM = Math.min(tile.blockM / 64, tile.mathWarpgroups);
-  const wgRows = tile.blockM / alongM;
-  const wgCols = tile.blockN / (tile.mathWarpgroups / alongM);
-  return (wgRows / 64) * 16 * wgCols * outBytes;
-}
-
-/**
  * Dynamic shared memory of one CTA, byte for byte the kernel's layout: per stage an A tile, a B tile and
  * BLOCK_M activation scales (128-aligned); two buffers of the tile's weight scales; full/empty barriers;
- * the group table (8 bytes per group) and tile prefix (4 · (G + 1)); each math warp's epilogue area
- * (1024-aligned for TMA boxes); 1024 bytes to align the base.
+ * the group table (8 bytes per group) and tile prefix (4 · (G + 1)); each math warp's epilogue staging
+ * area; 1024 bytes to align the base.
  * The kernel checks %dynamic_smem_size against its own figure and reports a mismatch in its status.
  */
-export function gemmSharedBytes(
-  tile: GemmTile,
-  stages: number,
-  k: number,
-  groups: number,
-  epilogue: GemmEpilogue = "staged",
-  outBytes = 4,
-): number {
+export function gemmSharedBytes(tile: GemmTile, stages: number, k: number, groups: number): number {
   const kBlocks = k / GEMM_BLOCK_K;
   const swRows = Math.ceil(tile.blockN / QUANT_BLOCK);
   const aTile = tile.blockM * GEMM_BLOCK_K;
@@ -94,9 +70,9 @@ export function gemmSharedBytes(
   const offSw = stages * (aTile + bTile + saStride);
   const offFull = alignUp(offSw + 2 * swRows * kBlocks * 4, 8);
   const offGroups = offFull + 16 * stages;
-  const offStaging = alignUp(offGroups + 8 * groups + 4 * (groups + 1), epilogue === "tma" ? 1024 : 16);
-  // One area per math warp (staged: sized for the wider, fp32, pitch).
-  const bytes = offStaging + 4 * tile.mathWarpgroups * gemmStagingWarpBytes(tile, epilogue, outBytes);
+  const offStaging = alignUp(offGroups + 8 * groups + 4 * (groups + 1), 16);
+  // One staging area per math warp, sized for the wider (fp32) pitch.
+  const bytes = offStaging + 4 * tile.mathWarpgroups * stagingAreaBytes(STAGING_PITCH_WIDE);
   return bytes + 1024;
 }
 
@@ -106,11 +82,9 @@ export function gemmMaxStages(
   k: number,
   groups: number,
   budget = SM90_SHARED_OPTIN_BYTES,
-  epilogue: GemmEpilogue = "staged",
-  outBytes = 4,
 ): number {
   for (let stages = GEMM_MAX_STAGES; stages >= GEMM_MIN_STAGES; stages--) {
-    if (gemmSharedBytes(tile, stages, k, groups, epilogue, outBytes) <= budget) return stages;
+    if (gemmSharedBytes(tile, stages, k, groups) <= budget) return stages;
   }
   return 0;
 }
@@ -123,7 +97,6 @@ export interface GemmSpecialization {
   k: number;
   groups: number;
   outBf16: boolean;
-  epilogue?: GemmEpilogue;
 }
 
 /** The -D macros of fp8_grouped_gemm.cu for one specialization. */
@@ -138,7 +111,6 @@ export function gemmDefines(s: GemmSpecialization): KernelDefines {
     K: s.k,
     NUM_GROUPS: s.groups,
     OUT_BF16: s.outBf16 ? 1 : 0,
-    EPILOGUE_TMA: s.epilogue === "tma" ? 1 : 0,
   };
 }
 
@@ -153,7 +125,7 @@ export function presetGemmShapes(hidden: number, intermediate: number): { n: num
 /**
  * Every specialization the launcher can ask for on the presets: each preset's two GEMM shapes, with
  * its routed expert count and with 1 group (the shared expert), each tile of the menu at the deepest
- * pipeline that fits 227 KB, fp32 and bf16 output, either epilogue where it fits.
+ * pipeline that fits 227 KB, fp32 and bf16 output.
  */
 export const variants: readonly KernelVariant[] = (() => {
   const seen = new Set<string>();
@@ -163,23 +135,13 @@ export const variants: readonly KernelVariant[] = (() => {
       for (const groups of [preset.numExperts / preset.ranks, 1]) {
         for (const tile of Object.values(GEMM_TILES)) {
           if (n % tile.blockN !== 0) continue;
+          const stages = gemmMaxStages(tile, k, groups);
           for (const outBf16 of [false, true]) {
-            for (const epilogue of ["staged", "tma"] as const) {
-              const stages = gemmMaxStages(
-                tile,
-                k,
-                groups,
-                SM90_SHARED_OPTIN_BYTES,
-                epilogue,
-                outBf16 ? 2 : 4,
-              );
-              if (stages === 0) continue; // a tile's worth of fp32 leaves no room for stages
-              const defines = gemmDefines({ tile, stages, n, k, groups, outBf16, epilogue });
-              const key = JSON.stringify(defines);
-              if (seen.has(key)) continue;
-              seen.add(key);
-              out.push({ defines, noSpill: true });
-            }
+            const defines = gemmDefines({ tile, stages, n, k, groups, outBf16 });
+            const key = JSON.stringify(defines);
+            if (seen.has(key)) continue;
+            seen.add(key);
+            out.push({ defines, noSpill: true });
           }
         }
       }

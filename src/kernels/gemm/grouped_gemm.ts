@@ -34,9 +34,9 @@ import {
   timeKernel,
 } from "../../cuda/index.js";
 import { encodeE4m3, FP8_E4M3_MAX } from "../../numerics/fp8.js";
-import { encodeFp8RowsMap, encodeOutputRowsMap, encodeScaleColumnsMap } from "../tensor-maps.js";
+import { encodeFp8RowsMap, encodeScaleColumnsMap } from "../tensor-maps.js";
 
-export type { GemmEpilogue, TensorLike };
+export type { TensorLike };
 
 import { describeDefines, type KernelDefines, SM90_SHARED_OPTIN_BYTES } from "../variants.js";
 import {
@@ -44,7 +44,6 @@ import {
   GEMM_MAX_GROUPS,
   GEMM_TILE_NAMES,
   GEMM_TILES,
-  type GemmEpilogue,
   type GemmTile,
   type GemmTileName,
   gemmDefines,
@@ -94,8 +93,6 @@ export interface PlanOptions {
   tile?: GemmTileName;
   /** Force a pipeline depth (default: the deepest that fits). */
   stages?: number;
-  /** How tiles leave the kernel (default "staged"; see GemmEpilogue). */
-  epilogue?: GemmEpilogue;
 }
 
 /** The plan's cost estimate (a model, for choosing; calibrate it against `benchmarkGroupedGemm`). */
@@ -113,7 +110,6 @@ export interface GroupedGemmEstimate {
 export interface GroupedGemmPlan {
   tile: GemmTile;
   stages: number;
-  epilogue: GemmEpilogue;
   threads: number;
   /** Dynamic shared memory of a launch. */
   sharedBytes: number;
@@ -196,10 +192,6 @@ export function planGroupedGemm(problem: GroupedGemmProblem, options: PlanOption
   const smCount = options.smCount ?? H200_SMS;
   const budget = options.sharedBudgetBytes ?? SM90_SHARED_OPTIN_BYTES;
   const outDtype = problem.outDtype ?? "fp32";
-  const outBytes = outDtype === "bf16" ? 2 : 4;
-  const epilogue = options.epilogue ?? "staged";
-  const maxStagesOf = (tile: GemmTile) =>
-    gemmMaxStages(tile, problem.k, problem.groups, budget, epilogue, outBytes);
   const candidates = (options.tile ? [options.tile] : GEMM_TILE_NAMES)
     .map((name) => {
       const tile = GEMM_TILES[name];
@@ -207,10 +199,12 @@ export function planGroupedGemm(problem: GroupedGemmProblem, options: PlanOption
         throw new RangeError(`grouped GEMM: unknown tile "${name}" (${GEMM_TILE_NAMES.join(", ")})`);
       return tile;
     })
-    .filter((tile) => problem.n % tile.blockN === 0 && maxStagesOf(tile) > 0);
+    .filter(
+      (tile) => problem.n % tile.blockN === 0 && gemmMaxStages(tile, problem.k, problem.groups, budget) > 0,
+    );
   if (candidates.length === 0) {
     throw new RangeError(
-      `grouped GEMM: no tile${options.tile ? ` "${options.tile}"` : ""} fits n=${problem.n}, k=${problem.k}, groups=${problem.groups}, ${outDtype} out, ${epilogue} epilogue in ${budget} bytes of shared memory`,
+      `grouped GEMM: no tile${options.tile ? ` "${options.tile}"` : ""} fits n=${problem.n}, k=${problem.k}, groups=${problem.groups} in ${budget} bytes of shared memory`,
     );
   }
   let best = candidates[0]!;
@@ -224,7 +218,7 @@ export function planGroupedGemm(problem: GroupedGemmProblem, options: PlanOption
       bestEstimate = e;
     }
   }
-  const maxStages = maxStagesOf(best);
+  const maxStages = gemmMaxStages(best, problem.k, problem.groups, budget);
   const stages = options.stages ?? maxStages;
   if (!Number.isInteger(stages) || stages < 2 || stages > maxStages) {
     throw new RangeError(
@@ -237,9 +231,8 @@ export function planGroupedGemm(problem: GroupedGemmProblem, options: PlanOption
   return {
     tile: best,
     stages,
-    epilogue,
     threads: gemmThreads(best),
-    sharedBytes: gemmSharedBytes(best, stages, problem.k, problem.groups, epilogue, outBytes),
+    sharedBytes: gemmSharedBytes(best, stages, problem.k, problem.groups),
     grid: Math.max(1, Math.min(smCount, worstTiles)),
     outDtype,
     defines: gemmDefines({
@@ -249,7 +242,6 @@ export function planGroupedGemm(problem: GroupedGemmProblem, options: PlanOption
       k: problem.k,
       groups: problem.groups,
       outBf16: outDtype === "bf16",
-      epilogue,
     }),
     estimate: bestEstimate,
   };
@@ -273,8 +265,6 @@ export interface GroupedGemmArgs<T extends TensorLike = DeviceTensor> {
   expectedRowsPerGroup?: number;
   /** Force a tile shape (benchmarks, diagnosis). */
   tile?: GemmTileName;
-  /** How tiles leave the kernel (default: the plan's; see GemmEpilogue). */
-  epilogue?: GemmEpilogue;
   /** Cap on the persistent grid (diagnosis: 1 makes one CTA walk every tile). */
   maxCtas?: number;
 }
@@ -321,9 +311,6 @@ export function validateGroupedGemmArgs(args: GroupedGemmArgs<TensorLike>): Gemm
   if (args.maxCtas !== undefined && !(Number.isInteger(args.maxCtas) && args.maxCtas >= 1)) {
     throw new Error(`groupedGemmFp8: maxCtas must be a positive integer, got ${args.maxCtas}`);
   }
-  if (args.epilogue !== undefined && args.epilogue !== "staged" && args.epilogue !== "tma") {
-    throw new Error(`groupedGemmFp8: unknown epilogue "${args.epilogue}" (staged, tma)`);
-  }
   if (args.tile !== undefined && !GEMM_TILE_NAMES.includes(args.tile)) {
     throw new Error(`groupedGemmFp8: unknown tile "${args.tile}" (${GEMM_TILE_NAMES.join(", ")})`);
   }
@@ -345,7 +332,7 @@ function checkDevices(device: Device, args: GroupedGemmArgs): void {
 // ---------------------------------------------------------------------------------------------------
 // Kernels, memoized per device and specialization
 
-const ARG_COUNT = 9; // map_a, map_b, map_sa, map_out, b_scales, group_offsets, out, m_total, status
+const ARG_COUNT = 8; // map_a, map_b, map_sa, b_scales, group_offsets, out, m_total, status
 const REF_ARG_COUNT = 8; // a, b, a_scales, m_pad, b_scales, group_offsets, out, m_total
 const REFERENCE_BLOCK = 256;
 
@@ -378,7 +365,7 @@ function gemmKernelFor(device: Device, plan: GroupedGemmPlan): GemmKernel {
     return {
       kernel,
       reference: loadKernel(device, compiled, GROUPED_GEMM_REFERENCE_KERNEL),
-      args: new KernelArgs(ARG_COUNT, { tensorMaps: [0, 1, 2, 3] }),
+      args: new KernelArgs(ARG_COUNT, { tensorMaps: [0, 1, 2] }),
       refArgs: new KernelArgs(REF_ARG_COUNT),
       mapsKey: "",
     };
@@ -387,20 +374,13 @@ function gemmKernelFor(device: Device, plan: GroupedGemmPlan): GemmKernel {
 
 function encodeMaps(entry: GemmKernel, plan: GroupedGemmPlan, args: GroupedGemmArgs): void {
   const { mTotal, n, k, groups } = args;
-  const mapsKey = `${args.a.ptr}:${args.b.ptr}:${args.aScales.ptr}:${args.out.ptr}:${args.out.dtype}:${mTotal}`;
+  const mapsKey = `${args.a.ptr}:${args.b.ptr}:${args.aScales.ptr}:${mTotal}`;
   if (entry.mapsKey === mapsKey) return;
   entry.mapsKey = "";
   const { blockM, blockN } = plan.tile;
   encodeFp8RowsMap(entry.args.tensorMap(0), args.a.ptr, k, mTotal, blockM);
   encodeFp8RowsMap(entry.args.tensorMap(1), args.b.ptr, k, groups * n, blockN);
   encodeScaleColumnsMap(entry.args.tensorMap(2), args.aScales.ptr, k, aScalesRows(mTotal), blockM + 4);
-  encodeOutputRowsMap(
-    entry.args.tensorMap(3),
-    args.out.ptr,
-    args.out.dtype === "bf16" ? "bf16" : "fp32",
-    n,
-    mTotal,
-  );
   entry.mapsKey = mapsKey;
 }
 
@@ -418,7 +398,6 @@ function planFor(device: Device, args: GroupedGemmArgs, outDtype: GemmOutDtype):
       smCount: device.smCount,
       sharedBudgetBytes: Math.min(device.maxSharedMemoryPerBlockOptin, SM90_SHARED_OPTIN_BYTES),
       tile: args.tile,
-      epilogue: args.epilogue,
     },
   );
 }
@@ -443,11 +422,11 @@ export function groupedGemmFp8(
   const entry = gemmKernelFor(device, plan);
   encodeMaps(entry, plan, args);
   entry.args
-    .ptr(4, args.bScales.ptr)
-    .ptr(5, args.groupOffsets.ptr)
-    .ptr(6, args.out.ptr)
-    .i32(7, args.mTotal)
-    .ptr(8, statusBuffer(device));
+    .ptr(3, args.bScales.ptr)
+    .ptr(4, args.groupOffsets.ptr)
+    .ptr(5, args.out.ptr)
+    .i32(6, args.mTotal)
+    .ptr(7, statusBuffer(device));
   const grid = Math.min(plan.grid, args.maxCtas ?? plan.grid);
   entry.kernel.launch(grid, plan.threads, plan.sharedBytes, stream, entry.args);
   return plan;
@@ -547,7 +526,6 @@ export interface GroupedGemmBenchCase {
   k: number;
   outDtype?: GemmOutDtype;
   tile?: GemmTileName;
-  epilogue?: GemmEpilogue;
   /** Operand codes (default "quantized"): see GemmBenchCodes. */
   codes?: GemmBenchCodes;
 }
@@ -574,7 +552,6 @@ export interface GroupedGemmResultRow extends ResultRow {
   k: number;
   tile: GemmTileName;
   stages: number;
-  epilogue: GemmEpilogue;
   codes: GemmBenchCodes;
 }
 
@@ -666,7 +643,6 @@ export function benchmarkGroupedGemm(
         groups,
         expectedRowsPerGroup: mPerGroup,
         tile: c.tile,
-        epilogue: c.epilogue,
       };
       let plan: GroupedGemmPlan | undefined;
       const timing = timeKernel(
@@ -698,7 +674,6 @@ export function benchmarkGroupedGemm(
         out_dtype: outDtype,
         tile: plan!.tile.name,
         stages: plan!.stages,
-        epilogue: plan!.epilogue,
         estimate_us: plan!.estimate.us,
         codes,
       });
