@@ -80,6 +80,7 @@
 #   PART=52 the grouped GEMM's tests (both epilogues), then the plan's tile with the staged and the TMA epilogue
 #           at M = 64, 512 and 4096 in two rounds, torch's beside each (ARCHIVE=1; the whole-tile TMA epilogue
 #           is on the local branch exp-epilogue-tma, f580567, where this part ran)
+#   PART=53 the expert-parallel layer's GPU test (ranks on one device, both pipelines, against the CPU)
 # ARCHIVE=1 returns everything as $OUT/all.tgz (ARCHIVE_TIMEOUT: seconds for the part, default 540).
 # Pass MEGAMOE_COMMIT: the device's copy of the tree has no current git history.
 set -uo pipefail
@@ -454,6 +455,7 @@ case "${PART:-1}" in
     GEMM_TILES=plan GEMM_EPILOGUE=staged,tma gemm_tiles "gemm-$round" 150
   done
   ;;
+53) gpu_tests 240 test-expert-parallel.txt dist-test/test/gpu/expert-parallel.test.js; grep -E "rank [0-9]" "$out/test-expert-parallel.txt" | head -60 ;;
 37)
   for round in 1 2; do
     timeout 60 node dist-test/scripts/gpu-wgmma-rate.js --out "$out/wgmma-rate-$round.json" 2>&1 | tee "$out/wgmma-rate-$round.txt"

@@ -1,8 +1,9 @@
 /**
  * megamoe: the MoE layer of DeepSeek-V4-class models in FP8.
  *
- * The public API: configs, the layer object, the CPU reference that defines the numerics, weights
- * (generated or from safetensors), the codecs, and the CUDA layer for those who launch kernels.
+ * The public API: configs, the layer object (and the layer split across ranks by expert), the CPU
+ * reference that defines the numerics, weights (generated or from safetensors), the codecs, and the CUDA
+ * layer for those who launch kernels.
  */
 
 export {
@@ -65,6 +66,15 @@ export {
   quantizeActivations,
   quantizeWeightBlocks,
 } from "./numerics/quant.js";
+export { type DispatchPlan, planDispatch, type RankRouting, type ReceivedRows } from "./parallel/dispatch.js";
+export {
+  combineRankOutputs,
+  ExpertParallelMoE,
+  type ExpertParallelOptions,
+  type ExpertParallelStats,
+  type RankInput,
+  RankWeights,
+} from "./parallel/expert-parallel.js";
 export { FusedPipeline } from "./pipeline/fused.js";
 export { type MoEPipeline, type UnfusedForward, UnfusedPipeline } from "./pipeline/unfused.js";
 export { calcDiff, checksum, l2Norm, relativeError } from "./reference/metrics.js";
