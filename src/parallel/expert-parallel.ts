@@ -13,11 +13,17 @@
  *      the numerics of the expert-parallel layer on every backend; against the one-device layer it
  *      differs only by the rounding of the partial sums to bf16.
  *
- * The ranks' layers are MoELayers, so each rank runs whichever backend and GPU pipeline it is given;
- * rows cross between ranks through the host here (the protocol, checkable on one GPU or none).
+ * The ranks' layers are MoELayers, so each rank runs whichever backend and GPU pipeline it is given.
+ * On the "cpu" backend rows cross between ranks through the host. On "cuda" they never leave the GPUs
+ * (`forwardDevice`): each source rank's gather kernel writes its rows straight into the receiving
+ * ranks' buffers, and each rank's combine kernel reads the other ranks' results where they lie, over
+ * peer access (NVLink) when the ranks sit on different GPUs. Phases (dispatch, experts, combine) are
+ * separated by synchronizing the ranks' devices. The routing's ids are read on the host to plan the
+ * dispatch. Several ranks may share one GPU: that runs the same protocol, which is how it is tested.
  */
 import { MAX_TOKENS_LIMIT, type MoEConfig, validateConfig } from "../config/config.js";
-import type { Device } from "../cuda/index.js";
+import { type Device, DeviceTensor } from "../cuda/index.js";
+import { combineRanksOnDevice, gatherRowsOnDevice } from "../kernels/parallel/parallel.js";
 import { type Backend, type GpuPipelineKind, InputError, MoELayer, validateInput } from "../layer.js";
 import { bf16BitsToF32, f32ToBf16Bits } from "../numerics/bf16.js";
 import type { ExpertWeights, GateWeights, MoEWeightSource } from "../weights/types.js";
@@ -88,6 +94,19 @@ export interface RankInput {
   weights: Float32Array;
 }
 
+/** One rank's operands of `forwardDevice`: x and out on the rank's GPU, the routing on the host. */
+export interface RankDeviceInput {
+  /** bf16 [tokens, hidden] on the rank's device. */
+  x: DeviceTensor;
+  /** bf16 [tokens, hidden] on the rank's device, written. */
+  out: DeviceTensor;
+  tokens: number;
+  /** int32 [tokens, topK] global expert ids (−1: unused slot), host memory: the dispatch is planned there. */
+  ids: Int32Array;
+  /** fp32 [tokens, topK], host memory. */
+  weights: Float32Array;
+}
+
 /** What one forward moved and computed, per rank (for reports and tests). */
 export interface ExpertParallelStats {
   /** Rows each rank received. */
@@ -129,6 +148,7 @@ export class ExpertParallelMoE {
   readonly ranks: number;
   /** Each rank's layer: its experts and the shared expert, sized for every rank's tokens at once. */
   readonly layers: readonly MoELayer[];
+  private readonly buffers: RankBuffers[] | null = null;
   private disposed = false;
 
   constructor(source: MoEWeightSource, options: ExpertParallelOptions) {
@@ -163,12 +183,21 @@ export class ExpertParallelMoE {
       throw e;
     }
     this.layers = layers;
+    if (options.backend === "cuda") {
+      try {
+        this.buffers = makeRankBuffers(this.config, layers);
+      } catch (e) {
+        for (const l of layers) l.dispose();
+        throw e;
+      }
+    }
   }
 
   /** Frees every rank's device memory. Idempotent. */
   dispose(): void {
     if (this.disposed) return;
     this.disposed = true;
+    for (const b of this.buffers ?? []) b.dispose();
     for (const l of this.layers) l.dispose();
   }
 
@@ -214,6 +243,7 @@ export class ExpertParallelMoE {
     options: { shared?: boolean } = {},
   ): { out: Uint16Array[]; stats: ExpertParallelStats } {
     if (this.disposed) throw new InputError("ExpertParallelMoE used after dispose()");
+    if (this.buffers !== null) return this.forwardThroughDevices(inputs, options);
     const plan = this.plan(inputs);
     const { hidden } = this.config;
     // Dispatch: rank d gathers the rows it was sent, in the plan's order.
@@ -242,12 +272,285 @@ export class ExpertParallelMoE {
       }
       return combineRankOutputs(input.tokens, hidden, shared, partials, plan.slot[s]!);
     });
-    const sent = inputs.map((_, s) =>
-      plan.slot[s]!.reduce(
-        (n, rows, d) => (d === s ? n : n + rows.reduce((k, r) => k + (r >= 0 ? 1 : 0), 0)),
-        0,
-      ),
-    );
-    return { out, stats: { received: plan.received.map((r) => r.count), sent } };
+    return { out, stats: statsOf(plan) };
   }
+
+  /** `forward` on the "cuda" backend: the inputs uploaded to each rank's GPU, `forwardDevice`, the outputs back. */
+  private forwardThroughDevices(
+    inputs: readonly RankInput[],
+    options: { shared?: boolean },
+  ): { out: Uint16Array[]; stats: ExpertParallelStats } {
+    this.plan(inputs); // checks everything before anything is uploaded
+    const buffers = this.buffers!;
+    const { hidden } = this.config;
+    const device = inputs.map((input, s) => {
+      const b = buffers[s]!;
+      const shape = [input.tokens, hidden];
+      const x = b.ownX.view(shape);
+      if (input.tokens > 0) x.copyFromHost(input.x);
+      return { x, out: b.ownOut.view(shape), tokens: input.tokens, ids: input.ids, weights: input.weights };
+    });
+    const stats = this.forwardDevice(device, options);
+    const out = device.map((d) => (d.tokens === 0 ? new Uint16Array(0) : (d.out.toHost() as Uint16Array)));
+    return { out, stats };
+  }
+
+  /**
+   * One forward with every activation on the GPUs ("cuda" backend): rank s's x and out on rank s's
+   * device, its routing on the host (see the module doc). Waits for the result.
+   */
+  forwardDevice(inputs: readonly RankDeviceInput[], options: { shared?: boolean } = {}): ExpertParallelStats {
+    if (this.disposed) throw new InputError("ExpertParallelMoE used after dispose()");
+    const buffers = this.buffers;
+    if (buffers === null) throw new InputError(`forwardDevice needs the "cuda" backend`);
+    if (inputs.length !== this.ranks) {
+      throw new InputError(`expected one input per rank (${this.ranks}), got ${inputs.length}`);
+    }
+    const { hidden } = this.config;
+    inputs.forEach((input, s) => {
+      checkDeviceInput(input, s, buffers[s]!.device, hidden, this.config.maxTokens);
+    });
+    const plan = this.planRouting(inputs);
+    const k = plan.localTopK;
+    const rowBytes = hidden * 2;
+    // Dispatch: each receiver's routing, then each source's rows straight into the receivers' buffers.
+    plan.received.forEach((rows, d) => {
+      if (rows.count === 0) return;
+      buffers[d]!.recvIds.view([rows.count, k]).copyFromHost(rows.ids);
+      buffers[d]!.recvWeights.view([rows.count, k]).copyFromHost(rows.weights);
+    });
+    inputs.forEach((input, s) => {
+      const b = buffers[s]!;
+      const index: number[] = [];
+      const runs: { d: number; first: number; rows: number; at: number }[] = [];
+      for (let d = 0; d < this.ranks; d++) {
+        const slot = plan.slot[s]![d]!;
+        const at = index.length;
+        for (let t = 0; t < input.tokens; t++) if (slot[t]! >= 0) index.push(t);
+        // A source's rows are consecutive on the receiver, from its first token's row on.
+        if (index.length > at) runs.push({ d, first: slot[index[at]!]!, rows: index.length - at, at });
+      }
+      if (index.length === 0) return;
+      b.gatherIndex.view([index.length]).copyFromHost(Int32Array.from(index));
+      for (const run of runs) {
+        const into = buffers[run.d]!.recvX.ptr + BigInt(run.first * rowBytes);
+        gatherRowsOnDevice(
+          b.device,
+          input.x.ptr,
+          b.gatherIndex.ptr + BigInt(run.at * 4),
+          into,
+          run.rows,
+          rowBytes,
+          null,
+        );
+      }
+    });
+    synchronizeAll(buffers);
+    // Experts: each rank's layer on the rows it received.
+    plan.received.forEach((rows, d) => {
+      if (rows.count === 0) return;
+      const b = buffers[d]!;
+      this.layers[d]!.forwardDevice({
+        x: b.recvX.view([rows.count, hidden]),
+        ids: b.recvIds.view([rows.count, k]),
+        weights: b.recvWeights.view([rows.count, k]),
+        out: b.partial.view([rows.count, hidden]),
+        tokens: rows.count,
+        shared: false,
+      });
+    });
+    // Each rank's shared expert on its own tokens (every routed slot masked).
+    const withShared = (options.shared ?? true) && this.config.numShared > 0;
+    if (withShared) {
+      inputs.forEach((input, s) => {
+        if (input.tokens === 0) return;
+        const b = buffers[s]!;
+        this.layers[s]!.forwardDevice({
+          x: input.x,
+          ids: b.maskedIds.view([input.tokens, k]),
+          weights: b.maskedWeights.view([input.tokens, k]),
+          out: b.shared.view([input.tokens, hidden]),
+          tokens: input.tokens,
+          shared: true,
+        });
+      });
+    }
+    for (const l of this.layers) l.checkStatus();
+    synchronizeAll(buffers);
+    // Combine: each rank reads its tokens' results where the other ranks left them.
+    inputs.forEach((input, s) => {
+      if (input.tokens === 0) return;
+      const b = buffers[s]!;
+      const slots = new Int32Array(this.ranks * input.tokens);
+      plan.slot[s]!.forEach((slot, d) => {
+        slots.set(slot, d * input.tokens);
+      });
+      b.slot.view([slots.length]).copyFromHost(slots);
+      combineRanksOnDevice(
+        b.device,
+        {
+          out: input.out.ptr,
+          shared: withShared ? b.shared.ptr : null,
+          partials: b.partialPointers.ptr,
+          slot: b.slot.ptr,
+          ranks: this.ranks,
+          tokens: input.tokens,
+          hidden,
+        },
+        null,
+      );
+    });
+    synchronizeAll(buffers);
+    return statsOf(plan);
+  }
+
+  /** planDispatch with the routing checks of `plan` (InputError). */
+  private planRouting(
+    inputs: readonly { ids: Int32Array; weights: Float32Array; tokens: number }[],
+  ): DispatchPlan {
+    const routing: RankRouting[] = inputs.map((i) => ({ ids: i.ids, weights: i.weights, tokens: i.tokens }));
+    try {
+      const plan = planDispatch(routing, this.config.numExperts, this.config.topK);
+      routing.forEach((r, s) => {
+        for (let i = 0; i < r.weights.length; i++) {
+          if (!Number.isFinite(r.weights[i]!)) {
+            throw new DispatchError(
+              `rank ${s} token ${Math.floor(i / this.config.topK)}: weight ${r.weights[i]} is not finite`,
+            );
+          }
+        }
+      });
+      return plan;
+    } catch (e) {
+      if (e instanceof DispatchError) throw new InputError(e.message);
+      throw e;
+    }
+  }
+}
+
+function checkDeviceInput(
+  input: RankDeviceInput,
+  s: number,
+  device: Device,
+  hidden: number,
+  maxTokens: number,
+): void {
+  const t = input.tokens;
+  if (!Number.isInteger(t) || t < 0 || t > maxTokens) {
+    throw new InputError(`rank ${s}: tokens must be an integer in [0, ${maxTokens}], got ${t}`);
+  }
+  for (const [what, tensor] of [
+    ["x", input.x],
+    ["out", input.out],
+  ] as const) {
+    if (tensor.device !== device) {
+      throw new InputError(
+        `rank ${s}: ${what} lives on GPU ${tensor.device.ordinal}, not on the rank's GPU ${device.ordinal}`,
+      );
+    }
+    const [rows, cols] = tensor.shape;
+    if (tensor.dtype !== "bf16" || tensor.shape.length !== 2 || rows !== t || cols !== hidden) {
+      throw new InputError(
+        `rank ${s}: ${what} must be bf16 [${t}, ${hidden}], got ${tensor.dtype} [${tensor.shape.join(", ")}]`,
+      );
+    }
+  }
+}
+
+function statsOf(plan: DispatchPlan): ExpertParallelStats {
+  const sent = plan.slot.map((bySource, s) =>
+    bySource.reduce((n, rows, d) => (d === s ? n : n + rows.reduce((k, r) => k + (r >= 0 ? 1 : 0), 0)), 0),
+  );
+  return { received: plan.received.map((r) => r.count), sent };
+}
+
+/** One rank's device buffers, sized for the most it can receive and send in one forward. */
+class RankBuffers {
+  private readonly owned: DeviceTensor[] = [];
+  readonly recvX: DeviceTensor;
+  readonly recvIds: DeviceTensor;
+  readonly recvWeights: DeviceTensor;
+  readonly partial: DeviceTensor;
+  readonly shared: DeviceTensor;
+  readonly maskedIds: DeviceTensor;
+  readonly maskedWeights: DeviceTensor;
+  readonly gatherIndex: DeviceTensor;
+  readonly slot: DeviceTensor;
+  /** uint64 [ranks] as bytes: every rank's `partial` address, for the combine. */
+  readonly partialPointers: DeviceTensor;
+  /** The host path's staging of x and out. */
+  readonly ownX: DeviceTensor;
+  readonly ownOut: DeviceTensor;
+
+  constructor(
+    readonly device: Device,
+    config: MoEConfig,
+    ranks: number,
+    received: number,
+    localTopK: number,
+  ) {
+    const { hidden, maxTokens } = config;
+    const make = (dtype: "bf16" | "int32" | "fp32" | "uint8", shape: number[]) => {
+      const t = DeviceTensor.empty(device, dtype, shape);
+      this.owned.push(t);
+      return t;
+    };
+    try {
+      this.recvX = make("bf16", [received, hidden]);
+      this.recvIds = make("int32", [received, localTopK]);
+      this.recvWeights = make("fp32", [received, localTopK]);
+      this.partial = make("bf16", [received, hidden]);
+      this.shared = make("bf16", [maxTokens, hidden]);
+      this.maskedIds = make("int32", [maxTokens, localTopK]);
+      this.maskedIds.fill(0xff); // −1 in every slot
+      this.maskedWeights = make("fp32", [maxTokens, localTopK]);
+      this.maskedWeights.fill(0);
+      this.gatherIndex = make("int32", [ranks * maxTokens]);
+      this.slot = make("int32", [ranks * maxTokens]);
+      this.partialPointers = make("uint8", [ranks * 8]);
+      this.ownX = make("bf16", [maxTokens, hidden]);
+      this.ownOut = make("bf16", [maxTokens, hidden]);
+    } catch (e) {
+      this.dispose();
+      throw e;
+    }
+  }
+
+  dispose(): void {
+    for (const t of this.owned) t.dispose();
+    this.owned.length = 0;
+  }
+}
+
+/** Every rank's buffers, each rank's GPU given peer access to every other rank's GPU. */
+function makeRankBuffers(config: MoEConfig, layers: readonly MoELayer[]): RankBuffers[] {
+  const devices = layers.map((l) => l.device!);
+  for (const a of devices) {
+    for (const b of devices) {
+      if (a === b || a.handle === b.handle) continue;
+      if (!a.canAccessPeer(b)) {
+        throw new InputError(
+          `GPU ${a.ordinal} cannot reach GPU ${b.ordinal}'s memory (no peer access): expert-parallel ranks need it`,
+        );
+      }
+      a.enablePeerAccess(b);
+    }
+  }
+  const buffers: RankBuffers[] = [];
+  try {
+    layers.forEach((l, d) => {
+      buffers.push(new RankBuffers(devices[d]!, config, layers.length, l.config.maxTokens, l.config.topK));
+    });
+    const pointers = new BigUint64Array(buffers.map((b) => b.partial.ptr));
+    for (const b of buffers) b.partialPointers.copyFromHost(new Uint8Array(pointers.buffer));
+  } catch (e) {
+    for (const b of buffers) b.dispose();
+    throw e;
+  }
+  return buffers;
+}
+
+/** Waits for every rank's GPU (each distinct device once). */
+function synchronizeAll(buffers: readonly RankBuffers[]): void {
+  for (const device of new Set(buffers.map((b) => b.device))) device.synchronize();
 }

@@ -2,15 +2,16 @@
  * Expert parallelism on a GPU: several ranks' layers on one device (the protocol: dispatch, each rank's
  * layer on the rows it received, combine), with both GPU pipelines, against the same ranks on the CPU
  * (the expert-parallel numerics, parallel/expert-parallel.ts): ‖Δ‖/‖ref‖ < 1e-2 and calc_diff < 1e-4 per
- * rank, as for one layer. Fresh random activations and routing each run; ranks with 0, 1 and odd token
- * counts, masked tokens, a hot expert.
+ * rank, as for one layer; and bit for bit against the same protocol run through the host with the same
+ * GPU layers (which checks the gather and combine kernels exactly). Fresh random activations and
+ * routing each run; ranks with 0, 1 and odd token counts, masked tokens, a hot expert.
  */
 import assert from "node:assert/strict";
 import { describe, test } from "node:test";
 import { type MoEConfig, PRESETS } from "../../src/config/config.js";
 import type { GpuPipelineKind } from "../../src/layer.js";
 import { bf16BitsToF32 } from "../../src/numerics/bf16.js";
-import { ExpertParallelMoE, type RankInput } from "../../src/parallel/expert-parallel.js";
+import { combineRankOutputs, ExpertParallelMoE, type RankInput } from "../../src/parallel/expert-parallel.js";
 import { calcDiff, relativeError } from "../../src/reference/metrics.js";
 import { randomRouting } from "../../src/reference/router.js";
 import { GeneratedWeights, generateActivations } from "../../src/weights/generate.js";
@@ -42,6 +43,34 @@ const CASES: { name: string; config: MoEConfig; ranks: number; tokens: number[] 
   },
 ];
 
+/** The protocol through the host with `ep`'s own (GPU) layers: what forwardDevice must give bit for bit. */
+function throughHost(ep: ExpertParallelMoE, batch: RankInput[]): Uint16Array[] {
+  const plan = ep.plan(batch);
+  const { hidden } = ep.config;
+  const partials = plan.received.map((rows, d) => {
+    if (rows.count === 0) return new Uint16Array(0);
+    const x = new Uint16Array(rows.count * hidden);
+    for (let r = 0; r < rows.count; r++) {
+      const t = rows.sourceToken[r]!;
+      x.set(batch[rows.sourceRank[r]!]!.x.subarray(t * hidden, (t + 1) * hidden), r * hidden);
+    }
+    return ep.layers[d]!.forward(x, rows.count, {
+      routing: { ids: rows.ids, weights: rows.weights },
+      shared: false,
+    }).out;
+  });
+  return batch.map((input, s) => {
+    if (input.tokens === 0) return new Uint16Array(0);
+    const k = ep.layers[s]!.config.topK;
+    const masked = {
+      ids: new Int32Array(input.tokens * k).fill(-1),
+      weights: new Float32Array(input.tokens * k),
+    };
+    const shared = ep.layers[s]!.forward(input.x, input.tokens, { routing: masked, shared: true }).out;
+    return combineRankOutputs(input.tokens, hidden, shared, partials, plan.slot[s]!);
+  });
+}
+
 function inputs(config: MoEConfig, tokens: number[], base: number): RankInput[] {
   return tokens.map((t, s) => {
     if (t === 0)
@@ -72,6 +101,16 @@ describe("expert-parallel layer on a GPU (every rank on device 0)", { skip: gpuS
         try {
           const { out, stats } = gpu.forward(batch);
           assert.equal(stats.received.reduce((a, b) => a + b, 0) > 0, true);
+          const exact = throughHost(gpu, batch);
+          out.forEach((o, s) => {
+            let differ = 0;
+            for (let i = 0; i < o.length; i++) if (o[i] !== exact[s]![i]) differ++;
+            assert.equal(
+              differ,
+              0,
+              `${pipeline} rank ${s}: ${differ} elements differ from the host-routed protocol`,
+            );
+          });
           out.forEach((o, s) => {
             assert.equal(o.length, c.tokens[s]! * c.config.hidden, `rank ${s} output size`);
             if (o.length === 0) return;
