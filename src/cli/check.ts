@@ -1,11 +1,14 @@
 /**
  * `megamoe check`: the FP8 reference against the FP64 ideal (what FP8 costs) and, when a GPU is used,
- * the GPU layer against both (what the GPU's accumulation order costs on top).
+ * the GPU layer against both (what the GPU's accumulation order costs on top). With `--ranks R`, also
+ * the layer split across R expert-parallel ranks (the batch's tokens dealt out in contiguous runs)
+ * against the one-device reference, on the CPU and, with a GPU, with every rank on it.
  */
 import pc from "picocolors";
 import { resolveConfigForTokens } from "../config/config.js";
 import { MoELayer } from "../layer.js";
 import { bf16BitsToF32 } from "../numerics/bf16.js";
+import { ExpertParallelMoE, type RankInput } from "../parallel/expert-parallel.js";
 import { calcDiff, relativeError } from "../reference/metrics.js";
 import { idealMoE, referenceMoE } from "../reference/moe.js";
 import { routeTokens } from "../reference/router.js";
@@ -21,6 +24,8 @@ export interface CheckOptions {
   backend: string;
   /** GPU pipeline: "fused" or "unfused" (default: the layer's). */
   pipeline?: string;
+  /** Expert-parallel ranks to check as well (1: none). */
+  ranks?: number;
   json?: boolean;
 }
 
@@ -72,12 +77,52 @@ export async function runCheck(opts: CheckOptions): Promise<void> {
       layer.dispose();
     }
   }
+  const ranks = opts.ranks ?? 1;
+  if (ranks > 1) {
+    // Rank s takes tokens [⌊sT/R⌋, ⌊(s+1)T/R⌋) with their routing.
+    const { hidden, topK } = config;
+    const inputs: RankInput[] = Array.from({ length: ranks }, (_, s) => {
+      const a = Math.floor((s * opts.tokens) / ranks);
+      const b = Math.floor(((s + 1) * opts.tokens) / ranks);
+      return {
+        x: x.subarray(a * hidden, b * hidden),
+        tokens: b - a,
+        ids: ids.subarray(a * topK, b * topK),
+        weights: w.subarray(a * topK, b * topK),
+      };
+    });
+    const joined = (outs: Uint16Array[]) =>
+      Float64Array.from(
+        outs.flatMap((o) => [...o]),
+        bf16BitsToF32,
+      );
+    const cpuEp = new ExpertParallelMoE(weights, { ranks });
+    const cpuOut = joined(cpuEp.forward(inputs, { shared: opts.shared }).out);
+    comparisons.push(compare(`${ranks} ranks (cpu) vs reference(fp8)`, cpuOut, refValues));
+    if (backend === "cuda") {
+      const gpuEp = new ExpertParallelMoE(weights, {
+        ranks,
+        backend: "cuda",
+        pipeline: gpuPipeline(opts.pipeline),
+      });
+      try {
+        const gpuOut = joined(gpuEp.forward(inputs, { shared: opts.shared }).out);
+        comparisons.push(
+          compare(`${ranks} ranks (cuda) vs ${ranks} ranks (cpu)`, gpuOut, cpuOut),
+          compare(`${ranks} ranks (cuda) vs reference(fp8)`, gpuOut, refValues),
+        );
+      } finally {
+        gpuEp.dispose();
+      }
+    }
+  }
   const result = {
     shape: config.name,
     tokens: opts.tokens,
     seed: opts.seed,
     shared: opts.shared,
     backend,
+    ranks,
     comparisons,
   };
   if (opts.json) {
@@ -85,11 +130,11 @@ export async function runCheck(opts: CheckOptions): Promise<void> {
     return;
   }
   process.stdout.write(
-    `${pc.bold("megamoe check")} ${config.name}, T=${opts.tokens}, seed ${opts.seed}, backend ${backend}\n`,
+    `${pc.bold("megamoe check")} ${config.name}, T=${opts.tokens}, seed ${opts.seed}, backend ${backend}${ranks > 1 ? `, ${ranks} expert-parallel ranks` : ""}\n`,
   );
   for (const c of comparisons) {
     process.stdout.write(
-      `  ${c.comparison.padEnd(32)} ‖a − b‖/‖b‖ ${c.relError.toExponential(3)}   calc_diff ${c.calcDiff.toExponential(3)}\n`,
+      `  ${c.comparison.padEnd(36)} ‖a − b‖/‖b‖ ${c.relError.toExponential(3)}   calc_diff ${c.calcDiff.toExponential(3)}\n`,
     );
   }
 }

@@ -66,6 +66,7 @@ program
   .option("--tokens <n>", "tokens in the batch", positiveInt("tokens"), 16)
   .option("--seed <n>", "seed of weights, inputs and routing", nonNegativeInt, 1)
   .option("--shared <0|1>", "include the shared expert", sharedFlag, true)
+  .option("--ranks <n>", "also check the layer split across n expert-parallel ranks", positiveInt("ranks"), 1)
   .option("--json", "print the result as JSON")
   .action(async (opts) => {
     await runCheck(opts);

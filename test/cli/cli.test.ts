@@ -62,6 +62,21 @@ describe("megamoe CLI", () => {
     assert.ok(c.calcDiff > 0 && c.calcDiff < 5e-3, String(c.calcDiff));
   });
 
+  it("check --ranks adds the expert-parallel layer against the one-device reference", () => {
+    const r = megamoe("check", "--tokens", "11", "--ranks", "4", "--backend", "cpu", "--json");
+    assert.equal(r.code, 0, r.stderr);
+    const result = JSON.parse(r.stdout);
+    assert.equal(result.ranks, 4);
+    const ep = result.comparisons.find(
+      (c: { comparison: string }) => c.comparison === "4 ranks (cpu) vs reference(fp8)",
+    );
+    assert.ok(ep, JSON.stringify(result.comparisons));
+    assert.ok(ep.relError > 0 && ep.relError < 1e-2 && ep.calcDiff < 1e-4, JSON.stringify(ep));
+    const uneven = megamoe("check", "--ranks", "3", "--backend", "cpu");
+    assert.notEqual(uneven.code, 0);
+    assert.match(uneven.stderr, /8 experts cannot be split evenly among 3 ranks/);
+  });
+
   it("info runs without a GPU and says why there is none", () => {
     const r = megamoe("info", "--json");
     assert.equal(r.code, 0, r.stderr);
