@@ -81,6 +81,8 @@
 #           at M = 64, 512 and 4096 in two rounds, torch's beside each (ARCHIVE=1; the whole-tile TMA epilogue
 #           is on the local branch exp-epilogue-tma, f580567, where this part ran)
 #   PART=53 the expert-parallel layer's GPU test (ranks on one device, both pipelines, against the CPU)
+#   PART=54 PART=53 and the weight generator's GPU test, then `megamoe check --ranks 8` on flash (every
+#           rank on the GPU, weights made there) and on tiny
 # ARCHIVE=1 returns everything as $OUT/all.tgz (ARCHIVE_TIMEOUT: seconds for the part, default 540).
 # Pass MEGAMOE_COMMIT: the device's copy of the tree has no current git history.
 set -uo pipefail
@@ -453,6 +455,12 @@ case "${PART:-1}" in
   for round in 1 2; do
     torch_gemm "torch-grouped-gemm-$round.json" 8
     GEMM_TILES=plan GEMM_EPILOGUE=staged,tma gemm_tiles "gemm-$round" 150
+  done
+  ;;
+54)
+  gpu_tests 240 test-expert-parallel.txt dist-test/test/gpu/expert-parallel.test.js dist-test/test/gpu/weightgen.test.js
+  for args in "--shape flash --tokens 24 --ranks 8" "--shape tiny --tokens 37 --ranks 4"; do
+    timeout 200 node dist/cli/main.js check $args --backend cuda 2>&1 | grep -vE "^[├┌└]|ETA" | tee -a "$out/check-ranks.txt"
   done
   ;;
 53) gpu_tests 240 test-expert-parallel.txt dist-test/test/gpu/expert-parallel.test.js; grep -E "rank [0-9]" "$out/test-expert-parallel.txt" | head -60 ;;

@@ -10,7 +10,6 @@ import { forwardProblem, type MoEPipeline, UnfusedPipeline } from "./pipeline/un
 import { type Routing, referenceMoE } from "./reference/moe.js";
 import { routeTokens, validateRouting } from "./reference/router.js";
 import { DeviceMoEWeights } from "./weights/device.js";
-import { GeneratedWeights } from "./weights/generate.js";
 import type { MoEWeightSource } from "./weights/types.js";
 
 export type Backend = "cpu" | "cuda";
@@ -52,12 +51,12 @@ export interface DeviceForwardArgs {
 }
 
 /**
- * The layer's weights on the device: generated there from the seed when the source is a
- * `GeneratedWeights` (bit-identical, without making every expert on the CPU first), else uploaded.
+ * The layer's weights on the device: generated there from the seed when the source is the generator's
+ * (`source.generated`: bit-identical, without making every expert on the CPU first), else uploaded.
  */
 function deviceWeightsFor(device: Device, source: MoEWeightSource): DeviceMoEWeights {
-  if (source instanceof GeneratedWeights)
-    return DeviceMoEWeights.generate(device, source.config, source.seed);
+  const g = source.generated;
+  if (g !== undefined) return DeviceMoEWeights.generate(device, source.config, g.seed, null, g.firstExpert);
   return DeviceMoEWeights.upload(device, source);
 }
 

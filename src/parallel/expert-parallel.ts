@@ -32,6 +32,7 @@ import { DispatchError, type DispatchPlan, planDispatch, type RankRouting } from
 /** One rank's share of a layer's weights: its block of routed experts, the shared expert, its gate rows. */
 export class RankWeights implements MoEWeightSource {
   readonly config: MoEConfig;
+  readonly generated?: { seed: number; firstExpert: number };
   private readonly first: number;
 
   constructor(
@@ -43,6 +44,8 @@ export class RankWeights implements MoEWeightSource {
     const c = source.config;
     const local = c.numExperts / ranks;
     this.first = rank * local;
+    const g = source.generated;
+    if (g !== undefined) this.generated = { seed: g.seed, firstExpert: g.firstExpert + this.first };
     // Rows arrive routed (the rank's layer never runs the gate, so its router is one group), with at
     // most min(k, local experts) slots of this rank's experts (dispatch.ts).
     this.config = validateConfig({

@@ -152,18 +152,20 @@ export class DeviceMoEWeights {
   /**
    * The weights `new GeneratedWeights(config, seed)` holds, made on the device bit for bit: every
    * routed expert, the shared expert, the gate weight and bias. Returns when they are complete (about
-   * 10 ms of GPU time for a flash layer on an H200, plus the first call's kernel compile).
+   * 10 ms of GPU time for a flash layer on an H200, plus the first call's kernel compile). firstExpert:
+   * routed experts and gate rows numbered from there (an expert-parallel rank's share, RankWeights).
    */
   static generate(
     device: Device,
     config: MoEConfig,
     seed: number,
     stream: Stream | null = null,
+    firstExpert = 0,
   ): DeviceMoEWeights {
     checkSeed(seed);
     const w = DeviceMoEWeights.allocate(device, config, `the generated ${config.name} layer`);
     try {
-      w.regenerate(seed, stream);
+      w.regenerate(seed, stream, firstExpert);
       (stream ?? device.nullStream).synchronize();
     } catch (e) {
       w.dispose();
@@ -176,8 +178,11 @@ export class DeviceMoEWeights {
    * Overwrites every tensor with the weights of `seed`, queued on `stream` (null: the legacy default
    * stream) without waiting: work on another stream must wait for `stream` before reading them.
    */
-  regenerate(seed: number, stream: Stream | null = null): void {
+  regenerate(seed: number, stream: Stream | null = null, firstExpert = 0): void {
     checkSeed(seed);
+    if (!Number.isInteger(firstExpert) || firstExpert < 0) {
+      throw new RangeError(`firstExpert must be a non-negative integer, got ${firstExpert}`);
+    }
     const device = this.gateWeight.device;
     const c = this.config;
     const H = c.hidden;
@@ -186,7 +191,7 @@ export class DeviceMoEWeights {
     const w1Size = 2 * I * H;
     const w1Blocks = w1Size / QUANT_BLOCK ** 2;
     for (let e = 0; e < c.numExperts; e++) {
-      const { w1, w2 } = expertMatrixSpecs(c, e);
+      const { w1, w2 } = expertMatrixSpecs(c, firstExpert + e);
       generateMatrixOnDevice(device, seed, w1, r.w1, e * w1Size, r.w1Scales, e * w1Blocks, stream);
       generateMatrixOnDevice(
         device,
@@ -205,8 +210,10 @@ export class DeviceMoEWeights {
       generateMatrixOnDevice(device, seed, w1, s.w1, 0, s.w1Scales, 0, stream);
       generateMatrixOnDevice(device, seed, w2, s.w2, 0, s.w2Scales, 0, stream);
     }
-    generateGateWeightOnDevice(device, seed, c.numExperts, H, this.gateWeight, stream);
-    if (this.gateBias !== null) generateGateBiasOnDevice(device, seed, c.numExperts, this.gateBias, stream);
+    generateGateWeightOnDevice(device, seed, c.numExperts, H, this.gateWeight, stream, firstExpert);
+    if (this.gateBias !== null) {
+      generateGateBiasOnDevice(device, seed, c.numExperts, this.gateBias, stream, firstExpert);
+    }
   }
 
   /**

@@ -199,6 +199,7 @@ export interface GeneratedWeightsOptions {
 export class GeneratedWeights implements MoEWeightSource {
   readonly config: MoEConfig;
   readonly seed: number;
+  readonly generated: { seed: number; firstExpert: number };
   private readonly experts: ExpertCache;
   private sharedWeights: ExpertWeights | null | undefined;
   private gateWeights: GateWeights | undefined;
@@ -209,6 +210,7 @@ export class GeneratedWeights implements MoEWeightSource {
     this.config = validateConfig(config);
     checkSeed(seed);
     this.seed = seed;
+    this.generated = { seed, firstExpert: 0 };
     this.experts = new ExpertCache(this.config, opts.cachedExperts ?? 4);
   }
 

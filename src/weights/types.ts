@@ -36,4 +36,9 @@ export interface MoEWeightSource {
   /** The fused shared-expert MLP (intermediate · numShared), or null when numShared is 0. */
   shared(): ExpertWeights | null;
   gate(): GateWeights;
+  /**
+   * Set when the weights are the counter-based generator's (generate.ts) for `seed`, routed experts
+   * numbered from `firstExpert` (0, or a rank's first expert): a GPU then makes them itself, bit for bit.
+   */
+  readonly generated?: { seed: number; firstExpert: number };
 }

@@ -12,6 +12,7 @@ import assert from "node:assert/strict";
 import { describe, test } from "node:test";
 import { type MoEConfig, PRESETS, sharedIntermediate } from "../../src/config/config.js";
 import type { DeviceTensor } from "../../src/cuda/index.js";
+import { RankWeights } from "../../src/parallel/expert-parallel.js";
 import {
   type DeviceExpertPair,
   DeviceMoEWeights,
@@ -173,6 +174,41 @@ describe("device weight generator on a GPU", { skip }, () => {
     } finally {
       w.dispose();
       up.dispose();
+    }
+  });
+
+  test("an expert-parallel rank's share (tiny, 4 ranks): generated on the device as uploaded from the CPU", () => {
+    const global = new GeneratedWeights(PRESETS.tiny!, seed);
+    for (let rank = 0; rank < 4; rank++) {
+      const share = new RankWeights(global, rank, 4, 16);
+      assert.deepEqual(share.generated, { seed, firstExpert: 2 * rank });
+      const made = DeviceMoEWeights.generate(
+        device(),
+        share.config,
+        seed,
+        null,
+        share.generated!.firstExpert,
+      );
+      const up = DeviceMoEWeights.upload(device(), {
+        config: share.config,
+        expert: (e) => share.expert(e),
+        shared: () => share.shared(),
+        gate: () => share.gate(),
+      });
+      try {
+        const a = allTensors(made);
+        const b = allTensors(up);
+        assert.equal(a.length, b.length);
+        for (let i = 0; i < a.length; i++) {
+          assert.ok(
+            bytesOf(a[i]!.toHost()).equals(bytesOf(b[i]!.toHost())),
+            `rank ${rank}: tensor ${i} differs`,
+          );
+        }
+      } finally {
+        made.dispose();
+        up.dispose();
+      }
     }
   });
 

@@ -42,6 +42,8 @@ const ACTIVATIONS_PER_THREAD = 8;
 /** Enough resident blocks to saturate any Hopper part; the stream kernels grid-stride past it. */
 const MAX_STREAM_BLOCKS = 4096;
 const INDEX_LIMIT = 2 ** 32;
+/** The Weyl increment between consecutive elements' hashes (weightgen.cu: kGolden). */
+const WEYL_STEP = 0x9e3779b9 | 0;
 
 interface WeightgenKernels {
   matrix: Kernel;
@@ -151,8 +153,12 @@ export function generateUniformOnDevice(
   out: DeviceTensor,
   count: number,
   stream: Stream | null,
+  firstElement = 0,
 ): void {
   checkSeed(seed);
+  if (!Number.isInteger(firstElement) || firstElement < 0 || firstElement + count > INDEX_LIMIT) {
+    throw new RangeError(`${name}: elements ${firstElement}…+${count} exceed 2^32 hash indices`);
+  }
   if (out.dtype !== "bf16" && out.dtype !== "fp32") {
     throw new Error(`${name}: output must be bf16 or fp32, got ${describeTensor(out.dtype, out.shape)}`);
   }
@@ -165,7 +171,9 @@ export function generateUniformOnDevice(
   k.uniformArgs
     .ptr(0, out.ptr)
     .u32(1, count)
-    .u32(2, tensorStream(seed, name))
+    // Element i hashes stream + i · golden (mod 2^32): starting the stream firstElement steps on
+    // makes out[i] the tensor's element firstElement + i.
+    .u32(2, (tensorStream(seed, name) + Math.imul(firstElement, WEYL_STEP)) >>> 0)
     .f32(3, Math.fround(scale))
     .i32(4, out.dtype === "bf16" ? 1 : 0);
   k.uniform.launch(streamBlocks(count), STREAM_THREADS, 0, stream, k.uniformArgs);
@@ -179,10 +187,12 @@ export function generateGateWeightOnDevice(
   hidden: number,
   weight: DeviceTensor,
   stream: Stream | null,
+  firstExpert = 0,
 ): void {
   if (weight.dtype !== "bf16") throw new Error(`gate weight must be bf16, got ${weight.dtype}`);
   const scale = gateWeightScale(hidden);
-  generateUniformOnDevice(device, seed, generatorNames.gateWeight, scale, weight, experts * hidden, stream);
+  const name = generatorNames.gateWeight;
+  generateUniformOnDevice(device, seed, name, scale, weight, experts * hidden, stream, firstExpert * hidden);
 }
 
 /** The gate correction bias fp32 [E] of `generateGate` into `bias`. */
@@ -192,9 +202,11 @@ export function generateGateBiasOnDevice(
   experts: number,
   bias: DeviceTensor,
   stream: Stream | null,
+  firstExpert = 0,
 ): void {
   if (bias.dtype !== "fp32") throw new Error(`gate bias must be fp32, got ${bias.dtype}`);
-  generateUniformOnDevice(device, seed, generatorNames.gateBias, GATE_BIAS_SCALE, bias, experts, stream);
+  const name = generatorNames.gateBias;
+  generateUniformOnDevice(device, seed, name, GATE_BIAS_SCALE, bias, experts, stream, firstExpert);
 }
 
 /**
