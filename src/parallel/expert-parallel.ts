@@ -27,7 +27,13 @@ import { combineRanksOnDevice, gatherRowsOnDevice } from "../kernels/parallel/pa
 import { type Backend, type GpuPipelineKind, InputError, MoELayer, validateInput } from "../layer.js";
 import { bf16BitsToF32, f32ToBf16Bits } from "../numerics/bf16.js";
 import type { ExpertWeights, GateWeights, MoEWeightSource } from "../weights/types.js";
-import { DispatchError, type DispatchPlan, planDispatch, type RankRouting } from "./dispatch.js";
+import {
+  DispatchError,
+  type DispatchPlan,
+  planDispatch,
+  type RankRouting,
+  type ReceivedRows,
+} from "./dispatch.js";
 
 /** One rank's share of a layer's weights: its block of routed experts, the shared expert, its gate rows. */
 export class RankWeights implements MoEWeightSource {
@@ -116,6 +122,30 @@ export interface ExpertParallelStats {
   received: number[];
   /** Rows each rank sent to other ranks (its rows for itself stay). */
   sent: number[];
+}
+
+/** The rows a rank received, bf16 [rows.count, hidden], gathered from the sources' x on the host. */
+export function gatherReceived(
+  rows: ReceivedRows,
+  inputs: readonly RankInput[],
+  hidden: number,
+): Uint16Array {
+  const x = new Uint16Array(rows.count * hidden);
+  for (let r = 0; r < rows.count; r++) {
+    const t = rows.sourceToken[r]!;
+    x.set(inputs[rows.sourceRank[r]!]!.x.subarray(t * hidden, (t + 1) * hidden), r * hidden);
+  }
+  return x;
+}
+
+/** A rank's tokens through its layer's shared expert alone (every routed slot masked), bf16 [tokens, hidden]. */
+export function sharedExpertAlone(layer: MoELayer, input: RankInput): Uint16Array {
+  const k = layer.config.topK;
+  const routing = {
+    ids: new Int32Array(input.tokens * k).fill(-1),
+    weights: new Float32Array(input.tokens * k),
+  };
+  return layer.forward(input.x, input.tokens, { routing, shared: true }).out;
 }
 
 /**
@@ -218,23 +248,7 @@ export class ExpertParallelMoE {
         throw new InputError(`rank ${s}: ${(e as Error).message}`);
       }
     });
-    const routing: RankRouting[] = inputs.map((i) => ({ ids: i.ids, weights: i.weights, tokens: i.tokens }));
-    try {
-      const plan = planDispatch(routing, this.config.numExperts, this.config.topK);
-      routing.forEach((r, s) => {
-        for (let i = 0; i < r.weights.length; i++) {
-          if (!Number.isFinite(r.weights[i]!)) {
-            throw new DispatchError(
-              `rank ${s} token ${Math.floor(i / this.config.topK)}: weight ${r.weights[i]} is not finite`,
-            );
-          }
-        }
-      });
-      return plan;
-    } catch (e) {
-      if (e instanceof DispatchError) throw new InputError(e.message);
-      throw e;
-    }
+    return this.planRouting(inputs);
   }
 
   /**
@@ -252,27 +266,15 @@ export class ExpertParallelMoE {
     // Dispatch: rank d gathers the rows it was sent, in the plan's order.
     const partials = plan.received.map((rows, d) => {
       if (rows.count === 0) return new Uint16Array(0);
-      const x = new Uint16Array(rows.count * hidden);
-      for (let r = 0; r < rows.count; r++) {
-        const from = inputs[rows.sourceRank[r]!]!.x;
-        const t = rows.sourceToken[r]!;
-        x.set(from.subarray(t * hidden, (t + 1) * hidden), r * hidden);
-      }
       const routing = { ids: rows.ids, weights: rows.weights };
+      const x = gatherReceived(rows, inputs, hidden);
       return this.layers[d]!.forward(x, rows.count, { routing, shared: false }).out;
     });
     // Combine: each rank adds its tokens' results from every rank to its own shared expert.
     const withShared = (options.shared ?? true) && this.config.numShared > 0;
     const out = inputs.map((input, s) => {
       let shared: Uint16Array | null = null;
-      if (withShared && input.tokens > 0) {
-        const k = this.layers[s]!.config.topK;
-        const masked = {
-          ids: new Int32Array(input.tokens * k).fill(-1),
-          weights: new Float32Array(input.tokens * k),
-        };
-        shared = this.layers[s]!.forward(input.x, input.tokens, { routing: masked, shared: true }).out;
-      }
+      if (withShared && input.tokens > 0) shared = sharedExpertAlone(this.layers[s]!, input);
       return combineRankOutputs(input.tokens, hidden, shared, partials, plan.slot[s]!);
     });
     return { out, stats: statsOf(plan) };

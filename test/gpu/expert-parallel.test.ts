@@ -11,7 +11,13 @@ import { describe, test } from "node:test";
 import { type MoEConfig, PRESETS } from "../../src/config/config.js";
 import type { GpuPipelineKind } from "../../src/layer.js";
 import { bf16BitsToF32 } from "../../src/numerics/bf16.js";
-import { combineRankOutputs, ExpertParallelMoE, type RankInput } from "../../src/parallel/expert-parallel.js";
+import {
+  combineRankOutputs,
+  ExpertParallelMoE,
+  gatherReceived,
+  type RankInput,
+  sharedExpertAlone,
+} from "../../src/parallel/expert-parallel.js";
 import { calcDiff, relativeError } from "../../src/reference/metrics.js";
 import { randomRouting } from "../../src/reference/router.js";
 import { GeneratedWeights, generateActivations } from "../../src/weights/generate.js";
@@ -49,24 +55,13 @@ function throughHost(ep: ExpertParallelMoE, batch: RankInput[]): Uint16Array[] {
   const { hidden } = ep.config;
   const partials = plan.received.map((rows, d) => {
     if (rows.count === 0) return new Uint16Array(0);
-    const x = new Uint16Array(rows.count * hidden);
-    for (let r = 0; r < rows.count; r++) {
-      const t = rows.sourceToken[r]!;
-      x.set(batch[rows.sourceRank[r]!]!.x.subarray(t * hidden, (t + 1) * hidden), r * hidden);
-    }
-    return ep.layers[d]!.forward(x, rows.count, {
-      routing: { ids: rows.ids, weights: rows.weights },
-      shared: false,
-    }).out;
+    const routing = { ids: rows.ids, weights: rows.weights };
+    return ep.layers[d]!.forward(gatherReceived(rows, batch, hidden), rows.count, { routing, shared: false })
+      .out;
   });
   return batch.map((input, s) => {
     if (input.tokens === 0) return new Uint16Array(0);
-    const k = ep.layers[s]!.config.topK;
-    const masked = {
-      ids: new Int32Array(input.tokens * k).fill(-1),
-      weights: new Float32Array(input.tokens * k),
-    };
-    const shared = ep.layers[s]!.forward(input.x, input.tokens, { routing: masked, shared: true }).out;
+    const shared = sharedExpertAlone(ep.layers[s]!, input);
     return combineRankOutputs(input.tokens, hidden, shared, partials, plan.slot[s]!);
   });
 }
