@@ -72,6 +72,7 @@ export {
   ExpertParallelMoE,
   type ExpertParallelOptions,
   type ExpertParallelStats,
+  type RankDeviceInput,
   type RankInput,
   RankWeights,
 } from "./parallel/expert-parallel.js";

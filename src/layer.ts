@@ -188,8 +188,9 @@ export class MoELayer {
   private disposed = false;
 
   /**
-   * backend "cuda" puts the weights on the device (generated there for a `GeneratedWeights` source,
-   * uploaded otherwise) and sizes every buffer for config.maxTokens; call `dispose()` to free them.
+   * backend "cuda" puts the weights on the device (generated there for the generator's weights, a
+   * `GeneratedWeights` or an expert-parallel rank's share of one; uploaded otherwise) and sizes every
+   * buffer for config.maxTokens; call `dispose()` to free them.
    */
   constructor(weights: MoEWeightSource, options: MoELayerOptions = {}) {
     this.config = validateConfig(weights.config);
