@@ -425,6 +425,15 @@ export class ExpertParallelMoE {
           }
         }
       });
+      plan.received.forEach((rows, d) => {
+        // Only when ranks × maxTokens passes the layers' cap can a rank be sent more than it holds.
+        const limit = this.layers[d]!.config.maxTokens;
+        if (rows.count > limit) {
+          throw new DispatchError(
+            `rank ${d} would receive ${rows.count} rows, more than its layer's ${limit} (ranks × maxTokens is capped at ${MAX_TOKENS_LIMIT})`,
+          );
+        }
+      });
       return plan;
     } catch (e) {
       if (e instanceof DispatchError) throw new InputError(e.message);

@@ -165,6 +165,21 @@ describe("expert-parallel layer on the CPU", () => {
     assert.deepEqual([...out[3]!], [...shared]);
   });
 
+  test("a rank sent more rows than its layer holds is an input error, before any expert runs", () => {
+    // 2 ranks × 65536 tokens pass the layers' cap: every token to rank 0's experts sends it 131072 rows.
+    const big = new ExpertParallelMoE(new GeneratedWeights({ ...tiny, maxTokens: 65536 }, seed), {
+      ranks: 2,
+    });
+    const tokens = 65536;
+    const x = generateActivations(seed, tokens, tiny.hidden);
+    const ids = new Int32Array(tokens * 2).map((_, i) => i % 2);
+    const input = { x, tokens, ids, weights: new Float32Array(tokens * 2).fill(1) };
+    assert.throws(
+      () => big.plan([input, input]),
+      /rank 0 would receive 131072 rows, more than its layer's 65536/,
+    );
+  });
+
   test("input errors name the rank and the problem", () => {
     const ep = new ExpertParallelMoE(weights, { ranks: 2 });
     const good = rankInputs(tiny, [2, 3], seed);
