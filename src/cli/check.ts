@@ -8,7 +8,7 @@ import pc from "picocolors";
 import { resolveConfigForTokens } from "../config/config.js";
 import { MoELayer } from "../layer.js";
 import { bf16BitsToF32 } from "../numerics/bf16.js";
-import { ExpertParallelMoE, type RankInput } from "../parallel/expert-parallel.js";
+import { ExpertParallelMoE, splitAmongRanks } from "../parallel/expert-parallel.js";
 import { calcDiff, relativeError } from "../reference/metrics.js";
 import { idealMoE, referenceMoE } from "../reference/moe.js";
 import { routeTokens } from "../reference/router.js";
@@ -79,18 +79,7 @@ export async function runCheck(opts: CheckOptions): Promise<void> {
   }
   const ranks = opts.ranks ?? 1;
   if (ranks > 1) {
-    // Rank s takes tokens [⌊sT/R⌋, ⌊(s+1)T/R⌋) with their routing.
-    const { hidden, topK } = config;
-    const inputs: RankInput[] = Array.from({ length: ranks }, (_, s) => {
-      const a = Math.floor((s * opts.tokens) / ranks);
-      const b = Math.floor(((s + 1) * opts.tokens) / ranks);
-      return {
-        x: x.subarray(a * hidden, b * hidden),
-        tokens: b - a,
-        ids: ids.subarray(a * topK, b * topK),
-        weights: w.subarray(a * topK, b * topK),
-      };
-    });
+    const inputs = splitAmongRanks(x, opts.tokens, routing, config.hidden, config.topK, ranks);
     const joined = (outs: Uint16Array[]) =>
       Float64Array.from(
         outs.flatMap((o) => [...o]),

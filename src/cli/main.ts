@@ -52,6 +52,12 @@ program
   .option("--routing <kind>", "gate (the layer's router) or random", "gate")
   .option("--weights <file>", "load weights from a safetensors file instead of generating them")
   .option("--save-weights <file>", "write the generated weights to a safetensors file first")
+  .option(
+    "--ranks <n>",
+    "split the layer across n expert-parallel ranks (the batch dealt out among them)",
+    positiveInt("ranks"),
+    1,
+  )
   .option("--json", "print the summary as JSON")
   .action(async (opts) => {
     await runLayer(opts);

@@ -1,12 +1,16 @@
-/** `megamoe run`: one layer forward on seeded random data, with a summary a person or a script reads. */
+/**
+ * `megamoe run`: one layer forward on seeded random data, with a summary a person or a script reads.
+ * With `--ranks R` the layer is split across R expert-parallel ranks, the batch dealt out among them.
+ */
 import pc from "picocolors";
 import { type MoEConfig, resolveConfigForTokens } from "../config/config.js";
 import { cudaAvailability } from "../cuda/index.js";
 import { type Backend, type GpuPipelineKind, MoELayer } from "../layer.js";
 import { bf16BitsToF32 } from "../numerics/bf16.js";
+import { ExpertParallelMoE, type ExpertParallelStats, splitAmongRanks } from "../parallel/expert-parallel.js";
 import { checksum, l2Norm } from "../reference/metrics.js";
 import type { Routing } from "../reference/moe.js";
-import { randomRouting } from "../reference/router.js";
+import { randomRouting, routeTokens } from "../reference/router.js";
 import { GeneratedWeights, generateActivations } from "../weights/generate.js";
 import { loadMoEWeights, saveMoEWeights } from "../weights/safetensors.js";
 import type { MoEWeightSource } from "../weights/types.js";
@@ -23,6 +27,8 @@ export interface RunOptions {
   routing: string;
   weights?: string;
   saveWeights?: string;
+  /** Expert-parallel ranks (1: one layer). */
+  ranks?: number;
   json?: boolean;
 }
 
@@ -61,21 +67,46 @@ export async function runLayer(opts: RunOptions): Promise<void> {
   }
   const x = generateActivations(opts.seed, opts.tokens, config.hidden);
   const routing = makeRouting(opts.routing, opts.seed, opts.tokens, config);
-  const layer = new MoELayer(weights, { backend, pipeline: gpuPipeline(opts.pipeline) });
-  const bar = progressBar(`${config.name} T=${opts.tokens} experts`);
-  let result: ReturnType<MoELayer["forward"]>;
+  const ranks = opts.ranks ?? 1;
+  let result: { out: Uint16Array; routing: Routing };
   let ms: number;
-  try {
-    const start = performance.now();
-    result = layer.forward(x, opts.tokens, {
-      routing,
-      shared: opts.shared,
-      onProgress: (d, t) => bar.update(d, t),
-    });
-    ms = performance.now() - start; // on the GPU: the first call, JIT compile included
-  } finally {
-    bar.stop();
-    layer.dispose();
+  let moved: ExpertParallelStats | null = null;
+  if (ranks > 1) {
+    // The ranks take the batch in contiguous runs, routed over every expert (by the gate on the CPU).
+    const r = routing ?? routeTokens(x, opts.tokens, weights.gate(), config);
+    const ep = new ExpertParallelMoE(weights, { ranks, backend, pipeline: gpuPipeline(opts.pipeline) });
+    try {
+      const start = performance.now();
+      const step = ep.forward(splitAmongRanks(x, opts.tokens, r, config.hidden, config.topK, ranks), {
+        shared: opts.shared,
+      });
+      ms = performance.now() - start;
+      const out = new Uint16Array(opts.tokens * config.hidden);
+      let at = 0;
+      for (const o of step.out) {
+        out.set(o, at);
+        at += o.length;
+      }
+      result = { out, routing: { ids: r.ids, weights: r.weights } };
+      moved = step.stats;
+    } finally {
+      ep.dispose();
+    }
+  } else {
+    const layer = new MoELayer(weights, { backend, pipeline: gpuPipeline(opts.pipeline) });
+    const bar = progressBar(`${config.name} T=${opts.tokens} experts`);
+    try {
+      const start = performance.now();
+      result = layer.forward(x, opts.tokens, {
+        routing,
+        shared: opts.shared,
+        onProgress: (d, t) => bar.update(d, t),
+      });
+      ms = performance.now() - start; // on the GPU: the first call, JIT compile included
+    } finally {
+      bar.stop();
+      layer.dispose();
+    }
   }
 
   const values = Float32Array.from(result.out, bf16BitsToF32);
@@ -92,6 +123,8 @@ export async function runLayer(opts: RunOptions): Promise<void> {
     seed: opts.seed,
     routing: opts.routing,
     expertsTouched: experts,
+    ranks,
+    ...(moved === null ? {} : { rowsReceived: moved.received, rowsSent: moved.sent }),
     ms: Number(ms.toFixed(1)),
     checksum: checksum(result.out),
     norm: Number(l2Norm(values).toPrecision(8)),
@@ -111,6 +144,15 @@ export async function runLayer(opts: RunOptions): Promise<void> {
   process.stdout.write(line("tokens", opts.tokens));
   process.stdout.write(line("backend", `${backend} (routing: ${opts.routing}, seed ${opts.seed})`));
   process.stdout.write(line("experts", `${experts} of ${config.numExperts} touched`));
+  if (moved !== null) {
+    process.stdout.write(
+      line(
+        "ranks",
+        `${ranks}, ${config.numExperts / ranks} experts each; rows received ${moved.received.join(" ")}`,
+      ),
+    );
+    process.stdout.write(line("", `rows sent to other ranks ${moved.sent.join(" ")}`));
+  }
   process.stdout.write(line("time", `${summary.ms} ms`));
   process.stdout.write(line("checksum", summary.checksum));
   process.stdout.write(line("norm", summary.norm));

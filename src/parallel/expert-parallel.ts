@@ -124,6 +124,30 @@ export interface ExpertParallelStats {
   sent: number[];
 }
 
+/**
+ * One batch dealt out to `ranks` ranks in contiguous runs (rank s takes tokens [⌊sT/R⌋, ⌊(s+1)T/R⌋)) with
+ * their routing: views, nothing copied. For trying a split layer on a batch made for one.
+ */
+export function splitAmongRanks(
+  x: Uint16Array,
+  tokens: number,
+  routing: { ids: Int32Array; weights: Float32Array },
+  hidden: number,
+  topK: number,
+  ranks: number,
+): RankInput[] {
+  return Array.from({ length: ranks }, (_, s) => {
+    const a = Math.floor((s * tokens) / ranks);
+    const b = Math.floor(((s + 1) * tokens) / ranks);
+    return {
+      x: x.subarray(a * hidden, b * hidden),
+      tokens: b - a,
+      ids: routing.ids.subarray(a * topK, b * topK),
+      weights: routing.weights.subarray(a * topK, b * topK),
+    };
+  });
+}
+
 /** The rows a rank received, bf16 [rows.count, hidden], gathered from the sources' x on the host. */
 export function gatherReceived(
   rows: ReceivedRows,

@@ -62,6 +62,19 @@ describe("megamoe CLI", () => {
     assert.ok(c.calcDiff > 0 && c.calcDiff < 5e-3, String(c.calcDiff));
   });
 
+  it("run --ranks splits the layer and reports the rows each rank received and sent", () => {
+    const r = megamoe("run", "--tokens", "10", "--ranks", "4", "--backend", "cpu", "--json");
+    assert.equal(r.code, 0, r.stderr);
+    const s = JSON.parse(r.stdout);
+    assert.equal(s.ranks, 4);
+    assert.equal(s.rowsReceived.length, 4);
+    // Each token reaches 1 to top-k ranks; what a rank does not keep it sends.
+    const received = s.rowsReceived.reduce((a: number, b: number) => a + b, 0);
+    assert.ok(received >= 10 && received <= 10 * s.topK, String(received));
+    assert.ok(s.rowsSent.reduce((a: number, b: number) => a + b, 0) <= received);
+    assert.match(s.checksum, /^[0-9a-f]{8}$/);
+  });
+
   it("check --ranks adds the expert-parallel layer against the one-device reference", () => {
     const r = megamoe("check", "--tokens", "11", "--ranks", "4", "--backend", "cpu", "--json");
     assert.equal(r.code, 0, r.stderr);
