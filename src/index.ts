@@ -75,6 +75,7 @@ export {
   type RankDeviceInput,
   type RankInput,
   RankWeights,
+  splitAmongRanks,
 } from "./parallel/expert-parallel.js";
 export { FusedPipeline } from "./pipeline/fused.js";
 export { type MoEPipeline, type UnfusedForward, UnfusedPipeline } from "./pipeline/unfused.js";
