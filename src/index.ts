@@ -72,6 +72,7 @@ export {
   ExpertParallelMoE,
   type ExpertParallelOptions,
   type ExpertParallelStats,
+  joinRankOutputs,
   type RankDeviceInput,
   type RankInput,
   RankWeights,

@@ -8,7 +8,7 @@ import pc from "picocolors";
 import { resolveConfigForTokens } from "../config/config.js";
 import { MoELayer } from "../layer.js";
 import { bf16BitsToF32 } from "../numerics/bf16.js";
-import { ExpertParallelMoE, splitAmongRanks } from "../parallel/expert-parallel.js";
+import { ExpertParallelMoE, joinRankOutputs, splitAmongRanks } from "../parallel/expert-parallel.js";
 import { calcDiff, relativeError } from "../reference/metrics.js";
 import { idealMoE, referenceMoE } from "../reference/moe.js";
 import { routeTokens } from "../reference/router.js";
@@ -80,11 +80,7 @@ export async function runCheck(opts: CheckOptions): Promise<void> {
   const ranks = opts.ranks ?? 1;
   if (ranks > 1) {
     const inputs = splitAmongRanks(x, opts.tokens, routing, config.hidden, config.topK, ranks);
-    const joined = (outs: Uint16Array[]) =>
-      Float64Array.from(
-        outs.flatMap((o) => [...o]),
-        bf16BitsToF32,
-      );
+    const joined = (outs: Uint16Array[]) => Float64Array.from(joinRankOutputs(outs), bf16BitsToF32);
     const cpuEp = new ExpertParallelMoE(weights, { ranks });
     const cpuOut = joined(cpuEp.forward(inputs, { shared: opts.shared }).out);
     comparisons.push(compare(`${ranks} ranks (cpu) vs reference(fp8)`, cpuOut, refValues));

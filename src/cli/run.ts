@@ -7,7 +7,12 @@ import { type MoEConfig, resolveConfigForTokens } from "../config/config.js";
 import { cudaAvailability } from "../cuda/index.js";
 import { type Backend, type GpuPipelineKind, MoELayer } from "../layer.js";
 import { bf16BitsToF32 } from "../numerics/bf16.js";
-import { ExpertParallelMoE, type ExpertParallelStats, splitAmongRanks } from "../parallel/expert-parallel.js";
+import {
+  ExpertParallelMoE,
+  type ExpertParallelStats,
+  joinRankOutputs,
+  splitAmongRanks,
+} from "../parallel/expert-parallel.js";
 import { checksum, l2Norm } from "../reference/metrics.js";
 import type { Routing } from "../reference/moe.js";
 import { randomRouting, routeTokens } from "../reference/router.js";
@@ -81,13 +86,7 @@ export async function runLayer(opts: RunOptions): Promise<void> {
         shared: opts.shared,
       });
       ms = performance.now() - start;
-      const out = new Uint16Array(opts.tokens * config.hidden);
-      let at = 0;
-      for (const o of step.out) {
-        out.set(o, at);
-        at += o.length;
-      }
-      result = { out, routing: { ids: r.ids, weights: r.weights } };
+      result = { out: joinRankOutputs(step.out), routing: { ids: r.ids, weights: r.weights } };
       moved = step.stats;
     } finally {
       ep.dispose();

@@ -148,6 +148,17 @@ export function splitAmongRanks(
   });
 }
 
+/** The ranks' outputs one after another: the batch `splitAmongRanks` dealt out, back in one piece. */
+export function joinRankOutputs(outs: readonly Uint16Array[]): Uint16Array {
+  const joined = new Uint16Array(outs.reduce((n, o) => n + o.length, 0));
+  let at = 0;
+  for (const o of outs) {
+    joined.set(o, at);
+    at += o.length;
+  }
+  return joined;
+}
+
 /** The rows a rank received, bf16 [rows.count, hidden], gathered from the sources' x on the host. */
 export function gatherReceived(
   rows: ReceivedRows,
