@@ -22,10 +22,11 @@
  * dispatch. Several ranks may share one GPU: that runs the same protocol, which is how it is tested.
  */
 import { MAX_TOKENS_LIMIT, type MoEConfig, validateConfig } from "../config/config.js";
-import { type Device, DeviceTensor } from "../cuda/index.js";
+import { type Device, DeviceTensor, expectOperand } from "../cuda/index.js";
 import { combineRanksOnDevice, gatherRowsOnDevice } from "../kernels/parallel/parallel.js";
 import { type Backend, type GpuPipelineKind, InputError, MoELayer, validateInput } from "../layer.js";
 import { bf16BitsToF32, f32ToBf16Bits } from "../numerics/bf16.js";
+import { validateRouting } from "../reference/router.js";
 import type { ExpertWeights, GateWeights, MoEWeightSource } from "../weights/types.js";
 import {
   DispatchError,
@@ -240,11 +241,8 @@ export class ExpertParallelMoE {
     try {
       for (let d = 0; d < ranks; d++) {
         const weights = new RankWeights(source, d, ranks, received);
-        layers.push(
-          options.backend === "cuda"
-            ? new MoELayer(weights, { backend: "cuda", device: deviceOf(d), pipeline: options.pipeline })
-            : new MoELayer(weights, { backend: options.backend, pipeline: options.pipeline }),
-        );
+        const device = options.backend === "cuda" ? deviceOf(d) : undefined;
+        layers.push(new MoELayer(weights, { backend: options.backend, device, pipeline: options.pipeline }));
       }
     } catch (e) {
       for (const l of layers) l.dispose();
@@ -320,7 +318,7 @@ export class ExpertParallelMoE {
     inputs: readonly RankInput[],
     options: { shared?: boolean },
   ): { out: Uint16Array[]; stats: ExpertParallelStats } {
-    this.plan(inputs); // checks everything before anything is uploaded
+    const plan = this.plan(inputs); // checks everything before anything is uploaded
     const buffers = this.buffers!;
     const { hidden } = this.config;
     const device = inputs.map((input, s) => {
@@ -330,7 +328,7 @@ export class ExpertParallelMoE {
       if (input.tokens > 0) x.copyFromHost(input.x);
       return { x, out: b.ownOut.view(shape), tokens: input.tokens, ids: input.ids, weights: input.weights };
     });
-    const stats = this.forwardDevice(device, options);
+    const stats = this.runOnDevices(device, plan, options);
     const out = device.map((d) => (d.tokens === 0 ? new Uint16Array(0) : (d.out.toHost() as Uint16Array)));
     return { out, stats };
   }
@@ -346,11 +344,20 @@ export class ExpertParallelMoE {
     if (inputs.length !== this.ranks) {
       throw new InputError(`expected one input per rank (${this.ranks}), got ${inputs.length}`);
     }
-    const { hidden } = this.config;
     inputs.forEach((input, s) => {
-      checkDeviceInput(input, s, buffers[s]!.device, hidden, this.config.maxTokens);
+      checkDeviceInput(input, s, buffers[s]!.device, this.config);
     });
-    const plan = this.planRouting(inputs);
+    return this.runOnDevices(inputs, this.planRouting(inputs), options);
+  }
+
+  /** forwardDevice's work on checked inputs and their plan. */
+  private runOnDevices(
+    inputs: readonly RankDeviceInput[],
+    plan: DispatchPlan,
+    options: { shared?: boolean },
+  ): ExpertParallelStats {
+    const buffers = this.buffers!;
+    const { hidden } = this.config;
     const k = plan.localTopK;
     const rowBytes = hidden * 2;
     // Dispatch: each receiver's routing, then each source's rows straight into the receivers' buffers.
@@ -415,8 +422,7 @@ export class ExpertParallelMoE {
         });
       });
     }
-    for (const l of this.layers) l.checkStatus();
-    synchronizeAll(buffers);
+    for (const l of this.layers) l.checkStatus(); // waits for each rank's device
     // Combine: each rank reads its tokens' results where the other ranks left them.
     inputs.forEach((input, s) => {
       if (input.tokens === 0) return;
@@ -451,13 +457,12 @@ export class ExpertParallelMoE {
     const routing: RankRouting[] = inputs.map((i) => ({ ids: i.ids, weights: i.weights, tokens: i.tokens }));
     try {
       const plan = planDispatch(routing, this.config.numExperts, this.config.topK);
+      // The ids are in range (planDispatch); the rest of the one-device layer's routing checks.
       routing.forEach((r, s) => {
-        for (let i = 0; i < r.weights.length; i++) {
-          if (!Number.isFinite(r.weights[i]!)) {
-            throw new DispatchError(
-              `rank ${s} token ${Math.floor(i / this.config.topK)}: weight ${r.weights[i]} is not finite`,
-            );
-          }
+        try {
+          validateRouting(r.ids, r.weights, r.tokens, this.config);
+        } catch (e) {
+          throw new DispatchError(`rank ${s}: ${(e as Error).message}`);
         }
       });
       plan.received.forEach((rows, d) => {
@@ -477,32 +482,16 @@ export class ExpertParallelMoE {
   }
 }
 
-function checkDeviceInput(
-  input: RankDeviceInput,
-  s: number,
-  device: Device,
-  hidden: number,
-  maxTokens: number,
-): void {
+function checkDeviceInput(input: RankDeviceInput, s: number, device: Device, config: MoEConfig): void {
   const t = input.tokens;
-  if (!Number.isInteger(t) || t < 0 || t > maxTokens) {
-    throw new InputError(`rank ${s}: tokens must be an integer in [0, ${maxTokens}], got ${t}`);
+  if (!Number.isInteger(t) || t < 0 || t > config.maxTokens) {
+    throw new InputError(`rank ${s}: tokens must be an integer in [0, ${config.maxTokens}], got ${t}`);
   }
-  for (const [what, tensor] of [
-    ["x", input.x],
-    ["out", input.out],
-  ] as const) {
-    if (tensor.device !== device) {
-      throw new InputError(
-        `rank ${s}: ${what} lives on GPU ${tensor.device.ordinal}, not on the rank's GPU ${device.ordinal}`,
-      );
-    }
-    const [rows, cols] = tensor.shape;
-    if (tensor.dtype !== "bf16" || tensor.shape.length !== 2 || rows !== t || cols !== hidden) {
-      throw new InputError(
-        `rank ${s}: ${what} must be bf16 [${t}, ${hidden}], got ${tensor.dtype} [${tensor.shape.join(", ")}]`,
-      );
-    }
+  try {
+    expectOperand("forwardDevice", "x", input.x, "bf16", [t, config.hidden], device);
+    expectOperand("forwardDevice", "out", input.out, "bf16", [t, config.hidden], device);
+  } catch (e) {
+    throw new InputError(`rank ${s}: ${(e as Error).message}`);
   }
 }
 
