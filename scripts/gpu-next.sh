@@ -83,6 +83,8 @@
 #   PART=53 the expert-parallel layer's GPU test (ranks on one device, both pipelines, against the CPU)
 #   PART=54 PART=53 and the weight generator's GPU test, then `megamoe check --ranks 8` on flash (every
 #           rank on the GPU, weights made there) and on tiny
+#   PART=55 A from registers (GEMM_A_FROM_REGISTERS=1): the grouped GEMM's tests with it, then m128n256 and
+#           m64n256 with and without it beside torch._scaled_grouped_mm in 2 rounds (ARCHIVE=1)
 # ARCHIVE=1 returns everything as $OUT/all.tgz (ARCHIVE_TIMEOUT: seconds for the part, default 540).
 # Pass MEGAMOE_COMMIT: the device's copy of the tree has no current git history.
 set -uo pipefail
@@ -461,6 +463,18 @@ case "${PART:-1}" in
   gpu_tests 240 test-expert-parallel.txt dist-test/test/gpu/expert-parallel.test.js dist-test/test/gpu/weightgen.test.js
   for args in "--shape flash --tokens 8 --ranks 8" "--shape tiny --tokens 37 --ranks 4"; do
     timeout 240 node dist/cli/main.js check $args --backend cuda 2>&1 | grep -vE "^[├┌└]|ETA" | tee -a "$out/check-ranks.txt"
+  done
+  ;;
+55)
+  MEGAMOE_JIT_DEFINES=GEMM_A_FROM_REGISTERS=1 gpu_tests 200 test-grouped-gemm-a-registers.txt \
+    dist-test/test/gpu/grouped-gemm.test.js
+  passed test-grouped-gemm-a-registers.txt || { grep -A14 "✖" "$out/test-grouped-gemm-a-registers.txt" | head -60; exit 1; }
+  for round in 1 2; do
+    torch_gemm "torch-grouped-gemm-$round.json" 8
+    for v in - GEMM_A_FROM_REGISTERS=1; do
+      tag=${v//[^A-Za-z0-9]/_}
+      MEGAMOE_JIT_DEFINES=${v#-} GEMM_TILES=m128n256,m64n256 GEMM_M=${GEMM_M:-64,512,4096} gemm_tiles "gemm-$tag-$round" 150
+    done
   done
   ;;
 53) gpu_tests 240 test-expert-parallel.txt dist-test/test/gpu/expert-parallel.test.js; grep -E "rank [0-9]" "$out/test-expert-parallel.txt" | head -60 ;;

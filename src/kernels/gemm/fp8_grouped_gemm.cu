@@ -75,6 +75,12 @@
 #ifndef GEMM_WATCHDOG_NS
 #define GEMM_WATCHDOG_NS 2000000000ull
 #endif
+// 1: a math warpgroup whose rows meet several wgmma chunks loads its A rows into registers once per K
+// block (ldmatrix) and every chunk's wgmmas read only B from shared memory; 0: each chunk's wgmmas read
+// A from shared memory again.
+#ifndef GEMM_A_FROM_REGISTERS
+#define GEMM_A_FROM_REGISTERS 0
+#endif
 #ifndef GEMM_DIAG_SKIP_MMA
 #define GEMM_DIAG_SKIP_MMA 0
 #endif
@@ -152,11 +158,19 @@ constexpr int kSwRows = (kBlockN + kQuantBlock - 1) / kQuantBlock;
 constexpr int kSwPerTile = kSwRows * kKBlocks;
 constexpr int kSwPerThread = (kSwPerTile + kMathThreads - 1) / kMathThreads;
 
+// Shared memory is the mainloop's busiest resource: per K block an m128n256 tile's wgmmas read 96 KB
+// (each warpgroup reads its 8 KB of A once per n128 chunk, and all 32 KB of B) while TMA writes 48 KB.
+// With A in registers (loaded once per warpgroup by ldmatrix) the two read 80 KB.
+constexpr bool kAFromRegisters =
+    GEMM_A_FROM_REGISTERS != 0 && !kPipelined && kWavesM == 1 && kChunksN > 1 && kMmaN == 128;
+
 // Registers: with three warpgroups the entry cap is 65536 / 384 → 168; the producer gives most of its
 // share to the math warpgroups (2 · 128 · 232 + 128 · 40 = 64512 ≤ 65536). Two warpgroups fit 255 each.
 constexpr bool kReconfigureRegisters = kMathWarpgroups == 2 && GEMM_SETMAXNREG != 0;
-constexpr int kProducerRegisters = 40;
-constexpr int kMathRegisters = 232;
+// With A in registers the math threads need 16 more (240 leave no spill; 232 spill): the producer's
+// single TMA thread fits in setmaxnreg's minimum, 24 (2 · 128 · 240 + 128 · 24 = 64512).
+constexpr int kProducerRegisters = kAFromRegisters ? 24 : 40;
+constexpr int kMathRegisters = kAFromRegisters ? 240 : 232;
 
 // ---------------------------------------------------------------------------------------------------
 // Shared memory layout (byte offsets from a 1024-aligned base; grouped_gemm.ts mirrors this formula)
@@ -496,6 +510,25 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
 
         const unsigned a_stage = a_smem + stage * kATileBytes;
         const unsigned b_stage = b_smem + stage * kBTileBytes;
+        if constexpr (kAFromRegisters) {
+          if (wave_active[0]) {
+            unsigned a_frag[4][4];
+#pragma unroll
+            for (int k = 0; k < 4; ++k) ldmatrix_a_k32(a_frag[k], a_stage, warp_in_wg * 16, k, lane);
+#pragma unroll
+            for (int c = 0; c < kChunksN; ++c) {
+              if constexpr (GEMM_DIAG_SKIP_MMA != 0) {
+#pragma unroll
+                for (int i = 0; i < kAccum; ++i) partial[i] = 0.0f;
+              } else {
+                wgmma_issue_k128_rs(partial, a_frag, b_stage + c * kMmaN * kBlockK);
+                wgmma_wait<0>();
+                fence_registers(partial);
+              }
+              promote_block(promoted[0][c], partial, sa_lo[0] * sw[c], sa_hi[0] * sw[c]);
+            }
+          }
+        } else {
 #pragma unroll
         for (int w = 0; w < kWavesM; ++w) {
           if (!wave_active[w]) continue;  // every row of this wave lies past the group: nothing to store
@@ -509,6 +542,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
             }
             promote_block(promoted[w][c], partial, sa_lo[w] * sw[c], sa_hi[w] * sw[c]);
           }
+        }
         }
         // This warp's wgmmas have completed (wait_group 0), so its reads of the stage are done.
         if (lane == 0) mbar_arrive(empty_bar + 8 * stage);
