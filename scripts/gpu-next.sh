@@ -85,6 +85,8 @@
 #           rank on the GPU, weights made there) and on tiny
 #   PART=55 A from registers (GEMM_A_FROM_REGISTERS=1): the grouped GEMM's tests with it, then m128n256 and
 #           m64n256 with and without it beside torch._scaled_grouped_mm in 2 rounds (ARCHIVE=1)
+#   PART=56 how the two math warpgroups keep pace (GEMM_WG_SCHEDULE 1, 2, and 2 with A from registers): the
+#           grouped GEMM's tests with each, then each beside the plain kernel and torch in 2 rounds (ARCHIVE=1)
 # ARCHIVE=1 returns everything as $OUT/all.tgz (ARCHIVE_TIMEOUT: seconds for the part, default 540).
 # Pass MEGAMOE_COMMIT: the device's copy of the tree has no current git history.
 set -uo pipefail
@@ -474,6 +476,20 @@ case "${PART:-1}" in
     for v in - GEMM_A_FROM_REGISTERS=1; do
       tag=${v//[^A-Za-z0-9]/_}
       MEGAMOE_JIT_DEFINES=${v#-} GEMM_TILES=m128n256,m64n256 GEMM_M=${GEMM_M:-64,512,4096} gemm_tiles "gemm-$tag-$round" 150
+    done
+  done
+  ;;
+56)
+  variants="GEMM_WG_SCHEDULE=1 GEMM_WG_SCHEDULE=2 GEMM_WG_SCHEDULE=2,GEMM_A_FROM_REGISTERS=1"
+  for v in $variants; do
+    tag=${v//[^A-Za-z0-9]/_}
+    MEGAMOE_JIT_DEFINES=$v gpu_tests 200 "test-grouped-gemm-$tag.txt" dist-test/test/gpu/grouped-gemm.test.js
+  done
+  for round in 1 2; do
+    torch_gemm "torch-grouped-gemm-$round.json" 8
+    for v in - $variants; do
+      tag=${v//[^A-Za-z0-9]/_}
+      MEGAMOE_JIT_DEFINES=${v#-} GEMM_TILES=m128n256,m128n128 GEMM_M=${GEMM_M:-64,512,4096} gemm_tiles "gemm-$tag-$round" 150
     done
   done
   ;;

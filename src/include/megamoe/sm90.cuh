@@ -94,6 +94,12 @@ __device__ __forceinline__ void named_barrier_sync(unsigned id, unsigned threads
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
+// Counts this thread's arrival at named barrier `id` without waiting (the waiting side calls
+// named_barrier_sync with the same thread count).
+__device__ __forceinline__ void named_barrier_arrive(unsigned id, unsigned threads) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
 template <int kRegisters>
 __device__ __forceinline__ void registers_increase() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kRegisters));

@@ -81,6 +81,13 @@
 #ifndef GEMM_A_FROM_REGISTERS
 #define GEMM_A_FROM_REGISTERS 0
 #endif
+// How two math warpgroups keep pace. 0: every tile starts with a barrier of both (they share the tile's
+// weight scales). 1: each warpgroup stages its own weight scales and waits only for itself. 2: as 1, and
+// they take turns on the tensor cores: a warpgroup issues a chunk's wgmmas only after the other issued its
+// previous one, so one's promotion overlaps the other's wgmmas instead of both promoting at once.
+#ifndef GEMM_WG_SCHEDULE
+#define GEMM_WG_SCHEDULE 0
+#endif
 #ifndef GEMM_DIAG_SKIP_MMA
 #define GEMM_DIAG_SKIP_MMA 0
 #endif
@@ -156,7 +163,14 @@ constexpr bool kPipelined =
 // Weight scales of one tile: kSwRows rows of kKBlocks values (a 256-wide tile spans two 128-row blocks).
 constexpr int kSwRows = (kBlockN + kQuantBlock - 1) / kQuantBlock;
 constexpr int kSwPerTile = kSwRows * kKBlocks;
-constexpr int kSwPerThread = (kSwPerTile + kMathThreads - 1) / kMathThreads;
+constexpr bool kOwnWeightScales = GEMM_WG_SCHEDULE >= 1 && kMathWarpgroups == 2;
+constexpr bool kTakeTurns = GEMM_WG_SCHEDULE >= 2 && kMathWarpgroups == 2;
+constexpr int kScaleThreads = kOwnWeightScales ? 128 : kMathThreads;  // the threads staging one copy
+constexpr int kSwPerThread = (kSwPerTile + kScaleThreads - 1) / kScaleThreads;
+// Named barriers: 1 all math threads, 2 + w warpgroup w alone, 4 + w warpgroup w's turn to issue.
+constexpr unsigned kBarrierMath = 1;
+constexpr unsigned kBarrierWarpgroup = 2;
+constexpr unsigned kBarrierTurn = 4;
 
 // Shared memory is the mainloop's busiest resource: per K block an m128n256 tile's wgmmas read 96 KB
 // (each warpgroup reads its 8 KB of A once per n128 chunk, and all 32 KB of B) while TMA writes 48 KB.
@@ -189,7 +203,7 @@ constexpr unsigned kOffA = 0;
 constexpr unsigned kOffB = kOffA + kStages * kATileBytes;
 constexpr unsigned kOffSa = kOffB + kStages * kBTileBytes;
 constexpr unsigned kOffSw = kOffSa + kStages * kSaStride;
-constexpr unsigned kOffFull = align_up(kOffSw + 2 * kSwPerTile * 4, 8);
+constexpr unsigned kOffFull = align_up(kOffSw + 2 * kMathWarpgroups * kSwPerTile * 4, 8);  // 2 per warpgroup
 constexpr unsigned kOffEmpty = kOffFull + 8 * kStages;
 constexpr unsigned kOffGroups = kOffEmpty + 8 * kStages;  // GroupRows[kGroups]
 constexpr unsigned kOffPrefix = kOffGroups + 8 * kGroups;  // int[kGroups + 1]: first tile of each group
@@ -382,7 +396,9 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
   const unsigned a_smem = base + kOffA + wg_row0 * kBlockK;
   const unsigned b_smem = base + kOffB + wg_col0 * kBlockK;
   const unsigned sa_smem = base + kOffSa + (wg_row0 + frag_row) * 4;
-  const unsigned sw_smem = base + kOffSw;  // two buffers of kSwPerTile floats, alternating per tile
+  // Two buffers of kSwPerTile floats, alternating per tile (per warpgroup with kOwnWeightScales).
+  const unsigned sw_smem = base + kOffSw + (kOwnWeightScales ? warpgroup * 2 * kSwPerTile * 4 : 0);
+  const int scale_thread = kOwnWeightScales ? (math_thread & 127) : math_thread;
   const unsigned staging = base + kOffStaging + static_cast<unsigned>(math_thread / 32) * kStagingWarpBytes;
 
   // Weight scales of the next tile travel through registers while the current tile runs.
@@ -392,7 +408,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
                                       kKBlocks;
 #pragma unroll
     for (int i = 0; i < kSwPerThread; ++i) {
-      const int idx = math_thread + i * kMathThreads;
+      const int idx = scale_thread + i * kScaleThreads;
       // Rows are contiguous in sw ([G, N/128, K/128]), so the tile's kSwRows rows are one run.
       sw_prefetch[i] = idx < kSwPerTile ? load_scale(src + idx) : 0.0f;
     }
@@ -400,7 +416,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
   auto store_weight_scales = [&](int buffer) {
 #pragma unroll
     for (int i = 0; i < kSwPerThread; ++i) {
-      const int idx = math_thread + i * kMathThreads;
+      const int idx = scale_thread + i * kScaleThreads;
       if (idx < kSwPerTile) store_shared_f32(sw_smem + (buffer * kSwPerTile + idx) * 4, sw_prefetch[i]);
     }
   };
@@ -417,6 +433,16 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
     store_weight_scales(0);
   }
 
+  // Turns on the tensor cores (kTakeTurns): warpgroup w waits at barrier kBarrierTurn + w, then lets the
+  // other go once its wgmmas are issued. Warpgroup 0 takes the first turn without waiting.
+  bool first_turn = warpgroup == 0;
+  const auto begin_turn = [&] {
+    if (!first_turn) named_barrier_sync(kBarrierTurn + warpgroup, kMathThreads);
+    first_turn = false;
+  };
+  const auto end_turn = [&] { named_barrier_arrive(kBarrierTurn + (warpgroup ^ 1), kMathThreads); };
+  static_assert(!kTakeTurns || (kWavesM == 1 && !kPipelined), "turns are taken per chunk of one wave");
+
   float promoted[kWavesM][kChunksN][kAccum];
   float partial[kAccum];
   float partial_next[kAccum];  // the odd K blocks' partial, when pipelined (unused otherwise)
@@ -424,7 +450,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
   for (int local_tile = 0; tile < total_tiles; ++local_tile) {
     // Makes this tile's weight scales visible, and guarantees every math thread is done reading the
     // buffer that the prefetch below will overwrite (it served the previous tile).
-    named_barrier_sync(1, kMathThreads);
+    if constexpr (kOwnWeightScales) named_barrier_sync(kBarrierWarpgroup + warpgroup, 128);
+    else named_barrier_sync(kBarrierMath, kMathThreads);
     const int next_tile = tile + static_cast<int>(gridDim.x);
     Tile next{};
     if (next_tile < total_tiles) {
@@ -510,7 +537,31 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
 
         const unsigned a_stage = a_smem + stage * kATileBytes;
         const unsigned b_stage = b_smem + stage * kBTileBytes;
-        if constexpr (kAFromRegisters) {
+        if constexpr (kTakeTurns) {
+          // Every chunk's wgmmas are issued, even for rows past the group (never stored): the turns must
+          // pair up, and a branch around a wgmma group in flight would serialize every wgmma.
+          unsigned a_frag[4][4];
+          if constexpr (kAFromRegisters) {
+#pragma unroll
+            for (int k = 0; k < 4; ++k) ldmatrix_a_k32(a_frag[k], a_stage, warp_in_wg * 16, k, lane);
+          }
+#pragma unroll
+          for (int c = 0; c < kChunksN; ++c) {
+            begin_turn();
+            if constexpr (GEMM_DIAG_SKIP_MMA != 0) {
+#pragma unroll
+              for (int i = 0; i < kAccum; ++i) partial[i] = 0.0f;
+            } else if constexpr (kAFromRegisters) {
+              wgmma_issue_k128_rs(partial, a_frag, b_stage + c * kMmaN * kBlockK);
+            } else {
+              wgmma_issue_k128(partial, a_stage, b_stage + c * kMmaN * kBlockK);
+            }
+            end_turn();
+            wgmma_wait<0>();
+            fence_registers(partial);
+            promote_block(promoted[0][c], partial, sa_lo[0] * sw[c], sa_hi[0] * sw[c]);
+          }
+        } else if constexpr (kAFromRegisters) {
           if (wave_active[0]) {
             unsigned a_frag[4][4];
 #pragma unroll
@@ -611,6 +662,11 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
 
     current = next;
     tile = next_tile;
+  }
+  // Warpgroup 1's last turn ended with an arrive for warpgroup 0: take it, so that no barrier is left
+  // half-completed at exit.
+  if constexpr (kTakeTurns) {
+    if (warpgroup == 0 && !first_turn) named_barrier_sync(kBarrierTurn, kMathThreads);
   }
 }
 

@@ -68,7 +68,8 @@ export function gemmSharedBytes(tile: GemmTile, stages: number, k: number, group
   const bTile = tile.blockN * GEMM_BLOCK_K;
   const saStride = aScaleStageBytes(tile.blockM);
   const offSw = stages * (aTile + bTile + saStride);
-  const offFull = alignUp(offSw + 2 * swRows * kBlocks * 4, 8);
+  // Weight scales: two buffers (alternating per tile) per math warpgroup.
+  const offFull = alignUp(offSw + 2 * tile.mathWarpgroups * swRows * kBlocks * 4, 8);
   const offGroups = offFull + 16 * stages;
   const offStaging = alignUp(offGroups + 8 * groups + 4 * (groups + 1), 16);
   // One staging area per math warp, sized for the wider (fp32) pitch.
