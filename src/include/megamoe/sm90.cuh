@@ -249,50 +249,6 @@ __device__ __forceinline__ void wgmma_e4m3(float (&d)[128], unsigned long long d
       : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
 
-// The same D[64 × 128] (+)= A · Bᵀ with A from registers: `a` is the warp's 16 rows × 32 bytes in the
-// mma.m16n8k32 A layout (lane l: a[0] row l/4, bytes 4·(l%4)..+3; a[1] eight rows below; a[2], a[3] the
-// same 16 bytes further along k), which is what ldmatrix_a_k32 loads. Only B is read from shared memory.
-__device__ __forceinline__ void wgmma_e4m3_rs(float (&d)[64], const unsigned (&a)[4], unsigned long long desc_b,
-                                              int accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\n"
-      "setp.ne.b32 p, %69, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
-      "{"
-      "%0, %1, %2, %3, %4, %5, %6, %7, "
-      "%8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, "
-      "%24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, "
-      "%40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, "
-      "%56, %57, %58, %59, %60, %61, %62, %63 "
-      "}, {%64, %65, %66, %67}, %68, p, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
-}
-
-// The warp's A fragment of one k32 step (see wgmma_e4m3_rs) from a 128-byte-swizzled K-major e4m3 tile
-// at `tile` (1024-aligned; rows of 128 bytes, 16-byte piece j of row r stored at piece j ^ (r % 8)).
-// ldmatrix's four 8 × 8 b16 matrices are the four registers' 8 × 16-byte blocks, and each lane's share
-// of a b16 matrix (row l/4, bytes 4·(l%4)..+3) is exactly the fragment's.
-__device__ __forceinline__ void ldmatrix_a_k32(unsigned (&a)[4], unsigned tile, int warp_row0, int k_step, int lane) {
-  const int row = warp_row0 + (lane & 7) + 8 * ((lane >> 3) & 1);  // matrices 1 and 3: rows 8..15
-  const int piece = 2 * k_step + (lane >> 4);                       // matrices 2 and 3: bytes 16..31
-  const unsigned address = tile + static_cast<unsigned>(row) * 128u + (static_cast<unsigned>(piece ^ (row & 7)) << 4);
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
-               : "r"(address)
-               : "memory");
-}
-
 // Waits until at most kPending committed wgmma groups of this warpgroup are still running.
 template <int kPending>
 __device__ __forceinline__ void wgmma_wait() {
@@ -313,16 +269,6 @@ __device__ __forceinline__ void wgmma_issue_k128(float (&partial)[kCount], unsig
     // Within a 128-byte swizzled row, the k-th 32-byte slice starts 32·k bytes further.
     wgmma_e4m3(partial, smem_descriptor(a + k * 32), smem_descriptor(b + k * 32), k > 0 ? 1 : 0);
   }
-  wgmma_commit();
-}
-
-// One 128-deep K block with A from registers (`a[k]`: the k32 steps' fragments, ldmatrix_a_k32), issued
-// and not waited for, like wgmma_issue_k128.
-__device__ __forceinline__ void wgmma_issue_k128_rs(float (&partial)[64], const unsigned (&a)[4][4], unsigned b) {
-  fence_registers(partial);
-  wgmma_fence();
-#pragma unroll
-  for (int k = 0; k < 4; ++k) wgmma_e4m3_rs(partial, a[k], smem_descriptor(b + k * 32), k > 0 ? 1 : 0);
   wgmma_commit();
 }
 

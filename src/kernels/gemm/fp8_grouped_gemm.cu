@@ -75,12 +75,6 @@
 #ifndef GEMM_WATCHDOG_NS
 #define GEMM_WATCHDOG_NS 2000000000ull
 #endif
-// 1: a math warpgroup whose rows meet several wgmma chunks loads its A rows into registers once per K
-// block (ldmatrix) and every chunk's wgmmas read only B from shared memory; 0: each chunk's wgmmas read
-// A from shared memory again.
-#ifndef GEMM_A_FROM_REGISTERS
-#define GEMM_A_FROM_REGISTERS 0
-#endif
 // How two math warpgroups keep pace. 0: every tile starts with a barrier of both (they share the tile's
 // weight scales). 1: each warpgroup stages its own weight scales and waits only for itself. 2: as 1, and
 // they take turns on the tensor cores: a warpgroup issues a chunk's wgmmas only after the other issued its
@@ -90,6 +84,9 @@
 #endif
 #ifndef GEMM_DIAG_SKIP_MMA
 #define GEMM_DIAG_SKIP_MMA 0
+#endif
+#ifndef GEMM_DIAG_FIXED_TILES
+#define GEMM_DIAG_FIXED_TILES 0
 #endif
 #ifndef GEMM_DIAG_SKIP_EPILOGUE
 #define GEMM_DIAG_SKIP_EPILOGUE 0
@@ -172,19 +169,11 @@ constexpr unsigned kBarrierMath = 1;
 constexpr unsigned kBarrierWarpgroup = 2;
 constexpr unsigned kBarrierTurn = 4;
 
-// Shared memory is the mainloop's busiest resource: per K block an m128n256 tile's wgmmas read 96 KB
-// (each warpgroup reads its 8 KB of A once per n128 chunk, and all 32 KB of B) while TMA writes 48 KB.
-// With A in registers (loaded once per warpgroup by ldmatrix) the two read 80 KB.
-constexpr bool kAFromRegisters =
-    GEMM_A_FROM_REGISTERS != 0 && !kPipelined && kWavesM == 1 && kChunksN > 1 && kMmaN == 128;
-
 // Registers: with three warpgroups the entry cap is 65536 / 384 → 168; the producer gives most of its
 // share to the math warpgroups (2 · 128 · 232 + 128 · 40 = 64512 ≤ 65536). Two warpgroups fit 255 each.
 constexpr bool kReconfigureRegisters = kMathWarpgroups == 2 && GEMM_SETMAXNREG != 0;
-// With A in registers the math threads need 16 more (240 leave no spill; 232 spill): the producer's
-// single TMA thread fits in setmaxnreg's minimum, 24 (2 · 128 · 240 + 128 · 24 = 64512).
-constexpr int kProducerRegisters = kAFromRegisters ? 24 : 40;
-constexpr int kMathRegisters = kAFromRegisters ? 240 : 232;
+constexpr int kProducerRegisters = 40;
+constexpr int kMathRegisters = 232;
 
 // ---------------------------------------------------------------------------------------------------
 // Shared memory layout (byte offsets from a 1024-aligned base; grouped_gemm.ts mirrors this formula)
@@ -371,9 +360,13 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
         mbar_wait(empty_bar + 8 * stage, phase ^ 1u, status, kStatusProducerStalled, stage, iteration);
         const unsigned bar = full_bar + 8 * stage;
         mbar_arrive_expect_tx(bar, kStageTxBytes);
-        tma_load_2d(a_smem + stage * kATileBytes, &map_a, bar, kb * kBlockK, t.row0);
+        // Diagnosis (GEMM_DIAG_FIXED_TILES bit 0: A, bit 1: B): every tile loads the first rows instead
+        // of its own, so the loads hit L2 and only the on-chip traffic is left.
+        const int a_row = (GEMM_DIAG_FIXED_TILES & 1) != 0 ? 0 : t.row0;
+        const int b_row_loaded = (GEMM_DIAG_FIXED_TILES & 2) != 0 ? 0 : b_row;
+        tma_load_2d(a_smem + stage * kATileBytes, &map_a, bar, kb * kBlockK, a_row);
         tma_load_2d(sa_smem + stage * kSaStride, &map_sa, bar, t.row0 & ~3, kb);
-        tma_load_2d(b_smem + stage * kBTileBytes, &map_b, bar, kb * kBlockK, b_row);
+        tma_load_2d(b_smem + stage * kBTileBytes, &map_b, bar, kb * kBlockK, b_row_loaded);
         if (++stage == kStages) {
           stage = 0;
           phase ^= 1u;
@@ -540,19 +533,12 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
         if constexpr (kTakeTurns) {
           // Every chunk's wgmmas are issued, even for rows past the group (never stored): the turns must
           // pair up, and a branch around a wgmma group in flight would serialize every wgmma.
-          unsigned a_frag[4][4];
-          if constexpr (kAFromRegisters) {
-#pragma unroll
-            for (int k = 0; k < 4; ++k) ldmatrix_a_k32(a_frag[k], a_stage, warp_in_wg * 16, k, lane);
-          }
 #pragma unroll
           for (int c = 0; c < kChunksN; ++c) {
             begin_turn();
             if constexpr (GEMM_DIAG_SKIP_MMA != 0) {
 #pragma unroll
               for (int i = 0; i < kAccum; ++i) partial[i] = 0.0f;
-            } else if constexpr (kAFromRegisters) {
-              wgmma_issue_k128_rs(partial, a_frag, b_stage + c * kMmaN * kBlockK);
             } else {
               wgmma_issue_k128(partial, a_stage, b_stage + c * kMmaN * kBlockK);
             }
@@ -560,24 +546,6 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
             wgmma_wait<0>();
             fence_registers(partial);
             promote_block(promoted[0][c], partial, sa_lo[0] * sw[c], sa_hi[0] * sw[c]);
-          }
-        } else if constexpr (kAFromRegisters) {
-          if (wave_active[0]) {
-            unsigned a_frag[4][4];
-#pragma unroll
-            for (int k = 0; k < 4; ++k) ldmatrix_a_k32(a_frag[k], a_stage, warp_in_wg * 16, k, lane);
-#pragma unroll
-            for (int c = 0; c < kChunksN; ++c) {
-              if constexpr (GEMM_DIAG_SKIP_MMA != 0) {
-#pragma unroll
-                for (int i = 0; i < kAccum; ++i) partial[i] = 0.0f;
-              } else {
-                wgmma_issue_k128_rs(partial, a_frag, b_stage + c * kMmaN * kBlockK);
-                wgmma_wait<0>();
-                fence_registers(partial);
-              }
-              promote_block(promoted[0][c], partial, sa_lo[0] * sw[c], sa_hi[0] * sw[c]);
-            }
           }
         } else {
 #pragma unroll
