@@ -90,6 +90,8 @@
 #   PART=57 where the m128n256 mainloop's time goes, with turns (GEMM_WG_SCHEDULE=2): the loads from fixed
 #           tiles (GEMM_DIAG_FIXED_TILES: 1 A, 2 B, 3 both; L2 hits only), without the epilogue, beside
 #           the plain kernel and torch in 2 rounds (ARCHIVE=1)
+#   PART=58 the epilogue, with turns: staged but not stored (GEMM_DIAG_SKIP_EPILOGUE=2), not at all (=1), stored
+#           streaming (GEMM_STORE_STREAMING=1, tested first), beside the plain kernel and torch in 2 rounds (ARCHIVE=1)
 # ARCHIVE=1 returns everything as $OUT/all.tgz (ARCHIVE_TIMEOUT: seconds for the part, default 540).
 # Pass MEGAMOE_COMMIT: the device's copy of the tree has no current git history.
 set -uo pipefail
@@ -502,6 +504,18 @@ case "${PART:-1}" in
     for v in - GEMM_WG_SCHEDULE=2 GEMM_WG_SCHEDULE=2,GEMM_DIAG_FIXED_TILES=1 GEMM_WG_SCHEDULE=2,GEMM_DIAG_FIXED_TILES=2 \
       GEMM_WG_SCHEDULE=2,GEMM_DIAG_FIXED_TILES=3 GEMM_WG_SCHEDULE=2,GEMM_DIAG_SKIP_EPILOGUE=1 \
       GEMM_WG_SCHEDULE=2,GEMM_DIAG_FIXED_TILES=3,GEMM_DIAG_SKIP_EPILOGUE=1; do
+      tag=${v//[^A-Za-z0-9]/_}
+      MEGAMOE_JIT_DEFINES=${v#-} GEMM_TILES=m128n256 GEMM_M=${GEMM_M:-512,4096} gemm_tiles "gemm-$tag-$round" 150
+    done
+  done
+  ;;
+58)
+  MEGAMOE_JIT_DEFINES=GEMM_WG_SCHEDULE=2,GEMM_STORE_STREAMING=1 gpu_tests 200 test-grouped-gemm-streaming.txt \
+    dist-test/test/gpu/grouped-gemm.test.js
+  for round in 1 2; do
+    torch_gemm "torch-grouped-gemm-$round.json" 8
+    for v in - GEMM_WG_SCHEDULE=2 GEMM_WG_SCHEDULE=2,GEMM_DIAG_SKIP_EPILOGUE=2 GEMM_WG_SCHEDULE=2,GEMM_DIAG_SKIP_EPILOGUE=1 \
+      GEMM_WG_SCHEDULE=2,GEMM_STORE_STREAMING=1; do
       tag=${v//[^A-Za-z0-9]/_}
       MEGAMOE_JIT_DEFINES=${v#-} GEMM_TILES=m128n256 GEMM_M=${GEMM_M:-512,4096} gemm_tiles "gemm-$tag-$round" 150
     done

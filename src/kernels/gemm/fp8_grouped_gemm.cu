@@ -91,6 +91,10 @@
 #ifndef GEMM_DIAG_SKIP_EPILOGUE
 #define GEMM_DIAG_SKIP_EPILOGUE 0
 #endif
+// 1: the epilogue's global stores are marked streaming (evict first from L2).
+#ifndef GEMM_STORE_STREAMING
+#define GEMM_STORE_STREAMING 0
+#endif
 
 namespace gemm_shape {
 constexpr int kN = N;
@@ -574,7 +578,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
 
     if (next_tile < total_tiles) store_weight_scales((local_tile + 1) & 1);
 
-    if constexpr (GEMM_DIAG_SKIP_EPILOGUE != 0) {
+    if constexpr (GEMM_DIAG_SKIP_EPILOGUE == 1) {
       // Keeps the promotions live (the compiler would drop them with the stores) at 128 FADDs a tile.
       float sink = 0.0f;
 #pragma unroll
@@ -621,9 +625,10 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
           }
           const long long first = static_cast<long long>(warp_row0) * kShapeN + current.n0 + wg_col0 + c * kMmaN +
                                   round * kRoundCols;
-          copy_out_staged_rows<kRoundCols * kOutBytes, kStagingPitch>(
+          // GEMM_DIAG_SKIP_EPILOGUE 2: the rows are staged but never copied out (diagnosis).
+          copy_out_staged_rows<kRoundCols * kOutBytes, kStagingPitch, GEMM_STORE_STREAMING != 0>(
               staging, static_cast<unsigned char*>(out) + first * kOutBytes, static_cast<long long>(kShapeN) * kOutBytes,
-              rows_valid, lane);
+              GEMM_DIAG_SKIP_EPILOGUE == 2 ? 0 : rows_valid, lane);
         }
       }
     }
