@@ -92,6 +92,8 @@
 #           the plain kernel and torch in 2 rounds (ARCHIVE=1)
 #   PART=58 the epilogue, with turns: staged but not stored (GEMM_DIAG_SKIP_EPILOGUE=2), not at all (=1), stored
 #           streaming (GEMM_STORE_STREAMING=1, tested first), beside the plain kernel and torch in 2 rounds (ARCHIVE=1)
+#   PART=59 warpgroup 1 lagging warpgroup 0 (GEMM_WG_SCHEDULE=3, GEMM_WG_LAG 1, 2, 3; tested first) against
+#           turns (GEMM_WG_SCHEDULE=2) and the plain kernel, beside torch in 2 rounds (ARCHIVE=1)
 # ARCHIVE=1 returns everything as $OUT/all.tgz (ARCHIVE_TIMEOUT: seconds for the part, default 540).
 # Pass MEGAMOE_COMMIT: the device's copy of the tree has no current git history.
 set -uo pipefail
@@ -518,6 +520,20 @@ case "${PART:-1}" in
       GEMM_WG_SCHEDULE=2,GEMM_STORE_STREAMING=1; do
       tag=${v//[^A-Za-z0-9]/_}
       MEGAMOE_JIT_DEFINES=${v#-} GEMM_TILES=m128n256 GEMM_M=${GEMM_M:-512,4096} gemm_tiles "gemm-$tag-$round" 150
+    done
+  done
+  ;;
+59)
+  for lag in 1 3; do
+    MEGAMOE_JIT_DEFINES=GEMM_WG_SCHEDULE=3,GEMM_WG_LAG=$lag gpu_tests 200 "test-grouped-gemm-lag$lag.txt" \
+      dist-test/test/gpu/grouped-gemm.test.js
+  done
+  for round in 1 2; do
+    torch_gemm "torch-grouped-gemm-$round.json" 8
+    for v in - GEMM_WG_SCHEDULE=2 GEMM_WG_SCHEDULE=3,GEMM_WG_LAG=1 GEMM_WG_SCHEDULE=3,GEMM_WG_LAG=2 \
+      GEMM_WG_SCHEDULE=3,GEMM_WG_LAG=3; do
+      tag=${v//[^A-Za-z0-9]/_}
+      MEGAMOE_JIT_DEFINES=${v#-} GEMM_TILES=m128n256,m128n128 GEMM_M=${GEMM_M:-512,4096} gemm_tiles "gemm-$tag-$round" 150
     done
   done
   ;;

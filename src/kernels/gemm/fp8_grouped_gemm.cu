@@ -79,8 +79,13 @@
 // weight scales). 1: each warpgroup stages its own weight scales and waits only for itself. 2: as 1, and
 // they take turns on the tensor cores: a warpgroup issues a chunk's wgmmas only after the other issued its
 // previous one, so one's promotion overlaps the other's wgmmas instead of both promoting at once.
+// 3: as 1, and warpgroup 1 starts GEMM_WG_LAG K blocks behind warpgroup 0 and stays behind, so each one's
+// epilogue overlaps the other's wgmmas.
 #ifndef GEMM_WG_SCHEDULE
 #define GEMM_WG_SCHEDULE 0
+#endif
+#ifndef GEMM_WG_LAG
+#define GEMM_WG_LAG 2
 #endif
 #ifndef GEMM_DIAG_SKIP_MMA
 #define GEMM_DIAG_SKIP_MMA 0
@@ -165,13 +170,19 @@ constexpr bool kPipelined =
 constexpr int kSwRows = (kBlockN + kQuantBlock - 1) / kQuantBlock;
 constexpr int kSwPerTile = kSwRows * kKBlocks;
 constexpr bool kOwnWeightScales = GEMM_WG_SCHEDULE >= 1 && kMathWarpgroups == 2;
-constexpr bool kTakeTurns = GEMM_WG_SCHEDULE >= 2 && kMathWarpgroups == 2;
+constexpr bool kTakeTurns = GEMM_WG_SCHEDULE == 2 && kMathWarpgroups == 2;
+constexpr bool kLagged = GEMM_WG_SCHEDULE == 3 && kMathWarpgroups == 2;
+// Warpgroup 0 lets warpgroup 1 start once it has finished this K block of its first tile. The lag must
+// leave warpgroup 0 a stage the producer can fill before warpgroup 1 has released any.
+constexpr int kLagBlock = (GEMM_WG_LAG < kKBlocks ? GEMM_WG_LAG : kKBlocks) - 1;
+static_assert(!kLagged || (GEMM_WG_LAG >= 1 && GEMM_WG_LAG < kStages), "GEMM_WG_LAG must be in 1..NUM_STAGES-1");
 constexpr int kScaleThreads = kOwnWeightScales ? 128 : kMathThreads;  // the threads staging one copy
 constexpr int kSwPerThread = (kSwPerTile + kScaleThreads - 1) / kScaleThreads;
 // Named barriers: 1 all math threads, 2 + w warpgroup w alone, 4 + w warpgroup w's turn to issue.
 constexpr unsigned kBarrierMath = 1;
 constexpr unsigned kBarrierWarpgroup = 2;
 constexpr unsigned kBarrierTurn = 4;
+constexpr unsigned kBarrierLag = 6;
 
 // Registers: with three warpgroups the entry cap is 65536 / 384 → 168; the producer gives most of its
 // share to the math warpgroups (2 · 128 · 232 + 128 · 40 = 64512 ≤ 65536). Two warpgroups fit 255 each.
@@ -518,6 +529,9 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
       if (lane == 0) mbar_arrive(empty_bar + 8 * held_stage);
     } else {
       for (int kb = 0; kb < kKBlocks; ++kb, ++iteration) {
+        if constexpr (kLagged) {
+          if (warpgroup == 1 && local_tile == 0 && kb == 0) named_barrier_sync(kBarrierLag, kMathThreads);
+        }
         float sw[kChunksN];
 #pragma unroll
         for (int c = 0; c < kChunksN; ++c) sw[c] = load_shared_f32(sw_tile + (sw_row[c] * kKBlocks + kb) * 4);
@@ -569,6 +583,9 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
         }
         // This warp's wgmmas have completed (wait_group 0), so its reads of the stage are done.
         if (lane == 0) mbar_arrive(empty_bar + 8 * stage);
+        if constexpr (kLagged) {
+          if (warpgroup == 0 && local_tile == 0 && kb == kLagBlock) named_barrier_arrive(kBarrierLag, kMathThreads);
+        }
         if (++stage == kStages) {
           stage = 0;
           phase ^= 1u;
