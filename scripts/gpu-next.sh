@@ -94,6 +94,9 @@
 #           streaming (GEMM_STORE_STREAMING=1, tested first), beside the plain kernel and torch in 2 rounds (ARCHIVE=1)
 #   PART=59 warpgroup 1 lagging warpgroup 0 (GEMM_WG_SCHEDULE=3, GEMM_WG_LAG 1, 2, 3; tested first) against
 #           turns (GEMM_WG_SCHEDULE=2) and the plain kernel, beside torch in 2 rounds (ARCHIVE=1)
+#   PART=60 turns by default: every GPU test file, the plan's grouped GEMM with and without turns
+#           (GEMM_WG_TURNS=0) beside torch in 2 rounds, `bench --impl grouped-gemm --peer`, and the flash
+#           unfused pipeline at large T beside the torch peer (ARCHIVE=1)
 # ARCHIVE=1 returns everything as $OUT/all.tgz (ARCHIVE_TIMEOUT: seconds for the part, default 540).
 # Pass MEGAMOE_COMMIT: the device's copy of the tree has no current git history.
 set -uo pipefail
@@ -536,6 +539,23 @@ case "${PART:-1}" in
       MEGAMOE_JIT_DEFINES=${v#-} GEMM_TILES=m128n256,m128n128 GEMM_M=${GEMM_M:-512,4096} gemm_tiles "gemm-$tag-$round" 150
     done
   done
+  ;;
+60)
+  gpu_tests 300 test-gpu-all.txt $(find dist-test/test/gpu -name '*.test.js' | sort)
+  for round in 1 2; do
+    torch_gemm "torch-grouped-gemm-$round.json" 8
+    for v in - GEMM_WG_TURNS=0; do
+      tag=${v//[^A-Za-z0-9]/_}
+      MEGAMOE_JIT_DEFINES=${v#-} GEMM_TILES=plan gemm_tiles "gemm-$tag-$round" 150
+    done
+  done
+  timeout 120 node dist/cli/main.js bench --impl grouped-gemm --peer "$out/torch-grouped-gemm-2.json" \
+    --out "$out/grouped-gemm.json" 2>&1 | grep -vE "^[├┌└]" | cut -c1-150
+  timeout 120 python3 bench/peers/torch_moe.py --shape flash --shared 0 --tokens 512,2048,8192 --iters 20 \
+    --out "$out/torch-flash-shared0.json" 2>&1 | tail -1
+  timeout 150 node dist/cli/main.js bench --impl unfused --shape flash --shared 0 --tokens 512,2048,8192 --iters 20 \
+    --rounds 2 --peer "$out/torch-flash-shared0.json" --out "$out/layers-flash-shared0-unfused.json" 2>&1 \
+    | grep -vE "^[├┌└]" | grep -E "unfused|floor" | cut -c1-150
   ;;
 53) gpu_tests 240 test-expert-parallel.txt dist-test/test/gpu/expert-parallel.test.js; grep -E "rank [0-9]" "$out/test-expert-parallel.txt" | head -60 ;;
 37)

@@ -80,13 +80,6 @@ __device__ __forceinline__ void st_v4(void* ptr, u32x4 v) {
                : "memory");
 }
 
-// The same store marked streaming (.cs: likely read once, evicted first), so output rows do not push
-// reused operands out of L2.
-__device__ __forceinline__ void st_v4_streaming(void* ptr, u32x4 v) {
-  asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(ptr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
-               : "memory");
-}
-
 __device__ __forceinline__ void st_f32(float* ptr, float v) {
   asm volatile("st.global.f32 [%0], %1;" ::"l"(ptr), "f"(v) : "memory");
 }

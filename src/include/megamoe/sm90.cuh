@@ -357,7 +357,7 @@ __host__ __device__ constexpr unsigned staging_area_bytes(unsigned pitch) { retu
 constexpr unsigned kStagingPitchNarrow = kStagedRowBytes + 16;
 constexpr unsigned kStagingPitchWide = kStagedRowBytes + 32;
 
-template <int kRowBytes, int kPitch, bool kStreaming = false>
+template <int kRowBytes, int kPitch>
 __device__ __forceinline__ void copy_out_staged_rows(unsigned staging, unsigned char* dst, long long stride,
                                                      int rows_valid, int lane) {
   static_assert(kRowBytes % 16 == 0 && kRowBytes >= 16 && kRowBytes <= kStagedRowBytes,
@@ -372,9 +372,7 @@ __device__ __forceinline__ void copy_out_staged_rows(unsigned staging, unsigned 
   for (int pass = 0; pass < kRows / kRowsPerPass; ++pass) {
     const int r = pass * kRowsPerPass + lane / kLanesPerRow;
     if (r < rows_valid) {
-      const megamoe::u32x4 v = load_shared_v4(staging + r * kPitch + 16 * piece);
-      if constexpr (kStreaming) megamoe::st_v4_streaming(dst + r * stride + 16 * piece, v);
-      else megamoe::st_v4(dst + r * stride + 16 * piece, v);
+      megamoe::st_v4(dst + r * stride + 16 * piece, load_shared_v4(staging + r * kPitch + 16 * piece));
     }
   }
   __syncwarp();

@@ -20,17 +20,19 @@
 // 0..NUM_MATH_WARPGROUPS-1 are math warpgroups (wgmma, promotion, epilogue); the last warpgroup is the
 // producer, of which one thread issues the TMA loads into a NUM_STAGES-deep ring of shared-memory stages.
 // Stage s has a `full` barrier (producer arrive + expect_tx, completed by the copies' bytes) and an
-// `empty` barrier (one arrive per math warp once its wgmmas reading the stage have completed).
+// `empty` barrier (one arrive per math warp once its wgmmas reading the stage have completed). Two math
+// warpgroups take turns issuing their wgmmas (kTakeTurns) and otherwise never wait for each other.
 // Tile order: within a group, n-block major and m-block minor, so the CTAs working at the same time on
 // one group share each B tile through L2 and a group's A rows stay hot across its n-blocks.
 //
 // Compile-time parameters (-D from src/kernels/gemm/grouped_gemm.ts; defaults build the file alone):
 //   BLOCK_M 64|128, BLOCK_N 64|128|256, BLOCK_K 128, NUM_STAGES, NUM_MATH_WARPGROUPS 1|2,
 //   N (output columns), K, NUM_GROUPS, OUT_BF16 0|1. Diagnosis only: GEMM_SETMAXNREG 0|1 (default 1),
-//   GEMM_PIPELINED_PROMOTION 0|1 (default 1), GEMM_WATCHDOG_NS (default 2 s), GEMM_DIAG_SKIP_MMA 0|1 (1: no
-//   wgmma is issued, every stage is still waited for, promoted and released; wrong results, for timing the
-//   kernel without its tensor work), GEMM_DIAG_SKIP_EPILOGUE 0|1 (1: the tiles' sums are folded into one
-//   value that is never stored; wrong results, for timing the kernel without its epilogue).
+//   GEMM_PIPELINED_PROMOTION 0|1 (default 1), GEMM_WG_TURNS 0|1 (default 1), GEMM_WATCHDOG_NS (default 2 s),
+//   and, with wrong results, for timing the kernel without a part of its work: GEMM_DIAG_SKIP_MMA 1 (no
+//   wgmma is issued; every stage is still waited for, promoted and released), GEMM_DIAG_SKIP_EPILOGUE 1
+//   (the tiles' sums are folded into one value that is never stored) or 2 (staged, never copied out),
+//   GEMM_DIAG_FIXED_TILES 1|2|3 (A, B or both loaded from the first rows for every tile: L2 hits only).
 
 #include "megamoe/bf16.cuh"
 #include "megamoe/sm90.cuh"
@@ -75,17 +77,9 @@
 #ifndef GEMM_WATCHDOG_NS
 #define GEMM_WATCHDOG_NS 2000000000ull
 #endif
-// How two math warpgroups keep pace. 0: every tile starts with a barrier of both (they share the tile's
-// weight scales). 1: each warpgroup stages its own weight scales and waits only for itself. 2: as 1, and
-// they take turns on the tensor cores: a warpgroup issues a chunk's wgmmas only after the other issued its
-// previous one, so one's promotion overlaps the other's wgmmas instead of both promoting at once.
-// 3: as 1, and warpgroup 1 starts GEMM_WG_LAG K blocks behind warpgroup 0 and stays behind, so each one's
-// epilogue overlaps the other's wgmmas.
-#ifndef GEMM_WG_SCHEDULE
-#define GEMM_WG_SCHEDULE 0
-#endif
-#ifndef GEMM_WG_LAG
-#define GEMM_WG_LAG 2
+// 1: two math warpgroups take turns on the tensor cores (see kTakeTurns); 0: they issue at will (for A/B runs).
+#ifndef GEMM_WG_TURNS
+#define GEMM_WG_TURNS 1
 #endif
 #ifndef GEMM_DIAG_SKIP_MMA
 #define GEMM_DIAG_SKIP_MMA 0
@@ -95,10 +89,6 @@
 #endif
 #ifndef GEMM_DIAG_SKIP_EPILOGUE
 #define GEMM_DIAG_SKIP_EPILOGUE 0
-#endif
-// 1: the epilogue's global stores are marked streaming (evict first from L2).
-#ifndef GEMM_STORE_STREAMING
-#define GEMM_STORE_STREAMING 0
 #endif
 
 namespace gemm_shape {
@@ -169,20 +159,16 @@ constexpr bool kPipelined =
 // Weight scales of one tile: kSwRows rows of kKBlocks values (a 256-wide tile spans two 128-row blocks).
 constexpr int kSwRows = (kBlockN + kQuantBlock - 1) / kQuantBlock;
 constexpr int kSwPerTile = kSwRows * kKBlocks;
-constexpr bool kOwnWeightScales = GEMM_WG_SCHEDULE >= 1 && kMathWarpgroups == 2;
-constexpr bool kTakeTurns = GEMM_WG_SCHEDULE == 2 && kMathWarpgroups == 2;
-constexpr bool kLagged = GEMM_WG_SCHEDULE == 3 && kMathWarpgroups == 2;
-// Warpgroup 0 lets warpgroup 1 start once it has finished this K block of its first tile. The lag must
-// leave warpgroup 0 a stage the producer can fill before warpgroup 1 has released any.
-constexpr int kLagBlock = (GEMM_WG_LAG < kKBlocks ? GEMM_WG_LAG : kKBlocks) - 1;
-static_assert(!kLagged || (GEMM_WG_LAG >= 1 && GEMM_WG_LAG < kStages), "GEMM_WG_LAG must be in 1..NUM_STAGES-1");
-constexpr int kScaleThreads = kOwnWeightScales ? 128 : kMathThreads;  // the threads staging one copy
-constexpr int kSwPerThread = (kSwPerTile + kScaleThreads - 1) / kScaleThreads;
-// Named barriers: 1 all math threads, 2 + w warpgroup w alone, 4 + w warpgroup w's turn to issue.
-constexpr unsigned kBarrierMath = 1;
+// Two math warpgroups working on the same K block issue their chunks at once, finish them at once and
+// promote at once, and the tensor cores idle meanwhile. Taking turns (a warpgroup issues a chunk only
+// after the other issued its previous one) makes one's promotion overlap the other's wgmmas: 2% on
+// m128n256 and 4–7% on m128n128 at M = 512 and 4096 per group (bench/NOTES.md, fifth session).
+// Each warpgroup stages its own copy of a tile's weight scales, so the two never meet at a barrier.
+constexpr bool kTakeTurns = GEMM_WG_TURNS != 0 && kMathWarpgroups == 2;
+constexpr int kSwPerThread = (kSwPerTile + 127) / 128;  // one warpgroup stages a copy
+// Named barriers: 2 + w warpgroup w alone, 4 + w warpgroup w's turn to issue.
 constexpr unsigned kBarrierWarpgroup = 2;
 constexpr unsigned kBarrierTurn = 4;
-constexpr unsigned kBarrierLag = 6;
 
 // Registers: with three warpgroups the entry cap is 65536 / 384 → 168; the producer gives most of its
 // share to the math warpgroups (2 · 128 · 232 + 128 · 40 = 64512 ≤ 65536). Two warpgroups fit 255 each.
@@ -207,7 +193,7 @@ constexpr unsigned kOffA = 0;
 constexpr unsigned kOffB = kOffA + kStages * kATileBytes;
 constexpr unsigned kOffSa = kOffB + kStages * kBTileBytes;
 constexpr unsigned kOffSw = kOffSa + kStages * kSaStride;
-constexpr unsigned kOffFull = align_up(kOffSw + 2 * kMathWarpgroups * kSwPerTile * 4, 8);  // 2 per warpgroup
+constexpr unsigned kOffFull = align_up(kOffSw + 2 * kMathWarpgroups * kSwPerTile * 4, 8);  // two per warpgroup
 constexpr unsigned kOffEmpty = kOffFull + 8 * kStages;
 constexpr unsigned kOffGroups = kOffEmpty + 8 * kStages;  // GroupRows[kGroups]
 constexpr unsigned kOffPrefix = kOffGroups + 8 * kGroups;  // int[kGroups + 1]: first tile of each group
@@ -231,6 +217,12 @@ constexpr int kStatusSharedMemoryTooSmall = 3;
 
 // ---------------------------------------------------------------------------------------------------
 // Kernel-local helpers (the PTX wrappers live in megamoe/sm90.cuh)
+
+// A bool a generic lambda can branch on at compile time.
+template <bool kValue>
+struct CompileTimeFlag {
+  static constexpr bool value = kValue;
+};
 
 struct GroupRows {
   int begin;
@@ -404,9 +396,9 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
   const unsigned a_smem = base + kOffA + wg_row0 * kBlockK;
   const unsigned b_smem = base + kOffB + wg_col0 * kBlockK;
   const unsigned sa_smem = base + kOffSa + (wg_row0 + frag_row) * 4;
-  // Two buffers of kSwPerTile floats, alternating per tile (per warpgroup with kOwnWeightScales).
-  const unsigned sw_smem = base + kOffSw + (kOwnWeightScales ? warpgroup * 2 * kSwPerTile * 4 : 0);
-  const int scale_thread = kOwnWeightScales ? (math_thread & 127) : math_thread;
+  // The warpgroup's two buffers of kSwPerTile floats, alternating per tile.
+  const unsigned sw_smem = base + kOffSw + warpgroup * 2 * kSwPerTile * 4;
+  const int scale_thread = math_thread & 127;
   const unsigned staging = base + kOffStaging + static_cast<unsigned>(math_thread / 32) * kStagingWarpBytes;
 
   // Weight scales of the next tile travel through registers while the current tile runs.
@@ -416,7 +408,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
                                       kKBlocks;
 #pragma unroll
     for (int i = 0; i < kSwPerThread; ++i) {
-      const int idx = scale_thread + i * kScaleThreads;
+      const int idx = scale_thread + i * 128;
       // Rows are contiguous in sw ([G, N/128, K/128]), so the tile's kSwRows rows are one run.
       sw_prefetch[i] = idx < kSwPerTile ? load_scale(src + idx) : 0.0f;
     }
@@ -424,7 +416,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
   auto store_weight_scales = [&](int buffer) {
 #pragma unroll
     for (int i = 0; i < kSwPerThread; ++i) {
-      const int idx = scale_thread + i * kScaleThreads;
+      const int idx = scale_thread + i * 128;
       if (idx < kSwPerTile) store_shared_f32(sw_smem + (buffer * kSwPerTile + idx) * 4, sw_prefetch[i]);
     }
   };
@@ -441,25 +433,25 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
     store_weight_scales(0);
   }
 
-  // Turns on the tensor cores (kTakeTurns): warpgroup w waits at barrier kBarrierTurn + w, then lets the
-  // other go once its wgmmas are issued. Warpgroup 0 takes the first turn without waiting.
-  bool first_turn = warpgroup == 0;
-  const auto begin_turn = [&] {
-    if (!first_turn) named_barrier_sync(kBarrierTurn + warpgroup, kMathThreads);
-    first_turn = false;
-  };
-  const auto end_turn = [&] { named_barrier_arrive(kBarrierTurn + (warpgroup ^ 1), kMathThreads); };
+  // Turns on the tensor cores (kTakeTurns): warpgroup w waits at barrier kBarrierTurn + w before issuing
+  // a chunk and arrives at the other's after. Warpgroup 1 arrives once before its first turn (warpgroup
+  // 0's first) and warpgroup 0 waits once after its last (for warpgroup 1's last arrive), so both
+  // barriers end complete. Turns are taken on tiles where both warpgroups have rows, which both see.
   static_assert(!kTakeTurns || (kWavesM == 1 && !kPipelined), "turns are taken per chunk of one wave");
+  const auto begin_turn = [&] { named_barrier_sync(kBarrierTurn + warpgroup, kMathThreads); };
+  const auto end_turn = [&] { named_barrier_arrive(kBarrierTurn + (warpgroup ^ 1), kMathThreads); };
+  if constexpr (kTakeTurns) {
+    if (warpgroup == 1) end_turn();
+  }
 
   float promoted[kWavesM][kChunksN][kAccum];
   float partial[kAccum];
   float partial_next[kAccum];  // the odd K blocks' partial, when pipelined (unused otherwise)
 
   for (int local_tile = 0; tile < total_tiles; ++local_tile) {
-    // Makes this tile's weight scales visible, and guarantees every math thread is done reading the
-    // buffer that the prefetch below will overwrite (it served the previous tile).
-    if constexpr (kOwnWeightScales) named_barrier_sync(kBarrierWarpgroup + warpgroup, 128);
-    else named_barrier_sync(kBarrierMath, kMathThreads);
+    // Makes this tile's weight scales visible, and guarantees every thread of the warpgroup is done
+    // reading the buffer that the prefetch below will overwrite (it served the previous tile).
+    named_barrier_sync(kBarrierWarpgroup + warpgroup, 128);
     const int next_tile = tile + static_cast<int>(gridDim.x);
     Tile next{};
     if (next_tile < total_tiles) {
@@ -468,6 +460,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
     }
     const unsigned sw_tile = sw_smem + (local_tile & 1) * kSwPerTile * 4;
 
+    // Warpgroup 1's rows come after warpgroup 0's.
+    const bool take_turns = kTakeTurns && current.row0 + (kWgAlongM - 1) * kWgRows < current.row_end;
     bool wave_active[kWavesM];
 #pragma unroll
     for (int w = 0; w < kWavesM; ++w) wave_active[w] = current.row0 + wg_row0 + w * 64 < current.row_end;
@@ -528,69 +522,67 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
       promote_block(promoted[0][0], last, held_lo, held_hi);
       if (lane == 0) mbar_arrive(empty_bar + 8 * held_stage);
     } else {
-      for (int kb = 0; kb < kKBlocks; ++kb, ++iteration) {
-        if constexpr (kLagged) {
-          if (warpgroup == 1 && local_tile == 0 && kb == 0) named_barrier_sync(kBarrierLag, kMathThreads);
-        }
-        float sw[kChunksN];
+      // The K loop in two copies, with and without turns, so that neither carries the other's registers.
+      const auto k_loop = [&](auto turns_flag) {
+        constexpr bool kTurns = decltype(turns_flag)::value;
+        for (int kb = 0; kb < kKBlocks; ++kb, ++iteration) {
+          float sw[kChunksN];
 #pragma unroll
-        for (int c = 0; c < kChunksN; ++c) sw[c] = load_shared_f32(sw_tile + (sw_row[c] * kKBlocks + kb) * 4);
+          for (int c = 0; c < kChunksN; ++c) sw[c] = load_shared_f32(sw_tile + (sw_row[c] * kKBlocks + kb) * 4);
 
-        mbar_wait(full_bar + 8 * stage, phase, status, kStatusMathStalled, stage, iteration);
+          mbar_wait(full_bar + 8 * stage, phase, status, kStatusMathStalled, stage, iteration);
 
-        const unsigned sa_stage = sa_smem + stage * kSaStride + (current.row0 & 3) * 4;
-        float sa_lo[kWavesM], sa_hi[kWavesM];
+          const unsigned sa_stage = sa_smem + stage * kSaStride + (current.row0 & 3) * 4;
+          float sa_lo[kWavesM], sa_hi[kWavesM];
 #pragma unroll
-        for (int w = 0; w < kWavesM; ++w) {
-          sa_lo[w] = load_shared_f32(sa_stage + w * 64 * 4);
-          sa_hi[w] = load_shared_f32(sa_stage + (w * 64 + 8) * 4);
-        }
-
-        const unsigned a_stage = a_smem + stage * kATileBytes;
-        const unsigned b_stage = b_smem + stage * kBTileBytes;
-        if constexpr (kTakeTurns) {
-          // Every chunk's wgmmas are issued, even for rows past the group (never stored): the turns must
-          // pair up, and a branch around a wgmma group in flight would serialize every wgmma.
-#pragma unroll
-          for (int c = 0; c < kChunksN; ++c) {
-            begin_turn();
-            if constexpr (GEMM_DIAG_SKIP_MMA != 0) {
-#pragma unroll
-              for (int i = 0; i < kAccum; ++i) partial[i] = 0.0f;
-            } else {
-              wgmma_issue_k128(partial, a_stage, b_stage + c * kMmaN * kBlockK);
-            }
-            end_turn();
-            wgmma_wait<0>();
-            fence_registers(partial);
-            promote_block(promoted[0][c], partial, sa_lo[0] * sw[c], sa_hi[0] * sw[c]);
+          for (int w = 0; w < kWavesM; ++w) {
+            sa_lo[w] = load_shared_f32(sa_stage + w * 64 * 4);
+            sa_hi[w] = load_shared_f32(sa_stage + (w * 64 + 8) * 4);
           }
-        } else {
+
+          const unsigned a_stage = a_smem + stage * kATileBytes;
+          const unsigned b_stage = b_smem + stage * kBTileBytes;
+          if constexpr (kTurns) {
 #pragma unroll
-        for (int w = 0; w < kWavesM; ++w) {
-          if (!wave_active[w]) continue;  // every row of this wave lies past the group: nothing to store
+            for (int c = 0; c < kChunksN; ++c) {
+              begin_turn();
+              if constexpr (GEMM_DIAG_SKIP_MMA != 0) {
 #pragma unroll
-          for (int c = 0; c < kChunksN; ++c) {
-            if constexpr (GEMM_DIAG_SKIP_MMA != 0) {
-#pragma unroll
-              for (int i = 0; i < kAccum; ++i) partial[i] = 0.0f;
-            } else {
-              wgmma_block_k128(partial, a_stage + w * 64 * kBlockK, b_stage + c * kMmaN * kBlockK);
+                for (int i = 0; i < kAccum; ++i) partial[i] = 0.0f;
+              } else {
+                wgmma_issue_k128(partial, a_stage, b_stage + c * kMmaN * kBlockK);
+              }
+              end_turn();
+              wgmma_wait<0>();
+              fence_registers(partial);
+              promote_block(promoted[0][c], partial, sa_lo[0] * sw[c], sa_hi[0] * sw[c]);
             }
-            promote_block(promoted[w][c], partial, sa_lo[w] * sw[c], sa_hi[w] * sw[c]);
+          } else {
+#pragma unroll
+            for (int w = 0; w < kWavesM; ++w) {
+              if (!wave_active[w]) continue;  // every row of this wave lies past the group: nothing to store
+#pragma unroll
+              for (int c = 0; c < kChunksN; ++c) {
+                if constexpr (GEMM_DIAG_SKIP_MMA != 0) {
+#pragma unroll
+                  for (int i = 0; i < kAccum; ++i) partial[i] = 0.0f;
+                } else {
+                  wgmma_block_k128(partial, a_stage + w * 64 * kBlockK, b_stage + c * kMmaN * kBlockK);
+                }
+                promote_block(promoted[w][c], partial, sa_lo[w] * sw[c], sa_hi[w] * sw[c]);
+              }
+            }
+          }
+          // This warp's wgmmas have completed (wait_group 0), so its reads of the stage are done.
+          if (lane == 0) mbar_arrive(empty_bar + 8 * stage);
+          if (++stage == kStages) {
+            stage = 0;
+            phase ^= 1u;
           }
         }
-        }
-        // This warp's wgmmas have completed (wait_group 0), so its reads of the stage are done.
-        if (lane == 0) mbar_arrive(empty_bar + 8 * stage);
-        if constexpr (kLagged) {
-          if (warpgroup == 0 && local_tile == 0 && kb == kLagBlock) named_barrier_arrive(kBarrierLag, kMathThreads);
-        }
-        if (++stage == kStages) {
-          stage = 0;
-          phase ^= 1u;
-        }
-      }
+      };
+      if (take_turns) k_loop(CompileTimeFlag<true>{});
+      else k_loop(CompileTimeFlag<false>{});
     }
 
     if (next_tile < total_tiles) store_weight_scales((local_tile + 1) & 1);
@@ -643,7 +635,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
           const long long first = static_cast<long long>(warp_row0) * kShapeN + current.n0 + wg_col0 + c * kMmaN +
                                   round * kRoundCols;
           // GEMM_DIAG_SKIP_EPILOGUE 2: the rows are staged but never copied out (diagnosis).
-          copy_out_staged_rows<kRoundCols * kOutBytes, kStagingPitch, GEMM_STORE_STREAMING != 0>(
+          copy_out_staged_rows<kRoundCols * kOutBytes, kStagingPitch>(
               staging, static_cast<unsigned char*>(out) + first * kOutBytes, static_cast<long long>(kShapeN) * kOutBytes,
               GEMM_DIAG_SKIP_EPILOGUE == 2 ? 0 : rows_valid, lane);
         }
@@ -653,10 +645,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
     current = next;
     tile = next_tile;
   }
-  // Warpgroup 1's last turn ended with an arrive for warpgroup 0: take it, so that no barrier is left
-  // half-completed at exit.
   if constexpr (kTakeTurns) {
-    if (warpgroup == 0 && !first_turn) named_barrier_sync(kBarrierTurn, kMathThreads);
+    if (warpgroup == 0) begin_turn();
   }
 }
 
