@@ -97,6 +97,8 @@
 #   PART=60 turns by default: every GPU test file, the plan's grouped GEMM with and without turns
 #           (GEMM_WG_TURNS=0) beside torch in 2 rounds, `bench --impl grouped-gemm --peer`, and the flash
 #           unfused pipeline at large T beside the torch peer (ARCHIVE=1)
+#   PART=61 turns on tiles with both warpgroups' rows (two K loops) against turns on every tile (one loop,
+#           GEMM_WG_TURNS=2) and none (=0), in 3 rounds of rotated order; SASS of diag/*.cubin if present (ARCHIVE=1)
 # ARCHIVE=1 returns everything as $OUT/all.tgz (ARCHIVE_TIMEOUT: seconds for the part, default 540).
 # Pass MEGAMOE_COMMIT: the device's copy of the tree has no current git history.
 set -uo pipefail
@@ -556,6 +558,19 @@ case "${PART:-1}" in
   timeout 150 node dist/cli/main.js bench --impl unfused --shape flash --shared 0 --tokens 512,2048,8192 --iters 20 \
     --rounds 2 --peer "$out/torch-flash-shared0.json" --out "$out/layers-flash-shared0-unfused.json" 2>&1 \
     | grep -vE "^[├┌└]" | grep -E "unfused|floor" | cut -c1-150
+  ;;
+61)
+  for f in diag/*.cubin; do [ -f "$f" ] && cuobjdump -sass "$f" >"$out/$(basename "$f" .cubin).sass" 2>&1; done
+  MEGAMOE_JIT_DEFINES=GEMM_WG_TURNS=2 gpu_tests 200 test-grouped-gemm-turns2.txt dist-test/test/gpu/grouped-gemm.test.js
+  round=0
+  for order in "- GEMM_WG_TURNS=2 GEMM_WG_TURNS=0" "GEMM_WG_TURNS=0 GEMM_WG_TURNS=2 -" "GEMM_WG_TURNS=2 - GEMM_WG_TURNS=0"; do
+    round=$((round + 1))
+    for v in $order; do
+      tag=${v//[^A-Za-z0-9]/_}
+      MEGAMOE_JIT_DEFINES=${v#-} GEMM_TILES=m128n256 GEMM_M=${GEMM_M:-512,2048} gemm_tiles "gemm-$tag-$round" 150
+    done
+  done
+  torch_gemm torch-grouped-gemm.json 8
   ;;
 53) gpu_tests 240 test-expert-parallel.txt dist-test/test/gpu/expert-parallel.test.js; grep -E "rank [0-9]" "$out/test-expert-parallel.txt" | head -60 ;;
 37)

@@ -581,8 +581,12 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
           }
         }
       };
-      if (take_turns) k_loop(CompileTimeFlag<true>{});
-      else k_loop(CompileTimeFlag<false>{});
+      if constexpr (GEMM_WG_TURNS == 2) {
+        k_loop(CompileTimeFlag<true>{});  // diagnosis: turns on every tile, one K loop
+      } else {
+        if (take_turns) k_loop(CompileTimeFlag<true>{});
+        else k_loop(CompileTimeFlag<false>{});
+      }
     }
 
     if (next_tile < total_tiles) store_weight_scales((local_tile + 1) & 1);
