@@ -162,7 +162,7 @@ constexpr int kSwPerTile = kSwRows * kKBlocks;
 // Two math warpgroups working on the same K block issue their chunks at once, finish them at once and
 // promote at once, and the tensor cores idle meanwhile. Taking turns (a warpgroup issues a chunk only
 // after the other issued its previous one) makes one's promotion overlap the other's wgmmas: 2% on
-// m128n256 and 4–7% on m128n128 at M = 512 and 4096 per group (bench/NOTES.md, fifth session).
+// m128n256 at M = 512 and 2048 per group, 4–7% on m128n128 (bench/NOTES.md, fifth session).
 // Each warpgroup stages its own copy of a tile's weight scales, so the two never meet at a barrier.
 constexpr bool kTakeTurns = GEMM_WG_TURNS != 0 && kMathWarpgroups == 2;
 constexpr int kSwPerThread = (kSwPerTile + 127) / 128;  // one warpgroup stages a copy
@@ -217,12 +217,6 @@ constexpr int kStatusSharedMemoryTooSmall = 3;
 
 // ---------------------------------------------------------------------------------------------------
 // Kernel-local helpers (the PTX wrappers live in megamoe/sm90.cuh)
-
-// A bool a generic lambda can branch on at compile time.
-template <bool kValue>
-struct CompileTimeFlag {
-  static constexpr bool value = kValue;
-};
 
 struct GroupRows {
   int begin;
@@ -436,7 +430,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
   // Turns on the tensor cores (kTakeTurns): warpgroup w waits at barrier kBarrierTurn + w before issuing
   // a chunk and arrives at the other's after. Warpgroup 1 arrives once before its first turn (warpgroup
   // 0's first) and warpgroup 0 waits once after its last (for warpgroup 1's last arrive), so both
-  // barriers end complete. Turns are taken on tiles where both warpgroups have rows, which both see.
+  // barriers end complete.
   static_assert(!kTakeTurns || (kWavesM == 1 && !kPipelined), "turns are taken per chunk of one wave");
   const auto begin_turn = [&] { named_barrier_sync(kBarrierTurn + warpgroup, kMathThreads); };
   const auto end_turn = [&] { named_barrier_arrive(kBarrierTurn + (warpgroup ^ 1), kMathThreads); };
@@ -460,8 +454,6 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
     }
     const unsigned sw_tile = sw_smem + (local_tile & 1) * kSwPerTile * 4;
 
-    // Warpgroup 1's rows come after warpgroup 0's.
-    const bool take_turns = kTakeTurns && current.row0 + (kWgAlongM - 1) * kWgRows < current.row_end;
     bool wave_active[kWavesM];
 #pragma unroll
     for (int w = 0; w < kWavesM; ++w) wave_active[w] = current.row0 + wg_row0 + w * 64 < current.row_end;
@@ -522,70 +514,63 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
       promote_block(promoted[0][0], last, held_lo, held_hi);
       if (lane == 0) mbar_arrive(empty_bar + 8 * held_stage);
     } else {
-      // The K loop in two copies, with and without turns, so that neither carries the other's registers.
-      const auto k_loop = [&](auto turns_flag) {
-        constexpr bool kTurns = decltype(turns_flag)::value;
-        for (int kb = 0; kb < kKBlocks; ++kb, ++iteration) {
-          float sw[kChunksN];
+      for (int kb = 0; kb < kKBlocks; ++kb, ++iteration) {
+        float sw[kChunksN];
 #pragma unroll
-          for (int c = 0; c < kChunksN; ++c) sw[c] = load_shared_f32(sw_tile + (sw_row[c] * kKBlocks + kb) * 4);
+        for (int c = 0; c < kChunksN; ++c) sw[c] = load_shared_f32(sw_tile + (sw_row[c] * kKBlocks + kb) * 4);
 
-          mbar_wait(full_bar + 8 * stage, phase, status, kStatusMathStalled, stage, iteration);
+        mbar_wait(full_bar + 8 * stage, phase, status, kStatusMathStalled, stage, iteration);
 
-          const unsigned sa_stage = sa_smem + stage * kSaStride + (current.row0 & 3) * 4;
-          float sa_lo[kWavesM], sa_hi[kWavesM];
+        const unsigned sa_stage = sa_smem + stage * kSaStride + (current.row0 & 3) * 4;
+        float sa_lo[kWavesM], sa_hi[kWavesM];
+#pragma unroll
+        for (int w = 0; w < kWavesM; ++w) {
+          sa_lo[w] = load_shared_f32(sa_stage + w * 64 * 4);
+          sa_hi[w] = load_shared_f32(sa_stage + (w * 64 + 8) * 4);
+        }
+
+        const unsigned a_stage = a_smem + stage * kATileBytes;
+        const unsigned b_stage = b_smem + stage * kBTileBytes;
+        if constexpr (kTakeTurns) {
+        // Turns are taken on every tile, so warpgroup 1 issues its wgmmas even where all its rows lie
+        // past the group (never stored). Taking them only where both have rows, in a K loop of its own,
+        // measured 2.5% slower: ptxas schedules the issue worse (PART=61).
+#pragma unroll
+          for (int c = 0; c < kChunksN; ++c) {
+            begin_turn();
+            if constexpr (GEMM_DIAG_SKIP_MMA != 0) {
+#pragma unroll
+              for (int i = 0; i < kAccum; ++i) partial[i] = 0.0f;
+            } else {
+              wgmma_issue_k128(partial, a_stage, b_stage + c * kMmaN * kBlockK);
+            }
+            end_turn();
+            wgmma_wait<0>();
+            fence_registers(partial);
+            promote_block(promoted[0][c], partial, sa_lo[0] * sw[c], sa_hi[0] * sw[c]);
+          }
+        } else {
 #pragma unroll
           for (int w = 0; w < kWavesM; ++w) {
-            sa_lo[w] = load_shared_f32(sa_stage + w * 64 * 4);
-            sa_hi[w] = load_shared_f32(sa_stage + (w * 64 + 8) * 4);
-          }
-
-          const unsigned a_stage = a_smem + stage * kATileBytes;
-          const unsigned b_stage = b_smem + stage * kBTileBytes;
-          if constexpr (kTurns) {
+            if (!wave_active[w]) continue;  // every row of this wave lies past the group: nothing to store
 #pragma unroll
             for (int c = 0; c < kChunksN; ++c) {
-              begin_turn();
               if constexpr (GEMM_DIAG_SKIP_MMA != 0) {
 #pragma unroll
                 for (int i = 0; i < kAccum; ++i) partial[i] = 0.0f;
               } else {
-                wgmma_issue_k128(partial, a_stage, b_stage + c * kMmaN * kBlockK);
+                wgmma_block_k128(partial, a_stage + w * 64 * kBlockK, b_stage + c * kMmaN * kBlockK);
               }
-              end_turn();
-              wgmma_wait<0>();
-              fence_registers(partial);
-              promote_block(promoted[0][c], partial, sa_lo[0] * sw[c], sa_hi[0] * sw[c]);
+              promote_block(promoted[w][c], partial, sa_lo[w] * sw[c], sa_hi[w] * sw[c]);
             }
-          } else {
-#pragma unroll
-            for (int w = 0; w < kWavesM; ++w) {
-              if (!wave_active[w]) continue;  // every row of this wave lies past the group: nothing to store
-#pragma unroll
-              for (int c = 0; c < kChunksN; ++c) {
-                if constexpr (GEMM_DIAG_SKIP_MMA != 0) {
-#pragma unroll
-                  for (int i = 0; i < kAccum; ++i) partial[i] = 0.0f;
-                } else {
-                  wgmma_block_k128(partial, a_stage + w * 64 * kBlockK, b_stage + c * kMmaN * kBlockK);
-                }
-                promote_block(promoted[w][c], partial, sa_lo[w] * sw[c], sa_hi[w] * sw[c]);
-              }
-            }
-          }
-          // This warp's wgmmas have completed (wait_group 0), so its reads of the stage are done.
-          if (lane == 0) mbar_arrive(empty_bar + 8 * stage);
-          if (++stage == kStages) {
-            stage = 0;
-            phase ^= 1u;
           }
         }
-      };
-      if constexpr (GEMM_WG_TURNS == 2) {
-        k_loop(CompileTimeFlag<true>{});  // diagnosis: turns on every tile, one K loop
-      } else {
-        if (take_turns) k_loop(CompileTimeFlag<true>{});
-        else k_loop(CompileTimeFlag<false>{});
+        // This warp's wgmmas have completed (wait_group 0), so its reads of the stage are done.
+        if (lane == 0) mbar_arrive(empty_bar + 8 * stage);
+        if (++stage == kStages) {
+          stage = 0;
+          phase ^= 1u;
+        }
       }
     }
 
