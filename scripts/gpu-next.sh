@@ -97,9 +97,9 @@
 #   PART=60 turns by default: every GPU test file, the plan's grouped GEMM with and without turns
 #           (GEMM_WG_TURNS=0) beside torch in 2 rounds, `bench --impl grouped-gemm --peer`, and the flash
 #           unfused pipeline at large T beside the torch peer (ARCHIVE=1)
-#   PART=61 turns on tiles with both warpgroups' rows (two K loops, 8247b23) against turns on every tile (one
-#           loop, GEMM_WG_TURNS=2 at 1c4cfbb, since the default) and none (=0), in 3 rounds of rotated order;
-#           SASS of diag/*.cubin if present (ARCHIVE=1)
+#   PART=61 turns (the default) against none (GEMM_WG_TURNS=0) in 3 rounds of rotated order; SASS of
+#           diag/*.cubin if present (ARCHIVE=1). At 1c4cfbb it also timed GEMM_WG_TURNS=2 (turns on every tile,
+#           one K loop: the default since) against that commit's default (turns where both warpgroups have rows)
 # ARCHIVE=1 returns everything as $OUT/all.tgz (ARCHIVE_TIMEOUT: seconds for the part, default 540).
 # Pass MEGAMOE_COMMIT: the device's copy of the tree has no current git history.
 set -uo pipefail
