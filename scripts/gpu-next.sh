@@ -100,6 +100,8 @@
 #   PART=61 turns (the default) against none (GEMM_WG_TURNS=0) in 3 rounds of rotated order; SASS of
 #           diag/*.cubin if present (ARCHIVE=1). At 1c4cfbb it also timed GEMM_WG_TURNS=2 (turns on every tile,
 #           one K loop: the default since) against that commit's default (turns where both warpgroups have rows)
+#   PART=62 compute-sanitizer memcheck, racecheck and synccheck on the grouped GEMM's small test cases (every
+#           tile; the turns' named barriers, partial tiles) (ARCHIVE=1)
 # ARCHIVE=1 returns everything as $OUT/all.tgz (ARCHIVE_TIMEOUT: seconds for the part, default 540).
 # Pass MEGAMOE_COMMIT: the device's copy of the tree has no current git history.
 set -uo pipefail
@@ -571,6 +573,16 @@ case "${PART:-1}" in
     done
   done
   torch_gemm torch-grouped-gemm.json 8
+  ;;
+62)
+  for tool in memcheck racecheck synccheck; do
+    for c in tiny "empty groups"; do
+      tag=${c// /-}
+      MEGAMOE_GEMM_CASE=$c MEGAMOE_JIT_LINEINFO=1 timeout 150 compute-sanitizer --tool $tool --print-limit 20 \
+        node --test dist-test/test/gpu/grouped-gemm.test.js >"$out/sanitizer-gemm-$tool-$tag.txt" 2>&1
+      echo "$tool $c rc=$?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|^ℹ (pass|fail)" "$out/sanitizer-gemm-$tool-$tag.txt" | head -4
+    done
+  done
   ;;
 53) gpu_tests 240 test-expert-parallel.txt dist-test/test/gpu/expert-parallel.test.js; grep -E "rank [0-9]" "$out/test-expert-parallel.txt" | head -60 ;;
 37)
