@@ -83,16 +83,18 @@
 #   PART=53 the expert-parallel layer's GPU test (ranks on one device, both pipelines, against the CPU)
 #   PART=54 PART=53 and the weight generator's GPU test, then `megamoe check --ranks 8` on flash (every
 #           rank on the GPU, weights made there) and on tiny
-#   PART=55 A from registers (GEMM_A_FROM_REGISTERS=1): the grouped GEMM's tests with it, then m128n256 and
-#           m64n256 with and without it beside torch._scaled_grouped_mm in 2 rounds (ARCHIVE=1)
-#   PART=56 how the two math warpgroups keep pace (GEMM_WG_SCHEDULE 1, 2, and 2 with A from registers): the
+#   PART=55–59 ran at the commits their results name, where their switches existed (since removed: run
+#           that commit's script to repeat one):
+#   PART=55 A from registers (GEMM_A_FROM_REGISTERS=1, 418f3ac): the grouped GEMM's tests with it, then m128n256
+#           and m64n256 with and without it beside torch._scaled_grouped_mm in 2 rounds (ARCHIVE=1)
+#   PART=56 how the two math warpgroups keep pace (GEMM_WG_SCHEDULE 1, 2, and 2 with A from registers; 660d02c): the
 #           grouped GEMM's tests with each, then each beside the plain kernel and torch in 2 rounds (ARCHIVE=1)
-#   PART=57 where the m128n256 mainloop's time goes, with turns (GEMM_WG_SCHEDULE=2): the loads from fixed
+#   PART=57 where the m128n256 mainloop's time goes, with turns (GEMM_WG_SCHEDULE=2, d59fea4): the loads from fixed
 #           tiles (GEMM_DIAG_FIXED_TILES: 1 A, 2 B, 3 both; L2 hits only), without the epilogue, beside
 #           the plain kernel and torch in 2 rounds (ARCHIVE=1)
-#   PART=58 the epilogue, with turns: staged but not stored (GEMM_DIAG_SKIP_EPILOGUE=2), not at all (=1), stored
+#   PART=58 the epilogue, with turns (5cb2988): staged but not stored (GEMM_DIAG_SKIP_EPILOGUE=2), not at all (=1), stored
 #           streaming (GEMM_STORE_STREAMING=1, tested first), beside the plain kernel and torch in 2 rounds (ARCHIVE=1)
-#   PART=59 warpgroup 1 lagging warpgroup 0 (GEMM_WG_SCHEDULE=3, GEMM_WG_LAG 1, 2, 3; tested first) against
+#   PART=59 warpgroup 1 lagging warpgroup 0 (GEMM_WG_SCHEDULE=3, GEMM_WG_LAG 1, 2, 3, abd902f; tested first) against
 #           turns (GEMM_WG_SCHEDULE=2) and the plain kernel, beside torch in 2 rounds (ARCHIVE=1)
 #   PART=60 turns by default: every GPU test file, the plan's grouped GEMM with and without turns
 #           (GEMM_WG_TURNS=0) beside torch in 2 rounds, `bench --impl grouped-gemm --peer`, and the flash

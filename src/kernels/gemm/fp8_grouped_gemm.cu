@@ -532,9 +532,9 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
         const unsigned a_stage = a_smem + stage * kATileBytes;
         const unsigned b_stage = b_smem + stage * kBTileBytes;
         if constexpr (kTakeTurns) {
-        // Turns are taken on every tile, so warpgroup 1 issues its wgmmas even where all its rows lie
-        // past the group (never stored). Taking them only where both have rows, in a K loop of its own,
-        // measured 2.5% slower: ptxas schedules the issue worse (PART=61).
+          // Turns are taken on every tile, so warpgroup 1 issues its wgmmas even where all its rows lie
+          // past the group (never stored). Taking them only where both have rows, in a K loop of its
+          // own, measured 2.5% slower: ptxas schedules the issue worse (PART=61).
 #pragma unroll
           for (int c = 0; c < kChunksN; ++c) {
             begin_turn();
