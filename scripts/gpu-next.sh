@@ -104,6 +104,8 @@
 #           one K loop: the default since) against that commit's default (turns where both warpgroups have rows)
 #   PART=62 compute-sanitizer memcheck, racecheck and synccheck on the grouped GEMM's small test cases (every
 #           tile; the turns' named barriers, partial tiles) (ARCHIVE=1)
+#   PART=63 the grouped GEMM's plan and torch._scaled_grouped_mm in 4 alternating rounds at M = 512 and 4096
+#           per group (the large-M ratio through the clock's spread) (ARCHIVE=1)
 # ARCHIVE=1 returns everything as $OUT/all.tgz (ARCHIVE_TIMEOUT: seconds for the part, default 540).
 # Pass MEGAMOE_COMMIT: the device's copy of the tree has no current git history.
 set -uo pipefail
@@ -584,6 +586,12 @@ case "${PART:-1}" in
         node --test dist-test/test/gpu/grouped-gemm.test.js >"$out/sanitizer-gemm-$tool-$tag.txt" 2>&1
       echo "$tool $c rc=$?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|^ℹ (pass|fail)" "$out/sanitizer-gemm-$tool-$tag.txt" | head -4
     done
+  done
+  ;;
+63)
+  for round in 1 2 3 4; do
+    torch_gemm "torch-grouped-gemm-$round.json"
+    GEMM_TILES=plan GEMM_M=512,4096 gemm_tiles "gemm-$round" 120
   done
   ;;
 53) gpu_tests 240 test-expert-parallel.txt dist-test/test/gpu/expert-parallel.test.js; grep -E "rank [0-9]" "$out/test-expert-parallel.txt" | head -60 ;;
