@@ -106,6 +106,8 @@
 #           tile; the turns' named barriers, partial tiles) (ARCHIVE=1)
 #   PART=63 the grouped GEMM's plan and torch._scaled_grouped_mm in 4 alternating rounds at M = 512 and 4096
 #           per group (the large-M ratio through the clock's spread) (ARCHIVE=1)
+#   PART=64 tile order in panels of GEMM_PANEL_M m-blocks (8, 16): the grouped GEMM's tests with 8, then each
+#           beside the plain order and torch at M = 2048 and 4096 per group in 2 rounds (ARCHIVE=1)
 # ARCHIVE=1 returns everything as $OUT/all.tgz (ARCHIVE_TIMEOUT: seconds for the part, default 540).
 # Pass MEGAMOE_COMMIT: the device's copy of the tree has no current git history.
 set -uo pipefail
@@ -592,6 +594,16 @@ case "${PART:-1}" in
   for round in 1 2 3 4; do
     torch_gemm "torch-grouped-gemm-$round.json"
     GEMM_TILES=plan GEMM_M=512,4096 gemm_tiles "gemm-$round" 120
+  done
+  ;;
+64)
+  MEGAMOE_JIT_DEFINES=GEMM_PANEL_M=8 gpu_tests 200 test-grouped-gemm-panel8.txt dist-test/test/gpu/grouped-gemm.test.js
+  for round in 1 2; do
+    torch_gemm "torch-grouped-gemm-$round.json"
+    for v in - GEMM_PANEL_M=8 GEMM_PANEL_M=16; do
+      tag=${v//[^A-Za-z0-9]/_}
+      MEGAMOE_JIT_DEFINES=${v#-} GEMM_TILES=plan GEMM_M=2048,4096 gemm_tiles "gemm-$tag-$round" 120
+    done
   done
   ;;
 53) gpu_tests 240 test-expert-parallel.txt dist-test/test/gpu/expert-parallel.test.js; grep -E "rank [0-9]" "$out/test-expert-parallel.txt" | head -60 ;;
