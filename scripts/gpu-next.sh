@@ -106,7 +106,7 @@
 #           tile; the turns' named barriers, partial tiles) (ARCHIVE=1)
 #   PART=63 the grouped GEMM's plan and torch._scaled_grouped_mm in 4 alternating rounds at M = 512 and 4096
 #           per group (the large-M ratio through the clock's spread) (ARCHIVE=1)
-#   PART=64 tile order in panels of GEMM_PANEL_M m-blocks (8, 16): the grouped GEMM's tests with 8, then each
+#   PART=64 tile order in panels of GEMM_PANEL_M m-blocks (8, 16; at e4823c5, removed since): the grouped GEMM's tests with 8, then each
 #           beside the plain order and torch at M = 2048 and 4096 per group in 2 rounds (ARCHIVE=1)
 # ARCHIVE=1 returns everything as $OUT/all.tgz (ARCHIVE_TIMEOUT: seconds for the part, default 540).
 # Pass MEGAMOE_COMMIT: the device's copy of the tree has no current git history.

@@ -84,11 +84,6 @@
 #ifndef GEMM_DIAG_SKIP_MMA
 #define GEMM_DIAG_SKIP_MMA 0
 #endif
-// Tile order within a group: 0, n-block major over all its m-blocks; P > 0, the same over panels of P
-// m-blocks, one panel after the other (a smaller set of A rows in flight while every n-block passes).
-#ifndef GEMM_PANEL_M
-#define GEMM_PANEL_M 0
-#endif
 #ifndef GEMM_DIAG_FIXED_TILES
 #define GEMM_DIAG_FIXED_TILES 0
 #endif
@@ -263,17 +258,9 @@ __device__ __forceinline__ Tile decode_tile(int tile, int& cursor, const int* pr
   while (tile >= prefix[cursor + 1]) ++cursor;
   const int first = prefix[cursor];
   const int m_blocks = (prefix[cursor + 1] - first) / kNBlocks;
-  int local = tile - first;
-  int panel_m0 = 0;         // the panel's first m-block
-  int panel_m = m_blocks;   // and its m-blocks
-  if constexpr (GEMM_PANEL_M > 0) {
-    const int panel = local / (GEMM_PANEL_M * kNBlocks);
-    panel_m0 = panel * GEMM_PANEL_M;
-    panel_m = m_blocks - panel_m0 < GEMM_PANEL_M ? m_blocks - panel_m0 : GEMM_PANEL_M;
-    local -= panel * GEMM_PANEL_M * kNBlocks;
-  }
-  const int n_block = local / panel_m;
-  const int m_block = panel_m0 + (local - n_block * panel_m);
+  const int local = tile - first;
+  const int n_block = local / m_blocks;
+  const int m_block = local - n_block * m_blocks;
   const GroupRows rows = groups[cursor];
   return Tile{cursor, rows.begin + m_block * kBlockM, rows.end, n_block * kBlockN};
 }
