@@ -66,7 +66,15 @@ export {
   quantizeActivations,
   quantizeWeightBlocks,
 } from "./numerics/quant.js";
-export { type DispatchPlan, planDispatch, type RankRouting, type ReceivedRows } from "./parallel/dispatch.js";
+export {
+  type DispatchPlan,
+  planDispatch,
+  type RankRouting,
+  type ReceivedRows,
+  type SentRows,
+  type SentRun,
+  sentRows,
+} from "./parallel/dispatch.js";
 export {
   combineRankOutputs,
   ExpertParallelMoE,

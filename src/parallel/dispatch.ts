@@ -26,6 +26,8 @@ export interface ReceivedRows {
   sourceRank: Int32Array;
   /** The row's token index on its source rank. */
   sourceToken: Int32Array;
+  /** int32 [ranks + 1]: the rows from source rank s are [sourceStart[s], sourceStart[s + 1]). */
+  sourceStart: Int32Array;
   /** int32 [count, localTopK]: the row's slots on this rank, local ids in their original order, −1 after. */
   ids: Int32Array;
   /** fp32 [count, localTopK]: those slots' weights, 0 where masked. */
@@ -67,8 +69,8 @@ export function planDispatch(
   }
   const localExperts = numExperts / ranks;
   const localTopK = Math.min(topK, localExperts);
-  // First pass: which ranks each token visits, and how many rows each rank receives.
-  const counts = new Array<number>(ranks).fill(0);
+  // First pass: which ranks each token visits, and how many rows each rank receives from each source.
+  const fromSource = Array.from({ length: ranks }, () => new Int32Array(ranks));
   const visits: Uint8Array[] = routing.map((r, s) => {
     if (r.ids.length !== r.tokens * topK || r.weights.length !== r.tokens * topK) {
       throw new DispatchError(
@@ -88,19 +90,25 @@ export function planDispatch(
         const d = Math.floor(e / localExperts);
         if (v[t * ranks + d] === 0) {
           v[t * ranks + d] = 1;
-          counts[d]! += 1;
+          fromSource[d]![s]! += 1;
         }
       }
     }
     return v;
   });
-  const received: ReceivedRows[] = counts.map((count) => ({
-    count,
-    sourceRank: new Int32Array(count),
-    sourceToken: new Int32Array(count),
-    ids: new Int32Array(count * localTopK).fill(-1),
-    weights: new Float32Array(count * localTopK),
-  }));
+  const received: ReceivedRows[] = fromSource.map((bySource) => {
+    const sourceStart = new Int32Array(ranks + 1);
+    for (let src = 0; src < ranks; src++) sourceStart[src + 1] = sourceStart[src]! + bySource[src]!;
+    const count = sourceStart[ranks]!;
+    return {
+      count,
+      sourceRank: new Int32Array(count),
+      sourceToken: new Int32Array(count),
+      sourceStart,
+      ids: new Int32Array(count * localTopK).fill(-1),
+      weights: new Float32Array(count * localTopK),
+    };
+  });
   const slot = routing.map((r) => Array.from({ length: ranks }, () => new Int32Array(r.tokens).fill(-1)));
   const next = new Array<number>(ranks).fill(0);
   routing.forEach((r, s) => {
@@ -125,4 +133,42 @@ export function planDispatch(
     }
   });
   return { ranks, localExperts, topK, localTopK, received, slot };
+}
+
+/** A run of one source's rows on one receiver: `rows` rows from row `firstRow` of received[rank]. */
+export interface SentRun {
+  rank: number;
+  firstRow: number;
+  rows: number;
+  /** Where the run's tokens start in `SentRows.tokens`. */
+  at: number;
+}
+
+/** What source rank s sends: its token indices receiver by receiver (each run in token order), and the runs. */
+export interface SentRows {
+  tokens: Int32Array;
+  runs: SentRun[];
+}
+
+/**
+ * The rows source rank `s` sends, read off the plan: on receiver d they are the consecutive rows
+ * [sourceStart[s], sourceStart[s + 1]), holding the tokens sourceToken lists there. Its own rows
+ * (d = s) are a run like any other.
+ */
+export function sentRows(plan: DispatchPlan, s: number): SentRows {
+  const runs: SentRun[] = [];
+  let total = 0;
+  plan.received.forEach((into, d) => {
+    const firstRow = into.sourceStart[s]!;
+    const rows = into.sourceStart[s + 1]! - firstRow;
+    if (rows === 0) return;
+    runs.push({ rank: d, firstRow, rows, at: total });
+    total += rows;
+  });
+  const tokens = new Int32Array(total);
+  for (const run of runs) {
+    const from = plan.received[run.rank]!.sourceToken;
+    tokens.set(from.subarray(run.firstRow, run.firstRow + run.rows), run.at);
+  }
+  return { tokens, runs };
 }

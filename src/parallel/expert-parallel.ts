@@ -34,6 +34,7 @@ import {
   planDispatch,
   type RankRouting,
   type ReceivedRows,
+  sentRows,
 } from "./dispatch.js";
 
 /** One rank's share of a layer's weights: its block of routed experts, the shared expert, its gate rows. */
@@ -368,19 +369,11 @@ export class ExpertParallelMoE {
     });
     inputs.forEach((input, s) => {
       const b = buffers[s]!;
-      const index: number[] = [];
-      const runs: { d: number; first: number; rows: number; at: number }[] = [];
-      for (let d = 0; d < this.ranks; d++) {
-        const slot = plan.slot[s]![d]!;
-        const at = index.length;
-        for (let t = 0; t < input.tokens; t++) if (slot[t]! >= 0) index.push(t);
-        // A source's rows are consecutive on the receiver, from its first token's row on.
-        if (index.length > at) runs.push({ d, first: slot[index[at]!]!, rows: index.length - at, at });
-      }
+      const { tokens: index, runs } = sentRows(plan, s);
       if (index.length === 0) return;
-      b.gatherIndex.view([index.length]).copyFromHost(Int32Array.from(index));
+      b.gatherIndex.view([index.length]).copyFromHost(index);
       for (const run of runs) {
-        const into = buffers[run.d]!.recvX.ptr + BigInt(run.first * rowBytes);
+        const into = buffers[run.rank]!.recvX.ptr + BigInt(run.firstRow * rowBytes);
         gatherRowsOnDevice(
           b.device,
           input.x.ptr,
@@ -496,8 +489,11 @@ function checkDeviceInput(input: RankDeviceInput, s: number, device: Device, con
 }
 
 function statsOf(plan: DispatchPlan): ExpertParallelStats {
-  const sent = plan.slot.map((bySource, s) =>
-    bySource.reduce((n, rows, d) => (d === s ? n : n + rows.reduce((k, r) => k + (r >= 0 ? 1 : 0), 0)), 0),
+  const sent = plan.slot.map((_, s) =>
+    plan.received.reduce(
+      (n, into, d) => (d === s ? n : n + into.sourceStart[s + 1]! - into.sourceStart[s]!),
+      0,
+    ),
   );
   return { received: plan.received.map((r) => r.count), sent };
 }

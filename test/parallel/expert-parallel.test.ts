@@ -10,7 +10,7 @@ import { describe, test } from "node:test";
 import { type MoEConfig, PRESETS } from "../../src/config/config.js";
 import { InputError, MoELayer } from "../../src/layer.js";
 import { bf16BitsToF32, f32ToBf16Bits } from "../../src/numerics/bf16.js";
-import { planDispatch, type RankRouting } from "../../src/parallel/dispatch.js";
+import { type DispatchPlan, planDispatch, type RankRouting, sentRows } from "../../src/parallel/dispatch.js";
 import { combineRankOutputs, ExpertParallelMoE, type RankInput } from "../../src/parallel/expert-parallel.js";
 import { calcDiff, relativeError } from "../../src/reference/metrics.js";
 import { randomRouting } from "../../src/reference/router.js";
@@ -25,6 +25,30 @@ function rankInputs(config: MoEConfig, tokens: readonly number[], base: number):
     const routing = randomRouting(base + 17 * s, t, config, { maskedTokens: t > 3 ? [1] : [] });
     return { x: generateActivations(base + 31 * s, t, config.hidden), tokens: t, ...routing };
   });
+}
+
+/** sentRows(plan, s) against the slots: per receiver, the tokens with a row there, in order, on consecutive rows. */
+function checkSentRows(plan: DispatchPlan, s: number, tokens: number): void {
+  const sent = sentRows(plan, s);
+  let at = 0;
+  for (let d = 0; d < plan.ranks; d++) {
+    const slot = plan.slot[s]![d]!;
+    const mine = Array.from({ length: tokens }, (_, t) => t).filter((t) => slot[t]! >= 0);
+    const run = sent.runs.find((x) => x.rank === d);
+    if (mine.length === 0) {
+      assert.equal(run, undefined, `rank ${s} has no rows for rank ${d}`);
+      continue;
+    }
+    assert.ok(run !== undefined, `rank ${s} sends rows to rank ${d}`);
+    assert.deepEqual([run.at, run.rows, run.firstRow], [at, mine.length, slot[mine[0]!]!]);
+    assert.deepEqual([...sent.tokens.subarray(at, at + run.rows)], mine);
+    assert.deepEqual(
+      mine.map((t) => slot[t]),
+      mine.map((_, i) => run.firstRow + i),
+    );
+    at += run.rows;
+  }
+  assert.equal(sent.tokens.length, at);
 }
 
 describe("expert-parallel dispatch plan", () => {
@@ -75,7 +99,17 @@ describe("expert-parallel dispatch plan", () => {
           const before = into.sourceRank[row - 1]! * 1e6 + into.sourceToken[row - 1]!;
           assert.ok(before < into.sourceRank[row]! * 1e6 + into.sourceToken[row]!, "rows out of order");
         }
+        assert.equal(into.sourceStart[0], 0);
+        assert.equal(into.sourceStart[ranks], into.count);
+        for (let s = 0; s < ranks; s++) {
+          for (let row = into.sourceStart[s]!; row < into.sourceStart[s + 1]!; row++) {
+            assert.equal(into.sourceRank[row], s);
+          }
+        }
       }
+      routing.forEach((r, s) => {
+        checkSentRows(plan, s, r.tokens);
+      });
     }
   });
 
@@ -123,6 +157,11 @@ describe("expert-parallel layer on the CPU", () => {
       });
       assert.equal(stats.received.length, ranks);
       if (ranks === 1) assert.deepEqual(stats.sent, [0]);
+      const plan = ep.plan(inputs);
+      const sent = plan.slot.map((bySource, s) =>
+        bySource.reduce((n, rows, d) => (d === s ? n : n + rows.filter((r) => r >= 0).length), 0),
+      );
+      assert.deepEqual(stats.sent, sent);
     });
   }
 
