@@ -82,7 +82,7 @@ export function planDispatch(
       for (let j = 0; j < topK; j++) {
         const e = r.ids[t * topK + j]!;
         if (e === -1) continue;
-        if (!Number.isInteger(e) || e < -1 || e >= numExperts) {
+        if (e < -1 || e >= numExperts) {
           throw new DispatchError(
             `rank ${s} token ${t} slot ${j}: expert id ${e} is outside [-1, ${numExperts})`,
           );
