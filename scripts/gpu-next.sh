@@ -108,6 +108,8 @@
 #           per group (the large-M ratio through the clock's spread) (ARCHIVE=1)
 #   PART=64 tile order in panels of GEMM_PANEL_M m-blocks (8, 16; at e4823c5, removed since): the grouped GEMM's tests with 8, then each
 #           beside the plain order and torch at M = 2048 and 4096 per group in 2 rounds (ARCHIVE=1)
+#   PART=65 the deferred epilogue: the grouped-GEMM tests with it (the default), then 4 rounds of torch,
+#           deferred and not (GEMM_DEFERRED_EPILOGUE=0), rotated, at the plan's tiles, M = 64, 512, 4096
 # ARCHIVE=1 returns everything as $OUT/all.tgz (ARCHIVE_TIMEOUT: seconds for the part, default 540).
 # Pass MEGAMOE_COMMIT: the device's copy of the tree has no current git history.
 set -uo pipefail
@@ -603,6 +605,19 @@ case "${PART:-1}" in
     for v in - GEMM_PANEL_M=8 GEMM_PANEL_M=16; do
       tag=${v//[^A-Za-z0-9]/_}
       MEGAMOE_JIT_DEFINES=${v#-} GEMM_TILES=plan GEMM_M=2048,4096 gemm_tiles "gemm-$tag-$round" 120
+    done
+  done
+  ;;
+65)
+  gpu_tests 200 test-grouped-gemm.txt dist-test/test/gpu/grouped-gemm.test.js
+  round=0
+  for order in "- GEMM_DEFERRED_EPILOGUE=0" "GEMM_DEFERRED_EPILOGUE=0 -" "- GEMM_DEFERRED_EPILOGUE=0" \
+    "GEMM_DEFERRED_EPILOGUE=0 -"; do
+    round=$((round + 1))
+    torch_gemm "torch-grouped-gemm-$round.json"
+    for v in $order; do
+      tag=${v//[^A-Za-z0-9]/_}
+      MEGAMOE_JIT_DEFINES=${v#-} GEMM_TILES=plan GEMM_M=${GEMM_M:-64,512,4096} gemm_tiles "gemm-$tag-$round" 120
     done
   done
   ;;

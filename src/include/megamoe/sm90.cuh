@@ -357,7 +357,20 @@ __host__ __device__ constexpr unsigned staging_area_bytes(unsigned pitch) { retu
 constexpr unsigned kStagingPitchNarrow = kStagedRowBytes + 16;
 constexpr unsigned kStagingPitchWide = kStagedRowBytes + 32;
 
-template <int kRowBytes, int kPitch>
+// 16 bytes from shared memory to global memory, the store under a predicate and with no branch: for code
+// that runs while a wgmma group is in flight, where a branch the compiler cannot prove warp-uniform makes
+// ptxas serialize the kernel's wgmmas. One asm block, so the load's registers live only through it.
+__device__ __forceinline__ void copy_piece_if(bool store, void* dst, unsigned src) {
+  asm volatile(
+      "{\n.reg .pred p;\n.reg .b32 x, y, z, w;\nsetp.ne.b32 p, %2, 0;\n"
+      "ld.shared.v4.b32 {x, y, z, w}, [%1];\n@p st.global.v4.b32 [%0], {x, y, z, w};\n}" ::"l"(dst),
+      "r"(src), "r"(static_cast<unsigned>(store))
+      : "memory");
+}
+
+// kBranchFree: every lane reads its pieces and only the stores are predicated (copy_piece_if), for a
+// copy-out that runs while a wgmma group is in flight.
+template <int kRowBytes, int kPitch, bool kBranchFree = false>
 __device__ __forceinline__ void copy_out_staged_rows(unsigned staging, unsigned char* dst, long long stride,
                                                      int rows_valid, int lane) {
   static_assert(kRowBytes % 16 == 0 && kRowBytes >= 16 && kRowBytes <= kStagedRowBytes,
@@ -371,7 +384,9 @@ __device__ __forceinline__ void copy_out_staged_rows(unsigned staging, unsigned 
 #pragma unroll
   for (int pass = 0; pass < kRows / kRowsPerPass; ++pass) {
     const int r = pass * kRowsPerPass + lane / kLanesPerRow;
-    if (r < rows_valid) {
+    if constexpr (kBranchFree) {
+      copy_piece_if(r < rows_valid, dst + r * stride + 16 * piece, staging + r * kPitch + 16 * piece);
+    } else if (r < rows_valid) {
       megamoe::st_v4(dst + r * stride + 16 * piece, load_shared_v4(staging + r * kPitch + 16 * piece));
     }
   }

@@ -28,7 +28,8 @@
 // Compile-time parameters (-D from src/kernels/gemm/grouped_gemm.ts; defaults build the file alone):
 //   BLOCK_M 64|128, BLOCK_N 64|128|256, BLOCK_K 128, NUM_STAGES, NUM_MATH_WARPGROUPS 1|2,
 //   N (output columns), K, NUM_GROUPS, OUT_BF16 0|1. Diagnosis only: GEMM_SETMAXNREG 0|1 (default 1),
-//   GEMM_PIPELINED_PROMOTION 0|1 (default 1), GEMM_WG_TURNS 0|1 (default 1), GEMM_WATCHDOG_NS (default 2 s),
+//   GEMM_PIPELINED_PROMOTION 0|1 (default 1), GEMM_WG_TURNS 0|1 (default 1), GEMM_DEFERRED_EPILOGUE 0|1
+//   (default 1), GEMM_WATCHDOG_NS (default 2 s),
 //   and, with wrong results, for timing the kernel without a part of its work: GEMM_DIAG_SKIP_MMA 1 (no
 //   wgmma is issued; every stage is still waited for, promoted and released), GEMM_DIAG_SKIP_EPILOGUE 1
 //   (the tiles' sums are folded into one value that is never stored) or 2 (staged, never copied out),
@@ -80,6 +81,9 @@
 // 1: two math warpgroups take turns on the tensor cores (see kTakeTurns); 0: they issue at will (for A/B runs).
 #ifndef GEMM_WG_TURNS
 #define GEMM_WG_TURNS 1
+#endif
+#ifndef GEMM_DEFERRED_EPILOGUE
+#define GEMM_DEFERRED_EPILOGUE 1
 #endif
 #ifndef GEMM_DIAG_SKIP_MMA
 #define GEMM_DIAG_SKIP_MMA 0
@@ -166,6 +170,12 @@ constexpr int kSwPerTile = kSwRows * kKBlocks;
 // Each warpgroup stages its own copy of a tile's weight scales, so the two never meet at a barrier.
 constexpr bool kTakeTurns = GEMM_WG_TURNS != 0 && kMathWarpgroups == 2;
 constexpr int kSwPerThread = (kSwPerTile + 127) / 128;  // one warpgroup stages a copy
+// With turns, a tile's epilogue is written during the next tile's first K block: chunk c's output goes
+// out right after the warpgroup issues the next tile's chunk c, so the stores drain while the tensor
+// cores work, instead of both warpgroups writing at the tile's end while the tensor cores idle. Chunk c's
+// accumulators are free once written, and the next tile's first promotion into them starts from zero.
+constexpr bool kDeferredEpilogue =
+    kTakeTurns && kOutBf16 && GEMM_DEFERRED_EPILOGUE != 0 && GEMM_DIAG_SKIP_EPILOGUE != 1;
 // Named barriers: 2 + w warpgroup w alone, 4 + w warpgroup w's turn to issue.
 constexpr unsigned kBarrierWarpgroup = 2;
 constexpr unsigned kBarrierTurn = 4;
@@ -264,6 +274,11 @@ __device__ __forceinline__ Tile decode_tile(int tile, int& cursor, const int* pr
   const GroupRows rows = groups[cursor];
   return Tile{cursor, rows.begin + m_block * kBlockM, rows.end, n_block * kBlockN};
 }
+
+template <bool kFlag>
+struct CompileTimeFlag {
+  static constexpr bool kValue = kFlag;
+};
 
 __device__ __forceinline__ int clamp_int(int x, int lo, int hi) { return x < lo ? lo : (x > hi ? hi : x); }
 
@@ -442,6 +457,48 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
   float partial[kAccum];
   float partial_next[kAccum];  // the odd K blocks' partial, when pipelined (unused otherwise)
 
+  // Epilogue of chunk c of wave w of tile t: each warp stages its 16 rows (pairs of adjacent columns of
+  // rows frag_row and frag_row + 8 per thread), kRoundCols columns at a time, and copies them out in
+  // 16-byte pieces; stage_pair(at, i, half) stores the thread's pair i (columns 8i + frag_col, + 1) of row
+  // frag_row + 8·half. Deferred, it runs while a wgmma group is in flight, so it has no branch the
+  // compiler cannot prove warp-uniform: every row is staged and only the stores are predicated.
+  constexpr int kOutBytes = kOutBf16 ? 2 : 4;
+  constexpr int kRoundCols = kMmaN < kStagedRowBytes / kOutBytes ? kMmaN : kStagedRowBytes / kOutBytes;
+  constexpr int kRounds = kMmaN / kRoundCols;
+  const auto write_chunk = [&](const Tile& t, int w, int c, auto&& stage_pair) {
+    const int warp_row0 = t.row0 + wg_row0 + w * 64 + warp_in_wg * 16;
+    const unsigned staged = staging + static_cast<unsigned>(lane / 4) * kStagingPitch + frag_col * kOutBytes;
+    const int rows_valid = t.row_end - warp_row0;  // of the warp's 16; the others are never copied out
+#pragma unroll
+    for (int round = 0; round < kRounds; ++round) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        if (!kDeferredEpilogue && lane / 4 + 8 * half >= rows_valid) continue;
+#pragma unroll
+        for (int j = 0; j < kRoundCols / 8; ++j) {
+          stage_pair(staged + 8 * half * kStagingPitch + 8 * j * kOutBytes, round * (kRoundCols / 8) + j, half);
+        }
+      }
+      const long long first =
+          static_cast<long long>(warp_row0) * kShapeN + t.n0 + wg_col0 + c * kMmaN + round * kRoundCols;
+      // GEMM_DIAG_SKIP_EPILOGUE 2: the rows are staged but never copied out (diagnosis).
+      copy_out_staged_rows<kRoundCols * kOutBytes, kStagingPitch, kDeferredEpilogue>(
+          staging, static_cast<unsigned char*>(out) + first * kOutBytes, static_cast<long long>(kShapeN) * kOutBytes,
+          GEMM_DIAG_SKIP_EPILOGUE == 2 ? 0 : rows_valid, lane);
+    }
+  };
+  // The tile whose epilogue is pending (kDeferredEpilogue), packed to bf16 pairs at its end so that the
+  // accumulators are free for the next tile: none before the first tile, so no rows.
+  Tile pending{};
+  unsigned packed[kChunksN][kAccum / 2];
+#pragma unroll
+  for (int c = 0; c < kChunksN; ++c)
+#pragma unroll
+    for (int i = 0; i < kAccum / 2; ++i) packed[c][i] = 0u;
+  const auto write_pending_chunk = [&](int c) {
+    write_chunk(pending, 0, c, [&](unsigned at, int i, int half) { store_shared_u32(at, packed[c][2 * i + half]); });
+  };
+
   for (int local_tile = 0; tile < total_tiles; ++local_tile) {
     // Makes this tile's weight scales visible, and guarantees every thread of the warpgroup is done
     // reading the buffer that the prefetch below will overwrite (it served the previous tile).
@@ -502,7 +559,6 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
           stage = 0;
           phase ^= 1u;
         }
-        ++iteration;
       };
       for (int kb = 0; kb < kKBlocks; kb += 2) {
         step(kb, partial, partial_next);
@@ -514,7 +570,9 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
       promote_block(promoted[0][0], last, held_lo, held_hi);
       if (lane == 0) mbar_arrive(empty_bar + 8 * held_stage);
     } else {
-      for (int kb = 0; kb < kKBlocks; ++kb, ++iteration) {
+      // One K block; kFirst (the tile's first, deferred epilogue only) also writes the pending tile.
+      const auto k_block = [&](int kb, auto first) {
+        constexpr bool kFirst = decltype(first)::kValue;
         float sw[kChunksN];
 #pragma unroll
         for (int c = 0; c < kChunksN; ++c) sw[c] = load_shared_f32(sw_tile + (sw_row[c] * kKBlocks + kb) * 4);
@@ -545,6 +603,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
               wgmma_issue_k128(partial, a_stage, b_stage + c * kMmaN * kBlockK);
             }
             end_turn();
+            if constexpr (kFirst) write_pending_chunk(c);
             wgmma_wait<0>();
             fence_registers(partial);
             promote_block(promoted[0][c], partial, sa_lo[0] * sw[c], sa_hi[0] * sw[c]);
@@ -571,7 +630,11 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
           stage = 0;
           phase ^= 1u;
         }
-      }
+      };
+      // The first K block is peeled off where it writes the pending tile: inside the loop, the packed
+      // pending tile would stay live (64 registers) through every K block.
+      if constexpr (kDeferredEpilogue) k_block(0, CompileTimeFlag<true>{}), ++iteration;
+      for (int kb = kDeferredEpilogue ? 1 : 0; kb < kKBlocks; ++kb, ++iteration) k_block(kb, CompileTimeFlag<false>{});
     }
 
     if (next_tile < total_tiles) store_weight_scales((local_tile + 1) & 1);
@@ -590,49 +653,39 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
       tile = next_tile;
       continue;
     }
-    // Epilogue: each warp stages its 16 rows (pairs of adjacent columns of rows frag_row and frag_row
-    // + 8 per thread), kRoundCols columns at a time, and copies them out in 16-byte pieces.
-    constexpr int kOutBytes = kOutBf16 ? 2 : 4;
-    constexpr int kRoundCols = kMmaN < kStagedRowBytes / kOutBytes ? kMmaN : kStagedRowBytes / kOutBytes;
-    constexpr int kRounds = kMmaN / kRoundCols;
+    if constexpr (kDeferredEpilogue) {
+      pending = current;
 #pragma unroll
-    for (int w = 0; w < kWavesM; ++w) {
-      if (!wave_active[w]) continue;
-      const int warp_row0 = current.row0 + wg_row0 + w * 64 + warp_in_wg * 16;
-      const unsigned staged = staging + static_cast<unsigned>(lane / 4) * kStagingPitch + frag_col * kOutBytes;
-      const int rows_valid = current.row_end - warp_row0;  // of the warp's 16; the others are never copied out
+      for (int c = 0; c < kChunksN; ++c)
 #pragma unroll
-      for (int c = 0; c < kChunksN; ++c) {
+        for (int i = 0; i < kAccum / 2; ++i) {
+          packed[c][i] = megamoe::bf16x2_from_floats(promoted[0][c][2 * i], promoted[0][c][2 * i + 1]);
+        }
+    } else {
 #pragma unroll
-        for (int round = 0; round < kRounds; ++round) {
+      for (int w = 0; w < kWavesM; ++w) {
+        if (!wave_active[w]) continue;
 #pragma unroll
-          for (int half = 0; half < 2; ++half) {
-            if (lane / 4 + 8 * half >= rows_valid) continue;
-#pragma unroll
-            for (int j = 0; j < kRoundCols / 8; ++j) {
-              const int i = round * (kRoundCols / 8) + j;  // columns 8i + frag_col, + 1 of the chunk
-              const unsigned at = staged + 8 * half * kStagingPitch + 8 * j * kOutBytes;
-              const float x = promoted[w][c][4 * i + 2 * half];
-              const float y = promoted[w][c][4 * i + 2 * half + 1];
-              if constexpr (kOutBf16) {
-                store_shared_u32(at, megamoe::bf16x2_from_floats(x, y));
-              } else {
-                store_shared_v2(at, x, y);
-              }
+        for (int c = 0; c < kChunksN; ++c) {
+          write_chunk(current, w, c, [&](unsigned at, int i, int half) {
+            const float x = promoted[w][c][4 * i + 2 * half];
+            const float y = promoted[w][c][4 * i + 2 * half + 1];
+            if constexpr (kOutBf16) {
+              store_shared_u32(at, megamoe::bf16x2_from_floats(x, y));
+            } else {
+              store_shared_v2(at, x, y);
             }
-          }
-          const long long first = static_cast<long long>(warp_row0) * kShapeN + current.n0 + wg_col0 + c * kMmaN +
-                                  round * kRoundCols;
-          // GEMM_DIAG_SKIP_EPILOGUE 2: the rows are staged but never copied out (diagnosis).
-          copy_out_staged_rows<kRoundCols * kOutBytes, kStagingPitch>(
-              staging, static_cast<unsigned char*>(out) + first * kOutBytes, static_cast<long long>(kShapeN) * kOutBytes,
-              GEMM_DIAG_SKIP_EPILOGUE == 2 ? 0 : rows_valid, lane);
+          });
         }
       }
     }
 
     current = next;
     tile = next_tile;
+  }
+  if constexpr (kDeferredEpilogue) {
+#pragma unroll
+    for (int c = 0; c < kChunksN; ++c) write_pending_chunk(c);
   }
   if constexpr (kTakeTurns) {
     if (warpgroup == 0) begin_turn();
