@@ -109,7 +109,8 @@
 #   PART=64 tile order in panels of GEMM_PANEL_M m-blocks (8, 16; at e4823c5, removed since): the grouped GEMM's tests with 8, then each
 #           beside the plain order and torch at M = 2048 and 4096 per group in 2 rounds (ARCHIVE=1)
 #   PART=65 the deferred epilogue: the grouped-GEMM tests with it (the default), then 4 rounds of torch,
-#           deferred and not (GEMM_DEFERRED_EPILOGUE=0), rotated, at the plan's tiles, M = 64, 512, 4096
+#           deferred and not (GEMM_DEFERRED_EPILOGUE=0), rotated, at the plan's tiles, M = 64, 512, 4096; the
+#           first two rounds also time no epilogue at all (GEMM_DIAG_SKIP_EPILOGUE=1) (ARCHIVE=1)
 # ARCHIVE=1 returns everything as $OUT/all.tgz (ARCHIVE_TIMEOUT: seconds for the part, default 540).
 # Pass MEGAMOE_COMMIT: the device's copy of the tree has no current git history.
 set -uo pipefail
@@ -611,8 +612,8 @@ case "${PART:-1}" in
 65)
   gpu_tests 200 test-grouped-gemm.txt dist-test/test/gpu/grouped-gemm.test.js
   round=0
-  for order in "- GEMM_DEFERRED_EPILOGUE=0" "GEMM_DEFERRED_EPILOGUE=0 -" "- GEMM_DEFERRED_EPILOGUE=0" \
-    "GEMM_DEFERRED_EPILOGUE=0 -"; do
+  for order in "- GEMM_DEFERRED_EPILOGUE=0 GEMM_DIAG_SKIP_EPILOGUE=1" "GEMM_DEFERRED_EPILOGUE=0 - GEMM_DIAG_SKIP_EPILOGUE=1" \
+    "- GEMM_DEFERRED_EPILOGUE=0" "GEMM_DEFERRED_EPILOGUE=0 -"; do
     round=$((round + 1))
     torch_gemm "torch-grouped-gemm-$round.json"
     for v in $order; do
