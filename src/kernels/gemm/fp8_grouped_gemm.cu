@@ -175,7 +175,8 @@ constexpr int kSwPerThread = (kSwPerTile + 127) / 128;  // one warpgroup stages 
 // cores work, instead of both warpgroups writing at the tile's end while the tensor cores idle. Chunk c's
 // accumulators are free once written, and the next tile's first promotion into them starts from zero.
 constexpr bool kDeferredEpilogue =
-    kTakeTurns && kOutBf16 && GEMM_DEFERRED_EPILOGUE != 0 && GEMM_DIAG_SKIP_EPILOGUE != 1;
+    kTakeTurns && GEMM_DEFERRED_EPILOGUE != 0 && GEMM_DIAG_SKIP_EPILOGUE != 1;
+constexpr bool kPackPending = kDeferredEpilogue && kOutBf16;
 // Named barriers: 2 + w warpgroup w alone, 4 + w warpgroup w's turn to issue.
 constexpr unsigned kBarrierWarpgroup = 2;
 constexpr unsigned kBarrierTurn = 4;
@@ -487,16 +488,29 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
           GEMM_DIAG_SKIP_EPILOGUE == 2 ? 0 : rows_valid, lane);
     }
   };
-  // The tile whose epilogue is pending (kDeferredEpilogue), packed to bf16 pairs at its end so that the
-  // accumulators are free for the next tile: none before the first tile, so no rows.
+  // The tile whose epilogue is pending (kDeferredEpilogue): none before the first tile, so no rows. A bf16
+  // tile is packed to pairs at its end (kPackPending), which frees the accumulators for the next tile; an
+  // fp32 one stays in them, each chunk's zeroed once written.
   Tile pending{};
   unsigned packed[kChunksN][kAccum / 2];
 #pragma unroll
   for (int c = 0; c < kChunksN; ++c)
 #pragma unroll
+    for (int i = 0; i < kAccum; ++i) promoted[0][c][i] = 0.0f;
+#pragma unroll
+  for (int c = 0; c < kChunksN; ++c)
+#pragma unroll
     for (int i = 0; i < kAccum / 2; ++i) packed[c][i] = 0u;
   const auto write_pending_chunk = [&](int c) {
-    write_chunk(pending, 0, c, [&](unsigned at, int i, int half) { store_shared_u32(at, packed[c][2 * i + half]); });
+    if constexpr (kPackPending) {
+      write_chunk(pending, 0, c, [&](unsigned at, int i, int half) { store_shared_u32(at, packed[c][2 * i + half]); });
+    } else {
+      write_chunk(pending, 0, c, [&](unsigned at, int i, int half) {
+        store_shared_v2(at, promoted[0][c][4 * i + 2 * half], promoted[0][c][4 * i + 2 * half + 1]);
+      });
+#pragma unroll
+      for (int i = 0; i < kAccum; ++i) promoted[0][c][i] = 0.0f;
+    }
   };
 
   for (int local_tile = 0; tile < total_tiles; ++local_tile) {
@@ -519,12 +533,15 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int c = 0; c < kChunksN; ++c) sw_row[c] = ((current.n0 % kQuantBlock) + wg_col0 + c * kMmaN) / kQuantBlock;
 
+    // (An fp32 pending tile still sits in the accumulators: each chunk's are zeroed once written.)
+    if constexpr (kPackPending || !kDeferredEpilogue) {
 #pragma unroll
-    for (int w = 0; w < kWavesM; ++w)
+      for (int w = 0; w < kWavesM; ++w)
 #pragma unroll
-      for (int c = 0; c < kChunksN; ++c)
+        for (int c = 0; c < kChunksN; ++c)
 #pragma unroll
-        for (int i = 0; i < kAccum; ++i) promoted[w][c][i] = 0.0f;
+          for (int i = 0; i < kAccum; ++i) promoted[w][c][i] = 0.0f;
+    }
 
     if constexpr (kPipelined) {
       // Block kb's wgmmas go into one partial while block kb - 1, in the other, is promoted and its stage
@@ -655,12 +672,14 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
     }
     if constexpr (kDeferredEpilogue) {
       pending = current;
+      if constexpr (kPackPending) {
 #pragma unroll
-      for (int c = 0; c < kChunksN; ++c)
+        for (int c = 0; c < kChunksN; ++c)
 #pragma unroll
-        for (int i = 0; i < kAccum / 2; ++i) {
-          packed[c][i] = megamoe::bf16x2_from_floats(promoted[0][c][2 * i], promoted[0][c][2 * i + 1]);
-        }
+          for (int i = 0; i < kAccum / 2; ++i) {
+            packed[c][i] = megamoe::bf16x2_from_floats(promoted[0][c][2 * i], promoted[0][c][2 * i + 1]);
+          }
+      }
     } else {
 #pragma unroll
       for (int w = 0; w < kWavesM; ++w) {
