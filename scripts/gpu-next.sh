@@ -110,7 +110,8 @@
 #           beside the plain order and torch at M = 2048 and 4096 per group in 2 rounds (ARCHIVE=1)
 #   PART=65 the deferred epilogue: the grouped-GEMM tests with it (the default), then 4 rounds of torch,
 #           deferred and not (GEMM_DEFERRED_EPILOGUE=0), rotated, at the plan's tiles, M = 64, 512, 4096; the
-#           first two rounds also time no epilogue at all (GEMM_DIAG_SKIP_EPILOGUE=1) (ARCHIVE=1)
+#           first two rounds also time no epilogue at all (GEMM_DIAG_SKIP_EPILOGUE=1); the unfused tests with it,
+#           and flash unfused at T = 2048, 8192 with and without it (ARCHIVE=1)
 # ARCHIVE=1 returns everything as $OUT/all.tgz (ARCHIVE_TIMEOUT: seconds for the part, default 540).
 # Pass MEGAMOE_COMMIT: the device's copy of the tree has no current git history.
 set -uo pipefail
@@ -610,7 +611,7 @@ case "${PART:-1}" in
   done
   ;;
 65)
-  gpu_tests 200 test-grouped-gemm.txt dist-test/test/gpu/grouped-gemm.test.js
+  gpu_tests 240 test-grouped-gemm-unfused.txt dist-test/test/gpu/grouped-gemm.test.js dist-test/test/gpu/unfused.test.js
   round=0
   for order in "- GEMM_DEFERRED_EPILOGUE=0 GEMM_DIAG_SKIP_EPILOGUE=1" "GEMM_DEFERRED_EPILOGUE=0 - GEMM_DIAG_SKIP_EPILOGUE=1" \
     "- GEMM_DEFERRED_EPILOGUE=0" "GEMM_DEFERRED_EPILOGUE=0 -"; do
@@ -620,6 +621,12 @@ case "${PART:-1}" in
       tag=${v//[^A-Za-z0-9]/_}
       MEGAMOE_JIT_DEFINES=${v#-} GEMM_TILES=plan GEMM_M=${GEMM_M:-64,512,4096} gemm_tiles "gemm-$tag-$round" 120
     done
+  done
+  for v in - GEMM_DEFERRED_EPILOGUE=0; do
+    tag=${v//[^A-Za-z0-9]/_}
+    MEGAMOE_JIT_DEFINES=${v#-} timeout 150 node dist/cli/main.js bench --impl unfused --shape flash --shared 0 \
+      --tokens 2048,8192 --iters 20 --rounds 2 --out "$out/layers-flash-shared0-unfused-$tag.json" 2>&1 \
+      | grep -vE "^[├┌└]" | grep -E "unfused|floor" | cut -c1-150
   done
   ;;
 53) gpu_tests 240 test-expert-parallel.txt dist-test/test/gpu/expert-parallel.test.js; grep -E "rank [0-9]" "$out/test-expert-parallel.txt" | head -60 ;;
