@@ -112,6 +112,8 @@
 #           deferred and not (GEMM_DEFERRED_EPILOGUE=0), rotated, at the plan's tiles, M = 64, 512, 4096; the
 #           first two rounds also time no epilogue at all (GEMM_DIAG_SKIP_EPILOGUE=1); the unfused tests with it,
 #           and flash unfused at T = 2048, 8192 with and without it (ARCHIVE=1)
+#   PART=66 PART=47 again at M = 512 and 4096 per group, with and without the deferred epilogue: each kernel's
+#           duration and SM clock under Nsight Compute (--clock-control none) (ARCHIVE=1)
 # ARCHIVE=1 returns everything as $OUT/all.tgz (ARCHIVE_TIMEOUT: seconds for the part, default 540).
 # Pass MEGAMOE_COMMIT: the device's copy of the tree has no current git history.
 set -uo pipefail
@@ -627,6 +629,20 @@ case "${PART:-1}" in
     MEGAMOE_JIT_DEFINES=${v#-} timeout 150 node dist/cli/main.js bench --impl unfused --shape flash --shared 0 \
       --tokens 2048,8192 --iters 20 --rounds 2 --out "$out/layers-flash-shared0-unfused-$tag.json" 2>&1 \
       | grep -vE "^[├┌└]" | grep -E "unfused|floor" | cut -c1-150
+  done
+  ;;
+66)
+  metrics=gpu__time_duration.sum,sm__cycles_elapsed.avg.per_second
+  for m in 512 4096; do
+    timeout 90 ncu --clock-control none --metrics $metrics --csv python3 bench/peers/torch_moe.py --grouped-gemm-only \
+      --m-per-group $m --iters 10 >"$out/ncu-torch-m$m.csv" 2>"$out/ncu-torch-m$m.err"
+    echo "torch M=$m rc=$? $(wc -l <"$out/ncu-torch-m$m.csv") lines"
+    for v in - GEMM_DEFERRED_EPILOGUE=0; do
+      tag=${v//[^A-Za-z0-9]/_}
+      MEGAMOE_JIT_DEFINES=${v#-} GEMM_TILES=plan GEMM_M=$m timeout 90 ncu --clock-control none -k megamoe_fp8_grouped_gemm \
+        --metrics $metrics --csv node dist-test/scripts/gpu-gemm-bench.js >"$out/ncu-ours-$tag-m$m.csv" 2>"$out/ncu-ours-$tag-m$m.err"
+      echo "ours $v M=$m rc=$? $(wc -l <"$out/ncu-ours-$tag-m$m.csv") lines"
+    done
   done
   ;;
 53) gpu_tests 240 test-expert-parallel.txt dist-test/test/gpu/expert-parallel.test.js; grep -E "rank [0-9]" "$out/test-expert-parallel.txt" | head -60 ;;
