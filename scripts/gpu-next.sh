@@ -635,7 +635,7 @@ case "${PART:-1}" in
   metrics=gpu__time_duration.sum,sm__cycles_elapsed.avg.per_second
   for m in 512 4096; do
     timeout 90 ncu --clock-control none --metrics $metrics --csv python3 bench/peers/torch_moe.py --grouped-gemm-only \
-      --m-per-group $m --iters 10 >"$out/ncu-torch-m$m.csv" 2>"$out/ncu-torch-m$m.err"
+      --m-per-group $m --iters 20 >"$out/ncu-torch-m$m.csv" 2>"$out/ncu-torch-m$m.err"
     echo "torch M=$m rc=$? $(wc -l <"$out/ncu-torch-m$m.csv") lines"
     for v in - GEMM_DEFERRED_EPILOGUE=0; do
       tag=${v//[^A-Za-z0-9]/_}
