@@ -4,7 +4,7 @@
  * GEMM_CODES (default "quantized"): a comma list of operand code distributions to time each case with
  * (GemmBenchCodes), alternating per case so that drifts hit all alike. GEMM_TILES: "plan" times the
  * plan's pick only, a comma list of tile names the plan's pick and those (default: every tile). GEMM_M:
- * a comma list of M per group (default 64,512,4096).
+ * a comma list of M per group (default 64,512,4096). GEMM_MAX_CTAS: a comma list of grid caps ("-": none).
  */
 import { deviceSummary, openDevice, writeResults } from "../src/cuda/index.js";
 import { GEMM_TILE_NAMES, type GemmTileName } from "../src/kernels/gemm/fp8_grouped_gemm.variants.js";
@@ -27,6 +27,10 @@ const tiles = ((): GemmTileName[] => {
 })();
 const mPerGroup = (process.env.GEMM_M ?? "64,512,4096").split(",").map(Number);
 const codesList = (process.env.GEMM_CODES ?? "quantized").split(",") as GemmBenchCodes[];
+// GEMM_MAX_CTAS: a comma list of grid caps to time each case with ("-" for none, the default).
+const ctasList = (process.env.GEMM_MAX_CTAS ?? "-")
+  .split(",")
+  .map((v) => (v === "-" ? undefined : Number(v)));
 const shapes = [
   { name: "flash-L1", n: 4096, k: 4096 },
   { name: "flash-L2", n: 4096, k: 2048 },
@@ -37,18 +41,21 @@ for (const s of shapes) {
     const base = { config: s.name, groups: 32, mPerGroup: m, n: s.n, k: s.k };
     const cases: GroupedGemmBenchCase[] = [base, ...tiles.map((tile) => ({ ...base, tile }))];
     for (const c of cases) {
-      for (const codes of codesList) {
-        try {
-          const [row] = benchmarkGroupedGemm(device, [{ ...c, codes }], { warmup: 5, iters: 20 });
-          const picked = c.tile === undefined ? "plan" : "forced";
-          rows.push({ ...row, choice: picked });
-          console.log(
-            `${s.name} M/group=${m} ${picked.padEnd(6)} ${String(row.tile).padEnd(9)} ${codes.padEnd(13)} ${row.us_median.toFixed(1).padStart(8)} µs  floor ${row.floor_us.toFixed(1).padStart(7)}  ${row.tflops.toFixed(0).padStart(5)} TFLOP/s`,
-          );
-        } catch (e) {
-          console.log(
-            `${s.name} M/group=${m} ${c.tile ?? "plan"} ${codes}: FAILED ${(e as Error).message.split("\n")[0]}`,
-          );
+      for (const maxCtas of ctasList) {
+        for (const codes of codesList) {
+          const grid = maxCtas === undefined ? "" : ` ${maxCtas} CTAs`;
+          try {
+            const [row] = benchmarkGroupedGemm(device, [{ ...c, codes, maxCtas }], { warmup: 5, iters: 20 });
+            const picked = c.tile === undefined ? "plan" : "forced";
+            rows.push({ ...row, choice: picked });
+            console.log(
+              `${s.name} M/group=${m} ${picked.padEnd(6)} ${String(row.tile).padEnd(9)} ${codes.padEnd(13)}${grid} ${row.us_median.toFixed(1).padStart(8)} µs  floor ${row.floor_us.toFixed(1).padStart(7)}  ${row.tflops.toFixed(0).padStart(5)} TFLOP/s`,
+            );
+          } catch (e) {
+            console.log(
+              `${s.name} M/group=${m} ${c.tile ?? "plan"} ${codes}${grid}: FAILED ${(e as Error).message.split("\n")[0]}`,
+            );
+          }
         }
       }
     }

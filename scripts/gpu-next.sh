@@ -114,6 +114,8 @@
 #           and flash unfused at T = 2048, 8192 with and without it (ARCHIVE=1)
 #   PART=66 PART=47 again at M = 512 and 4096 per group, with and without the deferred epilogue: each kernel's
 #           duration and SM clock under Nsight Compute (--clock-control none) (ARCHIVE=1)
+#   PART=67 fewer CTAs under the power cap: the plan's grouped GEMM on 132, 124 and 116 CTAs (GEMM_MAX_CTAS)
+#           beside torch, 3 rounds, M = 512 and 4096 per group (ARCHIVE=1)
 # ARCHIVE=1 returns everything as $OUT/all.tgz (ARCHIVE_TIMEOUT: seconds for the part, default 540).
 # Pass MEGAMOE_COMMIT: the device's copy of the tree has no current git history.
 set -uo pipefail
@@ -643,6 +645,12 @@ case "${PART:-1}" in
         --metrics $metrics --csv node dist-test/scripts/gpu-gemm-bench.js >"$out/ncu-ours-$tag-m$m.csv" 2>"$out/ncu-ours-$tag-m$m.err"
       echo "ours $v M=$m rc=$? $(wc -l <"$out/ncu-ours-$tag-m$m.csv") lines"
     done
+  done
+  ;;
+67)
+  for round in 1 2 3; do
+    torch_gemm "torch-grouped-gemm-$round.json"
+    GEMM_MAX_CTAS=${GEMM_MAX_CTAS:--,124,116} GEMM_TILES=plan GEMM_M=512,4096 gemm_tiles "gemm-ctas-$round" 150
   done
   ;;
 53) gpu_tests 240 test-expert-parallel.txt dist-test/test/gpu/expert-parallel.test.js; grep -E "rank [0-9]" "$out/test-expert-parallel.txt" | head -60 ;;

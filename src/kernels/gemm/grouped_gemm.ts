@@ -528,6 +528,8 @@ export interface GroupedGemmBenchCase {
   tile?: GemmTileName;
   /** Operand codes (default "quantized"): see GemmBenchCodes. */
   codes?: GemmBenchCodes;
+  /** Cap on the persistent grid (default: the plan's, one CTA per SM): under the power cap fewer SMs clock higher. */
+  maxCtas?: number;
 }
 
 /**
@@ -553,6 +555,8 @@ export interface GroupedGemmResultRow extends ResultRow {
   tile: GemmTileName;
   stages: number;
   codes: GemmBenchCodes;
+  /** CTAs launched. */
+  ctas: number;
 }
 
 const FILL_CHUNK = 8 << 20;
@@ -643,6 +647,7 @@ export function benchmarkGroupedGemm(
         groups,
         expectedRowsPerGroup: mPerGroup,
         tile: c.tile,
+        maxCtas: c.maxCtas,
       };
       let plan: GroupedGemmPlan | undefined;
       const timing = timeKernel(
@@ -676,6 +681,7 @@ export function benchmarkGroupedGemm(
         stages: plan!.stages,
         estimate_us: plan!.estimate.us,
         codes,
+        ctas: Math.min(plan!.grid, c.maxCtas ?? plan!.grid),
       });
     } finally {
       for (const t of tensors) t.dispose();
