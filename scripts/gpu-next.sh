@@ -116,6 +116,8 @@
 #           duration and SM clock under Nsight Compute (--clock-control none) (ARCHIVE=1)
 #   PART=67 fewer CTAs under the power cap: the plan's grouped GEMM on 132, 124 and 116 CTAs (GEMM_MAX_CTAS)
 #           beside torch, 3 rounds, M = 512 and 4096 per group (ARCHIVE=1)
+#   PART=68 a version's check: every GPU test file, the sanitizers on the grouped GEMM's small cases, `bench --impl
+#           grouped-gemm --peer` and flash unfused beside the torch peer (ARCHIVE=1)
 # ARCHIVE=1 returns everything as $OUT/all.tgz (ARCHIVE_TIMEOUT: seconds for the part, default 540).
 # Pass MEGAMOE_COMMIT: the device's copy of the tree has no current git history.
 set -uo pipefail
@@ -652,6 +654,25 @@ case "${PART:-1}" in
     torch_gemm "torch-grouped-gemm-$round.json"
     GEMM_MAX_CTAS=${GEMM_MAX_CTAS:--,124,116} GEMM_TILES=plan GEMM_M=512,4096 gemm_tiles "gemm-ctas-$round" 150
   done
+  ;;
+68)
+  gpu_tests 300 test-gpu-all.txt $(find dist-test/test/gpu -name '*.test.js' | sort)
+  for tool in memcheck racecheck synccheck; do
+    for c in tiny "empty groups"; do
+      tag=${c// /-}
+      MEGAMOE_GEMM_CASE=$c MEGAMOE_JIT_LINEINFO=1 timeout 100 compute-sanitizer --tool $tool --print-limit 20 \
+        node --test dist-test/test/gpu/grouped-gemm.test.js >"$out/sanitizer-gemm-$tool-$tag.txt" 2>&1
+      echo "$tool $c rc=$?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|^ℹ (pass|fail)" "$out/sanitizer-gemm-$tool-$tag.txt" | head -4
+    done
+  done
+  torch_gemm torch-grouped-gemm.json
+  timeout 120 node dist/cli/main.js bench --impl grouped-gemm --peer "$out/torch-grouped-gemm.json" \
+    --out "$out/grouped-gemm.json" 2>&1 | grep -vE "^[├┌└]" | cut -c1-150
+  timeout 120 python3 bench/peers/torch_moe.py --shape flash --shared 0 --tokens 512,2048,8192 --iters 20 \
+    --out "$out/torch-flash-shared0.json" 2>&1 | tail -1
+  timeout 150 node dist/cli/main.js bench --impl unfused --shape flash --shared 0 --tokens 512,2048,8192 --iters 20 \
+    --rounds 2 --peer "$out/torch-flash-shared0.json" --out "$out/layers-flash-shared0-unfused.json" 2>&1 \
+    | grep -vE "^[├┌└]" | grep -E "unfused|floor" | cut -c1-150
   ;;
 53) gpu_tests 240 test-expert-parallel.txt dist-test/test/gpu/expert-parallel.test.js; grep -E "rank [0-9]" "$out/test-expert-parallel.txt" | head -60 ;;
 37)
