@@ -172,8 +172,9 @@ constexpr bool kTakeTurns = GEMM_WG_TURNS != 0 && kMathWarpgroups == 2;
 constexpr int kSwPerThread = (kSwPerTile + 127) / 128;  // one warpgroup stages a copy
 // With turns, a tile's epilogue is written during the next tile's first K block: chunk c's output goes
 // out right after the warpgroup issues the next tile's chunk c, so the stores drain while the tensor
-// cores work, instead of both warpgroups writing at the tile's end while the tensor cores idle. Chunk c's
-// accumulators are free once written, and the next tile's first promotion into them starts from zero.
+// cores work, instead of both warpgroups writing at the tile's end while the tensor cores idle (3–5% at
+// M ≥ 512 per group, bench/NOTES.md, sixth session). Until then the tile waits packed to bf16 pairs
+// (kPackPending), or, in fp32, in the accumulators themselves.
 constexpr bool kDeferredEpilogue =
     kTakeTurns && GEMM_DEFERRED_EPILOGUE != 0 && GEMM_DIAG_SKIP_EPILOGUE != 1;
 constexpr bool kPackPending = kDeferredEpilogue && kOutBf16;
@@ -493,14 +494,16 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
   // fp32 one stays in them, each chunk's zeroed once written.
   Tile pending{};
   unsigned packed[kChunksN][kAccum / 2];
+  if constexpr (kDeferredEpilogue) {
 #pragma unroll
-  for (int c = 0; c < kChunksN; ++c)
+    for (int c = 0; c < kChunksN; ++c)
 #pragma unroll
-    for (int i = 0; i < kAccum; ++i) promoted[0][c][i] = 0.0f;
+      for (int i = 0; i < kAccum; ++i) promoted[0][c][i] = 0.0f;
 #pragma unroll
-  for (int c = 0; c < kChunksN; ++c)
+    for (int c = 0; c < kChunksN; ++c)
 #pragma unroll
-    for (int i = 0; i < kAccum / 2; ++i) packed[c][i] = 0u;
+      for (int i = 0; i < kAccum / 2; ++i) packed[c][i] = 0u;
+  }
   const auto write_pending_chunk = [&](int c) {
     if constexpr (kPackPending) {
       write_chunk(pending, 0, c, [&](unsigned at, int i, int half) { store_shared_u32(at, packed[c][2 * i + half]); });
@@ -576,6 +579,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
           stage = 0;
           phase ^= 1u;
         }
+        ++iteration;
       };
       for (int kb = 0; kb < kKBlocks; kb += 2) {
         step(kb, partial, partial_next);

@@ -528,7 +528,7 @@ export interface GroupedGemmBenchCase {
   tile?: GemmTileName;
   /** Operand codes (default "quantized"): see GemmBenchCodes. */
   codes?: GemmBenchCodes;
-  /** Cap on the persistent grid (default: the plan's, one CTA per SM): under the power cap fewer SMs clock higher. */
+  /** Cap on the persistent grid (default: the plan's, one CTA per SM); diagnosis of the clock under the power cap. */
   maxCtas?: number;
 }
 
