@@ -174,9 +174,10 @@ constexpr int kSwPerThread = (kSwPerTile + 127) / 128;  // one warpgroup stages 
 // out right after the warpgroup issues the next tile's chunk c, so the stores drain while the tensor
 // cores work, instead of both warpgroups writing at the tile's end while the tensor cores idle (3–5% at
 // M ≥ 512 per group, bench/NOTES.md, sixth session). Until then the tile waits packed to bf16 pairs
-// (kPackPending), or, in fp32, in the accumulators themselves.
-constexpr bool kDeferredEpilogue =
-    kTakeTurns && GEMM_DEFERRED_EPILOGUE != 0 && GEMM_DIAG_SKIP_EPILOGUE != 1;
+// (kPackPending), or, in fp32, in the accumulators themselves; not with fp32 and two K blocks, where the
+// straight-line code keeps it live beside both blocks' work and spills (test shapes only).
+constexpr bool kDeferredEpilogue = kTakeTurns && GEMM_DEFERRED_EPILOGUE != 0 && GEMM_DIAG_SKIP_EPILOGUE != 1 &&
+                                   (kOutBf16 || kKBlocks != 2);
 constexpr bool kPackPending = kDeferredEpilogue && kOutBf16;
 // Named barriers: 2 + w warpgroup w alone, 4 + w warpgroup w's turn to issue.
 constexpr unsigned kBarrierWarpgroup = 2;
