@@ -118,6 +118,7 @@
 #           beside torch, 3 rounds, M = 512 and 4096 per group (ARCHIVE=1)
 #   PART=68 a version's check: every GPU test file, the sanitizers on the grouped GEMM's small cases, `bench --impl
 #           grouped-gemm --peer` and flash unfused beside the torch peer (ARCHIVE=1)
+#   PART=69 the grouped-GEMM and unfused tests
 # ARCHIVE=1 returns everything as $OUT/all.tgz (ARCHIVE_TIMEOUT: seconds for the part, default 540).
 # Pass MEGAMOE_COMMIT: the device's copy of the tree has no current git history.
 set -uo pipefail
@@ -674,6 +675,7 @@ case "${PART:-1}" in
     --rounds 2 --peer "$out/torch-flash-shared0.json" --out "$out/layers-flash-shared0-unfused.json" 2>&1 \
     | grep -vE "^[├┌└]" | grep -E "unfused|floor" | cut -c1-150
   ;;
+69) gpu_tests 240 test-grouped-gemm-unfused.txt dist-test/test/gpu/grouped-gemm.test.js dist-test/test/gpu/unfused.test.js ;;
 53) gpu_tests 240 test-expert-parallel.txt dist-test/test/gpu/expert-parallel.test.js; grep -E "rank [0-9]" "$out/test-expert-parallel.txt" | head -60 ;;
 37)
   for round in 1 2; do
