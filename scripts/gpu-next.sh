@@ -163,6 +163,27 @@ gemm_tiles() {  # name [seconds]: scripts/gpu-gemm-bench.ts into $out/<name>.jso
   echo "$1 rc=$?"; cat "$out/$1.txt"
 }
 
+gemm_sanitizers() {  # seconds: memcheck, racecheck and synccheck on the grouped GEMM's small test cases
+  for tool in memcheck racecheck synccheck; do
+    for c in tiny "empty groups"; do
+      tag=${c// /-}
+      MEGAMOE_GEMM_CASE=$c MEGAMOE_JIT_LINEINFO=1 timeout "$1" compute-sanitizer --tool $tool --print-limit 20 \
+        node --test dist-test/test/gpu/grouped-gemm.test.js >"$out/sanitizer-gemm-$tool-$tag.txt" 2>&1
+      echo "$tool $c rc=$?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|^ℹ (pass|fail)" "$out/sanitizer-gemm-$tool-$tag.txt" | head -4
+    done
+  done
+}
+
+cli_rows() {  # torch report: `bench --impl grouped-gemm` beside $out/<report>, then flash unfused beside the torch peer
+  timeout 120 node dist/cli/main.js bench --impl grouped-gemm --peer "$out/$1" \
+    --out "$out/grouped-gemm.json" 2>&1 | grep -vE "^[├┌└]" | cut -c1-150
+  timeout 120 python3 bench/peers/torch_moe.py --shape flash --shared 0 --tokens 512,2048,8192 --iters 20 \
+    --out "$out/torch-flash-shared0.json" 2>&1 | tail -1
+  timeout 150 node dist/cli/main.js bench --impl unfused --shape flash --shared 0 --tokens 512,2048,8192 --iters 20 \
+    --rounds 2 --peer "$out/torch-flash-shared0.json" --out "$out/layers-flash-shared0-unfused.json" 2>&1 \
+    | grep -vE "^[├┌└]" | grep -E "unfused|floor" | cut -c1-150
+}
+
 fused_trace() {  # seconds tokens: the fused kernel's per-CTA timeline on flash-ep8, into $out/trace.txt
   timeout "$1" node dist-test/scripts/gpu-fused-trace.js flash-ep8 "$2" >"$out/trace.txt" 2>&1
 }
@@ -571,13 +592,7 @@ case "${PART:-1}" in
       MEGAMOE_JIT_DEFINES=${v#-} GEMM_TILES=plan gemm_tiles "gemm-$tag-$round" 150
     done
   done
-  timeout 120 node dist/cli/main.js bench --impl grouped-gemm --peer "$out/torch-grouped-gemm-2.json" \
-    --out "$out/grouped-gemm.json" 2>&1 | grep -vE "^[├┌└]" | cut -c1-150
-  timeout 120 python3 bench/peers/torch_moe.py --shape flash --shared 0 --tokens 512,2048,8192 --iters 20 \
-    --out "$out/torch-flash-shared0.json" 2>&1 | tail -1
-  timeout 150 node dist/cli/main.js bench --impl unfused --shape flash --shared 0 --tokens 512,2048,8192 --iters 20 \
-    --rounds 2 --peer "$out/torch-flash-shared0.json" --out "$out/layers-flash-shared0-unfused.json" 2>&1 \
-    | grep -vE "^[├┌└]" | grep -E "unfused|floor" | cut -c1-150
+  cli_rows torch-grouped-gemm-2.json
   ;;
 61)
   for f in diag/*.cubin; do [ -f "$f" ] && cuobjdump -sass "$f" >"$out/$(basename "$f" .cubin).sass" 2>&1; done
@@ -591,16 +606,7 @@ case "${PART:-1}" in
   done
   torch_gemm torch-grouped-gemm.json 8
   ;;
-62)
-  for tool in memcheck racecheck synccheck; do
-    for c in tiny "empty groups"; do
-      tag=${c// /-}
-      MEGAMOE_GEMM_CASE=$c MEGAMOE_JIT_LINEINFO=1 timeout 150 compute-sanitizer --tool $tool --print-limit 20 \
-        node --test dist-test/test/gpu/grouped-gemm.test.js >"$out/sanitizer-gemm-$tool-$tag.txt" 2>&1
-      echo "$tool $c rc=$?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|^ℹ (pass|fail)" "$out/sanitizer-gemm-$tool-$tag.txt" | head -4
-    done
-  done
-  ;;
+62) gemm_sanitizers 150 ;;
 63)
   for round in 1 2 3 4; do
     torch_gemm "torch-grouped-gemm-$round.json"
@@ -658,22 +664,9 @@ case "${PART:-1}" in
   ;;
 68)
   gpu_tests 300 test-gpu-all.txt $(find dist-test/test/gpu -name '*.test.js' | sort)
-  for tool in memcheck racecheck synccheck; do
-    for c in tiny "empty groups"; do
-      tag=${c// /-}
-      MEGAMOE_GEMM_CASE=$c MEGAMOE_JIT_LINEINFO=1 timeout 100 compute-sanitizer --tool $tool --print-limit 20 \
-        node --test dist-test/test/gpu/grouped-gemm.test.js >"$out/sanitizer-gemm-$tool-$tag.txt" 2>&1
-      echo "$tool $c rc=$?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|^ℹ (pass|fail)" "$out/sanitizer-gemm-$tool-$tag.txt" | head -4
-    done
-  done
+  gemm_sanitizers 100
   torch_gemm torch-grouped-gemm.json
-  timeout 120 node dist/cli/main.js bench --impl grouped-gemm --peer "$out/torch-grouped-gemm.json" \
-    --out "$out/grouped-gemm.json" 2>&1 | grep -vE "^[├┌└]" | cut -c1-150
-  timeout 120 python3 bench/peers/torch_moe.py --shape flash --shared 0 --tokens 512,2048,8192 --iters 20 \
-    --out "$out/torch-flash-shared0.json" 2>&1 | tail -1
-  timeout 150 node dist/cli/main.js bench --impl unfused --shape flash --shared 0 --tokens 512,2048,8192 --iters 20 \
-    --rounds 2 --peer "$out/torch-flash-shared0.json" --out "$out/layers-flash-shared0-unfused.json" 2>&1 \
-    | grep -vE "^[├┌└]" | grep -E "unfused|floor" | cut -c1-150
+  cli_rows torch-grouped-gemm.json
   ;;
 69) gpu_tests 240 test-grouped-gemm-unfused.txt dist-test/test/gpu/grouped-gemm.test.js dist-test/test/gpu/unfused.test.js ;;
 53) gpu_tests 240 test-expert-parallel.txt dist-test/test/gpu/expert-parallel.test.js; grep -E "rank [0-9]" "$out/test-expert-parallel.txt" | head -60 ;;
