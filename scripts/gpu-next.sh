@@ -119,6 +119,8 @@
 #   PART=68 a version's check: every GPU test file, the sanitizers on the grouped GEMM's small cases, `bench --impl
 #           grouped-gemm --peer` and flash unfused beside the torch peer (ARCHIVE=1)
 #   PART=69 the grouped-GEMM and unfused tests
+#   PART=71 the grouped GEMM on the torch peer's data (GEMM_CODES=gaussian) and on the default codes, beside
+#           torch, 2 rounds, M = 512 and 4096 per group (ARCHIVE=1)
 # ARCHIVE=1 returns everything as $OUT/all.tgz (ARCHIVE_TIMEOUT: seconds for the part, default 540).
 # Pass MEGAMOE_COMMIT: the device's copy of the tree has no current git history.
 set -uo pipefail
@@ -669,6 +671,12 @@ case "${PART:-1}" in
   cli_rows torch-grouped-gemm.json
   ;;
 69) gpu_tests 240 test-grouped-gemm-unfused.txt dist-test/test/gpu/grouped-gemm.test.js dist-test/test/gpu/unfused.test.js ;;
+71)
+  for round in 1 2; do
+    torch_gemm "torch-grouped-gemm-$round.json"
+    GEMM_CODES=gaussian,quantized GEMM_TILES=plan GEMM_M=512,4096 gemm_tiles "gemm-codes-$round" 100
+  done
+  ;;
 53) gpu_tests 240 test-expert-parallel.txt dist-test/test/gpu/expert-parallel.test.js; grep -E "rank [0-9]" "$out/test-expert-parallel.txt" | head -60 ;;
 37)
   for round in 1 2; do

@@ -534,12 +534,14 @@ export interface GroupedGemmBenchCase {
 
 /**
  * What the benchmark's e4m3 operands hold. "quantized": uniform values in [−1, 1) scaled to the e4m3
- * range and rounded, as a block-quantized tensor's codes are (the layer's generated weights, and the
- * torch peer's Gaussian blocks, look like this: most codes within a few binades of the maximum).
- * "uniform-bytes": every finite byte equally likely, tiny and subnormal codes included. The tensor
- * cores' power, and under the power cap their clock, follows the data, so the two time differently.
+ * range and rounded (most codes within a few binades of the maximum). "gaussian": the torch peer's data
+ * in this kernel's format: Gaussian values quantized with a scale per 128-channel block of a row (A) and
+ * per 128 × 128 block (B), so each block's codes reach ±448 and most lie within 1–2 binades below (the
+ * peer's weight blocks differ only in magnitude, which the block scales absorb). "uniform-bytes": every
+ * finite byte equally likely, tiny and subnormal codes included. The tensor cores' power, and under the
+ * power cap their clock, follows the data, so the three time differently.
  */
-export type GemmBenchCodes = "quantized" | "uniform-bytes";
+export type GemmBenchCodes = "quantized" | "gaussian" | "uniform-bytes";
 
 export interface BenchmarkGroupedGemmOptions {
   warmup?: number;
@@ -561,25 +563,78 @@ export interface GroupedGemmResultRow extends ResultRow {
 
 const FILL_CHUNK = 8 << 20;
 
-/** Finite e4m3 codes (no NaN codes 0x7F/0xFF) from a cheap LCG, distributed as `codes` says. */
-function randomCodes(count: number, seed: number, codes: GemmBenchCodes): Uint8Array {
+/**
+ * Finite e4m3 codes (no NaN codes 0x7F/0xFF) from a cheap LCG, distributed as `codes` says, for rows of
+ * `rowBytes` codes quantized in blocks of `blockRows` rows × 128 columns ("gaussian" only). Exported for
+ * its tests; the benchmark's operands are its only use.
+ */
+export function randomCodes(
+  count: number,
+  seed: number,
+  codes: GemmBenchCodes,
+  rowBytes: number,
+  blockRows: number,
+): Uint8Array {
   const out = new Uint8Array(count);
   let s = seed >>> 0;
-  for (let i = 0; i < count; i++) {
+  const next = (): number => {
     s = (Math.imul(s, 1664525) + 1013904223) >>> 0;
+    return s;
+  };
+  if (codes === "gaussian") {
+    // Box–Muller normals, then each block scaled so that its largest magnitude meets the e4m3 maximum.
+    const values = new Float32Array(count);
+    for (let i = 0; i < count; i += 2) {
+      const u1 = (next() + 1) / 2 ** 32;
+      const u2 = next() / 2 ** 32;
+      const r = Math.sqrt(-2 * Math.log(u1));
+      values[i] = r * Math.cos(2 * Math.PI * u2);
+      if (i + 1 < count) values[i + 1] = r * Math.sin(2 * Math.PI * u2);
+    }
+    const rows = count / rowBytes;
+    for (let r0 = 0; r0 < rows; r0 += blockRows) {
+      const r1 = Math.min(rows, r0 + blockRows);
+      for (let c0 = 0; c0 < rowBytes; c0 += QUANT_BLOCK) {
+        let amax = 0;
+        for (let r = r0; r < r1; r++) {
+          for (let c = c0; c < c0 + QUANT_BLOCK; c++)
+            amax = Math.max(amax, Math.abs(values[r * rowBytes + c]!));
+        }
+        const scale = amax > 0 ? FP8_E4M3_MAX / amax : 1;
+        for (let r = r0; r < r1; r++) {
+          for (let c = c0; c < c0 + QUANT_BLOCK; c++)
+            out[r * rowBytes + c] = encodeE4m3(values[r * rowBytes + c]! * scale);
+        }
+      }
+    }
+    return out;
+  }
+  for (let i = 0; i < count; i++) {
     if (codes === "quantized") {
-      out[i] = encodeE4m3((s / 2 ** 31 - 1) * FP8_E4M3_MAX);
+      out[i] = encodeE4m3((next() / 2 ** 31 - 1) * FP8_E4M3_MAX);
     } else {
-      const code = s >>> 24;
+      const code = next() >>> 24;
       out[i] = (code & 0x7f) === 0x7f ? code ^ 0x01 : code;
     }
   }
   return out;
 }
 
-/** Fills a device tensor of `bytes` bytes with copies of one random chunk (big weights in little time). */
-function fillCodes(device: Device, t: DeviceTensor, seed: number, codes: GemmBenchCodes): void {
-  const chunk = randomCodes(Math.min(FILL_CHUNK, t.bytes), seed, codes);
+/**
+ * Fills a device tensor [rows, k] with copies of one random chunk of whole `blockRows`-row bands (big
+ * weights in little time).
+ */
+function fillCodes(
+  device: Device,
+  t: DeviceTensor,
+  seed: number,
+  codes: GemmBenchCodes,
+  blockRows: number,
+): void {
+  const k = t.shape[1]!;
+  const band = blockRows * k;
+  const chunkBytes = Math.min(t.bytes, Math.max(band, Math.floor(FILL_CHUNK / band) * band));
+  const chunk = randomCodes(chunkBytes, seed, codes, k, blockRows);
   device.copyHtoD(t.ptr, chunk, chunk.length);
   for (let offset = chunk.length; offset < t.bytes; offset += chunk.length) {
     device.copyDtoD(t.ptr + BigInt(offset), t.ptr, Math.min(chunk.length, t.bytes - offset));
@@ -625,8 +680,8 @@ export function benchmarkGroupedGemm(
       const a = alloc("fp8_e4m3", [mTotal, k]);
       const b = alloc("fp8_e4m3", [groups * n, k]);
       const codes = c.codes ?? "quantized";
-      fillCodes(device, a, 0x1234 + mTotal, codes);
-      fillCodes(device, b, 0x5678 + n, codes);
+      fillCodes(device, a, 0x1234 + mTotal, codes, 1);
+      fillCodes(device, b, 0x5678 + n, codes, QUANT_BLOCK);
       const aScales = alloc("fp32", [kb, aScalesRows(mTotal)]);
       aScales.copyFromHost(randomScales(aScales.numel, 11));
       const bScales = alloc("fp32", [groups, n / QUANT_BLOCK, kb]);
