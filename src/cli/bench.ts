@@ -17,6 +17,8 @@ import {
 import {
   benchmarkGroupedGemm,
   FP8_PEAK_FLOPS,
+  GEMM_BENCH_CODES,
+  type GemmBenchCodes,
   type GroupedGemmBenchCase,
   READ_BYTES_PER_S,
 } from "../kernels/gemm/grouped_gemm.js";
@@ -39,6 +41,8 @@ export interface BenchOptions {
   tokens?: number[];
   hidden: number[];
   format: string;
+  /** grouped-gemm: what the operands hold (GemmBenchCodes; default "quantized"). */
+  codes?: string;
   iters?: number;
   /** fused/unfused: interleaved rounds (benchmarkLayer's `rounds`). */
   rounds?: number;
@@ -197,6 +201,13 @@ function validate(opts: BenchOptions): void {
   if (opts.format !== "fp32" && opts.format !== "ue8m0") {
     throw new Error(`--format must be fp32 or ue8m0, got "${opts.format}"`);
   }
+  if (opts.codes !== undefined) {
+    if (opts.impl !== "grouped-gemm")
+      throw new Error(`--codes applies to --impl grouped-gemm, not ${opts.impl}`);
+    if (!(GEMM_BENCH_CODES as readonly string[]).includes(opts.codes)) {
+      throw new Error(`--codes must be one of ${GEMM_BENCH_CODES.join(", ")}, got "${opts.codes}"`);
+    }
+  }
   if (opts.impl !== "quant") resolveConfig(opts.shape); // throws naming an unknown shape
   if (opts.plot !== undefined && layerImpls(opts.impl) === null) {
     throw new Error(
@@ -305,9 +316,10 @@ function runCases(
   }
   const rows: ResultRow[] = [];
   if (opts.impl === "grouped-gemm") {
+    const codes = opts.codes as GemmBenchCodes | undefined;
     const cases = groupedGemmCases(opts.shape, opts.tokens ?? GROUPED_GEMM_M);
     cases.forEach((c, i) => {
-      rows.push(...benchmarkGroupedGemm(device, [c], { iters: opts.iters ?? 20 }));
+      rows.push(...benchmarkGroupedGemm(device, [{ ...c, codes }], { iters: opts.iters ?? 20 }));
       bar.update(i + 1, cases.length);
     });
     return rows;

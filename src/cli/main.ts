@@ -124,6 +124,10 @@ program
   .option("--plot <file>", "unfused: write an SVG plot of time against tokens (ours, the peer, the floor)")
   .option("--hidden <list>", "quant only: hidden sizes", parseList, [4096, 7168])
   .option("--format <fmt>", "activation scale format: fp32 or ue8m0", "fp32")
+  .option(
+    "--codes <kind>",
+    "grouped-gemm: the operands' FP8 codes: quantized (uniform values, the default), gaussian (the torch peer's data in block format) or uniform-bytes",
+  )
   .option("--out <file>", "write the results JSON here (bench/results/...)")
   .option("--json", "print the rows as JSON")
   .action(async (opts) => {

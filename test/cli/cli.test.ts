@@ -113,6 +113,14 @@ describe("megamoe CLI", () => {
         /--rounds \(21\) must not exceed --iters \(20\)/,
       ],
       [["bench", "--impl", "fused", "--rounds", "0"], /rounds must be a positive integer/],
+      [
+        ["bench", "--impl", "grouped-gemm", "--codes", "pink"],
+        /--codes must be one of quantized, gaussian, uniform-bytes, got "pink"/,
+      ],
+      [
+        ["bench", "--impl", "fused", "--codes", "gaussian"],
+        /--codes applies to --impl grouped-gemm, not fused/,
+      ],
     ];
     for (const [args, message] of cases) {
       const r = megamoe(...args);

@@ -541,7 +541,8 @@ export interface GroupedGemmBenchCase {
  * finite byte equally likely, tiny and subnormal codes included. The tensor cores' power, and under the
  * power cap their clock, follows the data, so the three time differently.
  */
-export type GemmBenchCodes = "quantized" | "gaussian" | "uniform-bytes";
+export const GEMM_BENCH_CODES = ["quantized", "gaussian", "uniform-bytes"] as const;
+export type GemmBenchCodes = (typeof GEMM_BENCH_CODES)[number];
 
 export interface BenchmarkGroupedGemmOptions {
   warmup?: number;
