@@ -53,6 +53,11 @@ describe("grouped-GEMM benchmark codes", () => {
     assert.ok(Math.abs(small - 0.25) < 0.02, `share below 112: ${small.toFixed(3)}`);
   });
 
+  test("gaussian needs whole rows of 128-wide blocks", () => {
+    assert.throws(() => randomCodes(300, 1, "gaussian", 256, 1), /not whole rows of 256/);
+    assert.throws(() => randomCodes(200, 1, "gaussian", 100, 1), /128-wide blocks/);
+  });
+
   test("the same seed gives the same codes, another seed others", () => {
     for (const codes of ["quantized", "gaussian", "uniform-bytes"] as const) {
       const a = randomCodes(128 * 256, 3, codes, 256, 128);

@@ -583,6 +583,11 @@ export function randomCodes(
     return s;
   };
   if (codes === "gaussian") {
+    if (rowBytes % QUANT_BLOCK !== 0 || count % rowBytes !== 0) {
+      throw new RangeError(
+        `randomCodes: ${count} codes are not whole rows of ${rowBytes} in 128-wide blocks`,
+      );
+    }
     // Box–Muller normals, then each block scaled so that its largest magnitude meets the e4m3 maximum.
     const values = new Float32Array(count);
     for (let i = 0; i < count; i += 2) {
