@@ -21,7 +21,8 @@
 // producer, of which one thread issues the TMA loads into a NUM_STAGES-deep ring of shared-memory stages.
 // Stage s has a `full` barrier (producer arrive + expect_tx, completed by the copies' bytes) and an
 // `empty` barrier (one arrive per math warp once its wgmmas reading the stage have completed). Two math
-// warpgroups take turns issuing their wgmmas (kTakeTurns) and otherwise never wait for each other.
+// warpgroups take turns issuing their wgmmas (kTakeTurns) and otherwise never wait for each other; they
+// write each tile's output during the next tile's first K block (kDeferredEpilogue).
 // Tile order: within a group, n-block major and m-block minor, so the CTAs working at the same time on
 // one group share each B tile through L2 and a group's A rows stay hot across its n-blocks.
 //
