@@ -4,6 +4,7 @@
 // kernels move rows within it.
 
 #include "megamoe/bf16.cuh"
+#include "megamoe/moe_rules.cuh"
 #include "megamoe/ptx.cuh"
 
 // dst[r] = src[index[r]] for r < rows, rows of row_vecs 16-byte vectors. A thread per vector, grid-stride.
@@ -48,17 +49,8 @@ extern "C" __global__ void __launch_bounds__(256)
       const int row = slot[static_cast<long long>(d) * tokens + t];
       if (row < 0) continue;
       const megamoe::u32x4* p = reinterpret_cast<const megamoe::u32x4*>(partials[d]);
-      const megamoe::u32x4 q = megamoe::ld_nc_v4(p + static_cast<long long>(row) * hidden_vecs + v);
-      const unsigned words[4] = {q.x, q.y, q.z, q.w};
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        acc[2 * k] += megamoe::bf16x2_low_to_float(words[k]);
-        acc[2 * k + 1] += megamoe::bf16x2_high_to_float(words[k]);
-      }
+      megamoe::add_bf16x8(acc, megamoe::ld_nc_v4(p + static_cast<long long>(row) * hidden_vecs + v));
     }
-    megamoe::st_v4(out + i, megamoe::u32x4{megamoe::bf16x2_from_floats(acc[0], acc[1]),
-                                           megamoe::bf16x2_from_floats(acc[2], acc[3]),
-                                           megamoe::bf16x2_from_floats(acc[4], acc[5]),
-                                           megamoe::bf16x2_from_floats(acc[6], acc[7])});
+    megamoe::st_v4(out + i, megamoe::pack_bf16x8(acc));
   }
 }
