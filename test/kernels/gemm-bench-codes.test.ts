@@ -21,7 +21,7 @@ function blockAmax(codes: Uint8Array, k: number, r0: number, rows: number, c0: n
 describe("grouped-GEMM benchmark codes", () => {
   test("gaussian: every weight block (128 × 128) and every activation block (1 × 128) reaches ±448, mostly well below", () => {
     const k = 384;
-    for (const blockRows of [128, 1]) {
+    for (const blockRows of [128, 1] as const) {
       const rows = 256;
       const codes = randomCodes(rows * k, 7, "gaussian", k, blockRows);
       assert.ok(!codes.some(isNaNCode), "no NaN codes");

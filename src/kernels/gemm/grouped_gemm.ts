@@ -34,6 +34,7 @@ import {
   timeKernel,
 } from "../../cuda/index.js";
 import { encodeE4m3, FP8_E4M3_MAX } from "../../numerics/fp8.js";
+import { quantizeRow128, quantizeWeightBlocks } from "../../numerics/quant.js";
 import { encodeFp8RowsMap, encodeScaleColumnsMap } from "../tensor-maps.js";
 
 export type { TensorLike };
@@ -566,15 +567,15 @@ const FILL_CHUNK = 8 << 20;
 
 /**
  * Finite e4m3 codes (no NaN codes 0x7F/0xFF) from a cheap LCG, distributed as `codes` says, for rows of
- * `rowBytes` codes quantized in blocks of `blockRows` rows × 128 columns ("gaussian" only). Exported for
- * its tests; the benchmark's operands are its only use.
+ * `rowBytes` codes quantized in blocks of `blockRows` rows × 128 columns ("gaussian" only; numerics/quant.ts
+ * does it). Exported for its tests; the benchmark's operands are its only use.
  */
 export function randomCodes(
   count: number,
   seed: number,
   codes: GemmBenchCodes,
   rowBytes: number,
-  blockRows: number,
+  blockRows: 1 | typeof QUANT_BLOCK,
 ): Uint8Array {
   const out = new Uint8Array(count);
   let s = seed >>> 0;
@@ -588,7 +589,8 @@ export function randomCodes(
         `randomCodes: ${count} codes are not whole rows of ${rowBytes} in 128-wide blocks`,
       );
     }
-    // Box–Muller normals, then each block scaled so that its largest magnitude meets the e4m3 maximum.
+    // Box–Muller normals, quantized as the layer's operands are: per 128-channel block of a row (A) or per
+    // 128 × 128 block (B).
     const values = new Float32Array(count);
     for (let i = 0; i < count; i += 2) {
       const u1 = (next() + 1) / 2 ** 32;
@@ -597,22 +599,8 @@ export function randomCodes(
       values[i] = r * Math.cos(2 * Math.PI * u2);
       if (i + 1 < count) values[i + 1] = r * Math.sin(2 * Math.PI * u2);
     }
-    const rows = count / rowBytes;
-    for (let r0 = 0; r0 < rows; r0 += blockRows) {
-      const r1 = Math.min(rows, r0 + blockRows);
-      for (let c0 = 0; c0 < rowBytes; c0 += QUANT_BLOCK) {
-        let amax = 0;
-        for (let r = r0; r < r1; r++) {
-          for (let c = c0; c < c0 + QUANT_BLOCK; c++)
-            amax = Math.max(amax, Math.abs(values[r * rowBytes + c]!));
-        }
-        const scale = amax > 0 ? FP8_E4M3_MAX / amax : 1;
-        for (let r = r0; r < r1; r++) {
-          for (let c = c0; c < c0 + QUANT_BLOCK; c++)
-            out[r * rowBytes + c] = encodeE4m3(values[r * rowBytes + c]! * scale);
-        }
-      }
-    }
+    if (blockRows === QUANT_BLOCK) return quantizeWeightBlocks(values, count / rowBytes, rowBytes).q;
+    quantizeRow128(values, 0, count, "fp32", out, 0, new Float32Array(count / QUANT_BLOCK), 0);
     return out;
   }
   for (let i = 0; i < count; i++) {
@@ -635,7 +623,7 @@ function fillCodes(
   t: DeviceTensor,
   seed: number,
   codes: GemmBenchCodes,
-  blockRows: number,
+  blockRows: 1 | typeof QUANT_BLOCK,
 ): void {
   const k = t.shape[1]!;
   const band = blockRows * k;
