@@ -656,8 +656,12 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
       };
       // The first K block is peeled off where it writes the pending tile: inside the loop, the packed
       // pending tile would stay live (64 registers) through every K block.
-      if constexpr (kDeferredEpilogue) k_block(0, CompileTimeFlag<true>{}), ++iteration;
-      for (int kb = kDeferredEpilogue ? 1 : 0; kb < kKBlocks; ++kb, ++iteration) k_block(kb, CompileTimeFlag<false>{});
+      int kb = 0;
+      if constexpr (kDeferredEpilogue) {
+        k_block(kb++, CompileTimeFlag<true>{});
+        ++iteration;
+      }
+      for (; kb < kKBlocks; ++kb, ++iteration) k_block(kb, CompileTimeFlag<false>{});
     }
 
     if (next_tile < total_tiles) store_weight_scales((local_tile + 1) & 1);
