@@ -406,6 +406,11 @@ function planFor(device: Device, args: GroupedGemmArgs, outDtype: GemmOutDtype):
 // ---------------------------------------------------------------------------------------------------
 // Launch
 
+/** CTAs a launch of `plan` runs: the plan's grid, under `maxCtas` when given. */
+function launchGrid(plan: GroupedGemmPlan, maxCtas: number | undefined): number {
+  return Math.min(plan.grid, maxCtas ?? plan.grid);
+}
+
 /**
  * Queues out = grouped GEMM (see the module doc) on `stream` (null: the legacy default stream) and
  * returns the plan it used. mTotal = 0 queues nothing. The first call of a specialization compiles the
@@ -428,8 +433,7 @@ export function groupedGemmFp8(
     .ptr(5, args.out.ptr)
     .i32(6, args.mTotal)
     .ptr(7, statusBuffer(device));
-  const grid = Math.min(plan.grid, args.maxCtas ?? plan.grid);
-  entry.kernel.launch(grid, plan.threads, plan.sharedBytes, stream, entry.args);
+  entry.kernel.launch(launchGrid(plan, args.maxCtas), plan.threads, plan.sharedBytes, stream, entry.args);
   return plan;
 }
 
@@ -730,7 +734,7 @@ export function benchmarkGroupedGemm(
         stages: plan!.stages,
         estimate_us: plan!.estimate.us,
         codes,
-        ctas: Math.min(plan!.grid, c.maxCtas ?? plan!.grid),
+        ctas: launchGrid(plan!, c.maxCtas),
       });
     } finally {
       for (const t of tensors) t.dispose();
