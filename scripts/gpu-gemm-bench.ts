@@ -5,6 +5,9 @@
  * (GemmBenchCodes), alternating per case so that drifts hit all alike. GEMM_TILES: "plan" times the
  * plan's pick only, a comma list of tile names the plan's pick and those (default: every tile). GEMM_M:
  * a comma list of M per group (default 64,512,4096). GEMM_MAX_CTAS: a comma list of grid caps ("-": none).
+ * GEMM_WARMUP_MS (default 0) and GEMM_ITERS (default 20): untimed GPU time before each case's timed runs
+ * (a second or so gives the clock a power-capped card sustains), and the timed runs. Each row records
+ * when its timed runs ended (wall_end_s), for scripts/clock-windows.py.
  */
 import { deviceSummary, openDevice, writeResults } from "../src/cuda/index.js";
 import { GEMM_TILE_NAMES, type GemmTileName } from "../src/kernels/gemm/fp8_grouped_gemm.variants.js";
@@ -31,6 +34,8 @@ const codesList = (process.env.GEMM_CODES ?? "quantized").split(",") as GemmBenc
 const ctasList = (process.env.GEMM_MAX_CTAS ?? "-")
   .split(",")
   .map((v) => (v === "-" ? undefined : Number(v)));
+const warmupMs = Number(process.env.GEMM_WARMUP_MS ?? "0");
+const iters = Number(process.env.GEMM_ITERS ?? "20");
 const shapes = [
   { name: "flash-L1", n: 4096, k: 4096 },
   { name: "flash-L2", n: 4096, k: 2048 },
@@ -45,9 +50,10 @@ for (const s of shapes) {
         for (const codes of codesList) {
           const grid = maxCtas === undefined ? "" : ` ${maxCtas} CTAs`;
           try {
-            const [row] = benchmarkGroupedGemm(device, [{ ...c, codes, maxCtas }], { warmup: 5, iters: 20 });
+            const [row] = benchmarkGroupedGemm(device, [{ ...c, codes, maxCtas }], { warmup: 5, warmupMs, iters });
             const picked = c.tile === undefined ? "plan" : "forced";
-            rows.push({ ...row, choice: picked });
+            // When the timed runs ended (Unix seconds), to match the row with a clock log.
+            rows.push({ ...row, choice: picked, wall_end_s: Date.now() / 1000 });
             console.log(
               `${s.name} M/group=${m} ${picked.padEnd(6)} ${String(row.tile).padEnd(9)} ${codes.padEnd(13)}${grid} ${row.us_median.toFixed(1).padStart(8)} µs  floor ${row.floor_us.toFixed(1).padStart(7)}  ${row.tflops.toFixed(0).padStart(5)} TFLOP/s`,
             );

@@ -121,6 +121,11 @@
 #   PART=69 the grouped-GEMM and unfused tests
 #   PART=71 the grouped GEMM on the torch peer's data (GEMM_CODES=gaussian) and on the default codes, beside
 #           torch, 2 rounds, M = 512 and 4096 per group (ARCHIVE=1)
+#   PART=72 sustained clocks: torch._scaled_grouped_mm, the plan's grouped GEMM and, where the ignored folder mc/
+#           holds another build (package.json, src/include, src/kernels, dist-test), that build's plan, in 3
+#           rounds of rotated order at M = 512 and 4096 per group, each case after WARMUP_MS (default 1500) of
+#           untimed runs, while nvidia-smi logs the SM clock and power every 20 ms; then each row's clock and
+#           power in its timed window (scripts/clock-windows.py). mc's grouped-GEMM tests run first (ARCHIVE=1)
 # ARCHIVE=1 returns everything as $OUT/all.tgz (ARCHIVE_TIMEOUT: seconds for the part, default 540).
 # Pass MEGAMOE_COMMIT: the device's copy of the tree has no current git history.
 set -uo pipefail
@@ -669,6 +674,34 @@ case "${PART:-1}" in
   gemm_sanitizers 100
   torch_gemm torch-grouped-gemm.json
   cli_rows torch-grouped-gemm.json
+  ;;
+72)
+  warm=${WARMUP_MS:-1500} iters=100
+  impls="torch ours"
+  if [ -d mc/dist-test ]; then
+    impls="torch ours mc"
+    gpu_tests 200 test-grouped-gemm-mc.txt mc/dist-test/test/gpu/grouped-gemm.test.js
+  fi
+  nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=csv,noheader,nounits -lms 20 \
+    >"$out/smi.csv" 2>&1 &
+  smi=$!
+  for round in 1 2 3; do
+    set -- $impls
+    for _ in $(seq 2 "$round"); do set -- "${@:2}" "$1"; done  # round r starts r - 1 places later
+    for impl in "$@"; do
+      case $impl in
+      torch) timeout 120 python3 bench/peers/torch_moe.py --grouped-gemm-only --m-per-group 512,4096 --iters $iters \
+        --warmup-ms "$warm" --fp8-tflops 1500 --read-tbps 4.3 --copy-tbps 4.0 --out "$out/sustained-torch-$round.json" \
+        2>&1 | grep "M/group" ;;
+      ours) GEMM_TILES=plan GEMM_M=512,4096 GEMM_WARMUP_MS=$warm GEMM_ITERS=$iters timeout 150 \
+        node dist-test/scripts/gpu-gemm-bench.js "$out/sustained-ours-$round.json" 2>&1 | sed "s/^/ours /" ;;
+      mc) GEMM_TILES=plan GEMM_M=512,4096 GEMM_WARMUP_MS=$warm GEMM_ITERS=$iters timeout 150 \
+        node mc/dist-test/scripts/gpu-gemm-bench.js "$out/sustained-mc-$round.json" 2>&1 | sed "s/^/mc /" ;;
+      esac
+    done
+  done
+  kill $smi
+  python3 scripts/clock-windows.py "$out/smi.csv" $iters "$out"/sustained-*.json | tee "$out/clock-windows.txt"
   ;;
 69) gpu_tests 240 test-grouped-gemm-unfused.txt dist-test/test/gpu/grouped-gemm.test.js dist-test/test/gpu/unfused.test.js ;;
 71)

@@ -22,7 +22,7 @@ timing compares; the numerics are a little coarser.
 
 Timing: CUDA events around each run, all runs queued back to back and read after one synchronization
 (like megamoe's timeKernel), L2 flushed before each run (a buffer of 2x the L2 size is written), after
-warm-up; median/min/max of --iters runs. --graph times CUDA-graph replays instead of eager launches.
+warm-up (--warmup runs, then --warmup-ms of GPU time); median/min/max of --iters runs. --graph times CUDA-graph replays instead of eager launches.
 Before timing, one forward at min(64, max tokens) tokens is compared with an FP32 reference made from
 the same FP8 weights; a grouped GEMM that is refused, or that fails the check, is replaced by a loop of
 torch._scaled_mm per expert (rows marked impl "torch-loop", and the reason printed).
@@ -336,10 +336,11 @@ def layer_floor(p, T, ids, shared, read_tbps, fp8_tflops):
 class Timer:
     """CUDA-event timing with an L2 flush before each run; on CPU (dry run) wall-clock timing."""
 
-    def __init__(self, dev, iters, warmup):
+    def __init__(self, dev, iters, warmup, warmup_ms=0.0):
         self.dev = dev
         self.iters = iters
         self.warmup = warmup
+        self.warmup_ms = warmup_ms
         self.flush = None
         if dev.type == "cuda":
             l2 = getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 0) or 64 * 2**20
@@ -371,6 +372,15 @@ class Timer:
         run = self.capture(fn).replay if graph else fn
         for _ in range(self.warmup):
             run()
+        if self.warmup_ms > 0:
+            # One run timed alone sizes the rest of the warm-up (the clock settles under the power cap).
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            run()
+            end.record()
+            end.synchronize()
+            for _ in range(min(math.ceil(self.warmup_ms / max(start.elapsed_time(end), 1e-3)), 100_000)):
+                run()
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(self.iters)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(self.iters)]
         for i in range(self.iters):
@@ -572,6 +582,7 @@ def run_grouped_gemm(args, dev, timer):
                 log(f"{name} M/group={m}: _scaled_grouped_mm refused ({first_line(e)}); looping _scaled_mm")
                 mode = "loop"
             med, lo, hi = timer.time(lambda: grouped_mm(a, sa, w, sw, offs, mode))  # noqa: B023
+            wall_end_s = time.time()  # when the timed runs ended, to match the row with a clock log
             flops = 2 * G * m * n * k
             nbytes = gemm_bytes(G * m, n, k, G)
             floor_us = max(nbytes / (GEMM_FLOOR_READ_TBPS * 1e12), flops / (GEMM_FLOOR_FP8_TFLOPS * 1e12)) * 1e6
@@ -592,6 +603,7 @@ def run_grouped_gemm(args, dev, timer):
                     n=n,
                     k=k,
                     gemm=mode,
+                    wall_end_s=wall_end_s,
                 )
             )
             log(f"{name} M/group={m}: {med:.1f} us, {flops / (med * 1e6):.0f} TFLOP/s ({mode})")
@@ -625,6 +637,12 @@ def parse_args(argv):
     ap.add_argument("--shared", type=int, choices=(0, 1), default=1, help="include the shared expert")
     ap.add_argument("--iters", type=int, default=30, help="timed runs per case (median; at least 20)")
     ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument(
+        "--warmup-ms",
+        type=float,
+        default=0.0,
+        help="then untimed runs for about this much GPU time per case (a second or so: the sustained clock)",
+    )
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--graph", action="store_true", help="time CUDA-graph replays instead of eager launches")
     ap.add_argument("--compile", action="store_true", help="torch.compile the quantization and SwiGLU steps")
@@ -645,6 +663,8 @@ def parse_args(argv):
         args.iters = min(args.iters, 2)
     elif args.iters < 20:
         ap.error("--iters must be at least 20")
+    if not (math.isfinite(args.warmup_ms) and args.warmup_ms >= 0):
+        ap.error("--warmup-ms must be a finite number >= 0")
     return args
 
 
@@ -660,7 +680,7 @@ def main(argv=None):
             sys.exit("no CUDA device: run on the GPU host, or use --dry-run")
         dev = torch.device("cuda", torch.cuda.current_device())
     torch.manual_seed(args.seed)
-    timer = Timer(dev, args.iters, args.warmup)
+    timer = Timer(dev, args.iters, args.warmup, args.warmup_ms)
     if args.dry_run:
         fp8_tflops = args.fp8_tflops or GEMM_FLOOR_FP8_TFLOPS
         read_tbps, read_method = args.read_tbps or GEMM_FLOOR_READ_TBPS, "assumed (dry run)"

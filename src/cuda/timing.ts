@@ -19,6 +19,12 @@ import { packageRoot } from "./jit.js";
 export interface TimeKernelOptions {
   /** Untimed runs first (default 10). */
   warmup?: number;
+  /**
+   * After those, more untimed runs until about this much GPU time has passed (default 0). A run of
+   * milliseconds on a power-capped card starts at a clock its first hundred milliseconds cannot hold, so
+   * a sustained figure (what a long job sees) needs the clock settled first: a second or so.
+   */
+  warmupMs?: number;
   /** Timed runs (default 50). */
   iters?: number;
   /** Capture `fn` once into a CUDA graph and time graph replays (default false). */
@@ -34,6 +40,9 @@ export interface TimeKernelOptions {
   /** Stream to use (default: a new one, destroyed afterwards). */
   stream?: Stream;
 }
+
+/** Cap on the runs `warmupMs` adds (a microsecond kernel would otherwise queue millions). */
+const MAX_TIMED_WARMUP_RUNS = 100_000;
 
 /** Per-run GPU times in microseconds. */
 export interface Timing {
@@ -99,6 +108,9 @@ export function timeKernel(
     throw new RangeError(`warmup must be a non-negative integer, got ${warmup}`);
   if (!Number.isInteger(iters) || iters < 1)
     throw new RangeError(`iters must be a positive integer, got ${iters}`);
+  const warmupMs = options.warmupMs ?? 0;
+  if (!Number.isFinite(warmupMs) || warmupMs < 0)
+    throw new RangeError(`warmupMs must be a finite non-negative number, got ${warmupMs}`);
   const ownStream = options.stream === undefined;
   const stream = options.stream ?? device.createStream();
   const flush = options.l2Flush === false ? undefined : l2FlushBuffer(device);
@@ -116,6 +128,20 @@ export function timeKernel(
     for (let i = 0; i < warmup; i++) {
       options.rotate?.(runIndex++, stream);
       run();
+    }
+    if (warmupMs > 0) {
+      // One run timed alone sizes the rest of the warm-up.
+      options.rotate?.(runIndex++, stream);
+      starts[0]!.record(stream);
+      run();
+      ends[0]!.record(stream);
+      ends[0]!.synchronize();
+      const runMs = Math.max(Event.elapsedMs(starts[0]!, ends[0]!), 1e-3);
+      const runs = Math.min(Math.ceil(warmupMs / runMs), MAX_TIMED_WARMUP_RUNS);
+      for (let i = 0; i < runs; i++) {
+        options.rotate?.(runIndex++, stream);
+        run();
+      }
     }
     for (let i = 0; i < iters; i++) {
       options.rotate?.(runIndex++, stream);

@@ -185,6 +185,18 @@ describe("against the mock libcuda", { skip }, () => {
     });
     assert.equal(g.samples.length, 3);
     assert.equal(mockLive(), live + 1, "the flush buffer is reused");
+    // warmupMs: one run sizes the rest (5 us each), so 0.098 ms adds 1 + 20 untimed runs.
+    let runs = 0;
+    const w = timeKernel(device, (s) => k.launch(1, 32, 0, s, args), {
+      warmup: 2,
+      warmupMs: 0.098,
+      iters: 5,
+      rotate: () => runs++,
+    });
+    assert.equal(runs, 2 + 1 + 20 + 5);
+    assert.equal(w.samples.length, 5);
+    assert.throws(() => timeKernel(device, () => {}, { warmupMs: -1 }), /warmupMs/);
+    assert.throws(() => timeKernel(device, () => {}, { warmupMs: Number.NaN }), /warmupMs/);
     module.unload();
   });
 

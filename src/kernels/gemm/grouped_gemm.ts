@@ -550,7 +550,11 @@ export const GEMM_BENCH_CODES = ["quantized", "gaussian", "uniform-bytes"] as co
 export type GemmBenchCodes = (typeof GEMM_BENCH_CODES)[number];
 
 export interface BenchmarkGroupedGemmOptions {
+  /** Untimed runs first (default 5). */
   warmup?: number;
+  /** Then untimed runs for about this much GPU time (default 0; see TimeKernelOptions.warmupMs). */
+  warmupMs?: number;
+  /** Timed runs (default 20). */
   iters?: number;
 }
 
@@ -708,7 +712,7 @@ export function benchmarkGroupedGemm(
         (s) => {
           plan = groupedGemmFp8(device, args, s);
         },
-        { warmup: options.warmup ?? 5, iters: options.iters ?? 20 },
+        { warmup: options.warmup ?? 5, warmupMs: options.warmupMs, iters: options.iters ?? 20 },
       );
       const stall = takeGroupedGemmStatus(device);
       if (stall) throw new Error(`grouped GEMM stalled during the benchmark: ${JSON.stringify(stall)}`);
