@@ -50,7 +50,11 @@ for (const s of shapes) {
         for (const codes of codesList) {
           const grid = maxCtas === undefined ? "" : ` ${maxCtas} CTAs`;
           try {
-            const [row] = benchmarkGroupedGemm(device, [{ ...c, codes, maxCtas }], { warmup: 5, warmupMs, iters });
+            const [row] = benchmarkGroupedGemm(device, [{ ...c, codes, maxCtas }], {
+              warmup: 5,
+              warmupMs,
+              iters,
+            });
             const picked = c.tile === undefined ? "plan" : "forced";
             // When the timed runs ended (Unix seconds), to match the row with a clock log.
             rows.push({ ...row, choice: picked, wall_end_s: Date.now() / 1000 });
