@@ -43,6 +43,8 @@ export interface BenchOptions {
   format: string;
   /** grouped-gemm: what the operands hold (GemmBenchCodes; default "quantized"). */
   codes?: string;
+  /** grouped-gemm: untimed GPU time before each case's timed runs (TimeKernelOptions.warmupMs). */
+  warmupMs?: number;
   iters?: number;
   /** fused/unfused: interleaved rounds (benchmarkLayer's `rounds`). */
   rounds?: number;
@@ -208,6 +210,9 @@ function validate(opts: BenchOptions): void {
       throw new Error(`--codes must be one of ${GEMM_BENCH_CODES.join(", ")}, got "${opts.codes}"`);
     }
   }
+  if (opts.warmupMs !== undefined && opts.impl !== "grouped-gemm") {
+    throw new Error(`--warmup-ms applies to --impl grouped-gemm, not ${opts.impl}`);
+  }
   if (opts.impl !== "quant") resolveConfig(opts.shape); // throws naming an unknown shape
   if (opts.plot !== undefined && layerImpls(opts.impl) === null) {
     throw new Error(
@@ -319,7 +324,12 @@ function runCases(
     const codes = opts.codes as GemmBenchCodes | undefined;
     const cases = groupedGemmCases(opts.shape, opts.tokens ?? GROUPED_GEMM_M);
     cases.forEach((c, i) => {
-      rows.push(...benchmarkGroupedGemm(device, [{ ...c, codes }], { iters: opts.iters ?? 20 }));
+      rows.push(
+        ...benchmarkGroupedGemm(device, [{ ...c, codes }], {
+          iters: opts.iters ?? 20,
+          warmupMs: opts.warmupMs,
+        }),
+      );
       bar.update(i + 1, cases.length);
     });
     return rows;

@@ -128,6 +128,11 @@ program
     "--codes <kind>",
     "grouped-gemm: the operands' FP8 codes: quantized (uniform values, the default), gaussian (the torch peer's data in block format) or uniform-bytes",
   )
+  .option(
+    "--warmup-ms <ms>",
+    "grouped-gemm: untimed GPU time before each case's timed runs (about 1000: the clock a power-capped card sustains)",
+    positiveNumber,
+  )
   .option("--out <file>", "write the results JSON here (bench/results/...)")
   .option("--json", "print the rows as JSON")
   .action(async (opts) => {

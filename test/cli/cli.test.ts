@@ -121,6 +121,11 @@ describe("megamoe CLI", () => {
         ["bench", "--impl", "fused", "--codes", "gaussian"],
         /--codes applies to --impl grouped-gemm, not fused/,
       ],
+      [
+        ["bench", "--impl", "fused", "--warmup-ms", "500"],
+        /--warmup-ms applies to --impl grouped-gemm, not fused/,
+      ],
+      [["bench", "--impl", "grouped-gemm", "--warmup-ms", "-3"], /warmup-ms.*must be a positive number/],
     ];
     for (const [args, message] of cases) {
       const r = megamoe(...args);
