@@ -37,7 +37,7 @@ def main(argv):
         sys.exit(__doc__)
     samples = read_samples(argv[0])
     iters = int(argv[1])
-    print(f"{'file':<34} {'case':<22} {'us':>9} {'MHz':>6} {'W':>6} {'C':>4} {'n':>3} {'us x GHz':>9}")
+    print(f"{'file':<34} {'case':<36} {'us':>9} {'MHz':>6} {'W':>6} {'C':>4} {'n':>3} {'us x GHz':>9}")
     for path in argv[2:]:
         with open(path) as fh:
             doc = json.load(fh)
@@ -55,9 +55,9 @@ def main(argv):
             mhz = statistics.median(s[1] for s in window)
             watts = statistics.median(s[2] for s in window)
             temp = statistics.median(s[3] for s in window)
-            case = f"{row['config']} M={row['m_per_group']} {row.get('tile', '')}"
+            case = f"{row['config']} M={row['m_per_group']} {row.get('tile') or row.get('impl', '')}"
             print(
-                f"{path.split('/')[-1][:34]:<34} {case:<22} {row['us_median']:>9.1f} {mhz:>6.0f} {watts:>6.0f} "
+                f"{path.split('/')[-1][:34]:<34} {case:<36} {row['us_median']:>9.1f} {mhz:>6.0f} {watts:>6.0f} "
                 f"{temp:>4.0f} {len(window):>3} {row['us_median'] * mhz / 1000:>9.1f}"
             )
 

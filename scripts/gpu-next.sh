@@ -125,7 +125,9 @@
 #           holds another build (package.json, src/include, src/kernels, dist-test), that build's plan, in 3
 #           rounds of rotated order at M = 512 and 4096 per group, each case after WARMUP_MS (default 1500) of
 #           untimed runs, while nvidia-smi logs the SM clock and power every 20 ms; then each row's clock and
-#           power in its timed window (scripts/clock-windows.py). mc's grouped-GEMM tests run first (ARCHIVE=1)
+#           power in its timed window (scripts/clock-windows.py). mc's grouped-GEMM tests run first (ARCHIVE=1).
+#           SUSTAINED_IMPLS instead picks the list: torch, ours, ours:DEFINES (a MEGAMOE_JIT_DEFINES value), mc;
+#           TORCH_ARGS adds arguments to the torch peer's runs (e.g. --blockwise)
 # ARCHIVE=1 returns everything as $OUT/all.tgz (ARCHIVE_TIMEOUT: seconds for the part, default 540).
 # Pass MEGAMOE_COMMIT: the device's copy of the tree has no current git history.
 set -uo pipefail
@@ -677,8 +679,8 @@ case "${PART:-1}" in
   ;;
 72)
   warm=${WARMUP_MS:-1500} iters=100
-  impls="torch ours"
-  if [ -d mc/dist-test ]; then
+  impls=${SUSTAINED_IMPLS:-"torch ours"}
+  if [ -d mc/dist-test ] && [ -z "${SUSTAINED_IMPLS:-}" ]; then
     impls="torch ours mc"
     gpu_tests 200 test-grouped-gemm-mc.txt mc/dist-test/test/gpu/grouped-gemm.test.js
   fi
@@ -690,11 +692,13 @@ case "${PART:-1}" in
     for _ in $(seq 2 "$round"); do set -- "${@:2}" "$1"; done  # round r starts r - 1 places later
     for impl in "$@"; do
       case $impl in
-      torch) timeout 120 python3 bench/peers/torch_moe.py --grouped-gemm-only --m-per-group 512,4096 --iters $iters \
-        --warmup-ms "$warm" --fp8-tflops 1500 --read-tbps 4.3 --copy-tbps 4.0 --out "$out/sustained-torch-$round.json" \
-        2>&1 | grep "M/group" ;;
-      ours) GEMM_TILES=plan GEMM_M=512,4096 GEMM_WARMUP_MS=$warm GEMM_ITERS=$iters timeout 150 \
-        node dist-test/scripts/gpu-gemm-bench.js "$out/sustained-ours-$round.json" 2>&1 | sed "s/^/ours /" ;;
+      torch) timeout 150 python3 bench/peers/torch_moe.py --grouped-gemm-only --m-per-group 512,4096 --iters $iters \
+        --warmup-ms "$warm" --fp8-tflops 1500 --read-tbps 4.3 --copy-tbps 4.0 ${TORCH_ARGS:-} \
+        --out "$out/sustained-torch-$round.json" 2>&1 | grep "M/group" ;;
+      ours*) tag=${impl//[^A-Za-z0-9]/_}  # ours or ours:DEFINES (MEGAMOE_JIT_DEFINES)
+        MEGAMOE_JIT_DEFINES=${impl#ours} MEGAMOE_JIT_DEFINES=${MEGAMOE_JIT_DEFINES#:} GEMM_TILES=plan GEMM_M=512,4096 \
+        GEMM_WARMUP_MS=$warm GEMM_ITERS=$iters timeout 150 node dist-test/scripts/gpu-gemm-bench.js \
+        "$out/sustained-$tag-$round.json" 2>&1 | sed "s/^/$tag /" ;;
       mc) GEMM_TILES=plan GEMM_M=512,4096 GEMM_WARMUP_MS=$warm GEMM_ITERS=$iters timeout 150 \
         node mc/dist-test/scripts/gpu-gemm-bench.js "$out/sustained-mc-$round.json" 2>&1 | sed "s/^/mc /" ;;
       esac

@@ -143,13 +143,59 @@ def block_to_rowwise(q, block_scale):
     return codes.to(fp8()).view(n, k), row_block_scale.repeat_interleave(BLOCK, dim=0).squeeze(1)
 
 
-def random_weight(n, k, gen, dev):
-    """A random [n, k] weight through 128x128 block FP8 (block magnitudes spread over 2^-3..2^3, so the
-    block scales differ), returned in rowwise form."""
+def random_weight_blocks(n, k, gen, dev):
+    """A random [n, k] weight in 128x128 block FP8 (block magnitudes spread over 2^-3..2^3, so the block
+    scales differ): codes [n, k] and scales [n/128, k/128]."""
     magnitude = torch.exp2(torch.rand(n // BLOCK, 1, k // BLOCK, 1, generator=gen, device=dev) * 6 - 3)
     w = torch.randn(n // BLOCK, BLOCK, k // BLOCK, BLOCK, generator=gen, device=dev) * magnitude
-    q, block_scale = block_quantize((w / math.sqrt(k)).view(n, k))
-    return block_to_rowwise(q, block_scale)
+    return block_quantize((w / math.sqrt(k)).view(n, k))
+
+
+def random_weight(n, k, gen, dev):
+    """random_weight_blocks in rowwise form."""
+    return block_to_rowwise(*random_weight_blocks(n, k, gen, dev))
+
+
+def quant_blocks_1x128(x):
+    """Per-128-channel FP8 of the rows of x [m, k] (megamoe's activation format): codes [m, k] and fp32
+    scales [m, k/128]."""
+    m, k = x.shape
+    xb = x.float().view(m, k // BLOCK, BLOCK)
+    scale = xb.abs().amax(dim=-1).clamp(min=1e-10) / FP8_MAX
+    return (xb / scale[..., None]).clamp(-FP8_MAX, FP8_MAX).to(fp8()).view(m, k), scale
+
+
+def blockwise_mm(a, sa, w, sw):
+    """a [M, K] with 1x128 scales sa [M, K/128] times w [N, K] with 128x128 scales sw [N/128, K/128] -> bf16
+    [M, N]: megamoe's numerics, through PyTorch's block-scaled FP8 GEMM (cuBLASLt on SM90). The scales go
+    in the layouts it asks for: sa outer-dim-major, sw transposed with K/128 padded to a multiple of 4."""
+    kb = sw.shape[1]
+    sw_padded = torch.zeros(sw.shape[0], -(-kb // 4) * 4, dtype=torch.float32, device=sw.device)
+    sw_padded[:, :kb] = sw
+    sa_outer = sa.t().contiguous().t()
+    if hasattr(F, "scaled_mm") and hasattr(F, "ScalingType"):
+        return F.scaled_mm(
+            a, w.t(), sa_outer, F.ScalingType.BlockWise1x128, sw_padded.t(), F.ScalingType.BlockWise128x128,
+            output_dtype=torch.bfloat16,
+        )
+    return torch._scaled_mm(a, w.t(), scale_a=sa_outer, scale_b=sw_padded.t(), out_dtype=torch.bfloat16)
+
+
+def blockwise_grouped_mm(a, sa, w, sw, bounds):
+    """Rows [bounds[g], bounds[g+1]) of a times group g of w [G, N, K], one blockwise_mm per group."""
+    out = torch.empty(a.shape[0], w.shape[1], dtype=torch.bfloat16, device=a.device)
+    for g in range(len(bounds) - 1):
+        lo, hi = bounds[g], bounds[g + 1]
+        if hi > lo:
+            out[lo:hi] = blockwise_mm(a[lo:hi], sa[lo:hi], w[g], sw[g])
+    return out
+
+
+def dequant_blocks(q, scale, rows_per_scale):
+    """Float values of block FP8 codes q [n, k] with scales [n / rows_per_scale, k/128]."""
+    n, k = q.shape
+    v = q.float().view(n // rows_per_scale, rows_per_scale, k // BLOCK, BLOCK)
+    return (v * scale[:, None, :, None]).view(n, k)
 
 
 class MoEWeights:
@@ -608,6 +654,63 @@ def run_grouped_gemm(args, dev, timer):
             )
             log(f"{name} M/group={m}: {med:.1f} us, {flops / (med * 1e6):.0f} TFLOP/s ({mode})")
         del w, sw
+        if args.blockwise:
+            rows += time_blockwise(args, dev, timer, gen, name, n, k)
+    return rows
+
+
+def time_blockwise(args, dev, timer, gen, name, n, k):
+    """--blockwise: the same grouped shapes in megamoe's numerics (1x128 activation scales, 128x128 weight
+    scales), one PyTorch block-scaled GEMM per group, checked against FP32 on group 0 before timing."""
+    G = GROUPED_GEMM_GROUPS
+    rows = []
+    w = torch.empty(G, n, k, dtype=fp8(), device=dev)
+    sw = torch.empty(G, n // BLOCK, k // BLOCK, dtype=torch.float32, device=dev)
+    for g in range(G):
+        q, s = random_weight_blocks(n, k, gen, dev)
+        w[g].copy_(q)
+        sw[g].copy_(s)
+    for m in args.m_per_group:
+        a, sa = quant_blocks_1x128(torch.randn(G * m, k, generator=gen, device=dev, dtype=torch.bfloat16))
+        bounds = [g * m for g in range(G + 1)]
+        try:
+            got = blockwise_mm(a[:m], sa[:m], w[0], sw[0]).float()
+        except (RuntimeError, ValueError, NotImplementedError, TypeError) as e:
+            log(f"{name} M/group={m}: blockwise FP8 GEMM refused ({first_line(e)}); no blockwise row")
+            continue
+        ref = dequant_blocks(a[:m], sa[:m], 1) @ dequant_blocks(w[0], sw[0], BLOCK).t()
+        rel = float((got - ref).norm() / ref.norm())
+        if not rel < 2e-2:
+            log(f"{name} M/group={m}: blockwise FP8 GEMM off by {rel:.3g} (relative); no blockwise row")
+            continue
+        med, lo, hi = timer.time(lambda: blockwise_grouped_mm(a, sa, w, sw, bounds))  # noqa: B023
+        wall_end_s = time.time()
+        flops = 2 * G * m * n * k
+        nbytes = gemm_bytes(G * m, n, k, G)
+        floor_us = max(nbytes / (GEMM_FLOOR_READ_TBPS * 1e12), flops / (GEMM_FLOOR_FP8_TFLOPS * 1e12)) * 1e6
+        rows.append(
+            dict(
+                config=name,
+                tokens=G * m,
+                shared=False,
+                impl="torch-blockwise-loop",
+                us_median=med,
+                us_min=lo,
+                us_max=hi,
+                floor_us=floor_us,
+                tflops=flops / (med * 1e6),
+                tbps=nbytes / (med * 1e6),
+                m_per_group=m,
+                groups=G,
+                n=n,
+                k=k,
+                gemm="blockwise-loop",
+                check_rel=rel,
+                wall_end_s=wall_end_s,
+            )
+        )
+        log(f"{name} M/group={m}: {med:.1f} us, {flops / (med * 1e6):.0f} TFLOP/s (blockwise loop, rel {rel:.2e})")
+    del w, sw
     return rows
 
 
@@ -648,6 +751,12 @@ def parse_args(argv):
     ap.add_argument("--compile", action="store_true", help="torch.compile the quantization and SwiGLU steps")
     ap.add_argument("--loop", action="store_true", help="use the per-expert _scaled_mm loop, not the grouped GEMM")
     ap.add_argument("--grouped-gemm-only", action="store_true", help="time torch._scaled_grouped_mm alone")
+    ap.add_argument(
+        "--blockwise",
+        action="store_true",
+        help="grouped GEMM: also time megamoe's numerics (1x128 and 128x128 block scales) through PyTorch's "
+        "block-scaled FP8 GEMM, one call per group",
+    )
     ap.add_argument("--m-per-group", type=int_list, help="grouped GEMM: rows per group (default 64,512,4096)")
     ap.add_argument("--fp8-tflops", type=float, help="FP8 rate for the floor instead of measuring it")
     ap.add_argument("--read-tbps", type=float, help="read-stream bandwidth for the floor instead of measuring it")
@@ -663,6 +772,8 @@ def parse_args(argv):
         args.iters = min(args.iters, 2)
     elif args.iters < 20:
         ap.error("--iters must be at least 20")
+    if args.blockwise and not args.grouped_gemm_only:
+        ap.error("--blockwise applies to --grouped-gemm-only")
     if not (math.isfinite(args.warmup_ms) and args.warmup_ms >= 0):
         ap.error("--warmup-ms must be a finite number >= 0")
     return args

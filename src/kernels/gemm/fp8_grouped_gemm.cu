@@ -34,7 +34,9 @@
 //   and, with wrong results, for timing the kernel without a part of its work: GEMM_DIAG_SKIP_MMA 1 (no
 //   wgmma is issued; every stage is still waited for, promoted and released), GEMM_DIAG_SKIP_EPILOGUE 1
 //   (the tiles' sums are folded into one value that is never stored) or 2 (staged, never copied out),
-//   GEMM_DIAG_FIXED_TILES 1|2|3 (A, B or both loaded from the first rows for every tile: L2 hits only).
+//   GEMM_DIAG_FIXED_TILES 1|2|3 (A, B or both loaded from the first rows for every tile: L2 hits only),
+//   GEMM_DIAG_SKIP_PROMOTION 1 (turns only: every K block summed in the tensor cores, unscaled, as a kernel
+//   with rowwise scales would: the same tensor work without the per-block promotion).
 
 #include "megamoe/bf16.cuh"
 #include "megamoe/sm90.cuh"
@@ -94,6 +96,9 @@
 #endif
 #ifndef GEMM_DIAG_SKIP_EPILOGUE
 #define GEMM_DIAG_SKIP_EPILOGUE 0
+#endif
+#ifndef GEMM_DIAG_SKIP_PROMOTION
+#define GEMM_DIAG_SKIP_PROMOTION 0
 #endif
 
 namespace gemm_shape {
@@ -254,6 +259,16 @@ __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity, int* st
   };
   if constexpr (kWarp) mbar_wait_bounded_warp(bar, parity, kWatchdogNs, on_stall);
   else mbar_wait_bounded(bar, parity, kWatchdogNs, on_stall);
+}
+
+// Diagnosis (GEMM_DIAG_SKIP_PROMOTION): one K block added to the accumulators by the tensor cores, unscaled.
+template <int kCount>
+__device__ __forceinline__ void wgmma_accumulate_k128(float (&acc)[kCount], unsigned a, unsigned b) {
+  fence_registers(acc);
+  wgmma_fence();
+#pragma unroll
+  for (int k = 0; k < 4; ++k) wgmma_e4m3(acc, smem_descriptor(a + k * 32), smem_descriptor(b + k * 32), 1);
+  wgmma_commit();
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -622,14 +637,20 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
             if constexpr (GEMM_DIAG_SKIP_MMA != 0) {
 #pragma unroll
               for (int i = 0; i < kAccum; ++i) partial[i] = 0.0f;
+            } else if constexpr (GEMM_DIAG_SKIP_PROMOTION != 0) {
+              wgmma_accumulate_k128(promoted[0][c], a_stage, b_stage + c * kMmaN * kBlockK);
             } else {
               wgmma_issue_k128(partial, a_stage, b_stage + c * kMmaN * kBlockK);
             }
             end_turn();
             if constexpr (kFirst) write_pending_chunk(c);
             wgmma_wait<0>();
-            fence_registers(partial);
-            promote_block(promoted[0][c], partial, sa_lo[0] * sw[c], sa_hi[0] * sw[c]);
+            if constexpr (GEMM_DIAG_SKIP_PROMOTION != 0) {
+              fence_registers(promoted[0][c]);
+            } else {
+              fence_registers(partial);
+              promote_block(promoted[0][c], partial, sa_lo[0] * sw[c], sa_hi[0] * sw[c]);
+            }
           }
         } else {
 #pragma unroll
