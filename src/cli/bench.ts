@@ -78,13 +78,23 @@ function percentCell(frac: number): string {
   return frac >= 0.8 ? pc.green(pct) : frac >= 0.5 ? pc.yellow(pct) : pc.red(pct);
 }
 
+/** A peer row's series: rows with a `series` field (e.g. the torch peer's "blockwise") are a second
+ * alternative, compared in columns of their own; the rest form the peer's main series (""). */
+function peerSeries(p: ResultRow): string {
+  return typeof p.series === "string" ? p.series : "";
+}
+
 /**
  * The results table: time, floor, how close to it, the achieved rates, and with a peer's rows the
- * peer's time for the same case (same config, tokens, shared expert and timing mode) and peer/ours.
+ * peer's time for the same case (same config, tokens, shared expert and timing mode) and peer/ours,
+ * one pair of columns per series of the peer's rows.
  */
 export function resultsTable(rows: readonly ResultRow[], peer: readonly ResultRow[] = []): string {
   const withMode = rows.some((r) => typeof r.graph === "boolean");
   const peerName = peer[0]?.impl.replace(/-.*$/, "") ?? "peer";
+  const series = [...new Set(peer.map(peerSeries))].sort();
+  const seriesRows = series.map((s) => peer.filter((p) => peerSeries(p) === s));
+  const seriesNames = series.map((s) => (s === "" ? peerName : `${peerName} ${s}`));
   const head = [
     "config",
     "T",
@@ -95,7 +105,7 @@ export function resultsTable(rows: readonly ResultRow[], peer: readonly ResultRo
     "floor/time",
     "TFLOP/s",
     "TB/s",
-    ...(peer.length > 0 ? [`${peerName} µs`, `${peerName}/ours`] : []),
+    ...seriesNames.flatMap((name) => [`${name} µs`, `${name}/ours`]),
   ];
   const table = new Table({
     head: head.map((h) => pc.bold(h)),
@@ -114,8 +124,8 @@ export function resultsTable(rows: readonly ResultRow[], peer: readonly ResultRo
       r.tflops.toFixed(1),
       r.tbps.toFixed(2),
     ];
-    if (peer.length > 0) {
-      const p = matchPeerRow(peer, r);
+    for (const candidates of seriesRows) {
+      const p = matchPeerRow(candidates, r);
       if (p === undefined) cells.push(pc.dim("—"), pc.dim("—"));
       else {
         const ratio = p.us_median / r.us_median;

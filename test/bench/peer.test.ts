@@ -76,6 +76,21 @@ describe("peer results", () => {
     assert.match(plain, /graph/);
     assert.equal((plain.match(/—/g) ?? []).length, 4); // the graph row and T=1 have no peer row
   });
+
+  it("a peer series (the torch peer's blockwise rows) gets columns of its own", () => {
+    const table = resultsTable(
+      [row({ graph: false, us_median: 100 })],
+      [
+        row({ impl: "torch-grouped-gemm", us_median: 90 }),
+        row({ impl: "torch-blockwise-loop", series: "blockwise", us_median: 130 }),
+      ],
+    );
+    const plain = stripVTControlCharacters(table);
+    assert.match(plain, /torch µs/);
+    assert.match(plain, /torch blockwise µs/);
+    assert.match(plain, /torch blockwise\/ours/);
+    assert.match(plain, /90\.0\s*│\s*0\.90×\s*│\s*130\.0\s*│\s*1\.30×/);
+  });
 });
 
 describe("grouped-GEMM cases", () => {
