@@ -128,6 +128,9 @@
 #           power in its timed window (scripts/clock-windows.py). mc's grouped-GEMM tests run first (ARCHIVE=1).
 #           SUSTAINED_IMPLS instead picks the list: torch, ours, ours:DEFINES (a MEGAMOE_JIT_DEFINES value), mc;
 #           TORCH_ARGS adds arguments to the torch peer's runs (e.g. --blockwise)
+#   PART=73 the expert-parallel GPU test (PART=53), then `bench --impl grouped-gemm` beside the torch peer with
+#           --blockwise (PyTorch's block-scaled GEMM beside its rowwise grouped GEMM), first as usual, then
+#           sustained (--warmup-ms 1000 --iters 100 both), while nvidia-smi logs the clock and power (ARCHIVE=1)
 # ARCHIVE=1 returns everything as $OUT/all.tgz (ARCHIVE_TIMEOUT: seconds for the part, default 540).
 # Pass MEGAMOE_COMMIT: the device's copy of the tree has no current git history.
 set -uo pipefail
@@ -706,6 +709,23 @@ case "${PART:-1}" in
   done
   kill $smi
   python3 scripts/clock-windows.py "$out/smi.csv" $iters "$out"/sustained-*.json | tee "$out/clock-windows.txt"
+  ;;
+73)
+  PART=53 bash "$0"
+  nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=csv,noheader,nounits -lms 20 \
+    >"$out/smi.csv" 2>&1 &
+  smi=$!
+  for mode in burst sustained; do
+    extra=""; [ $mode = sustained ] && extra="--warmup-ms 1000 --iters 100"
+    echo "$mode torch start $(date +%H:%M:%S.%N)" >>"$out/phases.txt"
+    timeout 240 python3 bench/peers/torch_moe.py --grouped-gemm-only --blockwise $extra \
+      --out "$out/torch-grouped-gemm-$mode.json" 2>&1 | grep "M/group"
+    echo "$mode ours start $(date +%H:%M:%S.%N)" >>"$out/phases.txt"
+    timeout 150 node dist/cli/main.js bench --impl grouped-gemm $extra --peer "$out/torch-grouped-gemm-$mode.json" \
+      --out "$out/grouped-gemm-$mode.json" 2>&1 | grep -vE "^[├┌└]" | cut -c1-200
+    echo "$mode end $(date +%H:%M:%S.%N)" >>"$out/phases.txt"
+  done
+  kill $smi
   ;;
 69) gpu_tests 240 test-grouped-gemm-unfused.txt dist-test/test/gpu/grouped-gemm.test.js dist-test/test/gpu/unfused.test.js ;;
 71)
