@@ -127,7 +127,8 @@
 #           untimed runs, while nvidia-smi logs the SM clock and power every 20 ms; then each row's clock and
 #           power in its timed window (scripts/clock-windows.py). mc's grouped-GEMM tests run first (ARCHIVE=1).
 #           SUSTAINED_IMPLS instead picks the list: torch, ours, ours:DEFINES (a MEGAMOE_JIT_DEFINES value), mc;
-#           TORCH_ARGS adds arguments to the torch peer's runs (e.g. --blockwise)
+#           TORCH_ARGS adds arguments to the torch peer's runs (e.g. --blockwise); ROUNDS (default 3) and ITERS
+#           (timed runs per case, default 100); WARMUP_MS=0 ITERS=20 is the usual benchmark's protocol
 #   PART=73 the expert-parallel GPU test (PART=53), then `bench --impl grouped-gemm` beside the torch peer with
 #           --blockwise (PyTorch's block-scaled GEMM beside its rowwise grouped GEMM), first as usual, then
 #           sustained (--warmup-ms 1000 --iters 100 both), while nvidia-smi logs the clock and power (ARCHIVE=1)
@@ -681,7 +682,7 @@ case "${PART:-1}" in
   cli_rows torch-grouped-gemm.json
   ;;
 72)
-  warm=${WARMUP_MS:-1500} iters=100
+  warm=${WARMUP_MS:-1500} iters=${ITERS:-100}
   impls=${SUSTAINED_IMPLS:-"torch ours"}
   if [ -d mc/dist-test ] && [ -z "${SUSTAINED_IMPLS:-}" ]; then
     impls="torch ours mc"
@@ -690,7 +691,7 @@ case "${PART:-1}" in
   nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=csv,noheader,nounits -lms 20 \
     >"$out/smi.csv" 2>&1 &
   smi=$!
-  for round in 1 2 3; do
+  for round in $(seq 1 "${ROUNDS:-3}"); do
     set -- $impls
     for _ in $(seq 2 "$round"); do set -- "${@:2}" "$1"; done  # round r starts r - 1 places later
     for impl in "$@"; do
