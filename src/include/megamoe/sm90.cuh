@@ -86,28 +86,6 @@ __device__ __forceinline__ void tma_load_2d(unsigned dst, const TensorMap* map, 
       : "memory");
 }
 
-// The same load with an L2 eviction policy (l2_policy_evict_first / _last) for the lines it brings in.
-__device__ __forceinline__ void tma_load_2d_hinted(unsigned dst, const TensorMap* map, unsigned bar, int x, int y,
-                                                   unsigned long long policy) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, {%2, "
-      "%3}], [%4], %5;" ::"r"(dst),
-      "l"(reinterpret_cast<unsigned long long>(map)), "r"(x), "r"(y), "r"(bar), "l"(policy)
-      : "memory");
-}
-
-// L2 eviction policies for cache-hinted accesses, covering every line they touch.
-__device__ __forceinline__ unsigned long long l2_policy_evict_first() {
-  unsigned long long policy;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-  return policy;
-}
-__device__ __forceinline__ unsigned long long l2_policy_evict_last() {
-  unsigned long long policy;
-  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
-  return policy;
-}
-
 __device__ __forceinline__ void prefetch_tensor_map(const TensorMap* map) {
   asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<unsigned long long>(map)) : "memory");
 }

@@ -30,8 +30,7 @@
 //   BLOCK_M 64|128, BLOCK_N 64|128|256, BLOCK_K 128, NUM_STAGES, NUM_MATH_WARPGROUPS 1|2,
 //   N (output columns), K, NUM_GROUPS, OUT_BF16 0|1. Diagnosis only: GEMM_SETMAXNREG 0|1 (default 1),
 //   GEMM_PIPELINED_PROMOTION 0|1 (default 1), GEMM_WG_TURNS 0|1 (default 1), GEMM_DEFERRED_EPILOGUE 0|1
-//   (default 1), GEMM_WATCHDOG_NS (default 2 s), GEMM_L2_HINTS 0..3 (bit 0: A's loads evict last, bit 1: B's
-//   evict first; default 0),
+//   (default 1), GEMM_WATCHDOG_NS (default 2 s),
 //   and, with wrong results, for timing the kernel without a part of its work: GEMM_DIAG_SKIP_MMA 1 (no
 //   wgmma is issued; every stage is still waited for, promoted and released), GEMM_DIAG_SKIP_EPILOGUE 1
 //   (the tiles' sums are folded into one value that is never stored) or 2 (staged, never copied out),
@@ -100,9 +99,6 @@
 #endif
 #ifndef GEMM_DIAG_SKIP_PROMOTION
 #define GEMM_DIAG_SKIP_PROMOTION 0
-#endif
-#ifndef GEMM_L2_HINTS
-#define GEMM_L2_HINTS 0
 #endif
 
 namespace gemm_shape {
@@ -390,13 +386,6 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
     unsigned phase = 0;
     int cursor = 0;
     int iteration = 0;
-    // GEMM_L2_HINTS: a group's A rows return for each of its n-blocks, a B tile only within one wave.
-#if (GEMM_L2_HINTS & 1) != 0
-    const unsigned long long policy_a = l2_policy_evict_last();
-#endif
-#if (GEMM_L2_HINTS & 2) != 0
-    const unsigned long long policy_b = l2_policy_evict_first();
-#endif
     for (int tile = static_cast<int>(blockIdx.x); tile < total_tiles; tile += static_cast<int>(gridDim.x)) {
       const Tile t = decode_tile(tile, cursor, prefix, groups);
       const int b_row = t.group * kShapeN + t.n0;
@@ -410,18 +399,9 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
         // of its own, so the loads hit L2 and only the on-chip traffic is left.
         const int a_row = (GEMM_DIAG_FIXED_TILES & 1) != 0 ? 0 : t.row0;
         const int b_row_loaded = (GEMM_DIAG_FIXED_TILES & 2) != 0 ? 0 : b_row;
-        // (#if rather than if constexpr: outside a template the discarded branch still moves ptxas's schedule.)
-#if (GEMM_L2_HINTS & 1) != 0
-        tma_load_2d_hinted(a_smem + stage * kATileBytes, &map_a, bar, kb * kBlockK, a_row, policy_a);
-#else
         tma_load_2d(a_smem + stage * kATileBytes, &map_a, bar, kb * kBlockK, a_row);
-#endif
         tma_load_2d(sa_smem + stage * kSaStride, &map_sa, bar, t.row0 & ~3, kb);
-#if (GEMM_L2_HINTS & 2) != 0
-        tma_load_2d_hinted(b_smem + stage * kBTileBytes, &map_b, bar, kb * kBlockK, b_row_loaded, policy_b);
-#else
         tma_load_2d(b_smem + stage * kBTileBytes, &map_b, bar, kb * kBlockK, b_row_loaded);
-#endif
         if (++stage == kStages) {
           stage = 0;
           phase ^= 1u;
