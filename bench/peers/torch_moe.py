@@ -623,36 +623,42 @@ def run_grouped_gemm(args, dev, timer):
                     raise
                 log(f"{name} M/group={m}: _scaled_grouped_mm refused ({first_line(e)}); looping _scaled_mm")
                 mode = "loop"
-            med, lo, hi = timer.time(lambda: grouped_mm(a, sa, w, sw, offs, mode))  # noqa: B023
-            wall_end_s = time.time()  # when the timed runs ended, to match the row with a clock log
-            flops = 2 * G * m * n * k
-            nbytes = gemm_bytes(G * m, n, k, G)
-            floor_us = max(nbytes / (GEMM_FLOOR_READ_TBPS * 1e12), flops / (GEMM_FLOOR_FP8_TFLOPS * 1e12)) * 1e6
-            rows.append(
-                dict(
-                    config=name,
-                    tokens=G * m,
-                    shared=False,
-                    impl="torch-grouped-gemm" if mode != "loop" else "torch-loop",
-                    us_median=med,
-                    us_min=lo,
-                    us_max=hi,
-                    floor_us=floor_us,
-                    tflops=flops / (med * 1e6),
-                    tbps=nbytes / (med * 1e6),
-                    m_per_group=m,
-                    groups=G,
-                    n=n,
-                    k=k,
-                    gemm=mode,
-                    wall_end_s=wall_end_s,
-                )
-            )
-            log(f"{name} M/group={m}: {med:.1f} us, {flops / (med * 1e6):.0f} TFLOP/s ({mode})")
+            timing = timer.time(lambda: grouped_mm(a, sa, w, sw, offs, mode))  # noqa: B023
+            impl = "torch-grouped-gemm" if mode != "loop" else "torch-loop"
+            rows.append(grouped_gemm_row(name, m, n, k, impl, timing, gemm=mode))
+            log(f"{name} M/group={m}: {timing[0]:.1f} us, {rows[-1]['tflops']:.0f} TFLOP/s ({mode})")
         del w, sw
         if args.blockwise:
             rows += time_blockwise(args, dev, timer, gen, name, n, k)
     return rows
+
+
+def grouped_gemm_row(name, m, n, k, impl, times, **extra):
+    """A results row of one grouped-GEMM case (GROUPED_GEMM_GROUPS groups of m rows): times is Timer.time's
+    (median, min, max); wall_end_s records when the timed runs ended, to match the row with a clock log."""
+    med, lo, hi = times
+    G = GROUPED_GEMM_GROUPS
+    flops = 2 * G * m * n * k
+    nbytes = gemm_bytes(G * m, n, k, G)
+    floor_us = max(nbytes / (GEMM_FLOOR_READ_TBPS * 1e12), flops / (GEMM_FLOOR_FP8_TFLOPS * 1e12)) * 1e6
+    return dict(
+        config=name,
+        tokens=G * m,
+        shared=False,
+        impl=impl,
+        us_median=med,
+        us_min=lo,
+        us_max=hi,
+        floor_us=floor_us,
+        tflops=flops / (med * 1e6),
+        tbps=nbytes / (med * 1e6),
+        m_per_group=m,
+        groups=G,
+        n=n,
+        k=k,
+        wall_end_s=time.time(),
+        **extra,
+    )
 
 
 def time_blockwise(args, dev, timer, gen, name, n, k):
@@ -669,11 +675,12 @@ def time_blockwise(args, dev, timer, gen, name, n, k):
     for m in args.m_per_group:
         a, sa = quant_blocks_1x128(torch.randn(G * m, k, generator=gen, device=dev, dtype=torch.bfloat16))
         # Each group's operands and scale layouts are made once, outside the timing: one GEMM call per group.
-        calls = [
-            (a[g * m : (g + 1) * m], *blockwise_scales(sa[g * m : (g + 1) * m], sw[g]), w[g]) for g in range(G)
-        ]
+        calls = []
+        for g in range(G):
+            sa_op, sw_op = blockwise_scales(sa[g * m : (g + 1) * m], sw[g])
+            calls.append((a[g * m : (g + 1) * m], sa_op, w[g], sw_op))
         try:
-            got = blockwise_mm(calls[0][0], calls[0][1], calls[0][3], calls[0][2]).float()
+            got = blockwise_mm(*calls[0]).float()
         except (RuntimeError, ValueError, NotImplementedError, TypeError) as e:
             log(f"{name} M/group={m}: blockwise FP8 GEMM refused ({first_line(e)}); no blockwise row")
             continue
@@ -684,45 +691,22 @@ def time_blockwise(args, dev, timer, gen, name, n, k):
             continue
 
         def run(calls=calls):
-            return [blockwise_mm(ag, sag, wg, swg) for ag, sag, swg, wg in calls]
+            return [blockwise_mm(*c) for c in calls]
 
         # 32 Python calls take longer than the GPU work at small M: replayed as a CUDA graph where it captures.
         try:
-            med, lo, hi = timer.time(run, graph=True)
-            timing = "graph"
+            timing, mode = timer.time(run, graph=True), "graph"
         except RuntimeError as e:
             log(f"{name} M/group={m}: blockwise loop not graph-capturable ({first_line(e)}); timed eager")
-            med, lo, hi = timer.time(run)
-            timing = "eager"
-        wall_end_s = time.time()
-        flops = 2 * G * m * n * k
-        nbytes = gemm_bytes(G * m, n, k, G)
-        floor_us = max(nbytes / (GEMM_FLOOR_READ_TBPS * 1e12), flops / (GEMM_FLOOR_FP8_TFLOPS * 1e12)) * 1e6
-        rows.append(
-            dict(
-                config=name,
-                tokens=G * m,
-                shared=False,
-                impl="torch-blockwise-loop",
-                series="blockwise",  # megamoe bench --peer compares it in columns of its own
-                us_median=med,
-                us_min=lo,
-                us_max=hi,
-                floor_us=floor_us,
-                tflops=flops / (med * 1e6),
-                tbps=nbytes / (med * 1e6),
-                m_per_group=m,
-                groups=G,
-                n=n,
-                k=k,
-                gemm="blockwise-loop",
-                timing=timing,
-                check_rel=rel,
-                wall_end_s=wall_end_s,
-            )
+            timing, mode = timer.time(run), "eager"
+        # series: megamoe bench --peer compares these rows in columns of their own.
+        row = grouped_gemm_row(
+            name, m, n, k, "torch-blockwise-loop", timing, series="blockwise", gemm="blockwise-loop", timing=mode,
+            check_rel=rel,
         )
-        tflops = flops / (med * 1e6)
-        log(f"{name} M/group={m}: {med:.1f} us, {tflops:.0f} TFLOP/s (blockwise loop, {timing}, rel {rel:.2e})")
+        rows.append(row)
+        tflops = row["tflops"]
+        log(f"{name} M/group={m}: {timing[0]:.1f} us, {tflops:.0f} TFLOP/s (blockwise loop, {mode}, rel {rel:.2e})")
     del w, sw
     return rows
 
