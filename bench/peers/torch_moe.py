@@ -567,17 +567,15 @@ def run_layer(args, dev, timer, read_tbps, fp8_tflops):
         moe.gemm = mode  # a refusal at one T does not decide the next
         impl = "torch" if row_mode in ("grouped", "emulated") else "torch-loop"
         rows.append(
-            dict(
-                config=args.shape,
-                tokens=T,
-                shared=shared,
-                impl=impl,
-                us_median=med,
-                us_min=lo,
-                us_max=hi,
-                floor_us=floor_us,
-                tflops=flops / (med * 1e6),
-                tbps=nbytes / (med * 1e6),
+            result_row(
+                args.shape,
+                T,
+                shared,
+                impl,
+                (med, lo, hi),
+                floor_us,
+                flops,
+                nbytes,
                 experts_touched=touched,
                 bytes=nbytes,
                 flops=flops,
@@ -633,18 +631,14 @@ def run_grouped_gemm(args, dev, timer):
     return rows
 
 
-def grouped_gemm_row(name, m, n, k, impl, times, **extra):
-    """A results row of one grouped-GEMM case (GROUPED_GEMM_GROUPS groups of m rows): times is Timer.time's
-    (median, min, max); wall_end_s records when the timed runs ended, to match the row with a clock log."""
+def result_row(config, tokens, shared, impl, times, floor_us, flops, nbytes, **extra):
+    """A row of the results format megamoe reads (src/cuda/timing.ts ResultRow): times is Timer.time's
+    (median, min, max) in microseconds; extra fields are kept."""
     med, lo, hi = times
-    G = GROUPED_GEMM_GROUPS
-    flops = 2 * G * m * n * k
-    nbytes = gemm_bytes(G * m, n, k, G)
-    floor_us = max(nbytes / (GEMM_FLOOR_READ_TBPS * 1e12), flops / (GEMM_FLOOR_FP8_TFLOPS * 1e12)) * 1e6
     return dict(
-        config=name,
-        tokens=G * m,
-        shared=False,
+        config=config,
+        tokens=tokens,
+        shared=shared,
         impl=impl,
         us_median=med,
         us_min=lo,
@@ -652,12 +646,20 @@ def grouped_gemm_row(name, m, n, k, impl, times, **extra):
         floor_us=floor_us,
         tflops=flops / (med * 1e6),
         tbps=nbytes / (med * 1e6),
-        m_per_group=m,
-        groups=G,
-        n=n,
-        k=k,
-        wall_end_s=time.time(),
         **extra,
+    )
+
+
+def grouped_gemm_row(name, m, n, k, impl, times, **extra):
+    """A results row of one grouped-GEMM case (GROUPED_GEMM_GROUPS groups of m rows): times is Timer.time's
+    (median, min, max); wall_end_s records when the timed runs ended, to match the row with a clock log."""
+    G = GROUPED_GEMM_GROUPS
+    flops = 2 * G * m * n * k
+    nbytes = gemm_bytes(G * m, n, k, G)
+    floor_us = max(nbytes / (GEMM_FLOOR_READ_TBPS * 1e12), flops / (GEMM_FLOOR_FP8_TFLOPS * 1e12)) * 1e6
+    return result_row(
+        name, G * m, False, impl, times, floor_us, flops, nbytes, m_per_group=m, groups=G, n=n, k=k,
+        wall_end_s=time.time(), **extra,
     )
 
 
