@@ -197,6 +197,12 @@ cli_rows() {  # torch report: `bench --impl grouped-gemm` beside $out/<report>, 
     | grep -vE "^[├┌└]" | grep -E "unfused|floor" | cut -c1-150
 }
 
+clock_log() {  # in the background: the SM clock, power and temperature every 20 ms into $out/smi.csv (the
+  # caller kills $!; scripts/clock-windows.py reads it)
+  nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=csv,noheader,nounits -lms 20 \
+    >"$out/smi.csv" 2>&1 &
+}
+
 fused_trace() {  # seconds tokens: the fused kernel's per-CTA timeline on flash-ep8, into $out/trace.txt
   timeout "$1" node dist-test/scripts/gpu-fused-trace.js flash-ep8 "$2" >"$out/trace.txt" 2>&1
 }
@@ -688,9 +694,7 @@ case "${PART:-1}" in
     impls="torch ours mc"
     gpu_tests 200 test-grouped-gemm-mc.txt mc/dist-test/test/gpu/grouped-gemm.test.js
   fi
-  nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=csv,noheader,nounits -lms 20 \
-    >"$out/smi.csv" 2>&1 &
-  smi=$!
+  clock_log; smi=$!
   for round in $(seq 1 "${ROUNDS:-3}"); do
     set -- $impls
     for _ in $(seq 2 "$round"); do set -- "${@:2}" "$1"; done  # round r starts r - 1 places later
@@ -713,9 +717,7 @@ case "${PART:-1}" in
   ;;
 73)
   PART=53 bash "$0"
-  nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=csv,noheader,nounits -lms 20 \
-    >"$out/smi.csv" 2>&1 &
-  smi=$!
+  clock_log; smi=$!
   for mode in burst sustained; do
     extra=""; [ $mode = sustained ] && extra="--warmup-ms 1000 --iters 100"
     echo "$mode torch start $(date +%H:%M:%S.%N)" >>"$out/phases.txt"
