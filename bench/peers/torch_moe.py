@@ -631,9 +631,10 @@ def run_grouped_gemm(args, dev, timer):
     return rows
 
 
-def result_row(config, tokens, shared, impl, times, floor_us, flops, nbytes, **extra):
+def result_row(config, tokens, shared, impl, times, floor_us, flop_count, byte_count, **extra):
     """A row of the results format megamoe reads (src/cuda/timing.ts ResultRow): times is Timer.time's
-    (median, min, max) in microseconds; extra fields are kept."""
+    (median, min, max) in microseconds, flop_count and byte_count the work behind the rates; extra fields
+    are kept."""
     med, lo, hi = times
     return dict(
         config=config,
@@ -644,8 +645,8 @@ def result_row(config, tokens, shared, impl, times, floor_us, flops, nbytes, **e
         us_min=lo,
         us_max=hi,
         floor_us=floor_us,
-        tflops=flops / (med * 1e6),
-        tbps=nbytes / (med * 1e6),
+        tflops=flop_count / (med * 1e6),
+        tbps=byte_count / (med * 1e6),
         **extra,
     )
 
