@@ -120,7 +120,10 @@ program
     "FP8 rate for the floor (default: the peer's measurement, else 1500)",
     positiveNumber,
   )
-  .option("--peer <file>", "results JSON of a peer (bench/peers/torch_moe.py): its times beside ours")
+  .option(
+    "--peer <file>",
+    "results JSON of a peer (bench/peers/torch_moe.py): its times beside ours, each series of its rows (e.g. --blockwise's) in columns of its own",
+  )
   .option("--plot <file>", "unfused: write an SVG plot of time against tokens (ours, the peer, the floor)")
   .option("--hidden <list>", "quant only: hidden sizes", parseList, [4096, 7168])
   .option("--format <fmt>", "activation scale format: fp32 or ue8m0", "fp32")
