@@ -261,16 +261,6 @@ __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity, int* st
   else mbar_wait_bounded(bar, parity, kWatchdogNs, on_stall);
 }
 
-// Diagnosis (GEMM_DIAG_SKIP_PROMOTION): one K block added to the accumulators by the tensor cores, unscaled.
-template <int kCount>
-__device__ __forceinline__ void wgmma_accumulate_k128(float (&acc)[kCount], unsigned a, unsigned b) {
-  fence_registers(acc);
-  wgmma_fence();
-#pragma unroll
-  for (int k = 0; k < 4; ++k) wgmma_e4m3(acc, smem_descriptor(a + k * 32), smem_descriptor(b + k * 32), 1);
-  wgmma_commit();
-}
-
 // ---------------------------------------------------------------------------------------------------
 // Tile schedule
 
@@ -638,7 +628,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
               for (int i = 0; i < kAccum; ++i) partial[i] = 0.0f;
             } else if constexpr (GEMM_DIAG_SKIP_PROMOTION != 0) {
-              wgmma_accumulate_k128(promoted[0][c], a_stage, b_stage + c * kMmaN * kBlockK);
+              // The block added to the accumulators unscaled, as a rowwise-scaled kernel sums K.
+              wgmma_issue_k128<kAccum, true>(promoted[0][c], a_stage, b_stage + c * kMmaN * kBlockK);
             } else {
               wgmma_issue_k128(partial, a_stage, b_stage + c * kMmaN * kBlockK);
             }
