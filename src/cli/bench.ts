@@ -213,15 +213,16 @@ function validate(opts: BenchOptions): void {
   if (opts.format !== "fp32" && opts.format !== "ue8m0") {
     throw new Error(`--format must be fp32 or ue8m0, got "${opts.format}"`);
   }
-  if (opts.codes !== undefined) {
-    if (opts.impl !== "grouped-gemm")
-      throw new Error(`--codes applies to --impl grouped-gemm, not ${opts.impl}`);
-    if (!(GEMM_BENCH_CODES as readonly string[]).includes(opts.codes)) {
-      throw new Error(`--codes must be one of ${GEMM_BENCH_CODES.join(", ")}, got "${opts.codes}"`);
+  for (const [flag, value] of [
+    ["--codes", opts.codes],
+    ["--warmup-ms", opts.warmupMs],
+  ] as const) {
+    if (value !== undefined && opts.impl !== "grouped-gemm") {
+      throw new Error(`${flag} applies to --impl grouped-gemm, not ${opts.impl}`);
     }
   }
-  if (opts.warmupMs !== undefined && opts.impl !== "grouped-gemm") {
-    throw new Error(`--warmup-ms applies to --impl grouped-gemm, not ${opts.impl}`);
+  if (opts.codes !== undefined && !(GEMM_BENCH_CODES as readonly string[]).includes(opts.codes)) {
+    throw new Error(`--codes must be one of ${GEMM_BENCH_CODES.join(", ")}, got "${opts.codes}"`);
   }
   if (opts.impl !== "quant") resolveConfig(opts.shape); // throws naming an unknown shape
   if (opts.plot !== undefined && layerImpls(opts.impl) === null) {
