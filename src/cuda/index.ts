@@ -4,10 +4,10 @@
  *
  * @example
  * const device = openDevice(0); // throws cudaAvailability().reason when CUDA is unusable
- * const compiled = compileKernel({ source: "quant/act_quant.cu", defines: { BLOCK: 128 } });
- * const kernel = loadKernel(device, compiled, "act_quant"); // extern "C" name
+ * const compiled = compileKernel({ source: "quant/quant.cu", defines: { HIDDEN: 7168, SCALE_UE8M0: 0 } });
+ * const kernel = loadKernel(device, compiled, "megamoe_quantize_act"); // extern "C" name
  * const x = DeviceTensor.fromHost(device, "bf16", [tokens, hidden], bits);
- * const args = new KernelArgs(3).ptr(0, x.ptr).ptr(1, out.ptr).i32(2, tokens); // once per launch site
+ * const args = new KernelArgs(4).ptr(0, x.ptr).ptr(1, q.ptr).ptr(2, scales.ptr).u32(3, tokens); // once per launch site
  * kernel.launch([blocks, 1, 1], 256, 0, stream, args);
  * const t = timeKernel(device, (s) => kernel.launch(blocks, 256, 0, s, args));
  *

@@ -35,7 +35,7 @@ export type DefineValue = number | string | boolean;
 
 /** What to compile. */
 export interface CompileKernelOptions {
-  /** The .cu file: a path relative to `<package>/src/kernels` (e.g. "quant/act_quant.cu") or absolute. */
+  /** The .cu file: a path relative to `<package>/src/kernels` (e.g. "quant/quant.cu") or absolute. */
   source: string;
   /** Compile-time constants (`-DNAME=value`). Names must be C identifiers. */
   defines?: Readonly<Record<string, DefineValue>>;
