@@ -7,6 +7,7 @@ import fs from "node:fs";
 import path from "node:path";
 import { parsePeerResults } from "../bench/peer.js";
 import type { ResultRow } from "../cuda/index.js";
+import { makeDirectory } from "../cuda/mkdir.js";
 
 /** The fields of a results row the plot reads. */
 export type PlotRow = Pick<ResultRow, "impl" | "tokens" | "us_median"> & {
@@ -271,7 +272,7 @@ export function plotTitle(config: string, shared: boolean | undefined, device: u
 
 /** Writes `svg` to `file` (folders created). */
 export function writePlot(file: string, svg: string): void {
-  fs.mkdirSync(path.dirname(path.resolve(file)), { recursive: true });
+  makeDirectory(path.dirname(path.resolve(file)));
   fs.writeFileSync(file, svg);
 }
 

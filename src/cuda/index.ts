@@ -51,6 +51,7 @@ export {
   compileKernel,
   compileKernelAsync,
   compilerAvailable,
+  compilerProblem,
   type DefineValue,
   defaultArch,
   includeDir,
@@ -76,6 +77,7 @@ export {
 } from "./kernel-args.js";
 export { type LocateResult, locateCudaInclude, locateLibcuda, locateLibnvrtc, locateNvcc } from "./locate.js";
 export { type PerDeviceMemo, type PerDeviceOnce, perDeviceMemo, perDeviceOnce } from "./memo.js";
+export { DirectoryError, directoryProblem, makeDirectory } from "./mkdir.js";
 export {
   allocHostArray,
   checkHostArray,

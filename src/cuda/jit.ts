@@ -25,6 +25,7 @@ import { fileURLToPath } from "node:url";
 import type { Device, Kernel, Module } from "./driver.js";
 import { homeDir, locateCudaInclude, locateNvcc } from "./locate.js";
 import { perDeviceMemo } from "./memo.js";
+import { makeDirectory } from "./mkdir.js";
 import { loadNvrtc, nvrtcCompile } from "./nvrtc.js";
 
 /** The two compiler backends. */
@@ -438,6 +439,12 @@ export function compilerAvailable(name: JitCompilerName): boolean {
   return !("reason" in getBackend(name));
 }
 
+/** Why a backend cannot be used here (it was loaded or run and failed), or undefined when it can. */
+export function compilerProblem(name: JitCompilerName): string | undefined {
+  const b = getBackend(name);
+  return "reason" in b ? b.reason : undefined;
+}
+
 // ---------------------------------------------------------------------------------------------------
 // Disk cache
 
@@ -499,7 +506,7 @@ function readCacheEntry(file: string): Uint8Array | undefined {
 
 function writeCacheEntry(file: string, payload: Uint8Array): void {
   try {
-    fs.mkdirSync(path.dirname(file), { recursive: true });
+    makeDirectory(path.dirname(file));
     const temp = `${file}.${process.pid}.${randomBytes(6).toString("hex")}.tmp`;
     fs.writeFileSync(temp, encodeCacheEntry(payload));
     fs.renameSync(temp, file);

@@ -14,6 +14,7 @@ import fs from "node:fs";
 import path from "node:path";
 import { CudaGraph, type Device, Event, type Stream } from "./driver.js";
 import { packageRoot } from "./jit.js";
+import { makeDirectory } from "./mkdir.js";
 
 /** How to time. */
 export interface TimeKernelOptions {
@@ -238,7 +239,7 @@ export function writeResults<Row extends object = ResultRow>(file: string, meta:
     node: process.version,
     rows: meta.rows,
   };
-  fs.mkdirSync(path.dirname(path.resolve(file)), { recursive: true });
+  makeDirectory(path.dirname(path.resolve(file)));
   const temp = `${file}.${process.pid}.tmp`;
   fs.writeFileSync(temp, `${JSON.stringify(doc, null, 2)}\n`);
   fs.renameSync(temp, file);
