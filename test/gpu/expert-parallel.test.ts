@@ -2,7 +2,7 @@
  * Expert parallelism on a GPU: several ranks' layers on one device (the protocol: dispatch, each rank's
  * layer on the rows it received, combine), with both GPU pipelines, against the same ranks on the CPU
  * (the expert-parallel numerics, parallel/expert-parallel.ts) and the FP64 ideal, each rank judged as one
- * layer is (test/helpers/layer-errors.ts); and bit for bit against the same protocol run through the host with the same
+ * layer is (src/reference/error-bounds.ts); and bit for bit against the same protocol run through the host with the same
  * GPU layers (which checks the gather and combine kernels exactly). Fresh random activations and
  * routing each run; ranks with 0, 1 and odd token counts, masked tokens, a hot expert.
  */
@@ -18,11 +18,12 @@ import {
   type RankInput,
   sharedExpertAlone,
 } from "../../src/parallel/expert-parallel.js";
+import { layerErrors } from "../../src/reference/error-bounds.js";
 import { idealMoE } from "../../src/reference/moe.js";
 import { randomRouting } from "../../src/reference/router.js";
 import { GeneratedWeights, generateActivations } from "../../src/weights/generate.js";
 import { gpuSkip, testDevice } from "../helpers/gpu.js";
-import { checkLayerErrors, layerErrors } from "../helpers/layer-errors.js";
+import { checkLayerErrors } from "../helpers/layer-errors.js";
 import { testSeed } from "../helpers/random.js";
 
 const seed = testSeed("expert-parallel on a GPU");

@@ -38,13 +38,14 @@ import { E4M3_DECODE } from "../../src/numerics/fp8.js";
 import { quantizeRow128 } from "../../src/numerics/quant.js";
 import { FusedPipeline } from "../../src/pipeline/fused.js";
 import { type MoEPipeline, UnfusedPipeline } from "../../src/pipeline/unfused.js";
+import { layerErrors } from "../../src/reference/error-bounds.js";
 import { idealMoE, referenceMoE } from "../../src/reference/moe.js";
 import { type RandomRoutingOptions, type Routing, randomRouting } from "../../src/reference/router.js";
 import { swiglu } from "../../src/reference/swiglu.js";
 import { DeviceMoEWeights } from "../../src/weights/device.js";
 import { GeneratedWeights, generateActivations } from "../../src/weights/generate.js";
 import { availability, gpuSkip, testDevice } from "../helpers/gpu.js";
-import { checkLayerErrors, layerErrors } from "../helpers/layer-errors.js";
+import { checkLayerErrors } from "../helpers/layer-errors.js";
 import { rng, testSeed } from "../helpers/random.js";
 
 const seed = testSeed("unfused pipeline tests");
