@@ -1,6 +1,18 @@
 /** `megamoe info`: the package, the CUDA driver and device, and the ceilings measured by our kernels. */
+
+import path from "node:path";
 import pc from "picocolors";
-import { cudaAvailability, deviceSummary, locateLibnvrtc, locateNvcc, openDevice } from "../cuda/index.js";
+import {
+  compilerProblem,
+  cudaAvailability,
+  deviceSummary,
+  jitCacheDir,
+  type LocateResult,
+  locateLibnvrtc,
+  locateNvcc,
+  openDevice,
+  outputFileProblem,
+} from "../cuda/index.js";
 import { measureCeilings } from "../kernels/probe/probe.js";
 
 export interface InfoOptions {
@@ -8,10 +20,24 @@ export interface InfoOptions {
   measure?: boolean;
 }
 
+/** A compiler's path when it can be used, else why not ("not found …" or "… not usable: …"). */
+function compilerStatus(
+  name: "nvrtc" | "nvcc",
+  located: LocateResult,
+): { path: string | null; problem?: string } {
+  if (!located.ok) return { path: null, problem: located.reason };
+  const problem = compilerProblem(name);
+  if (problem === undefined) return { path: located.path };
+  return { path: null, problem: `not usable: ${problem}` };
+}
+
 export async function runInfo(opts: InfoOptions): Promise<void> {
   const cuda = cudaAvailability();
-  const nvrtc = locateLibnvrtc();
-  const nvcc = locateNvcc();
+  // Found is not usable: a named file is loaded (NVRTC) or run (nvcc) before it is listed.
+  const nvrtc = compilerStatus("nvrtc", locateLibnvrtc());
+  const nvcc = compilerStatus("nvcc", locateNvcc());
+  const cacheDir = path.resolve(jitCacheDir());
+  const cacheProblem = outputFileProblem(path.join(cacheDir, "jit", "entry.cubin"));
   const info: Record<string, unknown> = {
     package: "megamoe 0.1.0",
     node: process.version,
@@ -20,8 +46,12 @@ export async function runInfo(opts: InfoOptions): Promise<void> {
       ? { library: cuda.libraryPath, driverVersion: cuda.driverVersion, devices: cuda.deviceCount }
       : null,
     cudaUnavailable: cuda.ok ? undefined : cuda.reason,
-    nvrtc: nvrtc.ok ? nvrtc.path : null,
-    nvcc: nvcc.ok ? nvcc.path : null,
+    nvrtc: nvrtc.path,
+    nvrtcUnavailable: nvrtc.problem,
+    nvcc: nvcc.path,
+    nvccUnavailable: nvcc.problem,
+    jitCache: cacheDir,
+    jitCacheUnusable: cacheProblem,
   };
   if (cuda.ok) {
     const device = openDevice(0);
@@ -36,8 +66,14 @@ export async function runInfo(opts: InfoOptions): Promise<void> {
   process.stdout.write(`${pc.bold("megamoe info")}\n`);
   line("package", info.package);
   line("node", `${info.node} (${info.platform})`);
-  line("nvrtc", info.nvrtc ?? pc.yellow("not found"));
-  line("nvcc", info.nvcc ?? pc.yellow("not found"));
+  line("nvrtc", nvrtc.path ?? pc.yellow(nvrtc.problem ?? ""));
+  line("nvcc", nvcc.path ?? pc.yellow(nvcc.problem ?? ""));
+  line(
+    "jit cache",
+    cacheProblem === undefined
+      ? cacheDir
+      : pc.yellow(`${cacheDir}: not usable (${cacheProblem}); kernels compile each run`),
+  );
   if (!cuda.ok) {
     line("cuda", pc.yellow(`unavailable: ${cuda.reason}`));
     line("backend", "cpu (the reference)");

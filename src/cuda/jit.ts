@@ -293,9 +293,15 @@ function nvccBackend(): Backend | { reason: string } {
   const nvcc = located.path;
   let version: string;
   try {
-    version = execFileSync(nvcc, ["--version"], { encoding: "utf8", timeout: 30_000 }).trim();
+    version = execFileSync(nvcc, ["--version"], {
+      encoding: "utf8",
+      timeout: 30_000,
+      stdio: ["ignore", "pipe", "pipe"],
+    }).trim();
   } catch (e) {
-    return { reason: `nvcc at ${nvcc} does not run: ${(e as Error).message}` };
+    // One line, and the failed program's stderr kept off ours (it is in the message).
+    const message = (e as Error).message.replace(/\s*\n\s*/g, "; ").replace(/; $/, "");
+    return { reason: `nvcc at ${nvcc} does not run: ${message}` };
   }
   const args = (sourcePath: string, options: string[], arch: string, outFile: string): string[] => {
     const n = archNumber(arch);
