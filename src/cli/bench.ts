@@ -5,7 +5,7 @@ import pc from "picocolors";
 import { benchmarkLayer, DEFAULT_FP8_TFLOPS, DEFAULT_LAYER_ITERS, type LayerImpl } from "../bench/layer.js";
 import { matchPeerRow, type PeerResults, readPeerResults } from "../bench/peer.js";
 import { benchmarkDecodeStep, DEFAULT_STEP_LAYERS, STEP_TOKENS } from "../bench/step.js";
-import { resolveConfig } from "../config/config.js";
+import { MAX_TOKENS_LIMIT, QUANT_BLOCK, resolveConfig } from "../config/config.js";
 import {
   cudaAvailability,
   type Device,
@@ -24,8 +24,10 @@ import {
 } from "../kernels/gemm/grouped_gemm.js";
 import { measureCopyCeiling, measureReadCeiling } from "../kernels/probe/probe.js";
 import { benchmarkQuant } from "../kernels/quant/quant.js";
+import { shortCudaReason } from "./gpu-reason.js";
 import { plotTitle, renderTimePlot, writePlot } from "./plot.js";
 import { type Progress, progressBar } from "./progress.js";
+import { checkInputFile, checkOutputFile, UsageError } from "./usage.js";
 
 export interface BenchOptions {
   impl: string;
@@ -39,8 +41,10 @@ export interface BenchOptions {
   /** step: MoE blocks in the decode step. */
   layers?: number;
   tokens?: number[];
-  hidden: number[];
-  format: string;
+  /** quant: hidden sizes (default 4096, 7168). */
+  hidden?: number[];
+  /** quant: activation scale format, "fp32" (default) or "ue8m0". */
+  format?: string;
   /** grouped-gemm: what the operands hold (GemmBenchCodes; default "quantized"). */
   codes?: string;
   /** grouped-gemm: untimed GPU time before each case's timed runs (TimeKernelOptions.warmupMs). */
@@ -53,6 +57,8 @@ export interface BenchOptions {
   plot?: string;
   out?: string;
   json?: boolean;
+  /** Say in full why there is no GPU (every folder searched). */
+  verbose?: boolean;
 }
 
 export const BENCH_IMPLS = ["fused", "unfused", "fused,unfused", "step", "quant", "grouped-gemm"] as const;
@@ -60,17 +66,19 @@ export const BENCH_IMPLS = ["fused", "unfused", "fused,unfused", "step", "quant"
 /** 1, 2, 4, …, 8192. */
 export const LAYER_TOKENS = Array.from({ length: 14 }, (_, i) => 2 ** i);
 const QUANT_TOKENS = [1, 7, 129, 1024, 4096, 8192];
+const QUANT_HIDDEN = [4096, 7168];
 /** Rows per expert of the grouped-GEMM cases: decode-like, mid, prefill-like. */
 export const GROUPED_GEMM_M = [64, 512, 4096];
 /** Groups of the grouped-GEMM cases: one rank's experts in an 8-way expert-parallel flash layer. */
 export const GROUPED_GEMM_GROUPS = 32;
 
+/** "1,2,4": positive integers in decimal digits ("0x10", "1e3" and empty items are refused). */
 export function parseList(value: string): number[] {
-  const list = value.split(",").map((v) => Number(v.trim()));
-  if (list.length === 0 || list.some((n) => !Number.isInteger(n) || n < 1)) {
-    throw new Error(`expected a comma-separated list of positive integers, got "${value}"`);
+  const items = value.split(",").map((v) => v.trim());
+  if (items.some((v) => !/^\d+$/.test(v) || !(Number(v) >= 1 && Number(v) <= Number.MAX_SAFE_INTEGER))) {
+    throw new UsageError(`expected a comma-separated list of positive integers, got "${value}"`);
   }
-  return list;
+  return items.map(Number);
 }
 
 function percentCell(frac: number): string {
@@ -208,40 +216,61 @@ function layerImpls(impl: string): LayerImpl[] | null {
 /** Checks everything that can be checked without a GPU, so a typo fails before minutes of setup. */
 function validate(opts: BenchOptions): void {
   if (!(BENCH_IMPLS as readonly string[]).includes(opts.impl)) {
-    throw new Error(`--impl must be one of ${BENCH_IMPLS.join(", ")}, got "${opts.impl}"`);
+    throw new UsageError(`--impl must be one of ${BENCH_IMPLS.join(", ")}, got "${opts.impl}"`);
   }
-  if (opts.format !== "fp32" && opts.format !== "ue8m0") {
-    throw new Error(`--format must be fp32 or ue8m0, got "${opts.format}"`);
+  if (opts.format !== undefined && opts.format !== "fp32" && opts.format !== "ue8m0") {
+    throw new UsageError(`--format must be fp32 or ue8m0, got "${opts.format}"`);
   }
-  for (const [flag, value] of [
-    ["--codes", opts.codes],
-    ["--warmup-ms", opts.warmupMs],
+  // An option of another --impl would be ignored without a word: refuse it instead.
+  const layers = "fused, unfused or fused,unfused";
+  for (const [flag, value, impls, which] of [
+    ["--codes", opts.codes, ["grouped-gemm"], "grouped-gemm"],
+    ["--warmup-ms", opts.warmupMs, ["grouped-gemm"], "grouped-gemm"],
+    ["--hidden", opts.hidden, ["quant"], "quant"],
+    ["--format", opts.format, ["quant"], "quant"],
+    ["--layers", opts.layers, ["step"], "step"],
+    ["--configs", opts.configs, ["fused", "fused,unfused"], "fused or fused,unfused"],
+    ["--graph / --no-graph", opts.graph, ["unfused", "fused,unfused"], "unfused or fused,unfused"],
+    ["--fp8-tflops", opts.fp8Tflops, ["fused", "unfused", "fused,unfused"], layers],
   ] as const) {
-    if (value !== undefined && opts.impl !== "grouped-gemm") {
-      throw new Error(`${flag} applies to --impl grouped-gemm, not ${opts.impl}`);
+    if (value !== undefined && !(impls as readonly string[]).includes(opts.impl)) {
+      throw new UsageError(`${flag} applies to --impl ${which}, not ${opts.impl}`);
     }
   }
+  for (const h of opts.hidden ?? []) {
+    if (h % QUANT_BLOCK !== 0) throw new UsageError(`--hidden ${h}: must be a multiple of ${QUANT_BLOCK}`);
+  }
+  if (opts.tokens !== undefined && (layerImpls(opts.impl) !== null || opts.impl === "step")) {
+    const over = opts.tokens.find((t) => t > MAX_TOKENS_LIMIT);
+    if (over !== undefined) {
+      throw new UsageError(`--tokens ${over}: the layer takes at most ${MAX_TOKENS_LIMIT} tokens`);
+    }
+  }
+  if (opts.out !== undefined) checkOutputFile("--out", opts.out);
+  if (opts.plot !== undefined) checkOutputFile("--plot", opts.plot);
+  if (opts.peer !== undefined) checkInputFile("--peer", opts.peer);
   if (opts.codes !== undefined && !(GEMM_BENCH_CODES as readonly string[]).includes(opts.codes)) {
-    throw new Error(`--codes must be one of ${GEMM_BENCH_CODES.join(", ")}, got "${opts.codes}"`);
+    throw new UsageError(`--codes must be one of ${GEMM_BENCH_CODES.join(", ")}, got "${opts.codes}"`);
   }
   if (opts.impl !== "quant") resolveConfig(opts.shape); // throws naming an unknown shape
   if (opts.plot !== undefined && layerImpls(opts.impl) === null) {
-    throw new Error(
+    throw new UsageError(
       "--plot draws the layer's time against tokens: use it with --impl fused, unfused or fused,unfused",
     );
   }
   if (opts.fp8Tflops !== undefined && !(opts.fp8Tflops > 0)) {
-    throw new Error(`--fp8-tflops must be a positive number, got ${opts.fp8Tflops}`);
+    throw new UsageError(`--fp8-tflops must be a positive number, got ${opts.fp8Tflops}`);
   }
   if (opts.iters !== undefined && opts.iters < 20) {
-    throw new Error(`--iters must be at least 20 (medians of fewer runs are noise), got ${opts.iters}`);
+    throw new UsageError(`--iters must be at least 20 (medians of fewer runs are noise), got ${opts.iters}`);
   }
   if (opts.rounds !== undefined) {
     if (layerImpls(opts.impl) === null) {
-      throw new Error(`--rounds applies to --impl fused, unfused or fused,unfused, not ${opts.impl}`);
+      throw new UsageError(`--rounds applies to --impl fused, unfused or fused,unfused, not ${opts.impl}`);
     }
     const iters = opts.iters ?? DEFAULT_LAYER_ITERS;
-    if (opts.rounds > iters) throw new Error(`--rounds (${opts.rounds}) must not exceed --iters (${iters})`);
+    if (opts.rounds > iters)
+      throw new UsageError(`--rounds (${opts.rounds}) must not exceed --iters (${iters})`);
   }
 }
 
@@ -346,8 +375,10 @@ function runCases(
     return rows;
   }
   const tokens = opts.tokens ?? QUANT_TOKENS;
-  const shapes = opts.hidden.flatMap((hidden) => tokens.map((t) => ({ tokens: t, hidden })));
-  const format = opts.format as "fp32" | "ue8m0";
+  const shapes = (opts.hidden ?? QUANT_HIDDEN).flatMap((hidden) =>
+    tokens.map((t) => ({ tokens: t, hidden })),
+  );
+  const format = (opts.format ?? "fp32") as "fp32" | "ue8m0";
   shapes.forEach((shape, i) => {
     rows.push(...benchmarkQuant(device, [shape], { format, copyTbps: ceilings.copyTbps }));
     bar.update(i + 1, shapes.length);
@@ -359,7 +390,11 @@ export async function runBench(opts: BenchOptions): Promise<void> {
   validate(opts);
   const peer = opts.peer === undefined ? undefined : readPeerResults(opts.peer);
   const cuda = cudaAvailability();
-  if (!cuda.ok) throw new Error(`bench needs a CUDA GPU: ${cuda.reason}`);
+  if (!cuda.ok) {
+    const short = shortCudaReason(cuda.reason);
+    const why = opts.verbose || short === cuda.reason ? cuda.reason : `${short} (--verbose lists them)`;
+    throw new Error(`bench needs a CUDA GPU: ${why}`);
+  }
   const rate = chooseFp8Rate(opts.fp8Tflops, peer);
   const device = openDevice(0);
   const ceilings = { readTbps: measureReadCeiling(device).tbps, copyTbps: measureCopyCeiling(device).tbps };

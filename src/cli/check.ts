@@ -6,15 +6,25 @@
  */
 import pc from "picocolors";
 import { resolveConfigForTokens } from "../config/config.js";
+import { cudaAvailability } from "../cuda/index.js";
 import { MoELayer } from "../layer.js";
 import { bf16BitsToF32 } from "../numerics/bf16.js";
 import { ExpertParallelMoE, joinRankOutputs, splitAmongRanks } from "../parallel/expert-parallel.js";
-import { calcDiff, relativeError } from "../reference/metrics.js";
+import {
+  boundsFp8VsIdeal,
+  boundsVsIdeal,
+  boundsVsReference,
+  compareOutputs,
+  type ErrorBounds,
+  type Verdict,
+} from "../reference/error-bounds.js";
+import { relativeError } from "../reference/metrics.js";
 import { idealMoE, referenceMoE } from "../reference/moe.js";
 import { routeTokens } from "../reference/router.js";
 import { generateActivations } from "../weights/generate.js";
+import { shortCudaReason } from "./gpu-reason.js";
 import { progressBar } from "./progress.js";
-import { chooseBackend, gpuPipeline, makeWeights } from "./run.js";
+import { checkPipelineFor, chooseBackend, gpuPipeline, makeWeights } from "./run.js";
 
 export interface CheckOptions {
   shape: string;
@@ -29,19 +39,36 @@ export interface CheckOptions {
   json?: boolean;
 }
 
-interface Comparison {
+/** A comparison with its bounds (the GPU tests' policy, src/reference/error-bounds.ts) and verdict. */
+export interface Comparison extends Verdict {
   comparison: string;
-  relError: number;
-  calcDiff: number;
 }
 
-function compare(name: string, a: ArrayLike<number>, b: ArrayLike<number>): Comparison {
-  return { comparison: name, relError: relativeError(a, b), calcDiff: calcDiff(a, b) };
+function compare(name: string, a: ArrayLike<number>, b: ArrayLike<number>, bounds: ErrorBounds): Comparison {
+  return { comparison: name, ...compareOutputs(a, b, bounds) };
+}
+
+/** `1.000e-2` for a bound, `–` where a figure is not bounded. */
+/** The exit code of a check whose comparisons broke a bound (1 is a usage or run error). */
+export const CHECK_FAILED_EXIT_CODE = 2;
+
+/** Why no GPU comparison ran: the CPU was asked for, or CUDA is unavailable (the short reason). */
+function noGpuReason(requested: string): string {
+  if (requested === "cpu") return "--backend cpu";
+  const cuda = cudaAvailability();
+  return cuda.ok ? "--backend cpu" : `no GPU: ${shortCudaReason(cuda.reason)}`;
+}
+
+function boundText(max: number | undefined): string {
+  return max === undefined ? "–" : `≤ ${max.toExponential(2)}`;
 }
 
 export async function runCheck(opts: CheckOptions): Promise<void> {
-  const backend = chooseBackend(opts.backend);
+  // Every value first, then the machine: a typo is reported before a "no GPU" note or any work.
   const config = resolveConfigForTokens(opts.shape, opts.tokens);
+  gpuPipeline(opts.pipeline);
+  const backend = chooseBackend(opts.backend);
+  const pipeline = checkPipelineFor(backend, opts.pipeline);
   const weights = makeWeights(config, opts.seed);
   const x = generateActivations(opts.seed, opts.tokens, config.hidden);
   const { ids, weights: w } = routeTokens(x, opts.tokens, weights.gate(), config);
@@ -61,17 +88,20 @@ export async function runCheck(opts: CheckOptions): Promise<void> {
   bar.stop();
 
   const refValues = Float64Array.from(ref, bf16BitsToF32);
-  const comparisons = [compare("reference(fp8) vs ideal(fp64)", refValues, ideal)];
+  // What FP8 costs: also the scale of the bounds on everything with the reference's numerics.
+  const refRelIdeal = relativeError(refValues, ideal);
+  const nearRef = boundsVsReference(opts.tokens, refRelIdeal);
+  const comparisons = [compare("reference(fp8) vs ideal(fp64)", refValues, ideal, boundsFp8VsIdeal())];
   if (backend === "cuda") {
-    const layer = new MoELayer(weights, { backend: "cuda", pipeline: gpuPipeline(opts.pipeline) });
+    const layer = new MoELayer(weights, { backend: "cuda", pipeline });
     try {
       const gpu = Float64Array.from(
         layer.forward(x, opts.tokens, { routing, shared: opts.shared }).out,
         bf16BitsToF32,
       );
       comparisons.push(
-        compare("cuda vs reference(fp8)", gpu, refValues),
-        compare("cuda vs ideal(fp64)", gpu, ideal),
+        compare("cuda vs reference(fp8)", gpu, refValues, nearRef),
+        compare("cuda vs ideal(fp64)", gpu, ideal, boundsVsIdeal(refRelIdeal)),
       );
     } finally {
       layer.dispose();
@@ -83,24 +113,29 @@ export async function runCheck(opts: CheckOptions): Promise<void> {
     const joined = (outs: Uint16Array[]) => Float64Array.from(joinRankOutputs(outs), bf16BitsToF32);
     const cpuEp = new ExpertParallelMoE(weights, { ranks });
     const cpuOut = joined(cpuEp.forward(inputs, { shared: opts.shared }).out);
-    comparisons.push(compare(`${ranks} ranks (cpu) vs reference(fp8)`, cpuOut, refValues));
+    comparisons.push(compare(`${ranks} ranks (cpu) vs reference(fp8)`, cpuOut, refValues, nearRef));
     if (backend === "cuda") {
       const gpuEp = new ExpertParallelMoE(weights, {
         ranks,
         backend: "cuda",
-        pipeline: gpuPipeline(opts.pipeline),
+        pipeline,
       });
       try {
         const gpuOut = joined(gpuEp.forward(inputs, { shared: opts.shared }).out);
         comparisons.push(
-          compare(`${ranks} ranks (cuda) vs ${ranks} ranks (cpu)`, gpuOut, cpuOut),
-          compare(`${ranks} ranks (cuda) vs reference(fp8)`, gpuOut, refValues),
+          compare(`${ranks} ranks (cuda) vs ${ranks} ranks (cpu)`, gpuOut, cpuOut, nearRef),
+          compare(`${ranks} ranks (cuda) vs reference(fp8)`, gpuOut, refValues, nearRef),
         );
       } finally {
         gpuEp.dispose();
       }
     }
   }
+  const failed = comparisons.filter((c) => !c.pass);
+  const pass = failed.length === 0;
+  // Without the GPU only the CPU side is judged: say so, so a pass is not read as the GPU's.
+  const notChecked =
+    backend === "cuda" ? undefined : `the GPU layer was not checked (${noGpuReason(opts.backend)})`;
   const result = {
     shape: config.name,
     tokens: opts.tokens,
@@ -109,7 +144,10 @@ export async function runCheck(opts: CheckOptions): Promise<void> {
     backend,
     ranks,
     comparisons,
+    pass,
+    ...(notChecked === undefined ? {} : { notChecked }),
   };
+  if (!pass) process.exitCode = CHECK_FAILED_EXIT_CODE;
   if (opts.json) {
     process.stdout.write(`${JSON.stringify(result)}\n`);
     return;
@@ -117,9 +155,23 @@ export async function runCheck(opts: CheckOptions): Promise<void> {
   process.stdout.write(
     `${pc.bold("megamoe check")} ${config.name}, T=${opts.tokens}, seed ${opts.seed}, backend ${backend}${ranks > 1 ? `, ${ranks} expert-parallel ranks` : ""}\n`,
   );
+  const width = Math.max(...comparisons.map((c) => c.comparison.length));
+  process.stdout.write(
+    pc.dim(
+      `  ${"".padEnd(width)}  ${"‖a − b‖/‖b‖".padEnd(11)} ${"bound".padEnd(10)}  ${"calc_diff".padEnd(10)}  ${"bound".padEnd(10)}\n`,
+    ),
+  );
   for (const c of comparisons) {
     process.stdout.write(
-      `  ${c.comparison.padEnd(36)} ‖a − b‖/‖b‖ ${c.relError.toExponential(3)}   calc_diff ${c.calcDiff.toExponential(3)}\n`,
+      `  ${c.comparison.padEnd(width)}  ${c.relError.toExponential(3).padEnd(11)} ${boundText(c.bounds.relError).padEnd(10)}  ${c.calcDiff.toExponential(3).padEnd(10)}  ${boundText(c.bounds.calcDiff).padEnd(10)}  ${c.pass ? pc.green("pass") : pc.red("FAIL")}\n`,
     );
   }
+  for (const c of failed) {
+    process.stdout.write(`  ${pc.red("FAIL")} ${c.comparison}: ${c.failures.join("; ")}\n`);
+  }
+  const verdict = pass
+    ? pc.green(`pass: ${comparisons.length} of ${comparisons.length} comparisons within their bounds`)
+    : pc.red(`FAIL: ${failed.length} of ${comparisons.length} comparisons outside their bounds`);
+  process.stdout.write(`${verdict}\n`);
+  if (notChecked !== undefined) process.stdout.write(`${pc.yellow("note:")} ${notChecked}\n`);
 }

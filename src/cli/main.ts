@@ -1,25 +1,37 @@
 #!/usr/bin/env node
 /** The megamoe command line: run a layer, compare backends, show the machine. */
-import { Command, InvalidArgumentError } from "commander";
+import { Command, InvalidArgumentError, Option } from "commander";
 import pc from "picocolors";
+import { MAX_TOKENS_LIMIT } from "../config/config.js";
 import { parseList, runBench } from "./bench.js";
-import { runCheck } from "./check.js";
+import { CHECK_FAILED_EXIT_CODE, runCheck } from "./check.js";
 import { runInfo } from "./info.js";
 import { runPlot } from "./plot.js";
 import { runLayer } from "./run.js";
+import { parseIntegerIn } from "./usage.js";
 
-function positiveInt(name: string) {
+/** Decimal digits in [1, max]: "0x10", "1e3", "1.5" and "-1" are refused, as is a value past `max`. */
+function positiveInt(name: string, max = Number.MAX_SAFE_INTEGER) {
   return (value: string): number => {
-    const n = Number(value);
-    if (!Number.isInteger(n) || n < 1) throw new InvalidArgumentError(`${name} must be a positive integer`);
-    return n;
+    try {
+      return parseIntegerIn(name, value, 1, max);
+    } catch {
+      throw new InvalidArgumentError(
+        max === Number.MAX_SAFE_INTEGER
+          ? `${name} must be a positive integer`
+          : `${name} must be a positive integer, at most ${max}`,
+      );
+    }
   };
 }
 
-function nonNegativeInt(value: string): number {
-  const n = Number(value);
-  if (!Number.isInteger(n) || n < 0) throw new InvalidArgumentError("must be a non-negative integer");
-  return n;
+/** Seeds: decimal digits in [0, 2^53 − 1] (every generator takes a safe integer). */
+function seedValue(value: string): number {
+  try {
+    return parseIntegerIn("seed", value, 0, Number.MAX_SAFE_INTEGER);
+  } catch {
+    throw new InvalidArgumentError(`must be a non-negative integer, at most ${Number.MAX_SAFE_INTEGER}`);
+  }
 }
 
 function positiveNumber(value: string): number {
@@ -33,6 +45,11 @@ function sharedFlag(value: string): boolean {
   return value === "1";
 }
 
+/** `--shared <0|1>`, on by default; help shows the default as the flag is written ("1", not "true"). */
+function sharedOption(): Option {
+  return new Option("--shared <0|1>", "include the shared expert").argParser(sharedFlag).default(true, "1");
+}
+
 const program = new Command()
   .name("megamoe")
   .description("DeepSeek-V4-class MoE layer in FP8: fused Hopper kernels and an exact CPU reference")
@@ -44,11 +61,11 @@ program
   .command("run")
   .description("run one MoE layer forward on random weights and inputs, print a summary")
   .option("--shape <name>", shapeHelp, "tiny")
-  .option("--tokens <n>", "tokens in the batch", positiveInt("tokens"), 16)
+  .option("--tokens <n>", "tokens in the batch", positiveInt("tokens", MAX_TOKENS_LIMIT), 16)
   .option("--backend <name>", "auto (the GPU when there is one), cuda or cpu", "auto")
   .option("--pipeline <name>", "cuda: fused (one kernel) or unfused (the baseline); default the layer's")
-  .option("--seed <n>", "seed of weights, inputs and routing", nonNegativeInt, 1)
-  .option("--shared <0|1>", "include the shared expert", sharedFlag, true)
+  .option("--seed <n>", "seed of weights, inputs and routing", seedValue, 1)
+  .addOption(sharedOption())
   .option("--routing <kind>", "gate (the layer's router) or random", "gate")
   .option("--weights <file>", "load weights from a safetensors file instead of generating them")
   .option("--save-weights <file>", "write the generated weights to a safetensors file first")
@@ -65,13 +82,15 @@ program
 
 program
   .command("check")
-  .description("compare the FP8 reference, the FP64 ideal and the GPU layer; print ‖Δ‖/‖ref‖ and calc_diff")
+  .description(
+    `compare the FP8 reference, the FP64 ideal and the GPU layer: ‖Δ‖/‖ref‖ and calc_diff of each against its bound (the GPU tests'), a verdict, exit code ${CHECK_FAILED_EXIT_CODE} on a failure`,
+  )
   .option("--backend <name>", "auto (add the GPU when there is one), cuda or cpu", "auto")
   .option("--pipeline <name>", "cuda: fused (one kernel) or unfused (the baseline); default the layer's")
   .option("--shape <name>", shapeHelp, "tiny")
-  .option("--tokens <n>", "tokens in the batch", positiveInt("tokens"), 16)
-  .option("--seed <n>", "seed of weights, inputs and routing", nonNegativeInt, 1)
-  .option("--shared <0|1>", "include the shared expert", sharedFlag, true)
+  .option("--tokens <n>", "tokens in the batch", positiveInt("tokens", MAX_TOKENS_LIMIT), 16)
+  .option("--seed <n>", "seed of weights, inputs and routing", seedValue, 1)
+  .addOption(sharedOption())
   .option("--ranks <n>", "also check the layer split across n expert-parallel ranks", positiveInt("ranks"), 1)
   .option("--json", "print the result as JSON")
   .action(async (opts) => {
@@ -90,7 +109,7 @@ program
 program
   .command("bench")
   .description(
-    "time the layer (unfused) or a kernel (quant, grouped-gemm) over a sweep on the GPU: table, results JSON, plot",
+    "time the layer's GPU pipelines (fused, unfused), a decode step or a kernel (quant, grouped-gemm) over a sweep on the GPU: table, results JSON, plot",
   )
   .option(
     "--impl <name>",
@@ -98,8 +117,8 @@ program
     "fused,unfused",
   )
   .option("--shape <name>", shapeHelp, "flash-ep8")
-  .option("--shared <0|1>", "include the shared expert", sharedFlag, true)
-  .option("--seed <n>", "seed of weights, inputs and routing", nonNegativeInt, 1)
+  .addOption(sharedOption())
+  .option("--seed <n>", "seed of weights, inputs and routing", seedValue, 1)
   .option("--graph", "unfused: also time CUDA-graph replays (the default)")
   .option("--no-graph", "unfused: time eager launches only")
   .option("--configs", "fused: also time every block M, and how far the heuristic's pick is from the best")
@@ -124,9 +143,12 @@ program
     "--peer <file>",
     "results JSON of a peer (bench/peers/torch_moe.py): its times beside ours, each series of its rows (e.g. --blockwise's) in columns of its own",
   )
-  .option("--plot <file>", "unfused: write an SVG plot of time against tokens (ours, the peer, the floor)")
-  .option("--hidden <list>", "quant only: hidden sizes", parseList, [4096, 7168])
-  .option("--format <fmt>", "activation scale format: fp32 or ue8m0", "fp32")
+  .option(
+    "--plot <file>",
+    "fused/unfused: write an SVG plot of time against tokens (ours, the peer, the floor)",
+  )
+  .option("--hidden <list>", "quant: hidden sizes, multiples of 128 (default 4096,7168)", parseList)
+  .option("--format <fmt>", "quant: activation scale format, fp32 (the default) or ue8m0")
   .option(
     "--codes <kind>",
     "grouped-gemm: the operands' FP8 codes: quantized (uniform values, the default), gaussian (the torch peer's data in block format) or uniform-bytes",
@@ -138,6 +160,7 @@ program
   )
   .option("--out <file>", "write the results JSON here (bench/results/...)")
   .option("--json", "print the rows as JSON")
+  .option("--verbose", "without a GPU, list every folder searched for the CUDA driver")
   .action(async (opts) => {
     await runBench(opts);
   });

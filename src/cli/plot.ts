@@ -8,6 +8,7 @@ import path from "node:path";
 import { parsePeerResults } from "../bench/peer.js";
 import type { ResultRow } from "../cuda/index.js";
 import { makeDirectory } from "../cuda/mkdir.js";
+import { checkInputFile, checkOutputFile, UsageError } from "./usage.js";
 
 /** The fields of a results row the plot reads. */
 export type PlotRow = Pick<ResultRow, "impl" | "tokens" | "us_median"> & {
@@ -285,15 +286,21 @@ export interface PlotCommandOptions {
 
 /** `megamoe plot <results.json…>`: one plot of the layer rows of several results files. */
 export function runPlot(files: readonly string[], opts: PlotCommandOptions): void {
-  if (files.length === 0) throw new Error("plot: give at least one results file");
+  if (files.length === 0) throw new UsageError("plot: give at least one results file");
+  for (const f of files) checkInputFile("plot", f);
+  checkOutputFile("--out", opts.out);
   const docs = files.map((f) => parsePeerResults(fs.readFileSync(f, "utf8"), f));
+  const empty = docs.find((d) => d.rows.length === 0);
+  if (empty !== undefined) throw new UsageError(`plot: ${empty.file} holds no rows`);
   let rows = docs.flatMap((d) => d.rows);
   if (opts.shape !== undefined) rows = rows.filter((r) => r.config === opts.shape);
   if (opts.shared !== undefined) rows = rows.filter((r) => r.shared === opts.shared);
   const configs = [...new Set(rows.map((r) => r.config))];
-  if (configs.length === 0) throw new Error("plot: no rows left to plot (check --shape and --shared)");
+  if (configs.length === 0) throw new UsageError("plot: no rows left to plot (check --shape and --shared)");
   if (configs.length > 1) {
-    throw new Error(`plot: the rows hold several shapes (${configs.join(", ")}); choose one with --shape`);
+    throw new UsageError(
+      `plot: the rows hold several shapes (${configs.join(", ")}); choose one with --shape`,
+    );
   }
   const shareds = [...new Set(rows.map((r) => r.shared))];
   const title =

@@ -19,7 +19,9 @@ import { randomRouting, routeTokens } from "../reference/router.js";
 import { GeneratedWeights, generateActivations } from "../weights/generate.js";
 import { loadMoEWeights, saveMoEWeights } from "../weights/safetensors.js";
 import type { MoEWeightSource } from "../weights/types.js";
+import { shortCudaReason } from "./gpu-reason.js";
 import { progressBar } from "./progress.js";
+import { checkInputFile, checkOutputFile, UsageError } from "./usage.js";
 
 export interface RunOptions {
   shape: string;
@@ -40,29 +42,66 @@ export interface RunOptions {
 /** --pipeline checked: undefined (the layer's default), "fused" or "unfused". */
 export function gpuPipeline(name: string | undefined): GpuPipelineKind | undefined {
   if (name === undefined || name === "fused" || name === "unfused") return name;
-  throw new Error(`--pipeline ${name}: expected fused or unfused`);
+  throw new UsageError(`--pipeline ${name}: expected fused or unfused`);
 }
 
 export function makeWeights(config: MoEConfig, seed: number, file?: string): MoEWeightSource {
-  return file === undefined ? new GeneratedWeights(config, seed) : loadMoEWeights(file, config);
+  if (file === undefined) return new GeneratedWeights(config, seed);
+  checkInputFile("--weights", file);
+  return loadMoEWeights(file, config);
+}
+
+/** --routing checked: "gate" or "random". */
+function routingKind(kind: string): "gate" | "random" {
+  if (kind === "gate" || kind === "random") return kind;
+  throw new UsageError(`--routing must be "gate" or "random", got "${kind}"`);
 }
 
 export function makeRouting(kind: string, seed: number, tokens: number, config: MoEConfig) {
-  if (kind === "gate") return undefined;
-  if (kind === "random") return randomRouting(seed, tokens, config) as Routing;
-  throw new Error(`--routing must be "gate" or "random", got "${kind}"`);
+  if (routingKind(kind) === "gate") return undefined;
+  return randomRouting(seed, tokens, config) as Routing;
 }
 
-/** "auto": the GPU when CUDA is usable, else the CPU reference. */
+/**
+ * The backend --backend names. "auto": the GPU when CUDA is usable, else the CPU reference (saying
+ * why on stderr, in one line); "cuda" without a usable GPU is an error saying why.
+ */
 export function chooseBackend(name: string): Backend {
-  if (name === "cpu" || name === "cuda") return name;
-  if (name === "auto") return cudaAvailability().ok ? "cuda" : "cpu";
-  throw new Error(`--backend ${name}: expected auto, cpu or cuda`);
+  if (name === "cpu") return name;
+  if (name !== "auto" && name !== "cuda")
+    throw new UsageError(`--backend ${name}: expected auto, cpu or cuda`);
+  const cuda = cudaAvailability();
+  if (cuda.ok) return "cuda";
+  const why = shortCudaReason(cuda.reason);
+  const more = why === cuda.reason ? "" : " (megamoe info lists the folders searched)";
+  if (name === "cuda") throw new UsageError(`--backend cuda needs a CUDA GPU: ${why}${more}`);
+  process.stderr.write(`megamoe: no GPU: ${why}; using the CPU reference\n`);
+  return "cpu";
+}
+
+/** --pipeline picks a GPU pipeline: refused when the layer runs on the CPU, where it would be ignored. */
+export function checkPipelineFor(
+  backend: Backend,
+  pipeline: string | undefined,
+): GpuPipelineKind | undefined {
+  const kind = gpuPipeline(pipeline);
+  if (kind !== undefined && backend !== "cuda") {
+    throw new UsageError(
+      `--pipeline ${kind}: the pipeline applies to the "cuda" backend, and this runs on the cpu`,
+    );
+  }
+  return kind;
 }
 
 export async function runLayer(opts: RunOptions): Promise<void> {
-  const backend = chooseBackend(opts.backend);
+  // Every value first, then the machine: a typo is reported before a "no GPU" note or any work.
   const config = resolveConfigForTokens(opts.shape, opts.tokens);
+  routingKind(opts.routing);
+  gpuPipeline(opts.pipeline);
+  if (opts.weights !== undefined) checkInputFile("--weights", opts.weights);
+  if (opts.saveWeights !== undefined) checkOutputFile("--save-weights", opts.saveWeights);
+  const backend = chooseBackend(opts.backend);
+  const pipeline = checkPipelineFor(backend, opts.pipeline);
   let weights = makeWeights(config, opts.seed, opts.weights);
   if (opts.saveWeights !== undefined) {
     const bar = progressBar("saving weights");
@@ -79,7 +118,7 @@ export async function runLayer(opts: RunOptions): Promise<void> {
   if (ranks > 1) {
     // The ranks take the batch in contiguous runs, routed over every expert (by the gate on the CPU).
     const r = routing ?? routeTokens(x, opts.tokens, weights.gate(), config);
-    const ep = new ExpertParallelMoE(weights, { ranks, backend, pipeline: gpuPipeline(opts.pipeline) });
+    const ep = new ExpertParallelMoE(weights, { ranks, backend, pipeline });
     try {
       const start = performance.now();
       const step = ep.forward(splitAmongRanks(x, opts.tokens, r, config.hidden, config.topK, ranks), {
@@ -92,7 +131,7 @@ export async function runLayer(opts: RunOptions): Promise<void> {
       ep.dispose();
     }
   } else {
-    const layer = new MoELayer(weights, { backend, pipeline: gpuPipeline(opts.pipeline) });
+    const layer = new MoELayer(weights, { backend, pipeline });
     const bar = progressBar(`${config.name} T=${opts.tokens} experts`);
     try {
       const start = performance.now();

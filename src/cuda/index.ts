@@ -77,7 +77,7 @@ export {
 } from "./kernel-args.js";
 export { type LocateResult, locateCudaInclude, locateLibcuda, locateLibnvrtc, locateNvcc } from "./locate.js";
 export { type PerDeviceMemo, type PerDeviceOnce, perDeviceMemo, perDeviceOnce } from "./memo.js";
-export { DirectoryError, directoryProblem, makeDirectory } from "./mkdir.js";
+export { DirectoryError, directoryProblem, makeDirectory, outputFileProblem } from "./mkdir.js";
 export {
   allocHostArray,
   checkHostArray,
