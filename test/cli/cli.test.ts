@@ -53,13 +53,27 @@ describe("megamoe CLI", () => {
     assert.match(cpu.stderr, /the pipeline applies to the "cuda" backend/);
   });
 
-  it("check reports the FP8 error against the FP64 ideal", () => {
-    const r = megamoe("check", "--tokens", "8", "--json");
+  it("check reports the FP8 error against the FP64 ideal, with its bounds and a verdict", () => {
+    const r = megamoe("check", "--tokens", "8", "--backend", "cpu", "--json");
     assert.equal(r.code, 0, r.stderr);
-    const [c] = JSON.parse(r.stdout).comparisons;
+    const result = JSON.parse(r.stdout);
+    const [c] = result.comparisons;
     assert.equal(c.comparison, "reference(fp8) vs ideal(fp64)");
     assert.ok(c.relError > 0 && c.relError < 0.1, String(c.relError));
     assert.ok(c.calcDiff > 0 && c.calcDiff < 5e-3, String(c.calcDiff));
+    assert.deepEqual(c.bounds, { relError: 0.1, calcDiff: 5e-3 });
+    assert.equal(c.pass, true);
+    assert.deepEqual(c.failures, []);
+    assert.equal(result.pass, true);
+    assert.equal(result.notChecked, "the GPU layer was not checked (--backend cpu)");
+    const text = megamoe("check", "--tokens", "8", "--backend", "cpu");
+    assert.equal(text.code, 0, text.stderr);
+    assert.match(
+      text.stdout,
+      /reference\(fp8\) vs ideal\(fp64\)\s+\S+\s+≤ 1\.00e-1\s+\S+\s+≤ 5\.00e-3\s+pass/,
+    );
+    assert.match(text.stdout, /^pass: 1 of 1 comparisons within their bounds$/m);
+    assert.match(text.stdout, /note: the GPU layer was not checked \(--backend cpu\)/);
   });
 
   it("run --ranks splits the layer and reports the rows each rank received and sent", () => {
@@ -85,6 +99,8 @@ describe("megamoe CLI", () => {
     );
     assert.ok(ep, JSON.stringify(result.comparisons));
     assert.ok(ep.relError > 0 && ep.relError < 1e-2 && ep.calcDiff < 1e-4, JSON.stringify(ep));
+    // judged by the bound of an output with the reference's numerics (11 tokens: not "few")
+    assert.ok(ep.pass && ep.bounds.relError >= 1e-2 && ep.bounds.calcDiff >= 1e-4, JSON.stringify(ep));
     const uneven = megamoe("check", "--ranks", "3", "--backend", "cpu");
     assert.notEqual(uneven.code, 0);
     assert.match(uneven.stderr, /8 experts cannot be split evenly among 3 ranks/);
