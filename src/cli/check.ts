@@ -3,6 +3,10 @@
  * the GPU layer against both (what the GPU's accumulation order costs on top). With `--ranks R`, also
  * the layer split across R expert-parallel ranks (the batch's tokens dealt out in contiguous runs)
  * against the one-device reference, on the CPU and, with a GPU, with every rank on it.
+ *
+ * Each comparison is judged by the bounds the GPU tests assert (src/reference/error-bounds.ts): pass or
+ * FAIL per line, a verdict, and exit code 2 when a bound is broken. Without a GPU only the CPU side is
+ * judged, and the output says so and why.
  */
 import pc from "picocolors";
 import { resolveConfigForTokens } from "../config/config.js";
@@ -48,7 +52,6 @@ function compare(name: string, a: ArrayLike<number>, b: ArrayLike<number>, bound
   return { comparison: name, ...compareOutputs(a, b, bounds) };
 }
 
-/** `1.000e-2` for a bound, `–` where a figure is not bounded. */
 /** The exit code of a check whose comparisons broke a bound (1 is a usage or run error). */
 export const CHECK_FAILED_EXIT_CODE = 2;
 
@@ -59,6 +62,7 @@ function noGpuReason(requested: string): string {
   return cuda.ok ? "--backend cpu" : `no GPU: ${shortCudaReason(cuda.reason)}`;
 }
 
+/** `≤ 1.00e-2` for a bound, `–` where a figure is not bounded. */
 function boundText(max: number | undefined): string {
   return max === undefined ? "–" : `≤ ${max.toExponential(2)}`;
 }
