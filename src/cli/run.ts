@@ -2,9 +2,10 @@
  * `megamoe run`: one layer forward on seeded random data, with a summary a person or a script reads.
  * With `--ranks R` the layer is split across R expert-parallel ranks, the batch dealt out among them.
  */
+import path from "node:path";
 import pc from "picocolors";
 import { type MoEConfig, resolveConfigForTokens } from "../config/config.js";
-import { cudaAvailability } from "../cuda/index.js";
+import { cudaAvailability, makeDirectory } from "../cuda/index.js";
 import { type Backend, type GpuPipelineKind, MoELayer } from "../layer.js";
 import { bf16BitsToF32 } from "../numerics/bf16.js";
 import {
@@ -104,6 +105,8 @@ export async function runLayer(opts: RunOptions): Promise<void> {
   const pipeline = checkPipelineFor(backend, opts.pipeline);
   let weights = makeWeights(config, opts.seed, opts.weights);
   if (opts.saveWeights !== undefined) {
+    // Folders are created, as for bench's --out and plot's --out.
+    makeDirectory(path.dirname(path.resolve(opts.saveWeights)));
     const bar = progressBar("saving weights");
     saveMoEWeights(opts.saveWeights, weights, { onProgress: (d, t) => bar.update(d, t) });
     bar.stop();

@@ -294,6 +294,11 @@ const rows: Row[] = [
     when: noGpu,
   }),
   row(["check", "--tokens", "3", "--shared", "0"], 0, /pass: 1 of 1 comparisons within their bounds/),
+  row(
+    ["run", "--tokens", "1", "--json", "--save-weights", path.join(dir, "new", "sub", "w.safetensors")],
+    0,
+    /"checksum"/,
+  ),
 ];
 
 describe("bad command-line values: each row exits with its code and says what was wrong", {
