@@ -286,6 +286,13 @@ const rows: Row[] = [
       env: { MEGAMOE_LIBNVRTC: "/nonexistent/libnvrtc.so" },
     },
   ),
+  // help: defaults shown as the options are written, bench described as what it times
+  row(["run", "--help"], 0, /--shared <0\|1>\s+include the shared expert \(default: 1\)/),
+  row(
+    ["bench", "--help"],
+    0,
+    /time the layer's GPU pipelines \(fused, unfused\), a\s+decode step or a kernel/,
+  ),
   // accepted as documented: the edges of the valid ranges
   row(["run", "--seed", "0", "--tokens", "1", "--json"], 0, /"seed":0/),
   row(["run", "--seed", "9007199254740991", "--tokens", "2", "--json"], 0, /"seed":9007199254740991/),
