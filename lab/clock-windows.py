@@ -4,7 +4,7 @@
 Usage: clock-windows.py SMI_CSV ITERS RESULTS.json...
 
 SMI_CSV: `nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=csv,noheader,nounits
--lms 20` logged through the runs. Each row of the results files (megamoe's gpu-gemm-bench and the torch peer's
+-lms 20` logged through the runs. Each row of the results files (lab/gemm-tiles.ts and the torch peer's
 --grouped-gemm-only both record wall_end_s, when the timed runs ended) is matched with the samples in its
 timed window, [wall_end_s - ITERS * us_median, wall_end_s]. Prints one line per row: the file, the case, the
 median time, the median clock and power in the window, and time x clock (the work in clock cycles, which

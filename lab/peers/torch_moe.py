@@ -36,11 +36,11 @@ accumulation) are measured here and written to the JSON (read_tbps, read_method,
 copy (tensor.copy_ of 2 GiB, read + write) is measured and written too (copy_tbps), for the record only.
 
 Usage (GPU host):
-  python3 bench/peers/torch_moe.py --shape flash-ep8 --shared 1 --out torch-flash-ep8-shared1.json
-  python3 bench/peers/torch_moe.py --shape flash-ep8 --shared 1 --graph --out torch-graph.json
-  python3 bench/peers/torch_moe.py --grouped-gemm-only --out torch-grouped-gemm.json
-  python3 bench/peers/torch_moe.py --grouped-gemm-only --blockwise --out torch-grouped-gemm.json  # + block scales
-  python3 bench/peers/torch_moe.py --dry-run --shape tiny      # CPU tensors, emulated FP8 GEMMs
+  python3 lab/peers/torch_moe.py --shape flash-ep8 --shared 1 --out torch-flash-ep8-shared1.json
+  python3 lab/peers/torch_moe.py --shape flash-ep8 --shared 1 --graph --out torch-graph.json
+  python3 lab/peers/torch_moe.py --grouped-gemm-only --out torch-grouped-gemm.json
+  python3 lab/peers/torch_moe.py --grouped-gemm-only --blockwise --out torch-grouped-gemm.json  # + block scales
+  python3 lab/peers/torch_moe.py --dry-run --shape tiny      # CPU tensors, emulated FP8 GEMMs
 """
 
 from __future__ import annotations

@@ -1,14 +1,14 @@
 /**
- * On the GPU host: every grouped-GEMM tile on the flash expert shapes (32 groups, M per group 64, 512,
- * 4096), so the plan's cost model can be checked against measurement. Writes results JSON to argv[2].
- * GEMM_CODES (default "quantized"): a comma list of operand code distributions to time each case with
- * (GemmBenchCodes), alternating per case so that drifts hit all alike. GEMM_TILES: "plan" times the
- * plan's pick only, a comma list of tile names the plan's pick and those (default: every tile). GEMM_M:
- * a comma list of M per group (default 64,512,4096). GEMM_MAX_CTAS: a comma list of grid caps ("-": none).
- * GEMM_WARMUP_MS (default 0) and GEMM_ITERS (default 20): untimed GPU time before each case's timed runs
- * (a second or so gives the clock a power-capped card sustains), and the timed runs. Each row records
- * when its timed runs ended (wall_end_s), for scripts/clock-windows.py.
+ * Lab helper (lab/gemm.sh runs it on the GPU host from dist-test): the grouped GEMM on the flash expert
+ * shapes (32 groups, L1 N = K = 4096, L2 N = 4096 K = 2048), every case alternating its code
+ * distributions and grid caps so that drifts hit all alike. Each row records when its timed runs ended
+ * (wall_end_s), for lab/clock-windows.py.
+ *   node dist-test/lab/gemm-tiles.js [--tiles plan|all|T,T] [--m 64,512,4096] [--codes quantized,...]
+ *     [--ctas -,124] [--warmup-ms 0] [--iters 20] [--out results.json]
+ * --tiles: "plan" (the default) times the plan's pick only, "all" the plan's pick and every tile, a
+ * comma list the plan's pick and those. --ctas: grid caps ("-": none).
  */
+import { parseArgs } from "node:util";
 import { deviceSummary, openDevice, writeResults } from "../src/cuda/index.js";
 import { GEMM_TILE_NAMES, type GemmTileName } from "../src/kernels/gemm/fp8_grouped_gemm.variants.js";
 import {
@@ -17,25 +17,32 @@ import {
   type GroupedGemmBenchCase,
 } from "../src/kernels/gemm/grouped_gemm.js";
 
+const { values: args } = parseArgs({
+  options: {
+    tiles: { type: "string", default: "plan" },
+    m: { type: "string", default: "64,512,4096" },
+    codes: { type: "string", default: "quantized" },
+    ctas: { type: "string", default: "-" },
+    "warmup-ms": { type: "string", default: "0" },
+    iters: { type: "string", default: "20" },
+    out: { type: "string" },
+  },
+});
 const device = openDevice(0);
 const tiles = ((): GemmTileName[] => {
-  const asked = process.env.GEMM_TILES;
-  if (asked === undefined) return GEMM_TILE_NAMES;
-  if (asked === "plan") return [];
-  const names = asked.split(",") as GemmTileName[];
+  if (args.tiles === "all") return GEMM_TILE_NAMES;
+  if (args.tiles === "plan") return [];
+  const names = args.tiles.split(",") as GemmTileName[];
   const unknown = names.filter((name) => !GEMM_TILE_NAMES.includes(name));
   if (unknown.length > 0)
-    throw new Error(`GEMM_TILES: unknown tile ${unknown.join(", ")} (${GEMM_TILE_NAMES.join(", ")})`);
+    throw new Error(`--tiles: unknown tile ${unknown.join(", ")} (${GEMM_TILE_NAMES.join(", ")})`);
   return names;
 })();
-const mPerGroup = (process.env.GEMM_M ?? "64,512,4096").split(",").map(Number);
-const codesList = (process.env.GEMM_CODES ?? "quantized").split(",") as GemmBenchCodes[];
-// GEMM_MAX_CTAS: a comma list of grid caps to time each case with ("-" for none, the default).
-const ctasList = (process.env.GEMM_MAX_CTAS ?? "-")
-  .split(",")
-  .map((v) => (v === "-" ? undefined : Number(v)));
-const warmupMs = Number(process.env.GEMM_WARMUP_MS ?? "0");
-const iters = Number(process.env.GEMM_ITERS ?? "20");
+const mPerGroup = args.m.split(",").map(Number);
+const codesList = args.codes.split(",") as GemmBenchCodes[];
+const ctasList = args.ctas.split(",").map((v) => (v === "-" ? undefined : Number(v)));
+const warmupMs = Number(args["warmup-ms"]);
+const iters = Number(args.iters);
 const shapes = [
   { name: "flash-L1", n: 4096, k: 4096 },
   { name: "flash-L2", n: 4096, k: 2048 },
@@ -71,10 +78,10 @@ for (const s of shapes) {
     }
   }
 }
-if (process.argv[2]) {
-  writeResults(process.argv[2], {
+if (args.out !== undefined) {
+  writeResults(args.out, {
     device: deviceSummary(device),
-    command: "node dist-test/scripts/gpu-gemm-bench.js",
+    command: `node dist-test/lab/gemm-tiles.js ${process.argv.slice(2).join(" ")}`,
     rows,
   });
 }

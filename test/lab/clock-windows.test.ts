@@ -1,6 +1,7 @@
 /**
- * scripts/clock-windows.py (the GPU host's clock analysis) on a committed run: it must print again, line for
- * line, the table that run printed there. Skips, saying why, where python3 is missing.
+ * lab/clock-windows.py (the GPU host's clock analysis) on a recorded run (copied to
+ * test/fixtures/results/): it must print again, line for line, the table that run printed there. Skips,
+ * saying why, where python3 is missing.
  */
 import assert from "node:assert/strict";
 import { spawnSync } from "node:child_process";
@@ -10,8 +11,8 @@ import { test } from "node:test";
 import { fileURLToPath } from "node:url";
 
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../..");
-const results = path.join(root, "bench/results");
-const run = "2026-12-04-h200-2b360ea-promotion-"; // PART=72: torch, ours and the diagnosis build, 3 rounds
+const results = path.join(root, "test/fixtures/results");
+const run = "2026-12-04-h200-2b360ea-promotion-"; // torch, ours and a diagnosis build (GEMM_DIAG_SKIP_PROMOTION=1), 3 rounds
 const python = spawnSync("python3", ["--version"], { encoding: "utf8" });
 const skip = python.status === 0 ? false : "python3 is not available";
 
@@ -25,7 +26,7 @@ test("clock-windows.py reproduces the clock table of a committed run", { skip },
   // nvidia-smi wrote the host's local time, which was UTC.
   const r = spawnSync(
     "python3",
-    [path.join(root, "scripts/clock-windows.py"), path.join(results, `${run}smi.csv`), "100", ...jsons],
+    [path.join(root, "lab/clock-windows.py"), path.join(results, `${run}smi.csv`), "100", ...jsons],
     {
       encoding: "utf8",
       env: { ...process.env, TZ: "UTC" },

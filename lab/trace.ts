@@ -1,7 +1,8 @@
 /**
  * On the GPU host: the fused kernel's per-CTA timeline at a few token counts (where the time goes:
  * dispatch phases, waits on dependencies and stages, epilogues, the combine), printed as a table of
- * min / median / max over the CTAs. Usage: node dist-test/scripts/gpu-fused-trace.js [shape] [T,T,...]
+ * min / median / max over the CTAs. Lab helper, run by lab/trace.sh from dist-test:
+ * node dist-test/lab/trace.js [shape] [T,T,...]
  */
 
 import { forwardOperands } from "../src/bench/layer.js";
