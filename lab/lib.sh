@@ -20,6 +20,7 @@ lab_die() { echo "${0##*/}: $*" >&2; exit 2; }
 # how many arguments it used, 0 for an unknown option.
 lab_common_option() {  # option [value]
   SHIFT=0
+  case $1 in --out | --define) [[ -n ${2:-} ]] || lab_die "$1 needs a value" ;; esac
   case $1 in
   --out) OUT_DIR=$2; SHIFT=2 ;;
   --define) [[ $2 == *=* || $2 =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]] || lab_die "--define NAME[=VALUE], not $2"
