@@ -17,7 +17,7 @@ export type Backend = "cpu" | "cuda";
 export type GpuPipelineKind = "fused" | "unfused";
 /**
  * The "cuda" backend's pipeline when none is asked for: the fused kernel (bit-identical to the unfused
- * pipeline in every GPU test on the H200, bench/NOTES.md). Ask for { pipeline: "unfused" } for the
+ * pipeline in every GPU test on the H200, docs/decisions.md). Ask for { pipeline: "unfused" } for the
  * baseline; shapes the fused kernel cannot run take it anyway.
  */
 export const DEFAULT_GPU_PIPELINE: GpuPipelineKind = "fused";

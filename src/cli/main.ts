@@ -122,7 +122,7 @@ program
   )
   .option(
     "--peer <file>",
-    "results JSON of a peer (bench/peers/torch_moe.py): its times beside ours, each series of its rows (e.g. --blockwise's) in columns of its own",
+    "results JSON of a peer (lab/peers/torch_moe.py): its times beside ours, each series of its rows (e.g. --blockwise's) in columns of its own",
   )
   .option("--plot <file>", "unfused: write an SVG plot of time against tokens (ours, the peer, the floor)")
   .option("--hidden <list>", "quant only: hidden sizes", parseList, [4096, 7168])
