@@ -9,7 +9,12 @@ import { type MoEConfig, QUANT_BLOCK, sharedIntermediate } from "../config/confi
 import { bf16BitsToF32, f32ToBf16Bits, roundToBf16 } from "../numerics/bf16.js";
 import { decodeE4m3Array, E4M3_DECODE } from "../numerics/fp8.js";
 import { quantizeActivations, quantizeRow128 } from "../numerics/quant.js";
-import type { BlockQuantized, ExpertWeights, MoEWeightSource } from "../weights/types.js";
+import {
+  type BlockQuantized,
+  type ExpertWeights,
+  type MoEWeightSource,
+  requireFp8Expert,
+} from "../weights/types.js";
 import type { Routing } from "./router.js";
 import { swiglu, swigluExact } from "./swiglu.js";
 
@@ -178,7 +183,7 @@ export function referenceMoE(
       pairs.map((p) => Math.floor(p / k)),
       config,
     );
-    const y = expertForward(config, source.expert(e), rows, scales);
+    const y = expertForward(config, requireFp8Expert(source.expert(e), "referenceMoE"), rows, scales);
     pairs.forEach((p, i) => {
       const dst = slotOut.subarray(p * hidden, (p + 1) * hidden);
       for (let n = 0; n < hidden; n++) dst[n] = roundToBf16(y[i][n]);
@@ -270,7 +275,7 @@ export function idealMoE(
   const { lists, active, shared, total } = planExpertWork(routing, tokens, source, options);
   let done = 0;
   for (const e of active) {
-    const w = source.expert(e);
+    const w = requireFp8Expert(source.expert(e), "idealMoE");
     const w1 = dequantizeToF64(w.w1);
     const w2 = dequantizeToF64(w.w2);
     for (const p of lists[e]) {

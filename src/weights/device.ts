@@ -17,7 +17,7 @@ import {
   generateMatrixOnDevice,
 } from "../kernels/weightgen/weightgen.js";
 import { checkSeed, expertMatrixSpecs, sharedMatrixSpecs } from "./generate.js";
-import type { BlockQuantized, MoEWeightSource } from "./types.js";
+import { type BlockQuantized, type MoEWeightSource, requireFp8Expert } from "./types.js";
 
 /** One MLP's weights for `experts` experts: W1 [experts, 2I, H], W2 [experts, H, I] and their scales. */
 export interface DeviceExpertPair {
@@ -241,7 +241,7 @@ export class DeviceMoEWeights {
     const w1Bytes = 2 * I * H;
     const w1ScaleBytes = (4 * w1Bytes) / QUANT_BLOCK ** 2;
     for (let e = 0; e < c.numExperts; e++) {
-      const x = source.expert(e);
+      const x = requireFp8Expert(source.expert(e), `device weights, expert ${e}`);
       checkMatrix(`expert ${e} W1`, x.w1, 2 * I, H);
       checkMatrix(`expert ${e} W2`, x.w2, H, I);
       device.copyHtoD(r.w1.ptr + BigInt(e * w1Bytes), x.w1.q, w1Bytes, stream);

@@ -11,7 +11,13 @@ import { bf16FromF32Array } from "../numerics/bf16.js";
 import { quantizeWeightBlocks } from "../numerics/quant.js";
 import { fillHash32, fillUniform, hash32, tensorKey } from "./counter-rng.js";
 import { checkExpertIndex, ExpertCache } from "./expert-cache.js";
-import type { BlockQuantized, ExpertWeights, GateWeights, MoEWeightSource } from "./types.js";
+import type {
+  BlockQuantized,
+  ExpertWeights,
+  GateWeights,
+  MoEWeightSource,
+  RoutedExpertWeights,
+} from "./types.js";
 
 /**
  * Per-block magnitude factors 2^−1, 2^0, 2^1 are equally likely, so E[factor²] = (1/4 + 1 + 4)/3 = 7/4;
@@ -214,7 +220,7 @@ export class GeneratedWeights implements MoEWeightSource {
     this.experts = new ExpertCache(this.config, opts.cachedExperts ?? 4);
   }
 
-  expert(e: number): ExpertWeights {
+  expert(e: number): RoutedExpertWeights {
     return this.experts.get(e, () =>
       generateExpert(this.config, this.seed, e, this.scratchFor(this.config.intermediate)),
     );

@@ -11,7 +11,14 @@ import fs from "node:fs";
 import os from "node:os";
 import { type MoEConfig, QUANT_BLOCK, sharedIntermediate, validateConfig } from "../config/config.js";
 import { ExpertCache } from "./expert-cache.js";
-import type { BlockQuantized, ExpertWeights, GateWeights, MoEWeightSource } from "./types.js";
+import {
+  type BlockQuantized,
+  type ExpertWeights,
+  type GateWeights,
+  type MoEWeightSource,
+  type RoutedExpertWeights,
+  requireFp8Expert,
+} from "./types.js";
 
 export class SafetensorsError extends Error {
   override name = "SafetensorsError";
@@ -492,7 +499,7 @@ export function saveMoEWeights(path: string, source: MoEWeightSource, opts: Save
   try {
     let done = 0;
     for (let e = 0; e < config.numExperts; e++) {
-      const w = source.expert(e);
+      const w = requireFp8Expert(source.expert(e), `saveMoEWeights, expert ${e}`);
       checkExpertShape(`expert ${e}`, w, config.hidden, config.intermediate);
       writeMlp(writer, prefix, checkpointNames.expert(e), w, config.intermediate);
       opts.onProgress?.(++done, total);
@@ -562,7 +569,7 @@ class SafetensorsWeights implements MoEWeightSource {
     private readonly experts: ExpertCache,
   ) {}
 
-  expert(e: number): ExpertWeights {
+  expert(e: number): RoutedExpertWeights {
     return this.experts.get(e, () => this.readMlp(checkpointNames.expert(e), this.config.intermediate));
   }
 

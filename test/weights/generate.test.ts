@@ -15,7 +15,12 @@ import {
   generatorNames,
   matrixBaseScale,
 } from "../../src/weights/generate.js";
-import type { BlockQuantized, ExpertWeights } from "../../src/weights/types.js";
+import {
+  type BlockQuantized,
+  type ExpertWeights,
+  type RoutedExpertWeights,
+  requireFp8Expert,
+} from "../../src/weights/types.js";
 import { testSeed } from "../helpers/random.js";
 
 const seed = testSeed("weight generator tests");
@@ -34,6 +39,9 @@ function std(values: ArrayLike<number>): number {
   const mean = sum / values.length;
   return Math.sqrt(sumSq / values.length - mean * mean);
 }
+
+/** The FP8 expert (these configs are FP8). */
+const fp8 = (w: RoutedExpertWeights) => requireFp8Expert(w, "test");
 
 function copyExpert(w: ExpertWeights): ExpertWeights {
   const copy = (b: BlockQuantized): BlockQuantized => ({ ...b, q: b.q.slice(), scales: b.scales.slice() });
@@ -109,7 +117,7 @@ describe("GeneratedWeights", () => {
   it("makes one expert alone equal to the same expert made in a full run", () => {
     const config = tiny();
     const full = new GeneratedWeights(config, seed, { cachedExperts: 1 });
-    const all = Array.from({ length: config.numExperts }, (_, e) => copyExpert(full.expert(e)));
+    const all = Array.from({ length: config.numExperts }, (_, e) => copyExpert(fp8(full.expert(e))));
     full.shared();
     full.gate();
     for (const e of [config.numExperts - 1, 0, seed % config.numExperts]) {
@@ -117,7 +125,7 @@ describe("GeneratedWeights", () => {
       assert.deepEqual(generateExpert(config, seed, e), all[e], `generateExpert ${e}`);
     }
     // A different seed gives different weights.
-    assert.notDeepEqual(new GeneratedWeights(config, seed + 1).expert(0).w1.q, all[0].w1.q);
+    assert.notDeepEqual(fp8(new GeneratedWeights(config, seed + 1).expert(0)).w1.q, all[0].w1.q);
     // Experts differ from each other.
     assert.notDeepEqual(all[0].w1.q, all[1].w1.q);
   });
@@ -127,8 +135,8 @@ describe("GeneratedWeights", () => {
     const w = new GeneratedWeights(config, seed);
     const { hidden: h, intermediate: i } = config;
     for (const e of [0, 5]) {
-      checkBlockQuantized(w.expert(e).w1, 2 * i, h, h, generatorNames.expertW1(e));
-      checkBlockQuantized(w.expert(e).w2, h, i, i, generatorNames.expertW2(e));
+      checkBlockQuantized(fp8(w.expert(e)).w1, 2 * i, h, h, generatorNames.expertW1(e));
+      checkBlockQuantized(fp8(w.expert(e)).w2, h, i, i, generatorNames.expertW2(e));
     }
     const shared = w.shared();
     assert.ok(shared !== null);
@@ -167,7 +175,7 @@ describe("GeneratedWeights", () => {
   it("makes a flash-shaped expert with the right shapes", () => {
     const config = resolveConfig("flash");
     const start = performance.now();
-    const e = new GeneratedWeights(config, seed).expert(config.numExperts - 1);
+    const e = fp8(new GeneratedWeights(config, seed).expert(config.numExperts - 1));
     console.log(`one flash expert: ${(performance.now() - start).toFixed(0)} ms`);
     assert.equal(e.w1.q.length, 2 * 2048 * 4096);
     assert.equal(e.w1.scales.length, 32 * 32);
