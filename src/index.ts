@@ -8,6 +8,9 @@
 
 export {
   ConfigError,
+  EXPERT_FORMATS,
+  type ExpertFormat,
+  expertFormatOf,
   type MoEConfig,
   PRESETS,
   presetNames,
@@ -102,4 +105,13 @@ export {
 export { DeviceMoEWeights } from "./weights/device.js";
 export { GeneratedWeights, generateActivations } from "./weights/generate.js";
 export { loadMoEWeights, SafetensorsError, saveMoEWeights } from "./weights/safetensors.js";
-export type { BlockQuantized, ExpertWeights, GateWeights, MoEWeightSource } from "./weights/types.js";
+export type {
+  BlockQuantized,
+  ExpertWeights,
+  Fp4ExpertWeights,
+  GateWeights,
+  MoEWeightSource,
+  Mxfp4Matrix,
+  RoutedExpertWeights,
+} from "./weights/types.js";
+export { MXFP4_GROUP, requireFp8Expert } from "./weights/types.js";

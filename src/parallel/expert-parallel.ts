@@ -27,7 +27,7 @@ import { combineRanksOnDevice, gatherRowsOnDevice } from "../kernels/parallel/pa
 import { type Backend, type GpuPipelineKind, InputError, MoELayer, validateInput } from "../layer.js";
 import { bf16BitsToF32, f32ToBf16Bits } from "../numerics/bf16.js";
 import { validateRouting } from "../reference/router.js";
-import type { ExpertWeights, GateWeights, MoEWeightSource } from "../weights/types.js";
+import type { ExpertWeights, GateWeights, MoEWeightSource, RoutedExpertWeights } from "../weights/types.js";
 import {
   DispatchError,
   type DispatchPlan,
@@ -66,7 +66,7 @@ export class RankWeights implements MoEWeightSource {
     });
   }
 
-  expert(e: number): ExpertWeights {
+  expert(e: number): RoutedExpertWeights {
     if (!Number.isInteger(e) || e < 0 || e >= this.config.numExperts) {
       throw new RangeError(`rank ${this.rank} holds experts 0..${this.config.numExperts - 1}, not ${e}`);
     }

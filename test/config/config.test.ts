@@ -2,6 +2,7 @@ import assert from "node:assert/strict";
 import { describe, it } from "node:test";
 import {
   ConfigError,
+  expertFormatOf,
   type MoEConfig,
   PRESETS,
   presetNames,
@@ -56,6 +57,7 @@ describe("config validation", () => {
     ["bad clamp", { swigluClamp: -1 }, /swigluClamp/],
     ["NaN clamp", { swigluClamp: Number.NaN }, /swigluClamp/],
     ["bad scale format", { scaleFormat: "fp16" as never }, /scaleFormat/],
+    ["bad expert format", { expertFormat: "fp6" as never }, /expertFormat/],
     ["zero max tokens", { maxTokens: 0 }, /maxTokens/],
     ["too many max tokens", { maxTokens: 1e6 }, /maxTokens/],
   ];
@@ -80,5 +82,13 @@ describe("config validation", () => {
     for (const [override, message] of bad) {
       assert.throws(() => validateConfig({ ...base, router: { ...r, ...override } }), message);
     }
+  });
+});
+
+describe("expertFormat", () => {
+  it("defaults to fp8 and accepts fp4", () => {
+    assert.equal(expertFormatOf(resolveConfig("flash")), "fp8");
+    const fp4 = resolveConfig("flash", { expertFormat: "fp4" });
+    assert.equal(expertFormatOf(fp4), "fp4");
   });
 });
