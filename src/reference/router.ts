@@ -59,7 +59,7 @@ function requireLength(name: string, array: ArrayLike<number>, expected: number,
 /** Throws RouterError unless `value` is an instance of `kind` (no other array kind is converted). */
 function requireKind(name: string, value: unknown, kind: { new (n: number): object; name: string }): void {
   if (!(value instanceof kind)) {
-    const article = /^[AEIOU]/.test(kind.name) ? "an" : "a";
+    const article = kind.name.startsWith("Int") ? "an" : "a"; // "an Int32Array", "a Uint8Array"
     throw new RouterError(`${name} must be ${article} ${kind.name}, got ${describeValue(value)}`);
   }
 }
