@@ -8,6 +8,8 @@
 
 export {
   ConfigError,
+  type ConfigOverrides,
+  isValidatedConfig,
   type MoEConfig,
   PRESETS,
   presetNames,
@@ -17,6 +19,7 @@ export {
   type ScaleFormat,
   type ScoringFunction,
   sharedIntermediate,
+  type ValidatedConfig,
   validateConfig,
 } from "./config/config.js";
 export * as cuda from "./cuda/index.js";
@@ -100,6 +103,6 @@ export {
   validateRouting,
 } from "./reference/router.js";
 export { DeviceMoEWeights } from "./weights/device.js";
-export { GeneratedWeights, generateActivations } from "./weights/generate.js";
+export { checkSeed, GeneratedWeights, generateActivations } from "./weights/generate.js";
 export { loadMoEWeights, SafetensorsError, saveMoEWeights } from "./weights/safetensors.js";
 export type { BlockQuantized, ExpertWeights, GateWeights, MoEWeightSource } from "./weights/types.js";

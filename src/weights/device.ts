@@ -8,8 +8,15 @@
  * `GeneratedWeights` on the CPU, so flash- and pro-sized layers (6–25 GB of FP8) need no host
  * generation or upload; `upload` copies any CPU source (e.g. a safetensors file) expert by expert.
  */
-import { type MoEConfig, QUANT_BLOCK, sharedIntermediate, validateConfig } from "../config/config.js";
-import { type Device, DeviceTensor, type Stream } from "../cuda/index.js";
+import {
+  describeValue,
+  type MoEConfig,
+  QUANT_BLOCK,
+  sharedIntermediate,
+  type ValidatedConfig,
+  validateConfig,
+} from "../config/config.js";
+import { Device, DeviceTensor, type Stream } from "../cuda/index.js";
 import {
   generateActivationsInto,
   generateGateBiasOnDevice,
@@ -17,7 +24,7 @@ import {
   generateMatrixOnDevice,
 } from "../kernels/weightgen/weightgen.js";
 import { checkSeed, expertMatrixSpecs, sharedMatrixSpecs } from "./generate.js";
-import type { BlockQuantized, MoEWeightSource } from "./types.js";
+import { type BlockQuantized, type MoEWeightSource, weightSourceProblem } from "./types.js";
 
 /** One MLP's weights for `experts` experts: W1 [experts, 2I, H], W2 [experts, H, I] and their scales. */
 export interface DeviceExpertPair {
@@ -94,7 +101,7 @@ function checkDeviceMemory(device: Device, need: number, what: string): void {
 }
 
 export class DeviceMoEWeights {
-  readonly config: MoEConfig;
+  readonly config: ValidatedConfig;
   /** Routed experts: W1 [E, 2I, H], W2 [E, H, I] and scales. */
   readonly routed: DeviceExpertPair;
   /** The fused shared experts, [1, 2SI, H] and [1, H, SI] (one group for the grouped GEMM); null without. */
@@ -106,7 +113,7 @@ export class DeviceMoEWeights {
   private disposed = false;
 
   private constructor(
-    config: MoEConfig,
+    config: ValidatedConfig,
     routed: DeviceExpertPair,
     shared: DeviceExpertPair | null,
     gateWeight: DeviceTensor<"bf16">,
@@ -128,8 +135,9 @@ export class DeviceMoEWeights {
   }
 
   /** Allocates every tensor of the layer (uninitialized), after checking that the device can hold it. */
-  private static allocate(device: Device, config: MoEConfig, what: string): DeviceMoEWeights {
-    const c = validateConfig(config);
+  private static allocate(device: Device, c: ValidatedConfig, what: string): DeviceMoEWeights {
+    if (!(device instanceof Device))
+      throw new TypeError(`device must be a Device, got ${describeValue(device)}`);
     checkDeviceMemory(device, DeviceMoEWeights.bytesFor(c), what);
     const H = c.hidden;
     let routed: DeviceExpertPair | null = null;
@@ -163,7 +171,8 @@ export class DeviceMoEWeights {
     firstExpert = 0,
   ): DeviceMoEWeights {
     checkSeed(seed);
-    const w = DeviceMoEWeights.allocate(device, config, `the generated ${config.name} layer`);
+    const c = validateConfig(config); // returns at once for a validated config
+    const w = DeviceMoEWeights.allocate(device, c, `the generated ${c.name} layer`);
     try {
       w.regenerate(seed, stream, firstExpert);
       (stream ?? device.nullStream).synchronize();
@@ -221,7 +230,9 @@ export class DeviceMoEWeights {
    * time, so host memory holds one expert's weights at once. Returns when the copies are complete.
    */
   static upload(device: Device, source: MoEWeightSource, stream: Stream | null = null): DeviceMoEWeights {
-    const c = validateConfig(source.config);
+    const problem = weightSourceProblem(source);
+    if (problem !== null) throw new TypeError(`DeviceMoEWeights.upload: ${problem}`);
+    const c = validateConfig(source.config); // returns at once for a validated config
     const w = DeviceMoEWeights.allocate(device, c, `the ${c.name} layer`);
     try {
       w.uploadFrom(source, stream);
