@@ -17,14 +17,18 @@ import {
   FUSED_BLOCK_MS,
   FUSED_COUNTER_WORDS,
   FUSED_SWAP_MAX_STAGES,
-  fusedBlockM,
-  fusedBlockMsUpTo,
   fusedDefines,
   fusedSharedBytes,
   fusedStages,
   fusedSwapAB,
   variants,
 } from "../../src/kernels/megamoe/megamoe.variants.js";
+import {
+  describeFusedPlan,
+  fusedBlockM,
+  fusedBlockMsUpTo,
+  planFusedLaunch,
+} from "../../src/kernels/megamoe/plan.js";
 import { InputError, MoELayer } from "../../src/layer.js";
 import { GeneratedWeights } from "../../src/weights/generate.js";
 
@@ -96,6 +100,22 @@ describe("fused MoE kernel: host-side facts", () => {
       files: string[];
     };
     assert.ok(pkg.files.includes("src/kernels/**/*.cuh"), 'package.json "files" ships src/kernels/**/*.cuh');
+  });
+
+  test("a plan names its block M, stages, shared memory and grid", () => {
+    const ep8 = resolveConfig("flash-ep8");
+    const p = planFusedLaunch(ep8, 64, 132);
+    assert.equal(p.blockM, 32);
+    assert.equal(p.swapAB, true);
+    assert.equal(p.stages, fusedStages(ep8, 32));
+    assert.equal(p.sharedBytes, fusedSharedBytes(ep8, p.stages, 32));
+    assert.deepEqual(p.defines, fusedDefines(ep8, 32));
+    assert.equal(planFusedLaunch(ep8, 64, 132, 128).blockM, 128);
+    assert.equal(
+      describeFusedPlan(p),
+      `T=64 BLOCK_M=32 swap-AB stages=${p.stages} smem=${p.sharedBytes} B grid=132×384`,
+    );
+    assert.throws(() => planFusedLaunch(ep8, 64, 132, 48 as 64), /blockM must be "auto" or one of/);
   });
 
   test("shapes it cannot run are named; a CPU layer has no GPU pipeline to choose", () => {
