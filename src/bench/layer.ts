@@ -23,7 +23,8 @@ import {
   timeKernel,
 } from "../cuda/index.js";
 import { FP8_PEAK_FLOPS, READ_BYTES_PER_S } from "../kernels/gemm/grouped_gemm.js";
-import { FUSED_BLOCK_MS, fusedBlockM } from "../kernels/megamoe/megamoe.variants.js";
+import { FUSED_BLOCK_MS } from "../kernels/megamoe/megamoe.variants.js";
+import { fusedBlockM } from "../kernels/megamoe/plan.js";
 import { FusedPipeline } from "../pipeline/fused.js";
 import { type MoEPipeline, UnfusedPipeline } from "../pipeline/unfused.js";
 import { type Routing, randomRouting } from "../reference/router.js";
