@@ -64,6 +64,7 @@ export {
   encodeE8m0,
   type Fp4AsFp8,
   mxfp4RowsToFp8,
+  mxfp4ToFp8Blocks,
   packE2m1,
   quantizeMxfp4,
   unpackE2m1,
