@@ -8,9 +8,11 @@
 
 export {
   ConfigError,
+  type ConfigOverrides,
   EXPERT_FORMATS,
   type ExpertFormat,
   expertFormatOf,
+  isValidatedConfig,
   type MoEConfig,
   PRESETS,
   presetNames,
@@ -20,6 +22,7 @@ export {
   type ScaleFormat,
   type ScoringFunction,
   sharedIntermediate,
+  type ValidatedConfig,
   validateConfig,
 } from "./config/config.js";
 export * as cuda from "./cuda/index.js";
@@ -125,7 +128,7 @@ export {
   validateRouting,
 } from "./reference/router.js";
 export { DeviceMoEWeights } from "./weights/device.js";
-export { GeneratedWeights, generateActivations } from "./weights/generate.js";
+export { checkSeed, GeneratedWeights, generateActivations } from "./weights/generate.js";
 export { loadMoEWeights, SafetensorsError, saveMoEWeights } from "./weights/safetensors.js";
 export type {
   BlockQuantized,

@@ -4,7 +4,7 @@
  */
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
-import { type MoEConfig, resolveConfig } from "../../src/config/config.js";
+import { type MoEConfig, resolveConfig, type ValidatedConfig } from "../../src/config/config.js";
 import { bf16BitsToF32 } from "../../src/numerics/bf16.js";
 import { FP4_TO_FP8_EXACT_SPREAD, mxfp4RowsToFp8, mxfp4ToFp8Blocks } from "../../src/numerics/fp4.js";
 import { calcDiff, relativeError } from "../../src/reference/metrics.js";
@@ -22,7 +22,7 @@ import { testSeed } from "../helpers/random.js";
 
 const seed = testSeed("moe fp4 reference tests");
 
-function tinyFp4(overrides: Partial<MoEConfig> = {}): MoEConfig {
+function tinyFp4(overrides: Partial<MoEConfig> = {}): ValidatedConfig {
   return resolveConfig("tiny", { expertFormat: "fp4", ...overrides });
 }
 
@@ -35,7 +35,7 @@ function fp4Expert(w: MoEWeightSource, e: number): Fp4ExpertWeights {
 /** A source with the given routed experts and `base`'s shared expert and gate. */
 function withExperts<W extends ExpertWeights | Fp4ExpertWeights>(
   base: MoEWeightSource,
-  config: MoEConfig,
+  config: ValidatedConfig,
   experts: W[],
 ): MoEWeightSource {
   return { config, expert: (e) => experts[e], shared: () => base.shared(), gate: () => base.gate() };
