@@ -14,6 +14,20 @@ export type ScaleFormat = "fp32" | "ue8m0";
 
 export const SCALE_FORMATS: readonly ScaleFormat[] = ["fp32", "ue8m0"];
 
+/**
+ * How routed experts' W1/W2 are stored: FP8 e4m3 with one fp32 scale per 128×128 block, or MXFP4 (e2m1
+ * with one UE8M0 scale per 32 elements along K), DeepSeek-V4's own checkpoint format. Shared experts are
+ * FP8 either way, as in V4.
+ */
+export type ExpertFormat = "fp8" | "fp4";
+
+export const EXPERT_FORMATS: readonly ExpertFormat[] = ["fp8", "fp4"];
+
+/** The config's expert format; absent means "fp8", so configs written before FP4 keep their meaning. */
+export function expertFormatOf(c: MoEConfig): ExpertFormat {
+  return c.expertFormat ?? "fp8";
+}
+
 /** The -D macro by which every kernel that writes or reads FP8 scales is specialized for `format`. */
 export function scaleFormatDefine(format: ScaleFormat): { SCALE_UE8M0: 0 | 1 } {
   return { SCALE_UE8M0: format === "ue8m0" ? 1 : 0 };
@@ -50,6 +64,8 @@ export interface MoEConfig {
   /** Activation scale format of the FP8 rows (input and intermediate). */
   scaleFormat: ScaleFormat;
   router: RouterConfig;
+  /** Routed experts' weight format (default "fp8"); see ExpertFormat. */
+  expertFormat?: ExpertFormat;
   /** Largest token count a layer instance accepts. */
   maxTokens: number;
 }
@@ -149,6 +165,7 @@ const CONFIG_FIELDS: readonly (keyof MoEConfig)[] = [
   "swigluClamp",
   "scaleFormat",
   "router",
+  "expertFormat",
   "maxTokens",
 ];
 const ROUTER_FIELDS: readonly (keyof RouterConfig)[] = [
@@ -265,6 +282,9 @@ export function validateConfig(c: MoEConfig | ValidatedConfig): ValidatedConfig 
   }
   if (!SCALE_FORMATS.includes(c.scaleFormat)) {
     throw new ConfigError(`scaleFormat must be "fp32" or "ue8m0", got ${describeValue(c.scaleFormat)}`);
+  }
+  if (c.expertFormat !== undefined && !EXPERT_FORMATS.includes(c.expertFormat)) {
+    throw new ConfigError(`expertFormat must be "fp8" or "fp4", got ${describeValue(c.expertFormat)}`);
   }
   requireInteger("maxTokens", c.maxTokens, 1, MAX_TOKENS_LIMIT);
   const r = c.router;

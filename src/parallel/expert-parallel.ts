@@ -44,6 +44,7 @@ import {
   type ExpertWeights,
   type GateWeights,
   type MoEWeightSource,
+  type RoutedExpertWeights,
   weightSourceProblem,
 } from "../weights/types.js";
 import {
@@ -84,7 +85,7 @@ export class RankWeights implements MoEWeightSource {
     });
   }
 
-  expert(e: number): ExpertWeights {
+  expert(e: number): RoutedExpertWeights {
     if (!Number.isInteger(e) || e < 0 || e >= this.config.numExperts) {
       throw new RangeError(`rank ${this.rank} holds experts 0..${this.config.numExperts - 1}, not ${e}`);
     }

@@ -10,6 +10,7 @@
  */
 import {
   describeValue,
+  expertFormatOf,
   type MoEConfig,
   QUANT_BLOCK,
   sharedIntermediate,
@@ -24,7 +25,7 @@ import {
   generateMatrixOnDevice,
 } from "../kernels/weightgen/weightgen.js";
 import { checkSeed, expertMatrixSpecs, sharedMatrixSpecs } from "./generate.js";
-import { type BlockQuantized, type MoEWeightSource, weightSourceProblem } from "./types.js";
+import { type BlockQuantized, type MoEWeightSource, requireFp8Expert, weightSourceProblem } from "./types.js";
 
 /** One MLP's weights for `experts` experts: W1 [experts, 2I, H], W2 [experts, H, I] and their scales. */
 export interface DeviceExpertPair {
@@ -138,6 +139,12 @@ export class DeviceMoEWeights {
   private static allocate(device: Device, c: ValidatedConfig, what: string): DeviceMoEWeights {
     if (!(device instanceof Device))
       throw new TypeError(`device must be a Device, got ${describeValue(device)}`);
+    // The kernels take FP8 experts only so far; FP4 has its CPU reference (numerics/fp4.ts) alone.
+    if (expertFormatOf(c) !== "fp8") {
+      throw new Error(
+        `${what}: expertFormat "${expertFormatOf(c)}" is not supported on the GPU yet (fp8 only)`,
+      );
+    }
     checkDeviceMemory(device, DeviceMoEWeights.bytesFor(c), what);
     const H = c.hidden;
     let routed: DeviceExpertPair | null = null;
@@ -252,7 +259,7 @@ export class DeviceMoEWeights {
     const w1Bytes = 2 * I * H;
     const w1ScaleBytes = (4 * w1Bytes) / QUANT_BLOCK ** 2;
     for (let e = 0; e < c.numExperts; e++) {
-      const x = source.expert(e);
+      const x = requireFp8Expert(source.expert(e), `device weights, expert ${e}`);
       checkMatrix(`expert ${e} W1`, x.w1, 2 * I, H);
       checkMatrix(`expert ${e} W2`, x.w2, H, I);
       device.copyHtoD(r.w1.ptr + BigInt(e * w1Bytes), x.w1.q, w1Bytes, stream);

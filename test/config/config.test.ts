@@ -2,6 +2,7 @@ import assert from "node:assert/strict";
 import { describe, it } from "node:test";
 import {
   ConfigError,
+  expertFormatOf,
   isValidatedConfig,
   type MoEConfig,
   PRESETS,
@@ -57,6 +58,7 @@ describe("config validation", () => {
     ["bad clamp", { swigluClamp: -1 }, /swigluClamp/],
     ["NaN clamp", { swigluClamp: Number.NaN }, /swigluClamp/],
     ["bad scale format", { scaleFormat: "fp16" as never }, /scaleFormat/],
+    ["bad expert format", { expertFormat: "fp6" as never }, /expertFormat/],
     ["zero max tokens", { maxTokens: 0 }, /maxTokens/],
     ["too many max tokens", { maxTokens: 1e6 }, /maxTokens/],
   ];
@@ -105,5 +107,13 @@ describe("validated configs", () => {
       () => validateConfig({ ...tiny, zzzzzz: 1 } as MoEConfig),
       /unknown config field zzzzzz; known:/,
     );
+  });
+});
+
+describe("expertFormat", () => {
+  it("defaults to fp8 and accepts fp4", () => {
+    assert.equal(expertFormatOf(resolveConfig("flash")), "fp8");
+    const fp4 = resolveConfig("flash", { expertFormat: "fp4" });
+    assert.equal(expertFormatOf(fp4), "fp4");
   });
 });
