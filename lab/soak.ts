@@ -26,12 +26,8 @@ import { type MoEConfig, PRESETS, type ScaleFormat, validateConfig } from "../sr
 import { cudaAvailability, type Device, openDevice } from "../src/cuda/index.js";
 import { takeGroupedGemmStatus } from "../src/kernels/gemm/grouped_gemm.js";
 import { FusedMoEKernelError, fusedLayerProblem } from "../src/kernels/megamoe/megamoe.js";
-import {
-  FUSED_BLOCK_MS,
-  type FusedBlockM,
-  fusedBlockMsUpTo,
-  fusedStages,
-} from "../src/kernels/megamoe/megamoe.variants.js";
+import { FUSED_BLOCK_MS, type FusedBlockM, fusedStages } from "../src/kernels/megamoe/megamoe.variants.js";
+import { fusedBlockMsUpTo } from "../src/kernels/megamoe/plan.js";
 import { FusedPipeline } from "../src/pipeline/fused.js";
 import { type MoEPipeline, UnfusedPipeline } from "../src/pipeline/unfused.js";
 import { referenceMoE } from "../src/reference/moe.js";

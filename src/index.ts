@@ -8,9 +8,11 @@
 
 export {
   ConfigError,
+  type ConfigOverrides,
   EXPERT_FORMATS,
   type ExpertFormat,
   expertFormatOf,
+  isValidatedConfig,
   type MoEConfig,
   PRESETS,
   presetNames,
@@ -20,6 +22,7 @@ export {
   type ScaleFormat,
   type ScoringFunction,
   sharedIntermediate,
+  type ValidatedConfig,
   validateConfig,
 } from "./config/config.js";
 export * as cuda from "./cuda/index.js";
@@ -53,6 +56,22 @@ export {
   f32ToBf16Bits,
   roundToBf16,
 } from "./numerics/bf16.js";
+export {
+  countFp4ToFp8Inexact,
+  decodeE2m1,
+  decodeE8m0,
+  dequantizeMxfp4,
+  E2M1_DECODE,
+  type E8m0Rounding,
+  encodeE2m1,
+  encodeE8m0,
+  type Fp4AsFp8,
+  mxfp4RowsToFp8,
+  mxfp4ToFp8Blocks,
+  packE2m1,
+  quantizeMxfp4,
+  unpackE2m1,
+} from "./numerics/fp4.js";
 export {
   decodeE4m3,
   decodeE5m2,
@@ -92,7 +111,13 @@ export {
 export { FusedPipeline } from "./pipeline/fused.js";
 export { type MoEPipeline, type UnfusedForward, UnfusedPipeline } from "./pipeline/unfused.js";
 export { calcDiff, checksum, l2Norm, relativeError } from "./reference/metrics.js";
-export { groupByExpert, idealMoE, type ReferenceOptions, referenceMoE } from "./reference/moe.js";
+export {
+  type Fp4ConversionStats,
+  groupByExpert,
+  idealMoE,
+  type ReferenceOptions,
+  referenceMoE,
+} from "./reference/moe.js";
 export {
   type Gate,
   gateLogits,
@@ -103,7 +128,7 @@ export {
   validateRouting,
 } from "./reference/router.js";
 export { DeviceMoEWeights } from "./weights/device.js";
-export { GeneratedWeights, generateActivations } from "./weights/generate.js";
+export { checkSeed, GeneratedWeights, generateActivations } from "./weights/generate.js";
 export { loadMoEWeights, SafetensorsError, saveMoEWeights } from "./weights/safetensors.js";
 export type {
   BlockQuantized,

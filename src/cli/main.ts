@@ -2,6 +2,7 @@
 /** The megamoe command line: run a layer, compare backends, show the machine. */
 import { Command, InvalidArgumentError } from "commander";
 import pc from "picocolors";
+import { parseSeed } from "../weights/counter-rng.js";
 import { parseList, runBench } from "./bench.js";
 import { runCheck } from "./check.js";
 import { runInfo } from "./info.js";
@@ -16,10 +17,13 @@ function positiveInt(name: string) {
   };
 }
 
-function nonNegativeInt(value: string): number {
-  const n = Number(value);
-  if (!Number.isInteger(n) || n < 0) throw new InvalidArgumentError("must be a non-negative integer");
-  return n;
+/** --seed under the library's one seed rule (checkSeed), so the CLI and the API accept the same seeds. */
+function seedArg(value: string): number {
+  try {
+    return parseSeed(value);
+  } catch (e) {
+    throw new InvalidArgumentError((e as Error).message);
+  }
 }
 
 function positiveNumber(value: string): number {
@@ -47,7 +51,7 @@ program
   .option("--tokens <n>", "tokens in the batch", positiveInt("tokens"), 16)
   .option("--backend <name>", "auto (the GPU when there is one), cuda or cpu", "auto")
   .option("--pipeline <name>", "cuda: fused (one kernel) or unfused (the baseline); default the layer's")
-  .option("--seed <n>", "seed of weights, inputs and routing", nonNegativeInt, 1)
+  .option("--seed <n>", "seed of weights, inputs and routing", seedArg, 1)
   .option("--shared <0|1>", "include the shared expert", sharedFlag, true)
   .option("--routing <kind>", "gate (the layer's router) or random", "gate")
   .option("--weights <file>", "load weights from a safetensors file instead of generating them")
@@ -70,7 +74,7 @@ program
   .option("--pipeline <name>", "cuda: fused (one kernel) or unfused (the baseline); default the layer's")
   .option("--shape <name>", shapeHelp, "tiny")
   .option("--tokens <n>", "tokens in the batch", positiveInt("tokens"), 16)
-  .option("--seed <n>", "seed of weights, inputs and routing", nonNegativeInt, 1)
+  .option("--seed <n>", "seed of weights, inputs and routing", seedArg, 1)
   .option("--shared <0|1>", "include the shared expert", sharedFlag, true)
   .option("--ranks <n>", "also check the layer split across n expert-parallel ranks", positiveInt("ranks"), 1)
   .option("--json", "print the result as JSON")
@@ -99,7 +103,7 @@ program
   )
   .option("--shape <name>", shapeHelp, "flash-ep8")
   .option("--shared <0|1>", "include the shared expert", sharedFlag, true)
-  .option("--seed <n>", "seed of weights, inputs and routing", nonNegativeInt, 1)
+  .option("--seed <n>", "seed of weights, inputs and routing", seedArg, 1)
   .option("--graph", "unfused: also time CUDA-graph replays (the default)")
   .option("--no-graph", "unfused: time eager launches only")
   .option("--configs", "fused: also time every block M, and how far the heuristic's pick is from the best")

@@ -19,7 +19,6 @@ import {
   decodeCacheEntry,
   defineOptions,
   encodeCacheEntry,
-  envDefines,
   jitStats,
   KernelCompileError,
   packageRoot,
@@ -74,9 +73,6 @@ test("pure pieces: defines, arch, source paths, cache entry format", () => {
   assert.throws(() => defineOptions({ "BAD-NAME": 1 }), /not a C identifier/);
   assert.throws(() => defineOptions({ X: Number.NaN }), /not finite/);
   assert.throws(() => defineOptions({ X: "a\nb" }), /invalid value/);
-  assert.deepEqual(envDefines(" A=0, B ,C=-3,D=2.5f,"), { A: 0, B: 1, C: -3, D: "2.5f" });
-  assert.deepEqual(envDefines(undefined), {});
-  assert.throws(() => defineOptions(envDefines("=1")), /not a C identifier/);
   assert.equal(archNumber("sm_90a"), "90a");
   assert.throws(() => archNumber("compute_90"), /sm_<number>/);
   assert.equal(
