@@ -28,15 +28,7 @@
 //
 // Compile-time parameters (-D from src/kernels/gemm/grouped_gemm.ts; defaults build the file alone):
 //   BLOCK_M 64|128, BLOCK_N 64|128|256, BLOCK_K 128, NUM_STAGES, NUM_MATH_WARPGROUPS 1|2,
-//   N (output columns), K, NUM_GROUPS, OUT_BF16 0|1. Diagnosis only: GEMM_SETMAXNREG 0|1 (default 1),
-//   GEMM_PIPELINED_PROMOTION 0|1 (default 1), GEMM_WG_TURNS 0|1 (default 1), GEMM_DEFERRED_EPILOGUE 0|1
-//   (default 1), GEMM_WATCHDOG_NS (default 2 s),
-//   and, with wrong results, for timing the kernel without a part of its work: GEMM_DIAG_SKIP_MMA 1 (no
-//   wgmma is issued; every stage is still waited for, promoted and released), GEMM_DIAG_SKIP_EPILOGUE 1
-//   (the tiles' sums are folded into one value that is never stored) or 2 (staged, never copied out),
-//   GEMM_DIAG_FIXED_TILES 1|2|3 (A, B or both loaded from the first rows for every tile: L2 hits only),
-//   GEMM_DIAG_SKIP_PROMOTION 1 (turns only: every K block summed in the tensor cores, unscaled, as a kernel
-//   with rowwise scales would: the same tensor work without the per-block promotion).
+//   N (output columns), K, NUM_GROUPS, OUT_BF16 0|1.
 
 #include "megamoe/bf16.cuh"
 #include "megamoe/sm90.cuh"
@@ -68,38 +60,6 @@
 #ifndef OUT_BF16
 #define OUT_BF16 0
 #endif
-// 0 turns off the register hand-over between warpgroups (setmaxnreg), for diagnosis.
-#ifndef GEMM_SETMAXNREG
-#define GEMM_SETMAXNREG 1
-#endif
-// 1: a lone math warpgroup with one wgmma chunk per K block issues block kb + 1 before promoting block
-// kb (two partial accumulators; see kPipelined); 0: it waits for each block first (for A/B runs).
-#ifndef GEMM_PIPELINED_PROMOTION
-#define GEMM_PIPELINED_PROMOTION 1
-#endif
-// Nanoseconds a barrier wait may take before the kernel gives up and reports a stalled pipeline.
-#ifndef GEMM_WATCHDOG_NS
-#define GEMM_WATCHDOG_NS 2000000000ull
-#endif
-// 1: two math warpgroups take turns on the tensor cores (see kTakeTurns); 0: they issue at will (for A/B runs).
-#ifndef GEMM_WG_TURNS
-#define GEMM_WG_TURNS 1
-#endif
-#ifndef GEMM_DEFERRED_EPILOGUE
-#define GEMM_DEFERRED_EPILOGUE 1
-#endif
-#ifndef GEMM_DIAG_SKIP_MMA
-#define GEMM_DIAG_SKIP_MMA 0
-#endif
-#ifndef GEMM_DIAG_FIXED_TILES
-#define GEMM_DIAG_FIXED_TILES 0
-#endif
-#ifndef GEMM_DIAG_SKIP_EPILOGUE
-#define GEMM_DIAG_SKIP_EPILOGUE 0
-#endif
-#ifndef GEMM_DIAG_SKIP_PROMOTION
-#define GEMM_DIAG_SKIP_PROMOTION 0
-#endif
 
 namespace gemm_shape {
 constexpr int kN = N;
@@ -125,7 +85,8 @@ constexpr int kShapeN = gemm_shape::kN;
 constexpr int kShapeK = gemm_shape::kK;
 constexpr int kGroups = NUM_GROUPS;
 constexpr bool kOutBf16 = OUT_BF16 != 0;
-constexpr unsigned long long kWatchdogNs = GEMM_WATCHDOG_NS;
+// Nanoseconds a barrier wait may take before the kernel gives up and reports a stalled pipeline.
+constexpr unsigned long long kWatchdogNs = 2000000000ull;
 
 constexpr int kQuantBlock = 128;  // edge of a weight-scale block and width of an activation scale
 constexpr int kMathThreads = 128 * kMathWarpgroups;
@@ -163,8 +124,7 @@ static_assert(kWavesM * kChunksN * kAccum <= 128, "promoted accumulators would n
 // through every promotion (m64n128: 1.2–1.3× on the flash shapes). Two warpgroups already fill each
 // other's promotions (no gain measured, and spills at pro's K), so they keep the plain loop. The
 // promotions stay in K order: the sums are the same.
-constexpr bool kPipelined =
-    GEMM_PIPELINED_PROMOTION != 0 && kMathWarpgroups == 1 && kWavesM == 1 && kChunksN == 1;
+constexpr bool kPipelined = kMathWarpgroups == 1 && kWavesM == 1 && kChunksN == 1;
 
 // Weight scales of one tile: kSwRows rows of kKBlocks values (a 256-wide tile spans two 128-row blocks).
 constexpr int kSwRows = (kBlockN + kQuantBlock - 1) / kQuantBlock;
@@ -174,16 +134,15 @@ constexpr int kSwPerTile = kSwRows * kKBlocks;
 // after the other issued its previous one) makes one's promotion overlap the other's wgmmas: 2% on
 // m128n256 at M = 512 and 2048 per group, 4–7% on m128n128 (docs/decisions.md, turns).
 // Each warpgroup stages its own copy of a tile's weight scales, so the two never meet at a barrier.
-constexpr bool kTakeTurns = GEMM_WG_TURNS != 0 && kMathWarpgroups == 2;
+constexpr bool kTakeTurns = kMathWarpgroups == 2;
 constexpr int kSwPerThread = (kSwPerTile + 127) / 128;  // one warpgroup stages a copy
 // With turns, a tile's epilogue is written during the next tile's first K block: chunk c's output goes
 // out right after the warpgroup issues the next tile's chunk c, so the stores drain while the tensor
 // cores work, instead of both warpgroups writing at the tile's end while the tensor cores idle (3–5% at
-// M ≥ 512 per group, docs/decisions.md, the deferred epilogue). Until then the tile waits packed to bf16 pairs
-// (kPackPending), or, in fp32, in the accumulators themselves; not with fp32 and two K blocks, where the
-// straight-line code keeps it live beside both blocks' work and spills (test shapes only).
-constexpr bool kDeferredEpilogue = kTakeTurns && GEMM_DEFERRED_EPILOGUE != 0 && GEMM_DIAG_SKIP_EPILOGUE != 1 &&
-                                   (kOutBf16 || kKBlocks != 2);
+// M ≥ 512 per group; docs/decisions.md, the deferred epilogue). Until then the tile waits packed to bf16
+// pairs (kPackPending), or, in fp32, in the accumulators themselves; not with fp32 and two K blocks, where
+// the straight-line code keeps it live beside both blocks' work and spills (test shapes only).
+constexpr bool kDeferredEpilogue = kTakeTurns && (kOutBf16 || kKBlocks != 2);
 constexpr bool kPackPending = kDeferredEpilogue && kOutBf16;
 // Named barriers: 2 + w warpgroup w alone, 4 + w warpgroup w's turn to issue.
 constexpr unsigned kBarrierWarpgroup = 2;
@@ -191,7 +150,7 @@ constexpr unsigned kBarrierTurn = 4;
 
 // Registers: with three warpgroups the entry cap is 65536 / 384 → 168; the producer gives most of its
 // share to the math warpgroups (2 · 128 · 232 + 128 · 40 = 64512 ≤ 65536). Two warpgroups fit 255 each.
-constexpr bool kReconfigureRegisters = kMathWarpgroups == 2 && GEMM_SETMAXNREG != 0;
+constexpr bool kReconfigureRegisters = kMathWarpgroups == 2;
 constexpr int kProducerRegisters = 40;
 constexpr int kMathRegisters = 232;
 
@@ -385,13 +344,9 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
         mbar_wait(empty_bar + 8 * stage, phase ^ 1u, status, kStatusProducerStalled, stage, iteration);
         const unsigned bar = full_bar + 8 * stage;
         mbar_arrive_expect_tx(bar, kStageTxBytes);
-        // Diagnosis (GEMM_DIAG_FIXED_TILES bit 0: A, bit 1: B): every tile loads the first rows instead
-        // of its own, so the loads hit L2 and only the on-chip traffic is left.
-        const int a_row = (GEMM_DIAG_FIXED_TILES & 1) != 0 ? 0 : t.row0;
-        const int b_row_loaded = (GEMM_DIAG_FIXED_TILES & 2) != 0 ? 0 : b_row;
-        tma_load_2d(a_smem + stage * kATileBytes, &map_a, bar, kb * kBlockK, a_row);
+        tma_load_2d(a_smem + stage * kATileBytes, &map_a, bar, kb * kBlockK, t.row0);
         tma_load_2d(sa_smem + stage * kSaStride, &map_sa, bar, t.row0 & ~3, kb);
-        tma_load_2d(b_smem + stage * kBTileBytes, &map_b, bar, kb * kBlockK, b_row_loaded);
+        tma_load_2d(b_smem + stage * kBTileBytes, &map_b, bar, kb * kBlockK, b_row);
         if (++stage == kStages) {
           stage = 0;
           phase ^= 1u;
@@ -490,10 +445,9 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
       }
       const long long first =
           static_cast<long long>(warp_row0) * kShapeN + t.n0 + wg_col0 + c * kMmaN + round * kRoundCols;
-      // GEMM_DIAG_SKIP_EPILOGUE 2: the rows are staged but never copied out (diagnosis).
       copy_out_staged_rows<kRoundCols * kOutBytes, kStagingPitch, kDeferredEpilogue>(
           staging, static_cast<unsigned char*>(out) + first * kOutBytes, static_cast<long long>(kShapeN) * kOutBytes,
-          GEMM_DIAG_SKIP_EPILOGUE == 2 ? 0 : rows_valid, lane);
+          rows_valid, lane);
     }
   };
   // The tile whose epilogue is pending (kDeferredEpilogue): none before the first tile, so no rows. A bf16
@@ -567,12 +521,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
         const unsigned sa_stage = sa_smem + stage * kSaStride + (current.row0 & 3) * 4;
         const float lo = load_shared_f32(sa_stage) * sw;
         const float hi = load_shared_f32(sa_stage + 8 * 4) * sw;
-        if constexpr (GEMM_DIAG_SKIP_MMA != 0) {
-#pragma unroll
-          for (int i = 0; i < kAccum; ++i) issue[i] = 0.0f;
-        } else {
-          wgmma_issue_k128(issue, a_smem + stage * kATileBytes, b_smem + stage * kBTileBytes);
-        }
+        wgmma_issue_k128(issue, a_smem + stage * kATileBytes, b_smem + stage * kBTileBytes);
         if (kb > 0) {
           wgmma_wait<1>();  // block kb - 1 is done
           fence_registers(ready);
@@ -620,28 +569,16 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
         if constexpr (kTakeTurns) {
           // Turns are taken on every tile, so warpgroup 1 issues its wgmmas even where all its rows lie
           // past the group (never stored). Taking them only where both have rows, in a K loop of its
-          // own, measured 2.5% slower: ptxas schedules the issue worse (PART=61).
+          // own, measured 2.5% slower: ptxas schedules the issue worse.
 #pragma unroll
           for (int c = 0; c < kChunksN; ++c) {
             begin_turn();
-            if constexpr (GEMM_DIAG_SKIP_MMA != 0) {
-#pragma unroll
-              for (int i = 0; i < kAccum; ++i) partial[i] = 0.0f;
-            } else if constexpr (GEMM_DIAG_SKIP_PROMOTION != 0) {
-              // The block added to the accumulators unscaled, as a rowwise-scaled kernel sums K.
-              wgmma_issue_k128<kAccum, true>(promoted[0][c], a_stage, b_stage + c * kMmaN * kBlockK);
-            } else {
-              wgmma_issue_k128(partial, a_stage, b_stage + c * kMmaN * kBlockK);
-            }
+            wgmma_issue_k128(partial, a_stage, b_stage + c * kMmaN * kBlockK);
             end_turn();
             if constexpr (kFirst) write_pending_chunk(c);
             wgmma_wait<0>();
-            if constexpr (GEMM_DIAG_SKIP_PROMOTION != 0) {
-              fence_registers(promoted[0][c]);
-            } else {
-              fence_registers(partial);
-              promote_block(promoted[0][c], partial, sa_lo[0] * sw[c], sa_hi[0] * sw[c]);
-            }
+            fence_registers(partial);
+            promote_block(promoted[0][c], partial, sa_lo[0] * sw[c], sa_hi[0] * sw[c]);
           }
         } else {
 #pragma unroll
@@ -649,12 +586,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
             if (!wave_active[w]) continue;  // every row of this wave lies past the group: nothing to store
 #pragma unroll
             for (int c = 0; c < kChunksN; ++c) {
-              if constexpr (GEMM_DIAG_SKIP_MMA != 0) {
-#pragma unroll
-                for (int i = 0; i < kAccum; ++i) partial[i] = 0.0f;
-              } else {
-                wgmma_block_k128(partial, a_stage + w * 64 * kBlockK, b_stage + c * kMmaN * kBlockK);
-              }
+              wgmma_block_k128(partial, a_stage + w * 64 * kBlockK, b_stage + c * kMmaN * kBlockK);
               promote_block(promoted[w][c], partial, sa_lo[w] * sw[c], sa_hi[w] * sw[c]);
             }
           }
@@ -678,20 +610,6 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
 
     if (next_tile < total_tiles) store_weight_scales((local_tile + 1) & 1);
 
-    if constexpr (GEMM_DIAG_SKIP_EPILOGUE == 1) {
-      // Keeps the promotions live (the compiler would drop them with the stores) at 128 FADDs a tile.
-      float sink = 0.0f;
-#pragma unroll
-      for (int w = 0; w < kWavesM; ++w)
-#pragma unroll
-        for (int c = 0; c < kChunksN; ++c)
-#pragma unroll
-          for (int i = 0; i < kAccum; ++i) sink += promoted[w][c][i];
-      if (sink == -1.0f) static_cast<float*>(out)[0] = sink;
-      current = next;
-      tile = next_tile;
-      continue;
-    }
     if constexpr (kDeferredEpilogue) {
       pending = current;
       if constexpr (kPackPending) {
