@@ -9,13 +9,13 @@
  * comma list the plan's pick and those. --ctas: grid caps ("-": none).
  */
 import { parseArgs } from "node:util";
-import { deviceSummary, openDevice, writeResults } from "../src/cuda/index.js";
-import { GEMM_TILE_NAMES, type GemmTileName } from "../src/kernels/gemm/fp8_grouped_gemm.variants.js";
 import {
   benchmarkGroupedGemm,
   type GemmBenchCodes,
   type GroupedGemmBenchCase,
-} from "../src/kernels/gemm/grouped_gemm.js";
+} from "../src/bench/grouped-gemm.js";
+import { deviceSummary, openDevice, writeResults } from "../src/cuda/index.js";
+import { GEMM_TILE_NAMES, type GemmTileName } from "../src/kernels/gemm/fp8_grouped_gemm.variants.js";
 
 const { values: args } = parseArgs({
   options: {

@@ -33,7 +33,8 @@ export {
   reserveGateWorkspace,
   routeOnDevice,
 } from "./kernels/gate/gate.js";
-export { groupedGemmFp8, planGroupedGemm } from "./kernels/gemm/grouped_gemm.js";
+export { groupedGemmFp8 } from "./kernels/gemm/grouped_gemm.js";
+export { planGroupedGemm } from "./kernels/gemm/plan.js";
 export { FusedMoEKernel, FusedMoEKernelError } from "./kernels/megamoe/megamoe.js";
 export { rmsNormOnDevice } from "./kernels/norm/norm.js";
 export { quantizeOnDevice } from "./kernels/quant/quant.js";

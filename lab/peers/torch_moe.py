@@ -83,8 +83,8 @@ CHECK_TOKENS = 64
 # FP8 activations against an FP32 reference on the same FP8 weights: a few percent. A wrong layout or
 # scale is off by ~100%.
 CHECK_TOLERANCE = 0.1
-# Floor constants of megamoe's grouped-GEMM benchmark (src/kernels/gemm/grouped_gemm.ts), so the two
-# grouped-GEMM floors are the same numbers.
+# Floor constants of megamoe's grouped-GEMM benchmark (src/cuda/hardware.ts: READ_BYTES_PER_S,
+# FP8_PEAK_FLOPS), so the two grouped-GEMM floors are the same numbers.
 GEMM_FLOOR_READ_TBPS = 4.3
 GEMM_FLOOR_FP8_TFLOPS = 1500.0
 

@@ -23,6 +23,7 @@ import {
   resolveConfigForTokens,
   sharedIntermediate,
 } from "../config/config.js";
+import { FP8_PEAK_FLOPS, READ_BYTES_PER_S } from "../cuda/hardware.js";
 import {
   type Device,
   DeviceTensor,
@@ -31,7 +32,6 @@ import {
   summarizeSamples,
   timeKernel,
 } from "../cuda/index.js";
-import { FP8_PEAK_FLOPS, READ_BYTES_PER_S } from "../kernels/gemm/grouped_gemm.js";
 import { FUSED_BLOCK_MS } from "../kernels/megamoe/megamoe.variants.js";
 import { fusedBlockM } from "../kernels/megamoe/plan.js";
 import { FusedPipeline } from "../pipeline/fused.js";

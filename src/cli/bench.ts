@@ -2,10 +2,17 @@
 import path from "node:path";
 import Table from "cli-table3";
 import pc from "picocolors";
+import {
+  benchmarkGroupedGemm,
+  GEMM_BENCH_CODES,
+  type GemmBenchCodes,
+  type GroupedGemmBenchCase,
+} from "../bench/grouped-gemm.js";
 import { benchmarkLayer, DEFAULT_FP8_TFLOPS, DEFAULT_LAYER_ITERS, type LayerImpl } from "../bench/layer.js";
 import { matchPeerRow, type PeerResults, readPeerResults } from "../bench/peer.js";
 import { benchmarkDecodeStep, DEFAULT_STEP_LAYERS, STEP_TOKENS } from "../bench/step.js";
 import { resolveConfig } from "../config/config.js";
+import { FP8_PEAK_FLOPS, READ_BYTES_PER_S } from "../cuda/hardware.js";
 import {
   cudaAvailability,
   type Device,
@@ -14,14 +21,6 @@ import {
   type ResultRow,
   writeResults,
 } from "../cuda/index.js";
-import {
-  benchmarkGroupedGemm,
-  FP8_PEAK_FLOPS,
-  GEMM_BENCH_CODES,
-  type GemmBenchCodes,
-  type GroupedGemmBenchCase,
-  READ_BYTES_PER_S,
-} from "../kernels/gemm/grouped_gemm.js";
 import { measureCopyCeiling, measureReadCeiling } from "../kernels/probe/probe.js";
 import { benchmarkQuant } from "../kernels/quant/quant.js";
 import { plotTitle, renderTimePlot, writePlot } from "./plot.js";
@@ -265,7 +264,7 @@ export function unfusedFloorLine(readTbps: number, rate: { tflops: number; sourc
   return `floor = max(bytes / ${readTbps.toFixed(2)} TB/s read stream (probe_read), FLOPs / ${rate.tflops.toFixed(0)} TFLOP/s FP8 (${rate.source}))`;
 }
 
-/** The grouped GEMM's floor line: the kernel module's fixed model (src/kernels/gemm/grouped_gemm.ts). */
+/** The grouped GEMM's floor line: the fixed model of src/bench/grouped-gemm.ts. */
 export function groupedGemmFloorLine(): string {
   return `floor = max(bytes / ${(READ_BYTES_PER_S / 1e12).toFixed(2)} TB/s read stream, FLOPs / ${(FP8_PEAK_FLOPS / 1e12).toFixed(0)} TFLOP/s FP8) (the kernel's own model)`;
 }

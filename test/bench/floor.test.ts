@@ -1,9 +1,10 @@
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
+import { groupedGemmFloorUs } from "../../src/bench/grouped-gemm.js";
 import { DEFAULT_READ_TBPS, expertWeightBytes, layerFloor, routingFootprint } from "../../src/bench/layer.js";
 import { groupedGemmFloorLine, unfusedFloorLine } from "../../src/cli/bench.js";
 import { resolveConfig } from "../../src/config/config.js";
-import { groupedGemmFloorUs, READ_BYTES_PER_S } from "../../src/kernels/gemm/grouped_gemm.js";
+import { READ_BYTES_PER_S } from "../../src/cuda/hardware.js";
 import { randomRouting } from "../../src/reference/router.js";
 
 /** k distinct ids per token cycling through every expert: token t gets (k·t + j) mod E, j < k. */

@@ -259,16 +259,15 @@ __device__ __forceinline__ void wgmma_wait() {
 // as four k32 wgmmas into a fresh accumulator (n = 2 · kCount), committed as one group. `a` and `b` are
 // the shared-memory addresses of the first row of the 128-byte-swizzled K-major tiles. Until a
 // wgmma_wait covers the group, `partial` belongs to the tensor cores: fence_registers(partial) after the
-// wait, before reading it. kAccumulate: add the block to what `partial` holds instead (a diagnosis build's
-// unscaled sum over K).
-template <int kCount, bool kAccumulate = false>
+// wait, before reading it.
+template <int kCount>
 __device__ __forceinline__ void wgmma_issue_k128(float (&partial)[kCount], unsigned a, unsigned b) {
   fence_registers(partial);
   wgmma_fence();
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
     // Within a 128-byte swizzled row, the k-th 32-byte slice starts 32·k bytes further.
-    wgmma_e4m3(partial, smem_descriptor(a + k * 32), smem_descriptor(b + k * 32), kAccumulate || k > 0 ? 1 : 0);
+    wgmma_e4m3(partial, smem_descriptor(a + k * 32), smem_descriptor(b + k * 32), k > 0 ? 1 : 0);
   }
   wgmma_commit();
 }

@@ -26,243 +26,22 @@
 // Tile order: within a group, n-block major and m-block minor, so the CTAs working at the same time on
 // one group share each B tile through L2 and a group's A rows stay hot across its n-blocks.
 //
-// Compile-time parameters (-D from src/kernels/gemm/grouped_gemm.ts; defaults build the file alone):
+// Compile-time parameters (-D from fp8_grouped_gemm.variants.ts: gemmDefines, captured as constants in
+// fp8_grouped_gemm_config.cuh; the defaults build the file alone):
 //   BLOCK_M 64|128, BLOCK_N 64|128|256, BLOCK_K 128, NUM_STAGES, NUM_MATH_WARPGROUPS 1|2,
-//   N (output columns), K, NUM_GROUPS, OUT_BF16 0|1. Diagnosis only: GEMM_SETMAXNREG 0|1 (default 1),
-//   GEMM_PIPELINED_PROMOTION 0|1 (default 1), GEMM_WG_TURNS 0|1 (default 1), GEMM_DEFERRED_EPILOGUE 0|1
-//   (default 1), GEMM_WATCHDOG_NS (default 2 s),
-//   and, with wrong results, for timing the kernel without a part of its work: GEMM_DIAG_SKIP_MMA 1 (no
-//   wgmma is issued; every stage is still waited for, promoted and released), GEMM_DIAG_SKIP_EPILOGUE 1
-//   (the tiles' sums are folded into one value that is never stored) or 2 (staged, never copied out),
-//   GEMM_DIAG_FIXED_TILES 1|2|3 (A, B or both loaded from the first rows for every tile: L2 hits only),
-//   GEMM_DIAG_SKIP_PROMOTION 1 (turns only: every K block summed in the tensor cores, unscaled, as a kernel
-//   with rowwise scales would: the same tensor work without the per-block promotion).
+//   N (output columns), K, NUM_GROUPS, OUT_BF16 0|1.
 
-#include "megamoe/bf16.cuh"
-#include "megamoe/sm90.cuh"
-
-#ifndef BLOCK_M
-#define BLOCK_M 128
-#endif
-#ifndef BLOCK_N
-#define BLOCK_N 128
-#endif
-#ifndef BLOCK_K
-#define BLOCK_K 128
-#endif
-#ifndef NUM_STAGES
-#define NUM_STAGES 6
-#endif
-#ifndef NUM_MATH_WARPGROUPS
-#define NUM_MATH_WARPGROUPS 2
-#endif
-#ifndef N
-#define N 4096
-#endif
-#ifndef K
-#define K 4096
-#endif
-#ifndef NUM_GROUPS
-#define NUM_GROUPS 256
-#endif
-#ifndef OUT_BF16
-#define OUT_BF16 0
-#endif
-// 0 turns off the register hand-over between warpgroups (setmaxnreg), for diagnosis.
-#ifndef GEMM_SETMAXNREG
-#define GEMM_SETMAXNREG 1
-#endif
-// 1: a lone math warpgroup with one wgmma chunk per K block issues block kb + 1 before promoting block
-// kb (two partial accumulators; see kPipelined); 0: it waits for each block first (for A/B runs).
-#ifndef GEMM_PIPELINED_PROMOTION
-#define GEMM_PIPELINED_PROMOTION 1
-#endif
-// Nanoseconds a barrier wait may take before the kernel gives up and reports a stalled pipeline.
-#ifndef GEMM_WATCHDOG_NS
-#define GEMM_WATCHDOG_NS 2000000000ull
-#endif
-// 1: two math warpgroups take turns on the tensor cores (see kTakeTurns); 0: they issue at will (for A/B runs).
-#ifndef GEMM_WG_TURNS
-#define GEMM_WG_TURNS 1
-#endif
-#ifndef GEMM_DEFERRED_EPILOGUE
-#define GEMM_DEFERRED_EPILOGUE 1
-#endif
-#ifndef GEMM_DIAG_SKIP_MMA
-#define GEMM_DIAG_SKIP_MMA 0
-#endif
-#ifndef GEMM_DIAG_FIXED_TILES
-#define GEMM_DIAG_FIXED_TILES 0
-#endif
-#ifndef GEMM_DIAG_SKIP_EPILOGUE
-#define GEMM_DIAG_SKIP_EPILOGUE 0
-#endif
-#ifndef GEMM_DIAG_SKIP_PROMOTION
-#define GEMM_DIAG_SKIP_PROMOTION 0
-#endif
-
-namespace gemm_shape {
-constexpr int kN = N;
-constexpr int kK = K;
-}  // namespace gemm_shape
-// Captured above: one-letter macros must not leak into anything below.
-#undef N
-#undef K
+#include "fp8_grouped_gemm_config.cuh"
 
 namespace {
 
-using namespace megamoe::sm90;
-
 // ---------------------------------------------------------------------------------------------------
-// Configuration
-
-constexpr int kBlockM = BLOCK_M;
-constexpr int kBlockN = BLOCK_N;
-constexpr int kBlockK = BLOCK_K;
-constexpr int kStages = NUM_STAGES;
-constexpr int kMathWarpgroups = NUM_MATH_WARPGROUPS;
-constexpr int kShapeN = gemm_shape::kN;
-constexpr int kShapeK = gemm_shape::kK;
-constexpr int kGroups = NUM_GROUPS;
-constexpr bool kOutBf16 = OUT_BF16 != 0;
-constexpr unsigned long long kWatchdogNs = GEMM_WATCHDOG_NS;
-
-constexpr int kQuantBlock = 128;  // edge of a weight-scale block and width of an activation scale
-constexpr int kMathThreads = 128 * kMathWarpgroups;
-constexpr int kThreads = kMathThreads + 128;
-constexpr int kKBlocks = kShapeK / kBlockK;
-constexpr int kNBlocks = kShapeN / kBlockN;
-constexpr int kScaleRowsPerGroup = kShapeN / kQuantBlock;  // sw rows (128 output columns each) per group
-
-static_assert(kBlockK == 128, "BLOCK_K must be 128: one wgmma batch per activation/weight scale block");
-static_assert(kBlockM == 64 || kBlockM == 128, "BLOCK_M must be 64 or 128");
-static_assert(kBlockN == 64 || kBlockN == 128 || kBlockN == 256, "BLOCK_N must be 64, 128 or 256");
-static_assert(kMathWarpgroups == 1 || kMathWarpgroups == 2, "NUM_MATH_WARPGROUPS must be 1 or 2");
-static_assert(kStages >= 2 && kStages <= 16, "NUM_STAGES must be in 2..16");
-static_assert(kShapeK > 0 && kShapeK % kBlockK == 0, "K must be a positive multiple of 128");
-static_assert(kShapeN > 0 && kShapeN % kQuantBlock == 0, "N must be a positive multiple of 128");
-static_assert(kShapeN % kBlockN == 0, "N must be a multiple of BLOCK_N (a B tile never crosses groups)");
-static_assert(kGroups >= 1 && kGroups <= 1024, "NUM_GROUPS must be in 1..1024");
-static_assert(kShapeK <= 65536, "K above 65536 would overflow the tile bookkeeping");
-
-// How the math warpgroups split the BLOCK_M × BLOCK_N tile: along M first (64 rows each), then along N.
-// A warpgroup owns kWgRows × kWgCols, computed as kWavesM × kChunksN wgmmas of m64 × n(kMmaN).
-constexpr int kWgAlongM = (kBlockM / 64) < kMathWarpgroups ? (kBlockM / 64) : kMathWarpgroups;
-constexpr int kWgAlongN = kMathWarpgroups / kWgAlongM;
-constexpr int kWgRows = kBlockM / kWgAlongM;
-constexpr int kWgCols = kBlockN / kWgAlongN;
-constexpr int kWavesM = kWgRows / 64;
-constexpr int kMmaN = kWgCols < 128 ? kWgCols : 128;
-constexpr int kChunksN = kWgCols / kMmaN;
-constexpr int kAccum = kMmaN / 2;  // fp32 accumulator registers per thread of one m64 × n(kMmaN) wgmma
-static_assert(kWgAlongM * kWgAlongN == kMathWarpgroups, "math warpgroups must tile the block");
-static_assert(kMmaN == 32 || kMmaN == 64 || kMmaN == 128, "unsupported wgmma N");
-static_assert(kWavesM * kChunksN * kAccum <= 128, "promoted accumulators would not fit in registers");
-// A single math warpgroup with one chunk (n128 or less) has the registers for a second partial
-// accumulator: the tensor cores then work on block kb + 1 while it promotes block kb, instead of idling
-// through every promotion (m64n128: 1.2–1.3× on the flash shapes). Two warpgroups already fill each
-// other's promotions (no gain measured, and spills at pro's K), so they keep the plain loop. The
-// promotions stay in K order: the sums are the same.
-constexpr bool kPipelined =
-    GEMM_PIPELINED_PROMOTION != 0 && kMathWarpgroups == 1 && kWavesM == 1 && kChunksN == 1;
-
-// Weight scales of one tile: kSwRows rows of kKBlocks values (a 256-wide tile spans two 128-row blocks).
-constexpr int kSwRows = (kBlockN + kQuantBlock - 1) / kQuantBlock;
-constexpr int kSwPerTile = kSwRows * kKBlocks;
-// Two math warpgroups working on the same K block issue their chunks at once, finish them at once and
-// promote at once, and the tensor cores idle meanwhile. Taking turns (a warpgroup issues a chunk only
-// after the other issued its previous one) makes one's promotion overlap the other's wgmmas: 2% on
-// m128n256 at M = 512 and 2048 per group, 4–7% on m128n128 (docs/decisions.md, turns).
-// Each warpgroup stages its own copy of a tile's weight scales, so the two never meet at a barrier.
-constexpr bool kTakeTurns = GEMM_WG_TURNS != 0 && kMathWarpgroups == 2;
-constexpr int kSwPerThread = (kSwPerTile + 127) / 128;  // one warpgroup stages a copy
-// With turns, a tile's epilogue is written during the next tile's first K block: chunk c's output goes
-// out right after the warpgroup issues the next tile's chunk c, so the stores drain while the tensor
-// cores work, instead of both warpgroups writing at the tile's end while the tensor cores idle (3–5% at
-// M ≥ 512 per group, docs/decisions.md, the deferred epilogue). Until then the tile waits packed to bf16 pairs
-// (kPackPending), or, in fp32, in the accumulators themselves; not with fp32 and two K blocks, where the
-// straight-line code keeps it live beside both blocks' work and spills (test shapes only).
-constexpr bool kDeferredEpilogue = kTakeTurns && GEMM_DEFERRED_EPILOGUE != 0 && GEMM_DIAG_SKIP_EPILOGUE != 1 &&
-                                   (kOutBf16 || kKBlocks != 2);
-constexpr bool kPackPending = kDeferredEpilogue && kOutBf16;
-// Named barriers: 2 + w warpgroup w alone, 4 + w warpgroup w's turn to issue.
-constexpr unsigned kBarrierWarpgroup = 2;
-constexpr unsigned kBarrierTurn = 4;
-
-// Registers: with three warpgroups the entry cap is 65536 / 384 → 168; the producer gives most of its
-// share to the math warpgroups (2 · 128 · 232 + 128 · 40 = 64512 ≤ 65536). Two warpgroups fit 255 each.
-constexpr bool kReconfigureRegisters = kMathWarpgroups == 2 && GEMM_SETMAXNREG != 0;
-constexpr int kProducerRegisters = 40;
-constexpr int kMathRegisters = 232;
-
-// ---------------------------------------------------------------------------------------------------
-// Shared memory layout (byte offsets from a 1024-aligned base; grouped_gemm.ts mirrors this formula)
-
-constexpr unsigned kATileBytes = kBlockM * kBlockK;  // e4m3
-constexpr unsigned kBTileBytes = kBlockN * kBlockK;
-// A scales arrive by TMA from row0 rounded down to a multiple of 4: a box's start in the inner
-// dimension must be 16-byte aligned (an unaligned start is an illegal instruction), and groups start
-// at any row. So the box holds 4 more rows, and readers skip row0 % 4 of them.
-constexpr unsigned kSaBoxRows = kBlockM + 4;
-constexpr unsigned kSaBytes = kSaBoxRows * 4;
-constexpr unsigned kSaStride = align_up(kSaBytes, 128);
-constexpr unsigned kStageTxBytes = kATileBytes + kBTileBytes + kSaBytes;
-
-constexpr unsigned kOffA = 0;
-constexpr unsigned kOffB = kOffA + kStages * kATileBytes;
-constexpr unsigned kOffSa = kOffB + kStages * kBTileBytes;
-constexpr unsigned kOffSw = kOffSa + kStages * kSaStride;
-constexpr unsigned kOffFull = align_up(kOffSw + 2 * kMathWarpgroups * kSwPerTile * 4, 8);  // two per warpgroup
-constexpr unsigned kOffEmpty = kOffFull + 8 * kStages;
-constexpr unsigned kOffGroups = kOffEmpty + 8 * kStages;  // GroupRows[kGroups]
-constexpr unsigned kOffPrefix = kOffGroups + 8 * kGroups;  // int[kGroups + 1]: first tile of each group
-// Epilogue staging (megamoe/sm90.cuh: copy_out_staged_rows), one area per math warp: 16 rows of up to
-// 128 bytes, 144 bytes apart for the bf16 pairs' 4-byte stores and 160 for the fp32 pairs' 8-byte ones
-// (either way the 8 rows of one store instruction fall on different banks).
-constexpr int kMathWarps = kMathThreads / 32;
-constexpr unsigned kStagingPitch = kOutBf16 ? kStagingPitchNarrow : kStagingPitchWide;
-constexpr unsigned kStagingWarpBytes = staging_area_bytes(kStagingPitchWide);  // the variants size it for either
-constexpr unsigned kOffStaging = align_up(kOffPrefix + 4 * (kGroups + 1), 16);
-constexpr unsigned kSmemBytes = kOffStaging + kMathWarps * kStagingWarpBytes;
-constexpr unsigned kSmemAlign = 1024;  // the 128-byte swizzle pattern repeats every 1024 bytes
-constexpr unsigned kDynamicSmemBytes = kSmemBytes + kSmemAlign;  // + slack to align the base
-static_assert(kATileBytes % 1024 == 0 && kBTileBytes % 1024 == 0, "tiles must keep 1024-byte alignment");
-static_assert(kDynamicSmemBytes <= 232448, "shared memory above the 227 KB opt-in limit");
-
-// Status codes written to status[0] (status[1..3]: block, stage, k-block iteration).
-constexpr int kStatusProducerStalled = 1;
-constexpr int kStatusMathStalled = 2;
-constexpr int kStatusSharedMemoryTooSmall = 3;
-
-// ---------------------------------------------------------------------------------------------------
-// Kernel-local helpers (the PTX wrappers live in megamoe/sm90.cuh)
+// Tile schedule
 
 struct GroupRows {
   int begin;
   int end;
 };
-
-// Waits for the phase of parity `parity` to complete; a wait that outlasts kWatchdogNs records where
-// in `status` (first thread to notice) and exits (sm90.cuh: mbar_wait_bounded).
-// kWarp: every lane of the warp spins (sm90.cuh: mbar_wait_bounded_warp), for waits that a wgmma group
-// in flight spans.
-template <bool kWarp = false>
-__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity, int* status, int code, int stage,
-                                          int iteration) {
-  const auto on_stall = [&] {
-    if (status != nullptr && atomicCAS(status, 0, code) == 0) {
-      status[1] = static_cast<int>(blockIdx.x);
-      status[2] = stage;
-      status[3] = iteration;
-      __threadfence();
-    }
-  };
-  if constexpr (kWarp) mbar_wait_bounded_warp(bar, parity, kWatchdogNs, on_stall);
-  else mbar_wait_bounded(bar, parity, kWatchdogNs, on_stall);
-}
-
-// ---------------------------------------------------------------------------------------------------
-// Tile schedule
 
 struct Tile {
   int group;
@@ -283,13 +62,6 @@ __device__ __forceinline__ Tile decode_tile(int tile, int& cursor, const int* pr
   const GroupRows rows = groups[cursor];
   return Tile{cursor, rows.begin + m_block * kBlockM, rows.end, n_block * kBlockN};
 }
-
-template <bool kFlag>
-struct CompileTimeFlag {
-  static constexpr bool kValue = kFlag;
-};
-
-__device__ __forceinline__ int clamp_int(int x, int lo, int hi) { return x < lo ? lo : (x > hi ? hi : x); }
 
 // Group row ranges (clamped into [0, m_total] so bad offsets cannot write out of bounds) and the tile
 // prefix, by one warp: each lane takes a run of consecutive groups, then a warp scan joins the runs.
@@ -324,7 +96,7 @@ __device__ __forceinline__ void build_schedule(const int* group_offsets, int m_t
 
 // ---------------------------------------------------------------------------------------------------
 // The kernel. Launch: grid = number of SMs (or fewer), block = kThreads, dynamic shared memory =
-// kDynamicSmemBytes (grouped_gemm.ts: gemmSharedBytes).
+// kDynamicSmemBytes (fp8_grouped_gemm.variants.ts: gemmSharedBytes).
 
 extern "C" __global__ void __launch_bounds__(kThreads, 1)
     megamoe_fp8_grouped_gemm(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
@@ -350,6 +122,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
     return;
   }
 
+  // ---------------- Scheduler: one warp builds the group table and tile prefix, one thread the barriers.
   const int warpgroup = static_cast<int>(threadIdx.x / 128);
   if (threadIdx.x < 32) build_schedule(group_offsets, m_total, groups, prefix);
   if (threadIdx.x == kMathThreads) {
@@ -385,13 +158,9 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
         mbar_wait(empty_bar + 8 * stage, phase ^ 1u, status, kStatusProducerStalled, stage, iteration);
         const unsigned bar = full_bar + 8 * stage;
         mbar_arrive_expect_tx(bar, kStageTxBytes);
-        // Diagnosis (GEMM_DIAG_FIXED_TILES bit 0: A, bit 1: B): every tile loads the first rows instead
-        // of its own, so the loads hit L2 and only the on-chip traffic is left.
-        const int a_row = (GEMM_DIAG_FIXED_TILES & 1) != 0 ? 0 : t.row0;
-        const int b_row_loaded = (GEMM_DIAG_FIXED_TILES & 2) != 0 ? 0 : b_row;
-        tma_load_2d(a_smem + stage * kATileBytes, &map_a, bar, kb * kBlockK, a_row);
+        tma_load_2d(a_smem + stage * kATileBytes, &map_a, bar, kb * kBlockK, t.row0);
         tma_load_2d(sa_smem + stage * kSaStride, &map_sa, bar, t.row0 & ~3, kb);
-        tma_load_2d(b_smem + stage * kBTileBytes, &map_b, bar, kb * kBlockK, b_row_loaded);
+        tma_load_2d(b_smem + stage * kBTileBytes, &map_b, bar, kb * kBlockK, b_row);
         if (++stage == kStages) {
           stage = 0;
           phase ^= 1u;
@@ -401,7 +170,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
     return;
   }
 
-  // ---------------- Math warpgroups.
+  // ---------------- Consumer: the math warpgroups. Their setup, then the epilogue's store step (defined
+  // first: the mainloop writes a deferred tile with it), then per tile the mainloop and the epilogue.
   if constexpr (kReconfigureRegisters) registers_increase<kMathRegisters>();
   const int math_thread = static_cast<int>(threadIdx.x);  // 0 .. kMathThreads-1
   const int lane = math_thread & 31;
@@ -490,10 +260,9 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
       }
       const long long first =
           static_cast<long long>(warp_row0) * kShapeN + t.n0 + wg_col0 + c * kMmaN + round * kRoundCols;
-      // GEMM_DIAG_SKIP_EPILOGUE 2: the rows are staged but never copied out (diagnosis).
       copy_out_staged_rows<kRoundCols * kOutBytes, kStagingPitch, kDeferredEpilogue>(
           staging, static_cast<unsigned char*>(out) + first * kOutBytes, static_cast<long long>(kShapeN) * kOutBytes,
-          GEMM_DIAG_SKIP_EPILOGUE == 2 ? 0 : rows_valid, lane);
+          rows_valid, lane);
     }
   };
   // The tile whose epilogue is pending (kDeferredEpilogue): none before the first tile, so no rows. A bf16
@@ -523,6 +292,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
     }
   };
 
+  // ---------------- Consumer mainloop: per tile, every K block's wgmmas and promotions.
   for (int local_tile = 0; tile < total_tiles; ++local_tile) {
     // Makes this tile's weight scales visible, and guarantees every thread of the warpgroup is done
     // reading the buffer that the prefetch below will overwrite (it served the previous tile).
@@ -567,12 +337,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
         const unsigned sa_stage = sa_smem + stage * kSaStride + (current.row0 & 3) * 4;
         const float lo = load_shared_f32(sa_stage) * sw;
         const float hi = load_shared_f32(sa_stage + 8 * 4) * sw;
-        if constexpr (GEMM_DIAG_SKIP_MMA != 0) {
-#pragma unroll
-          for (int i = 0; i < kAccum; ++i) issue[i] = 0.0f;
-        } else {
-          wgmma_issue_k128(issue, a_smem + stage * kATileBytes, b_smem + stage * kBTileBytes);
-        }
+        wgmma_issue_k128(issue, a_smem + stage * kATileBytes, b_smem + stage * kBTileBytes);
         if (kb > 0) {
           wgmma_wait<1>();  // block kb - 1 is done
           fence_registers(ready);
@@ -620,28 +385,16 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
         if constexpr (kTakeTurns) {
           // Turns are taken on every tile, so warpgroup 1 issues its wgmmas even where all its rows lie
           // past the group (never stored). Taking them only where both have rows, in a K loop of its
-          // own, measured 2.5% slower: ptxas schedules the issue worse (PART=61).
+          // own, measured 2.5% slower: ptxas schedules the issue worse.
 #pragma unroll
           for (int c = 0; c < kChunksN; ++c) {
             begin_turn();
-            if constexpr (GEMM_DIAG_SKIP_MMA != 0) {
-#pragma unroll
-              for (int i = 0; i < kAccum; ++i) partial[i] = 0.0f;
-            } else if constexpr (GEMM_DIAG_SKIP_PROMOTION != 0) {
-              // The block added to the accumulators unscaled, as a rowwise-scaled kernel sums K.
-              wgmma_issue_k128<kAccum, true>(promoted[0][c], a_stage, b_stage + c * kMmaN * kBlockK);
-            } else {
-              wgmma_issue_k128(partial, a_stage, b_stage + c * kMmaN * kBlockK);
-            }
+            wgmma_issue_k128(partial, a_stage, b_stage + c * kMmaN * kBlockK);
             end_turn();
             if constexpr (kFirst) write_pending_chunk(c);
             wgmma_wait<0>();
-            if constexpr (GEMM_DIAG_SKIP_PROMOTION != 0) {
-              fence_registers(promoted[0][c]);
-            } else {
-              fence_registers(partial);
-              promote_block(promoted[0][c], partial, sa_lo[0] * sw[c], sa_hi[0] * sw[c]);
-            }
+            fence_registers(partial);
+            promote_block(promoted[0][c], partial, sa_lo[0] * sw[c], sa_hi[0] * sw[c]);
           }
         } else {
 #pragma unroll
@@ -649,12 +402,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
             if (!wave_active[w]) continue;  // every row of this wave lies past the group: nothing to store
 #pragma unroll
             for (int c = 0; c < kChunksN; ++c) {
-              if constexpr (GEMM_DIAG_SKIP_MMA != 0) {
-#pragma unroll
-                for (int i = 0; i < kAccum; ++i) partial[i] = 0.0f;
-              } else {
-                wgmma_block_k128(partial, a_stage + w * 64 * kBlockK, b_stage + c * kMmaN * kBlockK);
-              }
+              wgmma_block_k128(partial, a_stage + w * 64 * kBlockK, b_stage + c * kMmaN * kBlockK);
               promote_block(promoted[w][c], partial, sa_lo[w] * sw[c], sa_hi[w] * sw[c]);
             }
           }
@@ -678,20 +426,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
 
     if (next_tile < total_tiles) store_weight_scales((local_tile + 1) & 1);
 
-    if constexpr (GEMM_DIAG_SKIP_EPILOGUE == 1) {
-      // Keeps the promotions live (the compiler would drop them with the stores) at 128 FADDs a tile.
-      float sink = 0.0f;
-#pragma unroll
-      for (int w = 0; w < kWavesM; ++w)
-#pragma unroll
-        for (int c = 0; c < kChunksN; ++c)
-#pragma unroll
-          for (int i = 0; i < kAccum; ++i) sink += promoted[w][c][i];
-      if (sink == -1.0f) static_cast<float*>(out)[0] = sink;
-      current = next;
-      tile = next_tile;
-      continue;
-    }
+    // ---------------- Epilogue: the tile's output, now or (deferred) during the next tile's first K block.
+
     if constexpr (kDeferredEpilogue) {
       pending = current;
       if constexpr (kPackPending) {

@@ -1,10 +1,10 @@
 /**
- * The grouped-GEMM benchmark's operand codes (src/kernels/gemm/grouped_gemm.ts: randomCodes): what each
+ * The grouped-GEMM benchmark's operand codes (src/bench/grouped-gemm.ts: randomCodes): what each
  * distribution promises, checked on the CPU.
  */
 import assert from "node:assert/strict";
 import { describe, test } from "node:test";
-import { randomCodes } from "../../src/kernels/gemm/grouped_gemm.js";
+import { randomCodes } from "../../src/bench/grouped-gemm.js";
 import { decodeE4m3, FP8_E4M3_MAX } from "../../src/numerics/fp8.js";
 
 const isNaNCode = (code: number) => (code & 0x7f) === 0x7f;
