@@ -34,6 +34,10 @@
 #ifndef OUT_BF16
 #define OUT_BF16 0
 #endif
+// 1: B holds FP4 (MXFP4) weights, converted to e4m3 in shared memory (see fp8_grouped_gemm.cu).
+#ifndef B_FP4
+#define B_FP4 0
+#endif
 
 namespace gemm_shape {
 constexpr int kN = N;
@@ -59,6 +63,7 @@ constexpr int kShapeN = gemm_shape::kN;
 constexpr int kShapeK = gemm_shape::kK;
 constexpr int kGroups = NUM_GROUPS;
 constexpr bool kOutBf16 = OUT_BF16 != 0;
+constexpr bool kBFp4 = B_FP4 != 0;
 // Nanoseconds a barrier wait may take before the kernel gives up and reports a stalled pipeline.
 constexpr unsigned long long kWatchdogNs = 2000000000ull;
 
@@ -97,8 +102,9 @@ static_assert(kWavesM * kChunksN * kAccum <= 128, "promoted accumulators would n
 // accumulator: the tensor cores then work on block kb + 1 while it promotes block kb, instead of idling
 // through every promotion (m64n128: 1.2–1.3× on the flash shapes). Two warpgroups already fill each
 // other's promotions (no gain measured, and spills at pro's K), so they keep the plain loop. The
-// promotions stay in K order: the sums are the same.
-constexpr bool kPipelined = kMathWarpgroups == 1 && kWavesM == 1 && kChunksN == 1;
+// promotions stay in K order: the sums are the same. Not with FP4 weights and fp32 output: the
+// per-column promotion beside two live partials spills there (28 bytes at 255 registers).
+constexpr bool kPipelined = kMathWarpgroups == 1 && kWavesM == 1 && kChunksN == 1 && (!kBFp4 || kOutBf16);
 
 // Weight scales of one tile: kSwRows rows of kKBlocks values (a 256-wide tile spans two 128-row blocks).
 constexpr int kSwRows = (kBlockN + kQuantBlock - 1) / kQuantBlock;
@@ -122,11 +128,17 @@ constexpr bool kPackPending = kDeferredEpilogue && kOutBf16;
 constexpr unsigned kBarrierWarpgroup = 2;
 constexpr unsigned kBarrierTurn = 4;
 
+// FP4 weights: warps 1..3 of the producer warpgroup convert each stage's packed nibbles into the e4m3
+// B tile (warp 0's lane 0 keeps issuing the TMA loads, so the loads run a whole ring ahead of them).
+constexpr int kConverterWarps = 3;
+constexpr int kConverterThreads = 32 * kConverterWarps;
+
 // Registers: with three warpgroups the entry cap is 65536 / 384 → 168; the producer gives most of its
 // share to the math warpgroups (2 · 128 · 232 + 128 · 40 = 64512 ≤ 65536). Two warpgroups fit 255 each.
+// The FP4 converters need more than the TMA thread alone: 2 · 128 · 224 + 128 · 56 = 64512.
 constexpr bool kReconfigureRegisters = kMathWarpgroups == 2;
-constexpr int kProducerRegisters = 40;
-constexpr int kMathRegisters = 232;
+constexpr int kProducerRegisters = kBFp4 ? 56 : 40;
+constexpr int kMathRegisters = kBFp4 ? 224 : 232;
 
 // ---------------------------------------------------------------------------------------------------
 // Shared memory layout (byte offsets from a 1024-aligned base; fp8_grouped_gemm.variants.ts: gemmSharedBytes
@@ -140,15 +152,28 @@ constexpr unsigned kBTileBytes = kBlockN * kBlockK;
 constexpr unsigned kSaBoxRows = kBlockM + 4;
 constexpr unsigned kSaBytes = kSaBoxRows * 4;
 constexpr unsigned kSaStride = align_up(kSaBytes, 128);
-constexpr unsigned kStageTxBytes = kATileBytes + kBTileBytes + kSaBytes;
+// FP4 B, per stage: the packed nibbles (TMA, BLOCK_N rows of 64 bytes, no swizzle), the four UE8M0 bytes
+// of each row (TMA of one u32 per row from the [K/128, G·N] layout the host prepares) and the converted
+// rows' fp32 scales 2^ref (written by the converters, read by the promotion). The B tile then holds the
+// converted e4m3 codes in the layout the TMA gives FP8 B.
+constexpr unsigned kPackedTileBytes = kBlockN * kBlockK / 2;
+constexpr unsigned kBScaleBytes = kBlockN * 4;
+constexpr unsigned kStageTxBytes =
+    kBFp4 ? kATileBytes + kPackedTileBytes + kSaBytes + kBScaleBytes : kATileBytes + kBTileBytes + kSaBytes;
 
 constexpr unsigned kOffA = 0;
 constexpr unsigned kOffB = kOffA + kStages * kATileBytes;
 constexpr unsigned kOffSa = kOffB + kStages * kBTileBytes;
-constexpr unsigned kOffSw = kOffSa + kStages * kSaStride;
-constexpr unsigned kOffFull = align_up(kOffSw + 2 * kMathWarpgroups * kSwPerTile * 4, 8);  // two per warpgroup
+constexpr unsigned kOffPacked = kOffSa + kStages * kSaStride;  // FP4 only (0 bytes otherwise), 1024-aligned
+constexpr unsigned kOffBScales = kOffPacked + (kBFp4 ? kStages * kPackedTileBytes : 0u);  // u32 per row
+constexpr unsigned kOffSwCols = kOffBScales + (kBFp4 ? kStages * kBScaleBytes : 0u);     // fp32 per row
+constexpr unsigned kOffSw = kOffSwCols + (kBFp4 ? kStages * kBScaleBytes : 0u);
+// FP8 only: the tile's 128 × 128 weight scales, two buffers per warpgroup.
+constexpr unsigned kSwBytes = kBFp4 ? 0u : 2 * kMathWarpgroups * kSwPerTile * 4;
+constexpr unsigned kOffFull = align_up(kOffSw + kSwBytes, 8);
 constexpr unsigned kOffEmpty = kOffFull + 8 * kStages;
-constexpr unsigned kOffGroups = kOffEmpty + 8 * kStages;  // GroupRows[kGroups]
+constexpr unsigned kOffLoaded = kOffEmpty + 8 * kStages;  // FP4 only: the TMA's barriers, before conversion
+constexpr unsigned kOffGroups = kOffLoaded + (kBFp4 ? 8 * kStages : 0u);  // GroupRows[kGroups]
 constexpr unsigned kOffPrefix = kOffGroups + 8 * kGroups;  // int[kGroups + 1]: first tile of each group
 // Epilogue staging (megamoe/sm90.cuh: copy_out_staged_rows), one area per math warp: 16 rows of up to
 // 128 bytes, 144 bytes apart for the bf16 pairs' 4-byte stores and 160 for the fp32 pairs' 8-byte ones
@@ -161,6 +186,7 @@ constexpr unsigned kSmemBytes = kOffStaging + kMathWarps * kStagingWarpBytes;
 constexpr unsigned kSmemAlign = 1024;  // the 128-byte swizzle pattern repeats every 1024 bytes
 constexpr unsigned kDynamicSmemBytes = kSmemBytes + kSmemAlign;  // + slack to align the base
 static_assert(kATileBytes % 1024 == 0 && kBTileBytes % 1024 == 0, "tiles must keep 1024-byte alignment");
+static_assert(kSaStride % 128 == 0 && kPackedTileBytes % 128 == 0, "FP4 stage areas must keep 16-byte alignment");
 static_assert(kDynamicSmemBytes <= 232448, "shared memory above the 227 KB opt-in limit");
 
 // Status codes written to status[0] (status[1..3]: block, stage, k-block iteration).
