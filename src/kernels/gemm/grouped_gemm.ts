@@ -152,8 +152,8 @@ interface GemmKernel {
 const gemmKernels = perDeviceMemo<string, GemmKernel>();
 const statusBuffers = perDeviceOnce<bigint>();
 
-/** The device's watchdog status word (int32[4], zeroed once; the kernel writes it only on a stall). */
-function statusBuffer(device: Device): bigint {
+/** The device's watchdog status word (int32[4], zeroed once; the kernels write it only on a stall; FP4 shares it). */
+export function statusBuffer(device: Device): bigint {
   return statusBuffers(device, () => {
     const ptr = device.alloc(16);
     device.memsetD32(ptr, 0, 4);

@@ -21,10 +21,12 @@ import {
   GEMM_TILES,
   type GemmTile,
   type GemmTileName,
+  type GemmWeightFormat,
   gemmDefines,
   gemmMaxStages,
   gemmSharedBytes,
   gemmThreads,
+  gemmTileNames,
 } from "./fp8_grouped_gemm.variants.js";
 
 export type GemmOutDtype = "fp32" | "bf16";
@@ -39,6 +41,8 @@ export interface GroupedGemmProblem {
   /** Rows a non-empty group is expected to have (default ⌈mTotal / groups⌉). */
   expectedRowsPerGroup?: number;
   outDtype?: GemmOutDtype;
+  /** How B arrives (default "fp8"): FP4 weights take the FP4 build and its tiles. */
+  weightFormat?: GemmWeightFormat;
 }
 
 export interface PlanOptions {
@@ -123,7 +127,9 @@ export function estimateGroupedGemm(
   const perSmFlops = FP8_PEAK_FLOPS / H200_SMS;
   const tileUs = ((2 * tile.blockM * tile.blockN * p.k) / (perSmFlops * TILE_EFFICIENCY[tile.name])) * 1e6;
   const outBytes = p.outDtype === "bf16" ? 2 : 4;
-  const bytes = activeGroups * p.n * p.k + p.mTotal * p.k + p.mTotal * p.n * outBytes;
+  // FP4 weights: half a byte per element plus a scale byte per 32.
+  const weightBytes = p.weightFormat === "fp4" ? p.n * p.k * (0.5 + 1 / 32) : p.n * p.k;
+  const bytes = activeGroups * weightBytes + p.mTotal * p.k + p.mTotal * p.n * outBytes;
   const bandwidth = Math.min(READ_BYTES_PER_S, Math.min(tiles, smCount) * SM_READ_BYTES_PER_S);
   const computeUs = waves * tileUs;
   const memoryUs = bandwidth > 0 ? (bytes / bandwidth) * 1e6 : 0;
@@ -139,7 +145,14 @@ export function planGroupedGemm(problem: GroupedGemmProblem, options: PlanOption
   const smCount = options.smCount ?? H200_SMS;
   const budget = options.sharedBudgetBytes ?? SM90_SHARED_OPTIN_BYTES;
   const outDtype = problem.outDtype ?? "fp32";
-  const candidates = (options.tile ? [options.tile] : GEMM_TILE_NAMES)
+  const format = problem.weightFormat ?? "fp8";
+  const menu = gemmTileNames(format);
+  if (options.tile !== undefined && GEMM_TILES[options.tile] !== undefined && !menu.includes(options.tile)) {
+    throw new RangeError(
+      `grouped GEMM: tile "${options.tile}" has no ${format} build (${format} tiles: ${menu.join(", ")})`,
+    );
+  }
+  const candidates = (options.tile ? [options.tile] : menu)
     .map((name) => {
       const tile = GEMM_TILES[name];
       if (tile === undefined)
@@ -147,7 +160,8 @@ export function planGroupedGemm(problem: GroupedGemmProblem, options: PlanOption
       return tile;
     })
     .filter(
-      (tile) => problem.n % tile.blockN === 0 && gemmMaxStages(tile, problem.k, problem.groups, budget) > 0,
+      (tile) =>
+        problem.n % tile.blockN === 0 && gemmMaxStages(tile, problem.k, problem.groups, budget, format) > 0,
     );
   if (candidates.length === 0) {
     throw new RangeError(
@@ -165,7 +179,7 @@ export function planGroupedGemm(problem: GroupedGemmProblem, options: PlanOption
       bestEstimate = e;
     }
   }
-  const maxStages = gemmMaxStages(best, problem.k, problem.groups, budget);
+  const maxStages = gemmMaxStages(best, problem.k, problem.groups, budget, format);
   const stages = options.stages ?? maxStages;
   if (!Number.isInteger(stages) || stages < 2 || stages > maxStages) {
     throw new RangeError(
@@ -179,7 +193,7 @@ export function planGroupedGemm(problem: GroupedGemmProblem, options: PlanOption
     tile: best,
     stages,
     threads: gemmThreads(best),
-    sharedBytes: gemmSharedBytes(best, stages, problem.k, problem.groups),
+    sharedBytes: gemmSharedBytes(best, stages, problem.k, problem.groups, format),
     grid: Math.max(1, Math.min(smCount, worstTiles)),
     outDtype,
     defines: gemmDefines({
@@ -189,6 +203,7 @@ export function planGroupedGemm(problem: GroupedGemmProblem, options: PlanOption
       k: problem.k,
       groups: problem.groups,
       outBf16: outDtype === "bf16",
+      format,
     }),
     estimate: bestEstimate,
   };
