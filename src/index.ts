@@ -26,6 +26,7 @@ export {
   validateConfig,
 } from "./config/config.js";
 export * as cuda from "./cuda/index.js";
+export { convertFp4ToFp8 } from "./kernels/fp4/fp4_convert.js";
 export {
   defaultGateLogits,
   type GateLogits,
@@ -33,6 +34,7 @@ export {
   reserveGateWorkspace,
   routeOnDevice,
 } from "./kernels/gate/gate.js";
+export { fp4GemmScaleWords, groupedGemmFp4 } from "./kernels/gemm/fp4_grouped_gemm.js";
 export { groupedGemmFp8 } from "./kernels/gemm/grouped_gemm.js";
 export { planGroupedGemm } from "./kernels/gemm/plan.js";
 export { FusedMoEKernel, FusedMoEKernelError } from "./kernels/megamoe/megamoe.js";
