@@ -369,12 +369,14 @@ function bitMismatches(
 ): { bad: number; first: string[] } {
   let bad = 0;
   const first: string[] = [];
+  // Raw output bits: bf16 as stored, fp32 through a view of the same bytes.
+  const gotBits = outDtype === "bf16" ? got : bitsOf(got as Float32Array);
   for (const [row, ref] of want) {
     const refBits = bitsOf(ref);
     for (let col = 0; col < n; col++) {
       const g = got[row * n + col];
       const w = outDtype === "bf16" ? f32ToBf16Bits(ref[col]) : refBits[col];
-      const gBits = outDtype === "bf16" ? g : bitsOf(got as Float32Array)[row * n + col];
+      const gBits = gotBits[row * n + col];
       if (gBits !== w) {
         if (first.length < 4) {
           const gv = outDtype === "bf16" ? bf16BitsToF32(g) : g;
