@@ -26,6 +26,7 @@ export {
   validateConfig,
 } from "./config/config.js";
 export * as cuda from "./cuda/index.js";
+export { DeviceMoEWeights } from "./kernels/device-weights.js";
 export {
   defaultGateLogits,
   type GateLogits,
@@ -128,7 +129,6 @@ export {
   routeTokens,
   validateRouting,
 } from "./reference/router.js";
-export { DeviceMoEWeights } from "./weights/device.js";
 export { checkSeed, GeneratedWeights, generateActivations } from "./weights/generate.js";
 export { loadMoEWeights, SafetensorsError, saveMoEWeights } from "./weights/safetensors.js";
 export type {

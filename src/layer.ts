@@ -11,12 +11,12 @@ import {
   validateConfig,
 } from "./config/config.js";
 import { cudaAvailability, Device, DeviceTensor, openDevice, type Stream } from "./cuda/index.js";
+import { DeviceMoEWeights } from "./kernels/device-weights.js";
 import { fusedLayerProblem } from "./kernels/megamoe/megamoe.js";
 import { FusedPipeline } from "./pipeline/fused.js";
 import { forwardProblem, type MoEPipeline, UnfusedPipeline } from "./pipeline/unfused.js";
 import { type Routing, referenceMoE } from "./reference/moe.js";
 import { routeTokens, validateRouting } from "./reference/router.js";
-import { DeviceMoEWeights } from "./weights/device.js";
 import { type MoEWeightSource, weightSourceProblem } from "./weights/types.js";
 
 export type Backend = "cpu" | "cuda";

@@ -32,12 +32,12 @@ import {
   summarizeSamples,
   timeKernel,
 } from "../cuda/index.js";
+import { DeviceMoEWeights, generateActivationsOnDevice } from "../kernels/device-weights.js";
 import { FUSED_BLOCK_MS } from "../kernels/megamoe/megamoe.variants.js";
 import { fusedBlockM } from "../kernels/megamoe/plan.js";
 import { FusedPipeline } from "../pipeline/fused.js";
 import { type MoEPipeline, UnfusedPipeline } from "../pipeline/unfused.js";
 import { type Routing, randomRouting } from "../reference/router.js";
-import { DeviceMoEWeights, generateActivationsOnDevice } from "../weights/device.js";
 import { MXFP4_GROUP } from "../weights/types.js";
 import { type RoundsMeasurement, timeInRounds } from "./rounds.js";
 

@@ -2,7 +2,7 @@
 /** The megamoe command line: run a layer, compare backends, show the machine. */
 import { Command, InvalidArgumentError } from "commander";
 import pc from "picocolors";
-import { parseSeed } from "../weights/counter-rng.js";
+import { parseSeed } from "../numerics/counter-rng.js";
 import { parseList, runBench } from "./bench.js";
 import { runCheck } from "./check.js";
 import { runInfo } from "./info.js";

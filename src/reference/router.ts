@@ -13,7 +13,7 @@ import {
   validateConfig,
 } from "../config/config.js";
 import { f32FromBf16Array } from "../numerics/bf16.js";
-import { checkSeed } from "../weights/counter-rng.js";
+import { checkSeed } from "../numerics/counter-rng.js";
 
 const fround = Math.fround;
 

@@ -43,7 +43,7 @@ import {
   validateConfig,
   validateRouting,
 } from "../../src/index.js";
-import { parseSeed } from "../../src/weights/counter-rng.js";
+import { parseSeed } from "../../src/numerics/counter-rng.js";
 import { readSafetensorsHeader } from "../../src/weights/safetensors.js";
 
 type ErrorClass = new (...args: never[]) => Error;
