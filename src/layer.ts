@@ -8,7 +8,7 @@ import { fusedLayerProblem } from "./kernels/megamoe/megamoe.js";
 import { FusedPipeline } from "./pipeline/fused.js";
 import { forwardProblem, type MoEPipeline, UnfusedPipeline } from "./pipeline/unfused.js";
 import { type Routing, referenceMoE } from "./reference/moe.js";
-import { routeTokens, validateRouting } from "./reference/router.js";
+import { routeByHash, routeTokens, validateRouting } from "./reference/router.js";
 import { DeviceMoEWeights } from "./weights/device.js";
 import type { MoEWeightSource } from "./weights/types.js";
 
@@ -139,6 +139,8 @@ export interface ForwardOptions {
   routing?: Routing;
   /** Include the shared expert (default: true when the config has one). */
   shared?: boolean;
+  /** int32 [tokens] token ids: required by hash-routed layers (config.router.hashRouted) without routing. */
+  tokenIds?: Int32Array;
   onProgress?: (done: number, total: number) => void;
 }
 
@@ -197,6 +199,12 @@ export class MoELayer {
     this.weights = weights;
     this.backend = options.backend ?? "cpu";
     if (this.backend === "cuda") {
+      if (this.config.router.hashRouted === true) {
+        // The GPU gate does not write hashed expert ids yet; refuse rather than route by scores.
+        throw new InputError(
+          `layer ${this.config.name} is hash-routed (experts chosen by token id): the "cuda" backend does not run such layers yet; use the "cpu" backend`,
+        );
+      }
       const device = options.device ?? 0;
       if (typeof device === "number") {
         const a = cudaAvailability();
@@ -245,7 +253,15 @@ export class MoELayer {
     this.checkUsable();
     validateInput(x, tokens, this.config);
     let routing = options.routing;
-    if (routing === undefined) {
+    if (routing === undefined && this.config.router.hashRouted === true) {
+      if (options.tokenIds === undefined) {
+        throw new InputError(
+          `layer ${this.config.name} is hash-routed: its experts are chosen by token id, so forward needs options.tokenIds (int32 [tokens]) or options.routing`,
+        );
+      }
+      const { ids, weights } = routeByHash(x, tokens, options.tokenIds, this.weights.gate(), this.config);
+      routing = { ids, weights };
+    } else if (routing === undefined) {
       const { ids, weights } = routeTokens(x, tokens, this.weights.gate(), this.config);
       routing = { ids, weights };
     } else {

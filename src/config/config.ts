@@ -44,6 +44,11 @@ export interface RouterConfig {
   /** Renormalize the chosen k weights to sum to 1 before scaling. */
   renormalize: boolean;
   routedScalingFactor: number;
+  /**
+   * DeepSeek-V4's first layers: experts chosen by the token id (gate.tid2eid), weighted from the gate's
+   * scores; such layers have no correction bias. Absent means false.
+   */
+  hashRouted?: boolean;
 }
 
 export interface MoEConfig {
@@ -182,6 +187,11 @@ export function validateConfig(c: MoEConfig): MoEConfig {
   if (!(Number.isFinite(r.routedScalingFactor) && r.routedScalingFactor > 0)) {
     throw new ConfigError(
       `router.routedScalingFactor must be positive and finite, got ${r.routedScalingFactor}`,
+    );
+  }
+  if (r.hashRouted === true && r.correctionBias) {
+    throw new ConfigError(
+      "router.hashRouted layers choose experts by token id: router.correctionBias must be false",
     );
   }
   return c;
