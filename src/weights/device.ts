@@ -8,7 +8,13 @@
  * `GeneratedWeights` on the CPU, so flash- and pro-sized layers (6–25 GB of FP8) need no host
  * generation or upload; `upload` copies any CPU source (e.g. a safetensors file) expert by expert.
  */
-import { type MoEConfig, QUANT_BLOCK, sharedIntermediate, validateConfig } from "../config/config.js";
+import {
+  expertFormatOf,
+  type MoEConfig,
+  QUANT_BLOCK,
+  sharedIntermediate,
+  validateConfig,
+} from "../config/config.js";
 import { type Device, DeviceTensor, type Stream } from "../cuda/index.js";
 import {
   generateActivationsInto,
@@ -130,6 +136,12 @@ export class DeviceMoEWeights {
   /** Allocates every tensor of the layer (uninitialized), after checking that the device can hold it. */
   private static allocate(device: Device, config: MoEConfig, what: string): DeviceMoEWeights {
     const c = validateConfig(config);
+    // The kernels take FP8 experts only so far; FP4 has its CPU reference (numerics/fp4.ts) alone.
+    if (expertFormatOf(c) !== "fp8") {
+      throw new Error(
+        `${what}: expertFormat "${expertFormatOf(c)}" is not supported on the GPU yet (fp8 only)`,
+      );
+    }
     checkDeviceMemory(device, DeviceMoEWeights.bytesFor(c), what);
     const H = c.hidden;
     let routed: DeviceExpertPair | null = null;

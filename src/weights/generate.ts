@@ -6,8 +6,15 @@
  * made lazily and only a few are cached: a flash-shaped layer (6.4 GB of FP8) never exists in memory at
  * once. docs/weights.md gives the exact recipe.
  */
-import { type MoEConfig, QUANT_BLOCK, sharedIntermediate, validateConfig } from "../config/config.js";
+import {
+  expertFormatOf,
+  type MoEConfig,
+  QUANT_BLOCK,
+  sharedIntermediate,
+  validateConfig,
+} from "../config/config.js";
 import { bf16FromF32Array } from "../numerics/bf16.js";
+import { quantizeMxfp4 } from "../numerics/fp4.js";
 import { quantizeWeightBlocks } from "../numerics/quant.js";
 import { fillHash32, fillUniform, hash32, tensorKey } from "./counter-rng.js";
 import { checkExpertIndex, ExpertCache } from "./expert-cache.js";
@@ -16,6 +23,7 @@ import type {
   ExpertWeights,
   GateWeights,
   MoEWeightSource,
+  Mxfp4Matrix,
   RoutedExpertWeights,
 } from "./types.js";
 
@@ -121,6 +129,23 @@ export function generateBlockQuantized(
   return { q, scales, rows, cols };
 }
 
+/**
+ * The named matrix, generated then quantized to MXFP4 with `quantizeMxfp4` (per 32-group along a row:
+ * scale byte = the smallest power of two s with amax/s ≤ 6, codes = e2m1 RNE of x/s). The fp32 values
+ * are the FP8 path's, so both formats of one seed hold the same underlying weights.
+ */
+export function generateMxfp4(
+  seed: number,
+  name: string,
+  rows: number,
+  cols: number,
+  fanIn: number,
+  scratch?: Float32Array,
+): Mxfp4Matrix {
+  const w = generateMatrix(seed, name, rows, cols, fanIn, scratch);
+  return quantizeMxfp4(w, rows, cols);
+}
+
 /** One block-quantized matrix to make: its generator name, shape and fan-in. */
 export interface MatrixSpec {
   name: string;
@@ -156,15 +181,19 @@ function generateSpec(seed: number, m: MatrixSpec, scratch?: Float32Array): Bloc
   return generateBlockQuantized(seed, m.name, m.rows, m.cols, m.fanIn, scratch);
 }
 
-/** Routed expert e: W1 [2I, H] (fan-in H), W2 [H, I] (fan-in I). */
+/** Routed expert e in the config's expertFormat: W1 [2I, H] (fan-in H), W2 [H, I] (fan-in I). */
 export function generateExpert(
   config: MoEConfig,
   seed: number,
   e: number,
   scratch?: Float32Array,
-): ExpertWeights {
+): RoutedExpertWeights {
   checkExpertIndex(config, e);
   const m = expertMatrixSpecs(config, e);
+  if (expertFormatOf(config) === "fp4") {
+    const mx = (s: MatrixSpec) => generateMxfp4(seed, s.name, s.rows, s.cols, s.fanIn, scratch);
+    return { format: "fp4", w1: mx(m.w1), w2: mx(m.w2) };
+  }
   return { w1: generateSpec(seed, m.w1, scratch), w2: generateSpec(seed, m.w2, scratch) };
 }
 

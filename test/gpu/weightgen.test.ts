@@ -25,7 +25,7 @@ import {
   generateGate,
   generateSharedExpert,
 } from "../../src/weights/generate.js";
-import type { BlockQuantized } from "../../src/weights/types.js";
+import { type BlockQuantized, requireFp8Expert } from "../../src/weights/types.js";
 import { availability, gpuSkip, testDevice } from "../helpers/gpu.js";
 import { testSeed } from "../helpers/random.js";
 
@@ -94,7 +94,7 @@ function compareMatrix(
 }
 
 function compareExpert(config: MoEConfig, w: DeviceMoEWeights, e: number): void {
-  const cpu = generateExpert(config, seed, e);
+  const cpu = requireFp8Expert(generateExpert(config, seed, e), "weightgen test");
   compareMatrix(`${config.name} expert ${e} W1`, w.routed, "w1", e, cpu.w1);
   compareMatrix(`${config.name} expert ${e} W2`, w.routed, "w2", e, cpu.w2);
 }

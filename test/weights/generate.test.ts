@@ -2,6 +2,7 @@ import assert from "node:assert/strict";
 import { describe, it } from "node:test";
 import { type MoEConfig, resolveConfig } from "../../src/config/config.js";
 import { f32FromBf16Array, f32ToBf16Bits } from "../../src/numerics/bf16.js";
+import { countFp4ToFp8Inexact, quantizeMxfp4 } from "../../src/numerics/fp4.js";
 import { dequantizeWeightBlocks } from "../../src/numerics/quant.js";
 import { hash32, tensorKey, uniformSym } from "../../src/weights/counter-rng.js";
 import {
@@ -238,5 +239,28 @@ describe("generateActivations", () => {
       }
       assert.ok(outliers >= 2 && outliers <= 45, `token ${t}: ${outliers} outliers`);
     }
+  });
+});
+
+describe("GeneratedWeights with FP4 experts", () => {
+  it("quantizes the FP8 path's fp32 values to MXFP4, deterministically, and every block converts exactly", () => {
+    const config = tiny({ expertFormat: "fp4" });
+    const w = new GeneratedWeights(config, seed, { cachedExperts: 1 });
+    const { hidden: h, intermediate: i } = config;
+    for (const e of [0, 7]) {
+      const x = w.expert(e);
+      assert.equal(x.format, "fp4");
+      if (x.format !== "fp4") return;
+      const want1 = quantizeMxfp4(generateMatrix(seed, generatorNames.expertW1(e), 2 * i, h, h), 2 * i, h);
+      const want2 = quantizeMxfp4(generateMatrix(seed, generatorNames.expertW2(e), h, i, i), h, i);
+      assert.deepEqual(x.w1, want1);
+      assert.deepEqual(x.w2, want2);
+      assert.deepEqual(generateExpert(config, seed, e), x);
+      assert.equal(x.w1.packed.length, i * h);
+      assert.equal(x.w1.scales.length, (2 * i * h) / 32);
+      assert.equal(countFp4ToFp8Inexact(x.w1) + countFp4ToFp8Inexact(x.w2), 0);
+    }
+    // The shared expert stays FP8.
+    assert.ok(w.shared()?.w1.q instanceof Uint8Array);
   });
 });
