@@ -54,6 +54,21 @@ export {
   roundToBf16,
 } from "./numerics/bf16.js";
 export {
+  countFp4ToFp8Inexact,
+  decodeE2m1,
+  decodeE8m0,
+  dequantizeMxfp4,
+  E2M1_DECODE,
+  type E8m0Rounding,
+  encodeE2m1,
+  encodeE8m0,
+  type Fp4AsFp8,
+  mxfp4RowsToFp8,
+  packE2m1,
+  quantizeMxfp4,
+  unpackE2m1,
+} from "./numerics/fp4.js";
+export {
   decodeE4m3,
   decodeE5m2,
   E4M3_DECODE,
@@ -92,7 +107,13 @@ export {
 export { FusedPipeline } from "./pipeline/fused.js";
 export { type MoEPipeline, type UnfusedForward, UnfusedPipeline } from "./pipeline/unfused.js";
 export { calcDiff, checksum, l2Norm, relativeError } from "./reference/metrics.js";
-export { groupByExpert, idealMoE, type ReferenceOptions, referenceMoE } from "./reference/moe.js";
+export {
+  type Fp4ConversionStats,
+  groupByExpert,
+  idealMoE,
+  type ReferenceOptions,
+  referenceMoE,
+} from "./reference/moe.js";
 export {
   type Gate,
   gateLogits,

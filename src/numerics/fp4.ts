@@ -266,7 +266,7 @@ export interface Fp4AsFp8 {
   inexact: number;
 }
 
-// e2m1 magnitude × 2^d → e4m3 code, for d in [−9−?, 6]: computed per element through the fp8 encoder.
+// One float32 scratch word: the fp8 encoder takes a value with its bit pattern.
 const convScratch = new Float32Array(1);
 const convBits = new Uint32Array(convScratch.buffer);
 

@@ -13,7 +13,7 @@ export interface BlockQuantized {
 }
 
 /** Elements per MXFP4 scale: one UE8M0 byte per 32 consecutive elements along K of a row. */
-export const MXFP4_GROUP = 32;
+export { MXFP4_GROUP } from "../numerics/fp4.js";
 
 /**
  * An MXFP4 matrix [rows, cols] (row-major, cols along K), DeepSeek-V4's routed-expert format: element

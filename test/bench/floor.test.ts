@@ -142,3 +142,15 @@ describe("floors use the read-stream ceiling", () => {
     );
   });
 });
+
+describe("floor with FP4 experts", () => {
+  it("counts nibbles and one UE8M0 byte per 32 elements for routed experts; the shared stays FP8", () => {
+    // 3 · 2048 · 4096 = 25 165 824 elements: 12 582 912 nibble bytes + 786 432 scale bytes.
+    assert.equal(expertWeightBytes(4096, 2048, "fp4"), 13_369_344);
+    const fp4 = resolveConfig("flash", { expertFormat: "fp4" });
+    const ids = Int32Array.from([0, 1, 2, 3, 4, 5]);
+    const f = layerFloor(fp4, 1, { ids }, true, 4, 1500);
+    assert.equal(f.bytes, 6 * 13_369_344 + 25_171_968 + 16_384);
+    assert.equal(f.flops, 352_321_536);
+  });
+});

@@ -279,3 +279,48 @@ describe("corrupt files", () => {
     assertFails(() => loadMoEWeights(file("nope.safetensors"), config), "cannot open");
   });
 });
+
+describe("FP4 (MXFP4) experts", () => {
+  it("round-trip as I8 packed codes and F8_E8M0 scales; a NaN scale byte is rejected, named", () => {
+    const config = tiny({ expertFormat: "fp4" });
+    const { hidden: h, intermediate: i } = config;
+    const source = new GeneratedWeights(config, seed + 20);
+    const p = file("fp4.safetensors");
+    saveMoEWeights(p, source);
+    const header = readSafetensorsHeader(p);
+    const info = (n: string) => header.tensors.get(`${DEFAULT_PREFIX}${n}`);
+    assert.deepEqual(
+      [info("experts.2.up_proj.weight")?.dtype, info("experts.2.up_proj.weight")?.shape],
+      ["I8", [i, h / 2]],
+    );
+    assert.deepEqual(
+      [
+        info("experts.2.down_proj.weight_scale_inv")?.dtype,
+        info("experts.2.down_proj.weight_scale_inv")?.shape,
+      ],
+      ["F8_E8M0", [h, i / 32]],
+    );
+    // The shared expert stays FP8.
+    assert.equal(info("shared_experts.gate_proj.weight")?.dtype, "F8_E4M3");
+    const loaded = loadMoEWeights(p, config);
+    for (const e of [0, 3, 7]) assert.deepEqual(loaded.expert(e), source.expert(e), `expert ${e}`);
+    assert.deepEqual(loaded.shared(), source.shared());
+    // Up rows start at row I of W1.
+    const x = source.expert(3);
+    assert.ok(x.format === "fp4");
+    const raw = readSafetensors(p).tensors[`${DEFAULT_PREFIX}experts.3.up_proj.weight`].data;
+    assert.deepEqual(raw, x.w1.packed.subarray((i * h) / 2));
+    // An FP8 config does not accept the FP4 file, naming the dtype.
+    assertFails(() => loadMoEWeights(p, tiny()), "experts.0.gate_proj.weight has dtype I8, expected F8_E4M3");
+
+    // Corrupt one scale byte of expert 1's down_proj: row 2, K group 1.
+    const t = readSafetensorsHeader(p).tensors.get(`${DEFAULT_PREFIX}experts.1.down_proj.weight_scale_inv`)!;
+    const bytes = fs.readFileSync(p);
+    bytes[readSafetensorsHeader(p).dataStart + t.begin + 2 * (i / 32) + 1] = 0xff;
+    const bad = file("fp4-nan.safetensors");
+    fs.writeFileSync(bad, bytes);
+    const w = loadMoEWeights(bad, config);
+    w.expert(0);
+    assertFails(() => w.expert(1), "experts.1.down_proj.weight_scale_inv", "0xFF (NaN) at row 2, K group 1");
+  });
+});
