@@ -38,7 +38,7 @@ export class SafetensorsError extends Error {
 export const DTYPE_SIZES = { F8_E4M3: 1, BF16: 2, F32: 4, I32: 4, I8: 1, F8_E8M0: 1 } as const;
 export type Dtype = keyof typeof DTYPE_SIZES;
 
-/** Dtypes the writer also lays out (DeepSeek-V4 checkpoints: packed FP4, UE8M0 scales, token tables). */
+/** Dtypes the writer also lays out (DeepSeek-V4 checkpoints: U8-packed FP4, I64 token tables). */
 export const WRITE_DTYPE_SIZES = { ...DTYPE_SIZES, U8: 1, I64: 8 } as const;
 export type WriteDtype = keyof typeof WRITE_DTYPE_SIZES;
 
