@@ -8,7 +8,7 @@ import pc from "picocolors";
 import type { MoEConfig } from "../config/config.js";
 import type { Routing } from "../reference/moe.js";
 import { routeByHash } from "../reference/router.js";
-import { Checkpoint, generateTokenIds, openCheckpoint } from "../weights/checkpoint.js";
+import { Checkpoint, CheckpointError, generateTokenIds, openCheckpoint } from "../weights/checkpoint.js";
 import type { MoEWeightSource } from "../weights/types.js";
 import { progressBar } from "./progress.js";
 
@@ -83,7 +83,21 @@ function gb(bytes: number): string {
 /** Prints a checkpoint's MoE shape, expert format, layers, shards and the first problems; exit 1 when any. */
 export function runInspect(target: string, opts: InspectOptions = {}): void {
   const limit = opts.problems ?? 5;
-  const ckpt = openCheckpoint(target);
+  let ckpt: ReturnType<typeof openCheckpoint>;
+  try {
+    ckpt = openCheckpoint(target);
+  } catch (err) {
+    // A checkpoint that does not even open (config.json, index, a missing shard) is inspect's first problem.
+    if (!(err instanceof CheckpointError)) throw err;
+    const summary = { dir: target, problems: [err.message], problemCount: 1 };
+    process.stdout.write(
+      opts.json
+        ? `${JSON.stringify(summary)}\n`
+        : `${pc.bold("megamoe inspect")} ${target}\n  ${pc.dim("problems".padEnd(12))} 1: it does not open\n    ${pc.red("•")} ${err.message}\n`,
+    );
+    process.exitCode = 1;
+    return;
+  }
   if (!(ckpt instanceof Checkpoint)) {
     const c = ckpt.config;
     const summary = {

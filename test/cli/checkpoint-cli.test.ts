@@ -91,6 +91,10 @@ describe("megamoe with a V4 checkpoint", () => {
       r.stdout,
       /layers\.0: .*experts\.0\.w1\.weight has shape \[128, 256\], but config\.json implies \[256, 256\]/,
     );
+    fs.rmSync(path.join(bad, "model-00003-of-00006.safetensors"));
+    const gone = megamoe("inspect", bad);
+    assert.equal(gone.code, 1);
+    assert.match(gone.stdout, /it does not open\n.*model-00003-of-00006\.safetensors: missing shard/);
   });
 
   it("check --checkpoint runs a layer; bad --layer, --layer alone and bench's other impls are named", () => {
