@@ -8,9 +8,11 @@
 
 export {
   ConfigError,
+  type ConfigOverrides,
   EXPERT_FORMATS,
   type ExpertFormat,
   expertFormatOf,
+  isValidatedConfig,
   type MoEConfig,
   PRESETS,
   presetNames,
@@ -20,6 +22,7 @@ export {
   type ScaleFormat,
   type ScoringFunction,
   sharedIntermediate,
+  type ValidatedConfig,
   validateConfig,
 } from "./config/config.js";
 export * as cuda from "./cuda/index.js";
@@ -64,6 +67,7 @@ export {
   encodeE8m0,
   type Fp4AsFp8,
   mxfp4RowsToFp8,
+  mxfp4ToFp8Blocks,
   packE2m1,
   quantizeMxfp4,
   unpackE2m1,
@@ -143,7 +147,7 @@ export {
   saveCheckpoint,
 } from "./weights/checkpoint-save.js";
 export { DeviceMoEWeights } from "./weights/device.js";
-export { GeneratedWeights, generateActivations } from "./weights/generate.js";
+export { checkSeed, GeneratedWeights, generateActivations } from "./weights/generate.js";
 export { type RandomV4Options, RandomV4Weights } from "./weights/random-v4.js";
 export { loadMoEWeights, SafetensorsError, saveMoEWeights } from "./weights/safetensors.js";
 export type {

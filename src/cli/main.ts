@@ -2,6 +2,7 @@
 /** The megamoe command line: run a layer, compare backends, show the machine. */
 import { Command, InvalidArgumentError } from "commander";
 import pc from "picocolors";
+import { parseSeed } from "../weights/counter-rng.js";
 import { parseList, runBench } from "./bench.js";
 import { runCheck } from "./check.js";
 import { runInspect } from "./checkpoint.js";
@@ -17,10 +18,13 @@ function positiveInt(name: string) {
   };
 }
 
-function nonNegativeInt(value: string): number {
-  const n = Number(value);
-  if (!Number.isInteger(n) || n < 0) throw new InvalidArgumentError("must be a non-negative integer");
-  return n;
+/** --seed under the library's one seed rule (checkSeed), so the CLI and the API accept the same seeds. */
+function seedArg(value: string): number {
+  try {
+    return parseSeed(value);
+  } catch (e) {
+    throw new InvalidArgumentError((e as Error).message);
+  }
 }
 
 function positiveNumber(value: string): number {
@@ -48,7 +52,7 @@ program
   .option("--tokens <n>", "tokens in the batch", positiveInt("tokens"), 16)
   .option("--backend <name>", "auto (the GPU when there is one), cuda or cpu", "auto")
   .option("--pipeline <name>", "cuda: fused (one kernel) or unfused (the baseline); default the layer's")
-  .option("--seed <n>", "seed of weights, inputs and routing", nonNegativeInt, 1)
+  .option("--seed <n>", "seed of weights, inputs and routing", seedArg, 1)
   .option("--shared <0|1>", "include the shared expert", sharedFlag, true)
   .option("--routing <kind>", "gate (the layer's router) or random", "gate")
   .option(
@@ -76,7 +80,7 @@ program
   .option("--pipeline <name>", "cuda: fused (one kernel) or unfused (the baseline); default the layer's")
   .option("--shape <name>", shapeHelp, "tiny")
   .option("--tokens <n>", "tokens in the batch", positiveInt("tokens"), 16)
-  .option("--seed <n>", "seed of weights, inputs and routing", nonNegativeInt, 1)
+  .option("--seed <n>", "seed of weights, inputs and routing", seedArg, 1)
   .option("--shared <0|1>", "include the shared expert", sharedFlag, true)
   .option(
     "--checkpoint <dir>",
@@ -115,7 +119,7 @@ program
     "a DeepSeek-V4 checkpoint directory (or one .safetensors file) instead of --shape (fused/unfused)",
   )
   .option("--layer <L>", "with --checkpoint: the layer (a number, layers.L or mtp.0)")
-  .option("--seed <n>", "seed of weights, inputs and routing", nonNegativeInt, 1)
+  .option("--seed <n>", "seed of weights, inputs and routing", seedArg, 1)
   .option("--graph", "unfused: also time CUDA-graph replays (the default)")
   .option("--no-graph", "unfused: time eager launches only")
   .option("--configs", "fused: also time every block M, and how far the heuristic's pick is from the best")
@@ -138,7 +142,7 @@ program
   )
   .option(
     "--peer <file>",
-    "results JSON of a peer (bench/peers/torch_moe.py): its times beside ours, each series of its rows (e.g. --blockwise's) in columns of its own",
+    "results JSON of a peer (lab/peers/torch_moe.py): its times beside ours, each series of its rows (e.g. --blockwise's) in columns of its own",
   )
   .option("--plot <file>", "unfused: write an SVG plot of time against tokens (ours, the peer, the floor)")
   .option("--hidden <list>", "quant only: hidden sizes", parseList, [4096, 7168])

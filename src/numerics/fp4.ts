@@ -331,3 +331,60 @@ export function countFp4ToFp8Inexact(m: Mxfp4): number {
   for (let r = 0; r < m.rows; r += 128) total += mxfp4RowsToFp8(m, r, Math.min(m.rows, r + 128)).inexact;
   return total;
 }
+
+/** An MXFP4 matrix cast to FP8 with one scale per 128×128 block (the FP8 experts' layout). */
+export interface Fp4AsFp8Blocks {
+  /** e4m3 codes [rows, cols]. */
+  q: Uint8Array;
+  /** fp32 2^ref per 128×128 block, [rows/128, cols/128]. */
+  scales: Float32Array;
+  /** Elements whose e4m3 code times 2^ref differs from the MXFP4 value. */
+  inexact: number;
+}
+
+/**
+ * DeepSeek's offline cast (V4 `inference/convert.py`, `cast_e2m1fn_to_e4m3fn`): like mxfp4RowsToFp8, but
+ * one reference per 128×128 block, ref = (largest scale byte of the block) − 127 − 6, so the result runs
+ * on the FP8 kernels as they are. Exact when the block's bytes span ≤ 14 (rounding as mxfp4RowsToFp8
+ * beyond); where exact, the reference layer gives the same bits as with the FP4 experts themselves
+ * (both scalings are powers of two, docs/numerics.md).
+ */
+export function mxfp4ToFp8Blocks(m: Mxfp4, what = "mxfp4ToFp8Blocks"): Fp4AsFp8Blocks {
+  checkMxfp4(what, m);
+  checkMxfp4Scales(what, m);
+  const { rows, cols } = m;
+  if (rows % QUANT_BLOCK !== 0 || cols % QUANT_BLOCK !== 0) {
+    throw new RangeError(`${what}: [${rows}, ${cols}] is not a multiple of 128 in both dimensions`);
+  }
+  const groupsPerRow = cols / MXFP4_GROUP;
+  const kBlocks = cols / QUANT_BLOCK;
+  const q = new Uint8Array(rows * cols);
+  const scales = new Float32Array((rows / QUANT_BLOCK) * kBlocks);
+  let inexact = 0;
+  for (let br = 0; br < rows / QUANT_BLOCK; br++) {
+    for (let kb = 0; kb < kBlocks; kb++) {
+      let max = 0;
+      for (let r = br * QUANT_BLOCK; r < (br + 1) * QUANT_BLOCK; r++) {
+        for (let g = 0; g < GROUPS_PER_BLOCK; g++) {
+          max = Math.max(max, m.scales[r * groupsPerRow + kb * GROUPS_PER_BLOCK + g]);
+        }
+      }
+      const ref = max - E8M0_BIAS - FP4_TO_FP8_TOP;
+      scales[br * kBlocks + kb] = 2 ** ref;
+      for (let r = br * QUANT_BLOCK; r < (br + 1) * QUANT_BLOCK; r++) {
+        for (let g = 0; g < GROUPS_PER_BLOCK; g++) {
+          const d = m.scales[r * groupsPerRow + kb * GROUPS_PER_BLOCK + g] - E8M0_BIAS - ref;
+          const p = 2 ** Math.max(d, -160);
+          const at = r * cols + kb * QUANT_BLOCK + g * MXFP4_GROUP;
+          for (let j = 0; j < MXFP4_GROUP; j++) {
+            const code = e2m1At(m.packed, at + j);
+            const c8 = e2m1ToE4m3(code, d);
+            q[at + j] = c8;
+            if (E4M3_DECODE[c8] !== E2M1_DECODE[code] * p) inexact++;
+          }
+        }
+      }
+    }
+  }
+  return { q, scales, inexact };
+}

@@ -5,19 +5,20 @@
  * computed exactly as the per-token formulation in the spec says: the order of fp32 operations is
  * fixed, so the result does not depend on grouping, and the output is deterministic.
  */
-import { type MoEConfig, QUANT_BLOCK, sharedIntermediate } from "../config/config.js";
+import { type MoEConfig, QUANT_BLOCK, sharedIntermediate, validateConfig } from "../config/config.js";
 import { bf16BitsToF32, f32ToBf16Bits, roundToBf16 } from "../numerics/bf16.js";
 import { dequantizeMxfp4, type Fp4AsFp8, mxfp4RowsToFp8 } from "../numerics/fp4.js";
 import { decodeE4m3Array, E4M3_DECODE } from "../numerics/fp8.js";
 import { quantizeActivations, quantizeRow128 } from "../numerics/quant.js";
-import type {
-  BlockQuantized,
-  ExpertWeights,
-  MoEWeightSource,
-  Mxfp4Matrix,
-  RoutedExpertWeights,
+import {
+  type BlockQuantized,
+  type ExpertWeights,
+  type MoEWeightSource,
+  type Mxfp4Matrix,
+  type RoutedExpertWeights,
+  weightSourceProblem,
 } from "../weights/types.js";
-import type { Routing } from "./router.js";
+import { RouterError, type Routing, validateRouting } from "./router.js";
 import { swiglu, swigluExact } from "./swiglu.js";
 
 export type { Routing };
@@ -39,6 +40,12 @@ interface QuantizedRows {
 
 /** Which (token, slot) pairs each expert serves, in token order. */
 export function groupByExpert(routing: Routing, tokens: number, config: MoEConfig): Int32Array[] {
+  if (typeof routing !== "object" || routing === null) {
+    throw new RouterError(
+      `routing must be { ids: Int32Array, weights: Float32Array }, got ${String(routing)}`,
+    );
+  }
+  validateRouting(routing.ids, routing.weights, tokens, config);
   const k = config.topK;
   const counts = new Int32Array(config.numExperts);
   for (let i = 0; i < tokens * k; i++) {
@@ -217,7 +224,12 @@ function planExpertWork(
   source: MoEWeightSource,
   options: ReferenceOptions,
 ): ExpertWork {
-  const config = source.config;
+  const problem = weightSourceProblem(source);
+  if (problem !== null) throw new TypeError(problem);
+  const config = validateConfig(source.config); // returns at once for a validated config
+  if (typeof options !== "object" || options === null) {
+    throw new TypeError(`reference options must be an object, got ${String(options)}`);
+  }
   const lists = groupByExpert(routing, tokens, config);
   const active = lists.map((l, e) => (l.length > 0 ? e : -1)).filter((e) => e >= 0);
   let shared: ExpertWeights | null = null;
@@ -241,12 +253,12 @@ export function referenceMoE(
   source: MoEWeightSource,
   options: ReferenceOptions = {},
 ): Uint16Array {
+  const { lists, active, shared, total } = planExpertWork(routing, tokens, source, options);
   const config = source.config;
   const { hidden, topK: k } = config;
   const xq = quantizeActivations(x, tokens, hidden, config.scaleFormat);
   const xDecoded = new Float32Array(xq.q.length);
   decodeE4m3Array(xq.q, xDecoded);
-  const { lists, active, shared, total } = planExpertWork(routing, tokens, source, options);
   let done = 0;
 
   // bf16-rounded L2 results per (token, slot), as the combine reads them.
@@ -346,15 +358,20 @@ export function idealMoE(
   source: MoEWeightSource,
   options: ReferenceOptions = {},
 ): Float64Array {
+  const { lists, active, shared, total } = planExpertWork(routing, tokens, source, options);
   const config = source.config;
   const { hidden, topK: k } = config;
+  if (!(x instanceof Uint16Array) || x.length !== tokens * hidden) {
+    throw new RangeError(
+      `idealMoE: x must be a Uint16Array of tokens × hidden = ${tokens * hidden} bf16 values`,
+    );
+  }
   const xs = Array.from({ length: tokens }, (_, t) => {
     const row = new Float64Array(hidden);
     for (let i = 0; i < hidden; i++) row[i] = bf16BitsToF32(x[t * hidden + i]);
     return row;
   });
   const out = new Float64Array(tokens * hidden);
-  const { lists, active, shared, total } = planExpertWork(routing, tokens, source, options);
   let done = 0;
   for (const e of active) {
     const w = source.expert(e);

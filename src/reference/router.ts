@@ -5,8 +5,15 @@
  * docs/numerics.md ("The router (gate)"); this file implements exactly those rules so a GPU router can be checked against it.
  */
 
-import { type MoEConfig, type ScoringFunction, validateConfig } from "../config/config.js";
+import {
+  describeValue,
+  type MoEConfig,
+  type ScoringFunction,
+  type ValidatedConfig,
+  validateConfig,
+} from "../config/config.js";
 import { f32FromBf16Array } from "../numerics/bf16.js";
+import { checkSeed } from "../weights/counter-rng.js";
 
 const fround = Math.fround;
 
@@ -49,9 +56,17 @@ function requireLength(name: string, array: ArrayLike<number>, expected: number,
   }
 }
 
+/** Throws RouterError unless `value` is an instance of `kind` (no other array kind is converted). */
+function requireKind(name: string, value: unknown, kind: { new (n: number): object; name: string }): void {
+  if (!(value instanceof kind)) {
+    const article = kind.name.startsWith("Int") ? "an" : "a"; // "an Int32Array", "a Uint8Array"
+    throw new RouterError(`${name} must be ${article} ${kind.name}, got ${describeValue(value)}`);
+  }
+}
+
 function requireCount(name: string, value: number): void {
   if (!Number.isInteger(value) || value < 0) {
-    throw new RouterError(`${name} must be a non-negative integer, got ${value}`);
+    throw new RouterError(`${name} must be a non-negative integer, got ${describeValue(value)}`);
   }
 }
 
@@ -65,6 +80,7 @@ function hex16(bits: number): string {
 }
 
 function checkTokenMask(tokenMask: Uint8Array | undefined, tokens: number): void {
+  if (tokenMask !== undefined) requireKind("tokenMask", tokenMask, Uint8Array);
   if (tokenMask !== undefined) requireLength("tokenMask", tokenMask, tokens, `[tokens=${tokens}]`);
 }
 
@@ -90,6 +106,8 @@ export function gateLogits(
   requireCount("tokens", tokens);
   requireCount("hidden", hidden);
   requireCount("numExperts", numExperts);
+  requireKind("x", x, Uint16Array);
+  requireKind("gate.weight", weight, Uint16Array);
   requireLength("x", x, tokens * hidden, `[tokens=${tokens}, hidden=${hidden}]`);
   requireLength("gate.weight", weight, numExperts * hidden, `[numExperts=${numExperts}, hidden=${hidden}]`);
   const { tokenMask } = opts;
@@ -156,6 +174,7 @@ export function scoreLogits(
 ): Float32Array {
   requireCount("tokens", tokens);
   requireCount("numExperts", numExperts);
+  requireKind("logits", logits, Float32Array);
   requireLength("logits", logits, tokens * numExperts, `[tokens=${tokens}, numExperts=${numExperts}]`);
   const { tokenMask } = opts;
   checkTokenMask(tokenMask, tokens);
@@ -237,13 +256,15 @@ export function selectTopK(
   scores: Float32Array,
   bias: Float32Array | null,
   tokens: number,
-  config: MoEConfig,
+  config: MoEConfig | ValidatedConfig,
   opts: RouteOptions = {},
 ): Routing {
-  validateConfig(config);
+  config = validateConfig(config); // returns at once for a validated config
   const { numExperts, topK } = config;
   const { nGroup, topkGroup, renormalize, routedScalingFactor } = config.router;
   requireCount("tokens", tokens);
+  requireKind("scores", scores, Float32Array);
+  if (bias !== null) requireKind("gate.bias", bias, Float32Array);
   requireLength("scores", scores, tokens * numExperts, `[tokens=${tokens}, numExperts=${numExperts}]`);
   if (bias !== null) checkBias(bias, numExperts);
   const { tokenMask } = opts;
@@ -324,11 +345,16 @@ export function routeTokens(
   x: Uint16Array,
   tokens: number,
   gate: Gate,
-  config: MoEConfig,
+  config: MoEConfig | ValidatedConfig,
   opts: RouteOptions = {},
 ): RouteResult {
-  validateConfig(config);
+  config = validateConfig(config); // returns at once for a validated config
   const { numExperts, hidden } = config;
+  if (typeof gate !== "object" || gate === null) {
+    throw new RouterError(`gate must be { weight, bias }, got ${describeValue(gate)}`);
+  }
+  requireKind("gate.weight", gate.weight, Uint16Array);
+  if (gate.bias !== null) requireKind("gate.bias", gate.bias, Float32Array);
   if (config.router.correctionBias && gate.bias === null) {
     throw new RouterError("config.router.correctionBias is set but gate.bias is null");
   }
@@ -342,18 +368,23 @@ export function routeTokens(
 }
 
 /**
- * Checks routing handed to the layer: lengths [tokens, topK], ids integers in [−1, numExperts), no
- * expert twice in a token's row (−1 may repeat), finite weights. Throws RouterError naming token and slot.
+ * Checks routing handed to the layer: ids an Int32Array and weights a Float32Array (no other kind is
+ * converted: a fractional or NaN id has no meaning, and NaN would read as the −1 mask), lengths
+ * [tokens, topK], ids in [−1, numExperts), no expert twice in a token's row (−1 may repeat), finite
+ * weights. Weights may be negative or zero: the combine is linear in them (docs/numerics.md, "The
+ * combine"); the router only ever makes positive ones. Throws RouterError naming token and slot.
  */
 export function validateRouting(
   ids: Int32Array,
   weights: Float32Array,
   tokens: number,
-  config: MoEConfig,
+  config: MoEConfig | ValidatedConfig,
 ): void {
-  validateConfig(config);
+  config = validateConfig(config); // returns at once for a validated config
   const { numExperts, topK } = config;
   requireCount("tokens", tokens);
+  requireKind("routing ids", ids, Int32Array);
+  requireKind("routing weights", weights, Float32Array);
   requireLength("ids", ids, tokens * topK, `[tokens=${tokens}, topK=${topK}]`);
   requireLength("weights", weights, tokens * topK, `[tokens=${tokens}, topK=${topK}]`);
   for (let t = 0; t < tokens; t++) {
@@ -407,11 +438,15 @@ function checkExpertId(name: string, id: number, numExperts: number): void {
 export function randomRouting(
   seed: number,
   tokens: number,
-  config: MoEConfig,
+  config: MoEConfig | ValidatedConfig,
   opts: RandomRoutingOptions = {},
 ): Routing {
-  validateConfig(config);
-  if (!Number.isInteger(seed)) throw new RouterError(`seed must be an integer, got ${seed}`);
+  config = validateConfig(config); // returns at once for a validated config
+  try {
+    checkSeed(seed);
+  } catch (e) {
+    throw new RouterError((e as Error).message);
+  }
   const { numExperts, topK } = config;
   const scale = config.router.routedScalingFactor;
   requireCount("tokens", tokens);

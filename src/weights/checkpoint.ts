@@ -17,6 +17,7 @@ import {
   QUANT_BLOCK,
   type ScaleFormat,
   type ScoringFunction,
+  type ValidatedConfig,
   validateConfig,
 } from "../config/config.js";
 import { E4M3_DECODE } from "../numerics/fp8.js";
@@ -477,7 +478,7 @@ export class Checkpoint {
   }
 
   /** The MoEConfig of a block, from config.json and the block's expert dtype. */
-  blockConfig(block: V4Block, hash: boolean, opts: LayerOptions = {}): MoEConfig {
+  blockConfig(block: V4Block, hash: boolean, opts: LayerOptions = {}): ValidatedConfig {
     const m = this.model;
     const config: MoEConfig = {
       name: `${path.basename(path.resolve(this.dir))} ${block}`,
@@ -501,8 +502,9 @@ export class Checkpoint {
       expertFormat: this.expertFormat(block),
       maxTokens: opts.maxTokens ?? 8192,
     };
+    let valid: ValidatedConfig;
     try {
-      validateConfig(config);
+      valid = validateConfig(config);
     } catch (err) {
       if (err instanceof ConfigError) {
         throw new CheckpointError(`${path.join(this.dir, CONFIG_FILE)}: ${block}: ${err.message}`);
@@ -517,7 +519,7 @@ export class Checkpoint {
         `${path.join(this.dir, CONFIG_FILE)}: FP4 experts need hidden and intermediate multiples of 32`,
       );
     }
-    return config;
+    return valid;
   }
 
   private block(block: V4Block, hash: boolean, opts: LayerOptions): CheckpointLayer {
@@ -601,7 +603,7 @@ export class CheckpointLayer implements MoEWeightSource {
 
   constructor(
     readonly block: V4Block,
-    readonly config: MoEConfig,
+    readonly config: ValidatedConfig,
     private readonly locations: Map<string, TensorLocation>,
     cachedExperts: number,
   ) {

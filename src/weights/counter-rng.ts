@@ -17,6 +17,27 @@ const TWO_POW_23 = 8388608;
 const TWO_POW_MINUS_23 = 1 / TWO_POW_23;
 const INDEX_LIMIT = 2 ** 32;
 
+/** Seeds are unsigned 32-bit integers: the hash takes a seed mod 2^32, so any other value would alias one. */
+export const MAX_SEED = 2 ** 32 - 1;
+
+/**
+ * Throws RangeError unless seed is an integer in [0, 2^32 − 1]: the one rule of every seeded generator
+ * (weights, activations, random routing; CPU and device) and of the CLI's --seed.
+ */
+export function checkSeed(seed: number): void {
+  if (typeof seed !== "number" || !Number.isInteger(seed) || seed < 0 || seed > MAX_SEED) {
+    throw new RangeError(`seed must be an integer in [0, ${MAX_SEED}], got ${String(seed)}`);
+  }
+}
+
+/** The --seed text of the CLI as a seed, under `checkSeed`'s rule (RangeError otherwise). */
+export function parseSeed(text: string): number {
+  const n = /^\s*\d+\s*$/.test(text) ? Number(text) : Number.NaN;
+  if (Number.isNaN(n)) throw new RangeError(`seed must be an integer in [0, ${MAX_SEED}], got "${text}"`);
+  checkSeed(n);
+  return n;
+}
+
 /** murmur3's 32-bit finalizer: a bijection with full avalanche. Returns an unsigned 32-bit integer. */
 export function fmix32(h: number): number {
   h ^= h >>> 16;

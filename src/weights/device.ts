@@ -9,13 +9,15 @@
  * generation or upload; `upload` copies any CPU source (e.g. a safetensors file) expert by expert.
  */
 import {
+  describeValue,
   expertFormatOf,
   type MoEConfig,
   QUANT_BLOCK,
   sharedIntermediate,
+  type ValidatedConfig,
   validateConfig,
 } from "../config/config.js";
-import { type Device, DeviceTensor, type Stream } from "../cuda/index.js";
+import { Device, DeviceTensor, type Stream } from "../cuda/index.js";
 import {
   generateActivationsInto,
   generateGateBiasOnDevice,
@@ -23,7 +25,7 @@ import {
   generateMatrixOnDevice,
 } from "../kernels/weightgen/weightgen.js";
 import { checkSeed, expertMatrixSpecs, sharedMatrixSpecs } from "./generate.js";
-import { type BlockQuantized, type MoEWeightSource, requireFp8Expert } from "./types.js";
+import { type BlockQuantized, type MoEWeightSource, requireFp8Expert, weightSourceProblem } from "./types.js";
 
 /** One MLP's weights for `experts` experts: W1 [experts, 2I, H], W2 [experts, H, I] and their scales. */
 export interface DeviceExpertPair {
@@ -100,7 +102,7 @@ function checkDeviceMemory(device: Device, need: number, what: string): void {
 }
 
 export class DeviceMoEWeights {
-  readonly config: MoEConfig;
+  readonly config: ValidatedConfig;
   /** Routed experts: W1 [E, 2I, H], W2 [E, H, I] and scales. */
   readonly routed: DeviceExpertPair;
   /** The fused shared experts, [1, 2SI, H] and [1, H, SI] (one group for the grouped GEMM); null without. */
@@ -112,7 +114,7 @@ export class DeviceMoEWeights {
   private disposed = false;
 
   private constructor(
-    config: MoEConfig,
+    config: ValidatedConfig,
     routed: DeviceExpertPair,
     shared: DeviceExpertPair | null,
     gateWeight: DeviceTensor<"bf16">,
@@ -134,8 +136,9 @@ export class DeviceMoEWeights {
   }
 
   /** Allocates every tensor of the layer (uninitialized), after checking that the device can hold it. */
-  private static allocate(device: Device, config: MoEConfig, what: string): DeviceMoEWeights {
-    const c = validateConfig(config);
+  private static allocate(device: Device, c: ValidatedConfig, what: string): DeviceMoEWeights {
+    if (!(device instanceof Device))
+      throw new TypeError(`device must be a Device, got ${describeValue(device)}`);
     // The kernels take FP8 experts only so far; FP4 has its CPU reference (numerics/fp4.ts) alone.
     if (expertFormatOf(c) !== "fp8") {
       throw new Error(
@@ -175,7 +178,8 @@ export class DeviceMoEWeights {
     firstExpert = 0,
   ): DeviceMoEWeights {
     checkSeed(seed);
-    const w = DeviceMoEWeights.allocate(device, config, `the generated ${config.name} layer`);
+    const c = validateConfig(config); // returns at once for a validated config
+    const w = DeviceMoEWeights.allocate(device, c, `the generated ${c.name} layer`);
     try {
       w.regenerate(seed, stream, firstExpert);
       (stream ?? device.nullStream).synchronize();
@@ -233,7 +237,9 @@ export class DeviceMoEWeights {
    * time, so host memory holds one expert's weights at once. Returns when the copies are complete.
    */
   static upload(device: Device, source: MoEWeightSource, stream: Stream | null = null): DeviceMoEWeights {
-    const c = validateConfig(source.config);
+    const problem = weightSourceProblem(source);
+    if (problem !== null) throw new TypeError(`DeviceMoEWeights.upload: ${problem}`);
+    const c = validateConfig(source.config); // returns at once for a validated config
     const w = DeviceMoEWeights.allocate(device, c, `the ${c.name} layer`);
     try {
       w.uploadFrom(source, stream);

@@ -11,12 +11,13 @@ import {
   type MoEConfig,
   QUANT_BLOCK,
   sharedIntermediate,
+  type ValidatedConfig,
   validateConfig,
 } from "../config/config.js";
 import { bf16FromF32Array } from "../numerics/bf16.js";
 import { quantizeMxfp4 } from "../numerics/fp4.js";
 import { quantizeWeightBlocks } from "../numerics/quant.js";
-import { fillHash32, fillUniform, hash32, tensorKey } from "./counter-rng.js";
+import { checkSeed, fillHash32, fillUniform, hash32, tensorKey } from "./counter-rng.js";
 import { checkExpertIndex, ExpertCache } from "./expert-cache.js";
 import type {
   BlockQuantized,
@@ -64,10 +65,7 @@ export function blockExponent(seed: number, matrixName: string, blockIndex: numb
   return (hash32(seed, tensorKey(generatorNames.blockExponent(matrixName)), blockIndex) % 3) - 1;
 }
 
-/** Throws RangeError unless seed is a safe integer (every generator, CPU and device, takes these). */
-export function checkSeed(seed: number): void {
-  if (!Number.isSafeInteger(seed)) throw new RangeError(`seed must be a safe integer, got ${seed}`);
-}
+export { checkSeed } from "./counter-rng.js";
 
 /**
  * The fp32 matrix [rows, cols] named `name` before quantization: element (r, c) is
@@ -232,7 +230,7 @@ export interface GeneratedWeightsOptions {
 
 /** Seeded weights for a config, made on demand; see docs/weights.md. */
 export class GeneratedWeights implements MoEWeightSource {
-  readonly config: MoEConfig;
+  readonly config: ValidatedConfig;
   readonly seed: number;
   readonly generated: { seed: number; firstExpert: number };
   private readonly experts: ExpertCache;
@@ -241,9 +239,13 @@ export class GeneratedWeights implements MoEWeightSource {
   /** One fp32 buffer reused for every matrix before quantization, to spare the GC 100 MB per expert. */
   private scratch: Float32Array | undefined;
 
-  constructor(config: MoEConfig, seed: number, opts: GeneratedWeightsOptions = {}) {
+  /** `config` may be raw (validated here, once) or already validated. */
+  constructor(config: MoEConfig | ValidatedConfig, seed: number, opts: GeneratedWeightsOptions = {}) {
     this.config = validateConfig(config);
     checkSeed(seed);
+    if (typeof opts !== "object" || opts === null) {
+      throw new RangeError(`GeneratedWeights options must be an object, got ${String(opts)}`);
+    }
     this.seed = seed;
     this.generated = { seed, firstExpert: 0 };
     this.experts = new ExpertCache(this.config, opts.cachedExperts ?? 4);

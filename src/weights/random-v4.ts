@@ -4,7 +4,7 @@
  * scripts and small example checkpoints (saveCheckpoint); the generator of generate.ts has fp32 block
  * scales that the V4 layout cannot store.
  */
-import { type MoEConfig, QUANT_BLOCK, validateConfig } from "../config/config.js";
+import { type MoEConfig, QUANT_BLOCK, type ValidatedConfig, validateConfig } from "../config/config.js";
 import { f32ToBf16Bits } from "../numerics/bf16.js";
 import { E4M3_DECODE } from "../numerics/fp8.js";
 import { ExpertCache } from "./expert-cache.js";
@@ -51,7 +51,7 @@ export interface RandomV4Options {
  * tid2eid of distinct experts for hash-routed ones.
  */
 export class RandomV4Weights implements MoEWeightSource {
-  readonly config: MoEConfig;
+  readonly config: ValidatedConfig;
   private readonly cache: ExpertCache;
   private readonly vocab: number;
   private gateWeights: GateWeights | undefined;
@@ -63,7 +63,7 @@ export class RandomV4Weights implements MoEWeightSource {
     opts: RandomV4Options = {},
   ) {
     this.config = validateConfig(config);
-    this.cache = new ExpertCache(config, opts.cachedExperts ?? 2);
+    this.cache = new ExpertCache(this.config, opts.cachedExperts ?? 2);
     this.vocab = opts.vocab ?? 64;
   }
 

@@ -14,6 +14,7 @@ import {
   type MoEConfig,
   QUANT_BLOCK,
   sharedIntermediate,
+  type ValidatedConfig,
   validateConfig,
 } from "../config/config.js";
 import { E8M0_NAN } from "../numerics/fp4.js";
@@ -28,6 +29,7 @@ import {
   type Mxfp4Matrix,
   type RoutedExpertWeights,
   requireFp8Expert,
+  weightSourceProblem,
 } from "./types.js";
 
 export class SafetensorsError extends Error {
@@ -547,8 +549,16 @@ export interface SaveOptions {
  * so a failed or interrupted save never leaves a file that looks complete.
  */
 export function saveMoEWeights(path: string, source: MoEWeightSource, opts: SaveOptions = {}): void {
-  const config = validateConfig(source.config);
+  if (typeof path !== "string") throw new SafetensorsError(`path must be a string, got ${String(path)}`);
+  const problem = weightSourceProblem(source);
+  if (problem !== null) throw new SafetensorsError(`saveMoEWeights: ${problem}`);
+  const config = validateConfig(source.config); // returns at once for a validated config
+  if (typeof opts !== "object" || opts === null) {
+    throw new SafetensorsError(`save options must be an object, got ${String(opts)}`);
+  }
   const prefix = opts.prefix ?? DEFAULT_PREFIX;
+  if (typeof prefix !== "string")
+    throw new SafetensorsError(`prefix must be a string, got ${String(prefix)}`);
   const metadata = {
     format: "pt",
     "megamoe.config": JSON.stringify(config),
@@ -653,7 +663,7 @@ class SafetensorsWeights implements MoEWeightSource {
   private gateWeights: GateWeights | undefined;
 
   constructor(
-    readonly config: MoEConfig,
+    readonly config: ValidatedConfig,
     private readonly header: SafetensorsHeader,
     private readonly prefix: string,
     private readonly experts: ExpertCache,
@@ -714,6 +724,7 @@ class SafetensorsWeights implements MoEWeightSource {
         const weightName = checkpointNames.weight(this.prefix, mlp, proj);
         const scaleName = checkpointNames.scale(this.prefix, mlp, proj);
         this.readInto(fd, weightName, targets[proj].q);
+        checkE4m3Codes(this.header.path, weightName, targets[proj].q);
         this.readInto(fd, scaleName, targets[proj].scales);
         checkScales(this.header.path, scaleName, targets[proj].scales);
       }
@@ -760,6 +771,17 @@ class SafetensorsWeights implements MoEWeightSource {
   }
 }
 
+/** e4m3 has no infinity; its NaN codes (0x7F, 0xFF) would run through the layer to a NaN output. */
+function checkE4m3Codes(path: string, name: string, q: Uint8Array): void {
+  for (let i = 0; i < q.length; i++) {
+    if ((q[i]! & 0x7f) === 0x7f) {
+      throw new SafetensorsError(
+        `${path}: tensor ${name}[${i}] holds the FP8 e4m3 NaN code 0x${q[i]!.toString(16)}`,
+      );
+    }
+  }
+}
+
 /** Weight scales must be positive and finite: anything else means a corrupt or foreign file. */
 function checkScales(path: string, name: string, scales: Float32Array): void {
   for (let i = 0; i < scales.length; i++) {
@@ -785,13 +807,23 @@ function checkE8m0Scales(path: string, name: string, scales: Uint8Array, perRow:
  * needed tensor present with its dtype and shape, all offsets inside the file and disjoint), then reads
  * experts lazily at their offsets.
  */
-export function loadMoEWeights(path: string, config: MoEConfig, opts: LoadOptions = {}): MoEWeightSource {
-  validateConfig(config);
+export function loadMoEWeights(
+  path: string,
+  config: MoEConfig | ValidatedConfig,
+  opts: LoadOptions = {},
+): MoEWeightSource {
+  const c = validateConfig(config); // returns at once for a validated config
   checkLittleEndian();
+  if (typeof path !== "string") throw new SafetensorsError(`path must be a string, got ${String(path)}`);
+  if (typeof opts !== "object" || opts === null) {
+    throw new SafetensorsError(`load options must be an object, got ${String(opts)}`);
+  }
   const prefix = opts.prefix ?? DEFAULT_PREFIX;
-  const experts = new ExpertCache(config, opts.cachedExperts ?? 2);
+  if (typeof prefix !== "string")
+    throw new SafetensorsError(`prefix must be a string, got ${String(prefix)}`);
+  const experts = new ExpertCache(c, opts.cachedExperts ?? 2);
   const header = readSafetensorsHeader(path);
-  checkSavedShape(header, config);
-  checkLayerTensors(header, moeTensorSpecs(config, prefix));
-  return new SafetensorsWeights(config, header, prefix, experts);
+  checkSavedShape(header, c);
+  checkLayerTensors(header, moeTensorSpecs(c, prefix));
+  return new SafetensorsWeights(c, header, prefix, experts);
 }

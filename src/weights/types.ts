@@ -1,7 +1,7 @@
 /**
  * The weight layouts every backend reads. See docs/weights.md for the layouts and checkpoint names.
  */
-import type { MoEConfig } from "../config/config.js";
+import { describeValue, type ValidatedConfig } from "../config/config.js";
 
 /** An FP8 e4m3 matrix [rows, cols] (row-major) with one fp32 scale per 128×128 block. */
 export interface BlockQuantized {
@@ -73,7 +73,8 @@ export interface GateWeights {
 
 /** Where a layer's weights come from: generated on demand, or read from a file. */
 export interface MoEWeightSource {
-  readonly config: MoEConfig;
+  /** Validated (validateConfig); a layer's constructor validates a raw one once. */
+  readonly config: ValidatedConfig;
   /**
    * Routed expert e (0 ≤ e < numExperts), in the config's expertFormat. Sources may make or read it
    * lazily and cache a few.
@@ -87,4 +88,24 @@ export interface MoEWeightSource {
    * numbered from `firstExpert` (0, or a rank's first expert): a GPU then makes them itself, bit for bit.
    */
   readonly generated?: { seed: number; firstExpert: number };
+}
+
+/**
+ * Why `source` cannot be a weight source (not an object, no config object, expert/shared/gate not
+ * functions), or null when its shape is right. Checks the shape only; the config is validated apart.
+ */
+export function weightSourceProblem(source: unknown): string | null {
+  if (typeof source !== "object" || source === null) {
+    return `the weight source must be an object with config, expert(), shared() and gate(), got ${describeValue(source)}`;
+  }
+  const s = source as Record<string, unknown>;
+  if (typeof s.config !== "object" || s.config === null) {
+    return `the weight source's config must be an object, got ${describeValue(s.config)}`;
+  }
+  for (const method of ["expert", "shared", "gate"]) {
+    if (typeof s[method] !== "function") {
+      return `the weight source's ${method} must be a function, got ${describeValue(s[method])}`;
+    }
+  }
+  return null;
 }

@@ -3,6 +3,7 @@ import { describe, it } from "node:test";
 import {
   ConfigError,
   expertFormatOf,
+  isValidatedConfig,
   type MoEConfig,
   PRESETS,
   presetNames,
@@ -82,6 +83,30 @@ describe("config validation", () => {
     for (const [override, message] of bad) {
       assert.throws(() => validateConfig({ ...base, router: { ...r, ...override } }), message);
     }
+  });
+});
+
+describe("validated configs", () => {
+  it("come back as they are, while a spread copy is checked again", () => {
+    const tiny = resolveConfig("tiny");
+    assert.ok(isValidatedConfig(tiny) && Object.isFrozen(tiny) && Object.isFrozen(tiny.router));
+    assert.equal(validateConfig(tiny), tiny);
+    const copy = { ...tiny, hidden: 300 };
+    assert.equal(isValidatedConfig(copy), false);
+    assert.throws(() => validateConfig(copy), /hidden must be a multiple of 128/);
+    for (const name of presetNames()) assert.ok(isValidatedConfig(PRESETS[name]));
+  });
+
+  it("name an unknown field and the nearest known one", () => {
+    const tiny = resolveConfig("tiny");
+    assert.throws(
+      () => validateConfig({ ...tiny, numExpert: 8 } as MoEConfig),
+      (e: Error) => e instanceof ConfigError && /numExpert \(did you mean numExperts\?\)/.test(e.message),
+    );
+    assert.throws(
+      () => validateConfig({ ...tiny, zzzzzz: 1 } as MoEConfig),
+      /unknown config field zzzzzz; known:/,
+    );
   });
 });
 

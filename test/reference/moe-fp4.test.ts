@@ -4,9 +4,9 @@
  */
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
-import { type MoEConfig, resolveConfig } from "../../src/config/config.js";
+import { type MoEConfig, resolveConfig, type ValidatedConfig } from "../../src/config/config.js";
 import { bf16BitsToF32 } from "../../src/numerics/bf16.js";
-import { FP4_TO_FP8_EXACT_SPREAD, mxfp4RowsToFp8 } from "../../src/numerics/fp4.js";
+import { FP4_TO_FP8_EXACT_SPREAD, mxfp4RowsToFp8, mxfp4ToFp8Blocks } from "../../src/numerics/fp4.js";
 import { calcDiff, relativeError } from "../../src/reference/metrics.js";
 import { type Fp4ConversionStats, idealMoE, referenceMoE } from "../../src/reference/moe.js";
 import { randomRouting } from "../../src/reference/router.js";
@@ -22,7 +22,7 @@ import { testSeed } from "../helpers/random.js";
 
 const seed = testSeed("moe fp4 reference tests");
 
-function tinyFp4(overrides: Partial<MoEConfig> = {}): MoEConfig {
+function tinyFp4(overrides: Partial<MoEConfig> = {}): ValidatedConfig {
   return resolveConfig("tiny", { expertFormat: "fp4", ...overrides });
 }
 
@@ -35,7 +35,7 @@ function fp4Expert(w: MoEWeightSource, e: number): Fp4ExpertWeights {
 /** A source with the given routed experts and `base`'s shared expert and gate. */
 function withExperts<W extends ExpertWeights | Fp4ExpertWeights>(
   base: MoEWeightSource,
-  config: MoEConfig,
+  config: ValidatedConfig,
   experts: W[],
 ): MoEWeightSource {
   return { config, expert: (e) => experts[e], shared: () => base.shared(), gate: () => base.gate() };
@@ -146,6 +146,41 @@ describe("reference MoE layer with FP4 experts", () => {
       assert.deepEqual(referenceMoE(x, 11, routing, srcFp4), referenceMoE(x, 11, routing, srcFp8));
       // The ideals agree too: the same weight values, exactly.
       assert.deepEqual(idealMoE(x, 11, routing, srcFp4), idealMoE(x, 11, routing, srcFp8));
+    }
+  });
+
+  it("equals the FP8 path on DeepSeek's 128×128 cast (convert.py) wherever that cast is exact", () => {
+    // Unlike the test above, rows of a 128-row block get different references (each row's bytes are
+    // lowered by r mod 5): the cast scales each row's codes by a power of two, which promotion undoes.
+    const rowShifted = (m: Mxfp4Matrix): Mxfp4Matrix => {
+      const perRow = m.cols / 32;
+      const scales = m.scales.map((b, i) => b - (Math.floor(i / perRow) % 5));
+      return { ...m, scales };
+    };
+    for (const overrides of [{}, { scaleFormat: "ue8m0" as const }]) {
+      const config = tinyFp4(overrides);
+      const base = new GeneratedWeights(config, seed + 12);
+      const fp4Experts: Fp4ExpertWeights[] = [];
+      const fp8Experts: ExpertWeights[] = [];
+      for (let e = 0; e < config.numExperts; e++) {
+        const g = fp4Expert(base, e);
+        const w1 = rowShifted(g.w1);
+        const w2 = rowShifted(g.w2);
+        const cast = (m: Mxfp4Matrix): BlockQuantized => {
+          const c = mxfp4ToFp8Blocks(m);
+          assert.equal(c.inexact, 0);
+          return { q: c.q, scales: c.scales, rows: m.rows, cols: m.cols };
+        };
+        const perRow = mxfp4RowsToFp8(w1).scales;
+        assert.notEqual(perRow[0], perRow[w1.cols / 128], "rows 0 and 1 have different references");
+        fp4Experts.push({ format: "fp4", w1, w2 });
+        fp8Experts.push({ w1: cast(w1), w2: cast(w2) });
+      }
+      const srcFp4 = withExperts(base, config, fp4Experts);
+      const srcFp8 = withExperts(base, resolveConfig("tiny", overrides), fp8Experts);
+      const x = generateActivations(seed + 13, 9, config.hidden);
+      const routing = randomRouting(seed + 14, 9, config);
+      assert.deepEqual(referenceMoE(x, 9, routing, srcFp4), referenceMoE(x, 9, routing, srcFp8));
     }
   });
 

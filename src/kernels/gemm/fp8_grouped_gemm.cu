@@ -172,14 +172,14 @@ constexpr int kSwPerTile = kSwRows * kKBlocks;
 // Two math warpgroups working on the same K block issue their chunks at once, finish them at once and
 // promote at once, and the tensor cores idle meanwhile. Taking turns (a warpgroup issues a chunk only
 // after the other issued its previous one) makes one's promotion overlap the other's wgmmas: 2% on
-// m128n256 at M = 512 and 2048 per group, 4–7% on m128n128 (bench/NOTES.md, fifth session).
+// m128n256 at M = 512 and 2048 per group, 4–7% on m128n128 (docs/decisions.md, turns).
 // Each warpgroup stages its own copy of a tile's weight scales, so the two never meet at a barrier.
 constexpr bool kTakeTurns = GEMM_WG_TURNS != 0 && kMathWarpgroups == 2;
 constexpr int kSwPerThread = (kSwPerTile + 127) / 128;  // one warpgroup stages a copy
 // With turns, a tile's epilogue is written during the next tile's first K block: chunk c's output goes
 // out right after the warpgroup issues the next tile's chunk c, so the stores drain while the tensor
 // cores work, instead of both warpgroups writing at the tile's end while the tensor cores idle (3–5% at
-// M ≥ 512 per group, bench/NOTES.md, sixth session). Until then the tile waits packed to bf16 pairs
+// M ≥ 512 per group, docs/decisions.md, the deferred epilogue). Until then the tile waits packed to bf16 pairs
 // (kPackPending), or, in fp32, in the accumulators themselves; not with fp32 and two K blocks, where the
 // straight-line code keeps it live beside both blocks' work and spills (test shapes only).
 constexpr bool kDeferredEpilogue = kTakeTurns && GEMM_DEFERRED_EPILOGUE != 0 && GEMM_DIAG_SKIP_EPILOGUE != 1 &&

@@ -40,7 +40,7 @@ export const FUSED_MIN_STAGES = 2;
 export const FUSED_MAX_STAGES = 8;
 /**
  * Swap-AB tiles stop at 5 stages: a 16-row stage is 34 KB, so five keep 170 KB of weights in flight per
- * SM, and a deeper ring streamed no faster (the TMA weight-stream probe: 4 vs 6 stages, bench/NOTES.md);
+ * SM, and a deeper ring streamed no faster (the TMA weight-stream probe: 4 vs 6 stages, docs/decisions.md);
  * at 6 (flash-ep8, BLOCK_M 16) ptxas spilled the producer.
  */
 export const FUSED_SWAP_MAX_STAGES = 5;
@@ -114,7 +114,7 @@ export function fusedBlockM(c: MoEConfig, tokens: number): FusedBlockM {
   const rows = (tokens * c.topK) / c.numExperts;
   if (rows <= 6) return 16;
   if (rows <= 16) return 32;
-  // At exactly 64 rows 128 won on the H200 (pro, T = 4096: 7705 vs 8230 µs, bench/NOTES.md).
+  // At exactly 64 rows 128 won on the H200 (pro, T = 4096: 7705 vs 8230 µs, docs/decisions.md).
   return rows < 64 ? 64 : 128;
 }
 
