@@ -126,10 +126,30 @@ export {
   RouterError,
   type Routing,
   randomRouting,
+  routeByHash,
   routeTokens,
   validateRouting,
 } from "./reference/router.js";
+export {
+  Checkpoint,
+  CheckpointError,
+  CheckpointLayer,
+  generateTokenIds,
+  type LayerOptions,
+  openCheckpoint,
+  parseV4Config,
+  type V4Block,
+  type V4ModelConfig,
+  v4Names,
+} from "./weights/checkpoint.js";
+export {
+  type ExtraTensor,
+  type SaveCheckpointOptions,
+  type SaveLayer,
+  saveCheckpoint,
+} from "./weights/checkpoint-save.js";
 export { checkSeed, GeneratedWeights, generateActivations } from "./weights/generate.js";
+export { type RandomV4Options, RandomV4Weights } from "./weights/random-v4.js";
 export { loadMoEWeights, SafetensorsError, saveMoEWeights } from "./weights/safetensors.js";
 export type {
   BlockQuantized,
