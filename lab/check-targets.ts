@@ -17,6 +17,7 @@ import { pathToFileURL } from "node:url";
 import { forwardOperands } from "../src/bench/layer.js";
 import { type MoEConfig, resolveConfig } from "../src/config/config.js";
 import { type Device, DeviceTensor, openDevice } from "../src/cuda/index.js";
+import { DeviceMoEWeights } from "../src/kernels/device-weights.js";
 import { routeOnDevice } from "../src/kernels/gate/gate.js";
 import { FUSED_BLOCK_MS, type FusedBlockM } from "../src/kernels/megamoe/megamoe.variants.js";
 import { rmsNormOnDevice } from "../src/kernels/norm/norm.js";
@@ -25,7 +26,6 @@ import { f32ToBf16Bits } from "../src/numerics/bf16.js";
 import { FusedPipeline } from "../src/pipeline/fused.js";
 import { UnfusedPipeline } from "../src/pipeline/unfused.js";
 import { randomRouting } from "../src/reference/router.js";
-import { DeviceMoEWeights } from "../src/weights/device.js";
 import { GeneratedWeights, generateActivations, generateGate } from "../src/weights/generate.js";
 
 export const CHECK_TARGETS = ["fused", "gate", "norm"] as const;

@@ -24,6 +24,7 @@ import { parseArgs } from "node:util";
 import { forwardOperands } from "../src/bench/layer.js";
 import { type MoEConfig, PRESETS, type ScaleFormat, validateConfig } from "../src/config/config.js";
 import { cudaAvailability, type Device, openDevice } from "../src/cuda/index.js";
+import { DeviceMoEWeights } from "../src/kernels/device-weights.js";
 import { takeGroupedGemmStatus } from "../src/kernels/gemm/grouped_gemm.js";
 import { FusedMoEKernelError, fusedLayerProblem } from "../src/kernels/megamoe/megamoe.js";
 import { FUSED_BLOCK_MS, type FusedBlockM, fusedStages } from "../src/kernels/megamoe/megamoe.variants.js";
@@ -32,7 +33,6 @@ import { FusedPipeline } from "../src/pipeline/fused.js";
 import { type MoEPipeline, UnfusedPipeline } from "../src/pipeline/unfused.js";
 import { referenceMoE } from "../src/reference/moe.js";
 import { type RandomRoutingOptions, type Routing, randomRouting } from "../src/reference/router.js";
-import { DeviceMoEWeights } from "../src/weights/device.js";
 import { GeneratedWeights, generateActivations } from "../src/weights/generate.js";
 
 export type SoakBackend = "cuda" | "cpu";

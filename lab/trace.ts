@@ -8,10 +8,10 @@
 import { forwardOperands } from "../src/bench/layer.js";
 import { resolveConfig } from "../src/config/config.js";
 import { openDevice, timeKernel } from "../src/cuda/index.js";
+import { DeviceMoEWeights } from "../src/kernels/device-weights.js";
 import { FUSED_TRACE_FIELDS, type FusedTraceRow } from "../src/kernels/megamoe/megamoe.js";
 import { FusedPipeline } from "../src/pipeline/fused.js";
 import { randomRouting } from "../src/reference/router.js";
-import { DeviceMoEWeights } from "../src/weights/device.js";
 
 const shape = process.argv[2] ?? "flash-ep8";
 const tokenList = (process.argv[3] ?? "1,64,8192").split(",").map(Number);

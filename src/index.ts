@@ -26,6 +26,7 @@ export {
   validateConfig,
 } from "./config/config.js";
 export * as cuda from "./cuda/index.js";
+export { DeviceMoEWeights } from "./kernels/device-weights.js";
 export { convertFp4ToFp8 } from "./kernels/fp4/fp4_convert.js";
 export {
   defaultGateLogits,
@@ -127,11 +128,30 @@ export {
   RouterError,
   type Routing,
   randomRouting,
+  routeByHash,
   routeTokens,
   validateRouting,
 } from "./reference/router.js";
-export { DeviceMoEWeights } from "./weights/device.js";
+export {
+  Checkpoint,
+  CheckpointError,
+  CheckpointLayer,
+  generateTokenIds,
+  type LayerOptions,
+  openCheckpoint,
+  parseV4Config,
+  type V4Block,
+  type V4ModelConfig,
+  v4Names,
+} from "./weights/checkpoint.js";
+export {
+  type ExtraTensor,
+  type SaveCheckpointOptions,
+  type SaveLayer,
+  saveCheckpoint,
+} from "./weights/checkpoint-save.js";
 export { checkSeed, GeneratedWeights, generateActivations } from "./weights/generate.js";
+export { type RandomV4Options, RandomV4Weights } from "./weights/random-v4.js";
 export { loadMoEWeights, SafetensorsError, saveMoEWeights } from "./weights/safetensors.js";
 export type {
   BlockQuantized,

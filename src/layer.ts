@@ -11,12 +11,12 @@ import {
   validateConfig,
 } from "./config/config.js";
 import { cudaAvailability, Device, DeviceTensor, openDevice, type Stream } from "./cuda/index.js";
+import { DeviceMoEWeights } from "./kernels/device-weights.js";
 import { fusedLayerProblem } from "./kernels/megamoe/megamoe.js";
 import { FusedPipeline } from "./pipeline/fused.js";
 import { forwardProblem, type MoEPipeline, UnfusedPipeline } from "./pipeline/unfused.js";
 import { type Routing, referenceMoE } from "./reference/moe.js";
-import { routeTokens, validateRouting } from "./reference/router.js";
-import { DeviceMoEWeights } from "./weights/device.js";
+import { routeByHash, routeTokens, validateRouting } from "./reference/router.js";
 import { type MoEWeightSource, weightSourceProblem } from "./weights/types.js";
 
 export type Backend = "cpu" | "cuda";
@@ -151,6 +151,8 @@ export interface ForwardOptions {
   routing?: Routing;
   /** Include the shared expert (default: true when the config has one). */
   shared?: boolean;
+  /** int32 [tokens] token ids: required by hash-routed layers (config.router.hashRouted) without routing. */
+  tokenIds?: Int32Array;
   onProgress?: (done: number, total: number) => void;
 }
 
@@ -218,7 +220,7 @@ function withValidatedConfig(source: MoEWeightSource): MoEWeightSource {
 }
 
 const LAYER_OPTIONS = ["backend", "device", "pipeline"] as const;
-const FORWARD_OPTIONS = ["routing", "shared", "onProgress"] as const;
+const FORWARD_OPTIONS = ["routing", "shared", "tokenIds", "onProgress"] as const;
 
 export class MoELayer {
   readonly config: ValidatedConfig;
@@ -242,6 +244,12 @@ export class MoELayer {
     this.config = this.weights.config;
     this.backend = options.backend ?? "cpu";
     if (this.backend === "cuda") {
+      if (this.config.router.hashRouted === true) {
+        // The GPU gate does not write hashed expert ids yet; refuse rather than route by scores.
+        throw new InputError(
+          `layer ${this.config.name} is hash-routed (experts chosen by token id): the "cuda" backend does not run such layers yet; use the "cpu" backend`,
+        );
+      }
       const device = options.device ?? 0;
       if (typeof device === "number" && !(Number.isInteger(device) && device >= 0)) {
         throw new InputError(
@@ -318,7 +326,15 @@ export class MoELayer {
         `forward options.routing must be { ids: Int32Array, weights: Float32Array } or absent, got ${describeValue(routing)}`,
       );
     }
-    if (routing === undefined) {
+    if (routing === undefined && this.config.router.hashRouted === true) {
+      if (options.tokenIds === undefined) {
+        throw new InputError(
+          `layer ${this.config.name} is hash-routed: its experts are chosen by token id, so forward needs options.tokenIds (int32 [tokens]) or options.routing`,
+        );
+      }
+      const { ids, weights } = routeByHash(x, tokens, options.tokenIds, this.weights.gate(), this.config);
+      routing = { ids, weights };
+    } else if (routing === undefined) {
       const { ids, weights } = routeTokens(x, tokens, this.weights.gate(), this.config);
       routing = { ids, weights };
     } else {

@@ -32,13 +32,13 @@ import {
   summarizeSamples,
   timeKernel,
 } from "../cuda/index.js";
+import { DeviceMoEWeights, generateActivationsOnDevice } from "../kernels/device-weights.js";
 import { FUSED_BLOCK_MS } from "../kernels/megamoe/megamoe.variants.js";
 import { fusedBlockM } from "../kernels/megamoe/plan.js";
 import { FusedPipeline } from "../pipeline/fused.js";
 import { type MoEPipeline, UnfusedPipeline } from "../pipeline/unfused.js";
 import { type Routing, randomRouting } from "../reference/router.js";
-import { DeviceMoEWeights, generateActivationsOnDevice } from "../weights/device.js";
-import { MXFP4_GROUP } from "../weights/types.js";
+import { type MoEWeightSource, MXFP4_GROUP } from "../weights/types.js";
 import { type RoundsMeasurement, timeInRounds } from "./rounds.js";
 
 /** FP8 tensor-core rate assumed for the floor when none is known: the grouped GEMM's, in TFLOP/s. */
@@ -139,6 +139,8 @@ export interface LayerBenchOptions {
   /** Pipelines timed side by side, same weights and inputs (default: both). */
   impls?: readonly LayerImpl[];
   shape: string;
+  /** Weights to upload (a checkpoint's layer) instead of the shape's generated ones. */
+  source?: MoEWeightSource;
   tokens: readonly number[];
   shared: boolean;
   seed: number;
@@ -241,12 +243,20 @@ export function benchmarkLayer(device: Device, o: LayerBenchOptions): ResultRow[
   if (o.tokens.length === 0) throw new RangeError("benchmarkLayer: no token counts");
   const impls = o.impls ?? LAYER_IMPLS;
   const maxTokens = Math.max(...o.tokens);
-  const config = resolveConfigForTokens(o.shape, maxTokens);
+  const config = o.source === undefined ? resolveConfigForTokens(o.shape, maxTokens) : o.source.config;
+  if (config.maxTokens < maxTokens) {
+    throw new RangeError(
+      `benchmarkLayer: ${config.name} takes at most ${config.maxTokens} tokens, asked ${maxTokens}`,
+    );
+  }
   const iters = o.iters ?? DEFAULT_LAYER_ITERS;
   const withGraph = o.graph ?? true;
   const rounds = o.rounds ?? 1;
   // Made on the device, bit for bit what GeneratedWeights would give (a flash layer is 6.4 GB of FP8).
-  const weights = DeviceMoEWeights.generate(device, config, o.seed);
+  const weights =
+    o.source === undefined
+      ? DeviceMoEWeights.generate(device, config, o.seed)
+      : DeviceMoEWeights.upload(device, o.source);
   const rows: ResultRow[] = [];
   const pipelines: MoEPipeline[] = [];
   try {

@@ -23,12 +23,16 @@ import {
 } from "../cuda/index.js";
 import { measureCopyCeiling, measureReadCeiling } from "../kernels/probe/probe.js";
 import { benchmarkQuant } from "../kernels/quant/quant.js";
+import { checkpointLayer } from "./checkpoint.js";
 import { plotTitle, renderTimePlot, writePlot } from "./plot.js";
 import { type Progress, progressBar } from "./progress.js";
 
 export interface BenchOptions {
   impl: string;
   shape: string;
+  /** fused/unfused: a DeepSeek-V4 checkpoint whose layer `layer` is timed instead of --shape's. */
+  checkpoint?: string;
+  layer?: string;
   shared: boolean;
   seed: number;
   /** Also time CUDA-graph replays (unfused; default true). */
@@ -223,6 +227,13 @@ function validate(opts: BenchOptions): void {
   if (opts.codes !== undefined && !(GEMM_BENCH_CODES as readonly string[]).includes(opts.codes)) {
     throw new Error(`--codes must be one of ${GEMM_BENCH_CODES.join(", ")}, got "${opts.codes}"`);
   }
+  if (opts.checkpoint !== undefined && layerImpls(opts.impl) === null) {
+    throw new Error(
+      "--checkpoint times a checkpoint's layer: use it with --impl fused, unfused or fused,unfused",
+    );
+  }
+  if (opts.layer !== undefined && opts.checkpoint === undefined)
+    throw new Error("--layer needs --checkpoint");
   if (opts.impl !== "quant") resolveConfig(opts.shape); // throws naming an unknown shape
   if (opts.plot !== undefined && layerImpls(opts.impl) === null) {
     throw new Error(
@@ -314,9 +325,14 @@ function runCases(
   }
   const impls = layerImpls(opts.impl);
   if (impls !== null) {
+    const tokens = opts.tokens ?? LAYER_TOKENS;
     return benchmarkLayer(device, {
       impls,
       shape: opts.shape,
+      source:
+        opts.checkpoint === undefined
+          ? undefined
+          : checkpointLayer(opts.checkpoint, opts.layer, Math.max(...tokens)),
       tokens: opts.tokens ?? LAYER_TOKENS,
       shared: opts.shared,
       seed: opts.seed,

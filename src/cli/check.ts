@@ -13,6 +13,7 @@ import { calcDiff, relativeError } from "../reference/metrics.js";
 import { idealMoE, referenceMoE } from "../reference/moe.js";
 import { routeTokens } from "../reference/router.js";
 import { generateActivations } from "../weights/generate.js";
+import { checkpointLayer, hashRouting } from "./checkpoint.js";
 import { progressBar } from "./progress.js";
 import { chooseBackend, gpuPipeline, makeWeights } from "./run.js";
 
@@ -24,6 +25,9 @@ export interface CheckOptions {
   backend: string;
   /** GPU pipeline: "fused" or "unfused" (default: the layer's). */
   pipeline?: string;
+  /** A DeepSeek-V4 checkpoint (directory or file) whose layer `layer` is checked instead of --shape. */
+  checkpoint?: string;
+  layer?: string;
   /** Expert-parallel ranks to check as well (1: none). */
   ranks?: number;
   json?: boolean;
@@ -41,11 +45,17 @@ function compare(name: string, a: ArrayLike<number>, b: ArrayLike<number>): Comp
 
 export async function runCheck(opts: CheckOptions): Promise<void> {
   const backend = chooseBackend(opts.backend);
-  const config = resolveConfigForTokens(opts.shape, opts.tokens);
-  const weights = makeWeights(config, opts.seed);
+  if (opts.layer !== undefined && opts.checkpoint === undefined)
+    throw new Error("--layer needs --checkpoint");
+  const weights =
+    opts.checkpoint === undefined
+      ? makeWeights(resolveConfigForTokens(opts.shape, opts.tokens), opts.seed)
+      : checkpointLayer(opts.checkpoint, opts.layer, opts.tokens);
+  const config = weights.config;
   const x = generateActivations(opts.seed, opts.tokens, config.hidden);
-  const { ids, weights: w } = routeTokens(x, opts.tokens, weights.gate(), config);
-  const routing = { ids, weights: w };
+  const routing =
+    hashRouting(weights, x, opts.tokens, opts.seed)?.routing ??
+    (({ ids, weights: w }) => ({ ids, weights: w }))(routeTokens(x, opts.tokens, weights.gate(), config));
 
   let bar = progressBar("fp8 reference");
   const ref = referenceMoE(x, opts.tokens, routing, weights, {

@@ -2,9 +2,10 @@
 /** The megamoe command line: run a layer, compare backends, show the machine. */
 import { Command, InvalidArgumentError } from "commander";
 import pc from "picocolors";
-import { parseSeed } from "../weights/counter-rng.js";
+import { parseSeed } from "../numerics/counter-rng.js";
 import { parseList, runBench } from "./bench.js";
 import { runCheck } from "./check.js";
+import { runInspect } from "./checkpoint.js";
 import { runInfo } from "./info.js";
 import { runPlot } from "./plot.js";
 import { runLayer } from "./run.js";
@@ -54,6 +55,11 @@ program
   .option("--seed <n>", "seed of weights, inputs and routing", seedArg, 1)
   .option("--shared <0|1>", "include the shared expert", sharedFlag, true)
   .option("--routing <kind>", "gate (the layer's router) or random", "gate")
+  .option(
+    "--checkpoint <dir>",
+    "a DeepSeek-V4 checkpoint directory (or one .safetensors file) instead of --shape",
+  )
+  .option("--layer <L>", "with --checkpoint: the layer (a number, layers.L or mtp.0)")
   .option("--weights <file>", "load weights from a safetensors file instead of generating them")
   .option("--save-weights <file>", "write the generated weights to a safetensors file first")
   .option(
@@ -76,6 +82,11 @@ program
   .option("--tokens <n>", "tokens in the batch", positiveInt("tokens"), 16)
   .option("--seed <n>", "seed of weights, inputs and routing", seedArg, 1)
   .option("--shared <0|1>", "include the shared expert", sharedFlag, true)
+  .option(
+    "--checkpoint <dir>",
+    "a DeepSeek-V4 checkpoint directory (or one .safetensors file) instead of --shape",
+  )
+  .option("--layer <L>", "with --checkpoint: the layer (a number, layers.L or mtp.0)")
   .option("--ranks <n>", "also check the layer split across n expert-parallel ranks", positiveInt("ranks"), 1)
   .option("--json", "print the result as JSON")
   .action(async (opts) => {
@@ -103,6 +114,11 @@ program
   )
   .option("--shape <name>", shapeHelp, "flash-ep8")
   .option("--shared <0|1>", "include the shared expert", sharedFlag, true)
+  .option(
+    "--checkpoint <dir>",
+    "a DeepSeek-V4 checkpoint directory (or one .safetensors file) instead of --shape (fused/unfused)",
+  )
+  .option("--layer <L>", "with --checkpoint: the layer (a number, layers.L or mtp.0)")
   .option("--seed <n>", "seed of weights, inputs and routing", seedArg, 1)
   .option("--graph", "unfused: also time CUDA-graph replays (the default)")
   .option("--no-graph", "unfused: time eager launches only")
@@ -144,6 +160,20 @@ program
   .option("--json", "print the rows as JSON")
   .action(async (opts) => {
     await runBench(opts);
+  });
+
+program
+  .command("inspect")
+  .description(
+    "summarize a DeepSeek-V4 checkpoint: MoE shape, expert format, layers, shards, bytes, first problems",
+  )
+  .argument(
+    "<dir>",
+    "checkpoint directory (config.json, model.safetensors.index.json, shards) or one .safetensors file",
+  )
+  .option("--json", "print the summary as JSON")
+  .action((dir: string, opts) => {
+    runInspect(dir, opts);
   });
 
 program

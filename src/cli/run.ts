@@ -19,6 +19,7 @@ import { randomRouting, routeTokens } from "../reference/router.js";
 import { GeneratedWeights, generateActivations } from "../weights/generate.js";
 import { loadMoEWeights, saveMoEWeights } from "../weights/safetensors.js";
 import type { MoEWeightSource } from "../weights/types.js";
+import { checkpointLayer, hashRouting } from "./checkpoint.js";
 import { progressBar } from "./progress.js";
 
 export interface RunOptions {
@@ -32,6 +33,10 @@ export interface RunOptions {
   routing: string;
   weights?: string;
   saveWeights?: string;
+  /** A DeepSeek-V4 checkpoint directory (or one .safetensors file): its layer `layer` instead of --shape. */
+  checkpoint?: string;
+  /** With checkpoint: the layer ("3", "layers.3" or "mtp.0"). */
+  layer?: string;
   /** Expert-parallel ranks (1: one layer). */
   ranks?: number;
   json?: boolean;
@@ -62,8 +67,16 @@ export function chooseBackend(name: string): Backend {
 
 export async function runLayer(opts: RunOptions): Promise<void> {
   const backend = chooseBackend(opts.backend);
-  const config = resolveConfigForTokens(opts.shape, opts.tokens);
-  let weights = makeWeights(config, opts.seed, opts.weights);
+  if (opts.layer !== undefined && opts.checkpoint === undefined)
+    throw new Error("--layer needs --checkpoint");
+  if (opts.checkpoint !== undefined && (opts.weights !== undefined || opts.saveWeights !== undefined)) {
+    throw new Error("--checkpoint takes the place of --weights and --save-weights: give one");
+  }
+  let weights =
+    opts.checkpoint === undefined
+      ? makeWeights(resolveConfigForTokens(opts.shape, opts.tokens), opts.seed, opts.weights)
+      : checkpointLayer(opts.checkpoint, opts.layer, opts.tokens);
+  const config = weights.config;
   if (opts.saveWeights !== undefined) {
     const bar = progressBar("saving weights");
     saveMoEWeights(opts.saveWeights, weights, { onProgress: (d, t) => bar.update(d, t) });
@@ -71,7 +84,9 @@ export async function runLayer(opts: RunOptions): Promise<void> {
     weights = loadMoEWeights(opts.saveWeights, config);
   }
   const x = generateActivations(opts.seed, opts.tokens, config.hidden);
-  const routing = makeRouting(opts.routing, opts.seed, opts.tokens, config);
+  // Hash-routed layers (V4's first layers) route the seed's token ids through their tid2eid table.
+  const hashed = opts.routing === "gate" ? hashRouting(weights, x, opts.tokens, opts.seed) : undefined;
+  const routing = hashed?.routing ?? makeRouting(opts.routing, opts.seed, opts.tokens, config);
   const ranks = opts.ranks ?? 1;
   let result: { out: Uint16Array; routing: Routing };
   let ms: number;
@@ -112,6 +127,13 @@ export async function runLayer(opts: RunOptions): Promise<void> {
   const experts = new Set(Array.from(result.routing.ids).filter((e) => e >= 0)).size;
   const summary = {
     shape: config.name,
+    ...(opts.checkpoint === undefined
+      ? {}
+      : {
+          checkpoint: opts.checkpoint,
+          expertFormat: config.expertFormat ?? "fp8",
+          layerRouting: config.router.hashRouted === true ? "hash" : "score",
+        }),
     experts: config.numExperts,
     hidden: config.hidden,
     intermediate: config.intermediate,
@@ -140,6 +162,14 @@ export async function runLayer(opts: RunOptions): Promise<void> {
       `${config.name}: E=${config.numExperts} H=${config.hidden} IH=${config.intermediate} top-${config.topK}, shared ${summary.shared ? "on" : "off"}`,
     ),
   );
+  if (opts.checkpoint !== undefined) {
+    process.stdout.write(
+      line(
+        "checkpoint",
+        `${opts.checkpoint}: ${summary.expertFormat} experts, ${summary.layerRouting}-routed`,
+      ),
+    );
+  }
   process.stdout.write(line("tokens", opts.tokens));
   process.stdout.write(line("backend", `${backend} (routing: ${opts.routing}, seed ${opts.seed})`));
   process.stdout.write(line("experts", `${experts} of ${config.numExperts} touched`));

@@ -44,6 +44,11 @@ export interface RouterConfig {
   /** Renormalize the chosen k weights to sum to 1 before scaling. */
   renormalize: boolean;
   routedScalingFactor: number;
+  /**
+   * DeepSeek-V4's first layers: experts chosen by the token id (gate.tid2eid), weighted from the gate's
+   * scores; such layers have no correction bias. Absent means false.
+   */
+  hashRouted?: boolean;
 }
 
 export interface MoEConfig {
@@ -175,6 +180,7 @@ const ROUTER_FIELDS: readonly (keyof RouterConfig)[] = [
   "correctionBias",
   "renormalize",
   "routedScalingFactor",
+  "hashRouted",
 ];
 
 /** A short description of a value for an error message: its type, or its constructor's name. */
@@ -316,6 +322,12 @@ export function validateConfig(c: MoEConfig | ValidatedConfig): ValidatedConfig 
   ) {
     throw new ConfigError(
       `router.routedScalingFactor must be positive and finite, got ${describeValue(r.routedScalingFactor)}`,
+    );
+  }
+  if (r.hashRouted !== undefined) requireBoolean("router.hashRouted", r.hashRouted);
+  if (r.hashRouted === true && r.correctionBias) {
+    throw new ConfigError(
+      "router.hashRouted layers choose experts by token id: router.correctionBias must be false",
     );
   }
   const out = Object.freeze({ ...c, router: Object.freeze({ ...r }) }) as unknown as ValidatedConfig;

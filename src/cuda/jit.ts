@@ -2,7 +2,7 @@
  * Just-in-time kernel compilation with a disk cache.
  *
  * Kernels are CUDA C++ files shipped in the package (`src/kernels/<family>/*.cu`, device helpers in
- * `src/include/megamoe/*.cuh`). `compileKernel` turns one into a cubin with compile-time constants
+ * `src/include/common/*.cuh`). `compileKernel` turns one into a cubin with compile-time constants
  * (`defines`), through NVRTC (in process) or nvcc (subprocess), and caches the result on disk.
  *
  * Cache key = sha256 of: the source text, the path and text of every project header it includes
@@ -141,7 +141,7 @@ export function kernelsDir(): string {
   return path.join(packageRoot(), "src", "kernels");
 }
 
-/** `<package>/src/include` (kernels include `<megamoe/x.cuh>`). */
+/** `<package>/src/include` (kernels include `<common/x.cuh>`). */
 export function includeDir(): string {
   return path.join(packageRoot(), "src", "include");
 }

@@ -29,7 +29,7 @@ import {
   validateConfig,
 } from "../config/config.js";
 import { type Device, DeviceTensor, expectOperand } from "../cuda/index.js";
-import { combineRanksOnDevice, gatherRowsOnDevice } from "../kernels/parallel/parallel.js";
+import { combineRanksOnDevice, gatherRowsOnDevice } from "../kernels/exchange/exchange.js";
 import {
   type Backend,
   checkOptions,

@@ -13,7 +13,7 @@ import {
   validateConfig,
 } from "../config/config.js";
 import { f32FromBf16Array } from "../numerics/bf16.js";
-import { checkSeed } from "../weights/counter-rng.js";
+import { checkSeed } from "../numerics/counter-rng.js";
 
 const fround = Math.fround;
 
@@ -510,4 +510,57 @@ export function randomRouting(
     }
   }
   return { ids, weights };
+}
+
+/**
+ * DeepSeek-V4's hash routing (its first num_hash_layers layers): token t's experts are tid2eid[ids[t]]
+ * in the table's order; their weights are the gate's unbiased scores of those experts, renormalized
+ * over the k (w / (Σw + 1e-20)) when config.router.renormalize, times routedScalingFactor, as
+ * selectTopK weights the experts it chooses. tid2eid is int32 [vocab, topK].
+ */
+export function routeByHash(
+  x: Uint16Array,
+  tokens: number,
+  tokenIds: Int32Array,
+  gate: Gate & { tid2eid?: Int32Array | null },
+  config: MoEConfig,
+): RouteResult {
+  validateConfig(config);
+  const { numExperts, hidden, topK } = config;
+  const table = gate.tid2eid;
+  if (table === undefined || table === null)
+    throw new RouterError("hash routing needs the gate's tid2eid table");
+  if (table.length === 0 || table.length % topK !== 0) {
+    throw new RouterError(`tid2eid has ${table.length} elements, not a multiple of topK (${topK})`);
+  }
+  const vocab = table.length / topK;
+  if (!(tokenIds instanceof Int32Array)) throw new RouterError("tokenIds must be an Int32Array");
+  requireLength("tokenIds", tokenIds, tokens, `[tokens=${tokens}]`);
+  const logits = gateLogits(x, gate.weight, tokens, hidden, numExperts);
+  const scores = scoreLogits(logits, tokens, numExperts, config.router.scoring);
+  const ids = new Int32Array(tokens * topK);
+  const weights = new Float32Array(tokens * topK);
+  const { renormalize, routedScalingFactor } = config.router;
+  for (let t = 0; t < tokens; t++) {
+    const id = tokenIds[t];
+    if (id < 0 || id >= vocab)
+      throw new RouterError(`tokenIds[${t}] = ${id} is outside the vocabulary [0, ${vocab})`);
+    let sum = 0;
+    for (let j = 0; j < topK; j++) {
+      const e = table[id * topK + j];
+      if (e < 0 || e >= numExperts) {
+        throw new RouterError(`tid2eid[${id}, ${j}] = ${e} is outside [0, ${numExperts})`);
+      }
+      ids[t * topK + j] = e;
+      sum += scores[t * numExperts + e];
+    }
+    for (let j = 0; j < topK; j++) {
+      const s = scores[t * numExperts + ids[t * topK + j]];
+      weights[t * topK + j] = renormalize
+        ? (s / (sum + RENORMALIZE_EPSILON)) * routedScalingFactor
+        : s * routedScalingFactor;
+    }
+  }
+  validateRouting(ids, weights, tokens, config);
+  return { ids, weights, logits };
 }

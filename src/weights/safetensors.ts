@@ -40,6 +40,10 @@ export class SafetensorsError extends Error {
 export const DTYPE_SIZES = { F8_E4M3: 1, BF16: 2, F32: 4, I32: 4, I8: 1, F8_E8M0: 1 } as const;
 export type Dtype = keyof typeof DTYPE_SIZES;
 
+/** Dtypes the writer also lays out (DeepSeek-V4 checkpoints: U8-packed FP4, I64 token tables). */
+export const WRITE_DTYPE_SIZES = { ...DTYPE_SIZES, U8: 1, I64: 8 } as const;
+export type WriteDtype = keyof typeof WRITE_DTYPE_SIZES;
+
 /** Element sizes of other common dtypes, only to check the byte length of tensors we do not read. */
 const OTHER_DTYPE_SIZES: Record<string, number> = {
   BOOL: 1,
@@ -85,7 +89,7 @@ function bytesOf(data: ArrayBufferView): Uint8Array {
 
 export interface TensorSpec {
   name: string;
-  dtype: Dtype;
+  dtype: WriteDtype;
   shape: number[];
 }
 
@@ -118,7 +122,7 @@ function encodeHeader(specs: TensorSpec[], metadata: Record<string, string>) {
     if (!s.shape.every((d) => Number.isSafeInteger(d) && d >= 0)) {
       throw new SafetensorsError(`tensor ${s.name} has an invalid shape ${shapeText(s.shape)}`);
     }
-    const end = at + numel(s.shape) * DTYPE_SIZES[s.dtype];
+    const end = at + numel(s.shape) * WRITE_DTYPE_SIZES[s.dtype];
     json[s.name] = { dtype: s.dtype, shape: s.shape, data_offsets: [at, end] };
     offsets.set(s.name, { begin: at, end });
     at = end;
@@ -133,7 +137,13 @@ function encodeHeader(specs: TensorSpec[], metadata: Record<string, string>) {
   return { header, offsets, dataBytes: at };
 }
 
-function readExactly(fd: number, into: Uint8Array, position: number, what: string, path: string): void {
+export function readExactly(
+  fd: number,
+  into: Uint8Array,
+  position: number,
+  what: string,
+  path: string,
+): void {
   let done = 0;
   while (done < into.length) {
     const n = fs.readSync(fd, into, done, into.length - done, position + done);
@@ -246,7 +256,7 @@ function checkDisjoint(path: string, tensors: Map<string, TensorInfo>): void {
   }
 }
 
-function openForReading(path: string): number {
+export function openForReading(path: string): number {
   try {
     return fs.openSync(path, "r");
   } catch (err) {
@@ -624,6 +634,29 @@ function checkLayerTensors(header: SafetensorsHeader, specs: TensorSpec[]): void
   }
 }
 
+/**
+ * A file saved by megamoe records its layer's config in its metadata: when that shape differs from the
+ * one asked for, say so (instead of "missing tensor …" for every tensor the other shape would have).
+ */
+function checkSavedShape(header: SafetensorsHeader, config: MoEConfig): void {
+  const saved = header.metadata["megamoe.config"];
+  if (saved === undefined) return;
+  let s: Partial<MoEConfig>;
+  try {
+    s = JSON.parse(saved) as Partial<MoEConfig>;
+  } catch {
+    return; // not ours to judge: the tensor checks that follow still apply
+  }
+  const keys = ["numExperts", "hidden", "intermediate", "numShared"] as const;
+  if (keys.some((k) => s[k] !== config[k])) {
+    const shape = (c: Partial<MoEConfig>) =>
+      `E=${c.numExperts} H=${c.hidden} I=${c.intermediate} shared=${c.numShared}`;
+    throw new SafetensorsError(
+      `${header.path}: its metadata says it holds a "${s.name}" layer (${shape(s)}), not the "${config.name}" layer asked for (${shape(config)})`,
+    );
+  }
+}
+
 /** Weights read lazily from a checked checkpoint file. */
 class SafetensorsWeights implements MoEWeightSource {
   private sharedWeights: ExpertWeights | null | undefined;
@@ -790,6 +823,7 @@ export function loadMoEWeights(
     throw new SafetensorsError(`prefix must be a string, got ${String(prefix)}`);
   const experts = new ExpertCache(c, opts.cachedExperts ?? 2);
   const header = readSafetensorsHeader(path);
+  checkSavedShape(header, c);
   checkLayerTensors(header, moeTensorSpecs(c, prefix));
   return new SafetensorsWeights(c, header, prefix, experts);
 }

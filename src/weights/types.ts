@@ -64,6 +64,11 @@ export interface GateWeights {
   weight: Uint16Array;
   /** fp32 [E] correction bias (selection only), or null when the config has none. */
   bias: Float32Array | null;
+  /**
+   * Hash-routed layers (config.router.hashRouted): int32 [vocab, topK], the experts of each token id
+   * (DeepSeek-V4's `gate.tid2eid`); absent or null otherwise.
+   */
+  tid2eid?: Int32Array | null;
 }
 
 /** Where a layer's weights come from: generated on demand, or read from a file. */

@@ -1,5 +1,5 @@
 /**
- * The device build of megamoe/fp4.cuh (src/kernels/fp4/fp4_convert.cu, both paths) against the CPU
+ * The device build of common/fp4.cuh (src/kernels/fp4/fp4_convert.cu, both paths) against the CPU
  * rule `mxfp4RowsToFp8`, byte for byte: e4m3 codes and the fp32 2^ref per row and K block, on every
  * maximum scale byte 0..254 with spreads 0, 14, 15 and 30, every code in every group, and seeded random
  * rows. The fast path's `prmt` is the one thing the host test (test/numerics/fp4-header.test.ts) can

@@ -1,5 +1,5 @@
 /**
- * src/include/megamoe/fp4.cuh (the GPU kernels' FP4 → e4m3 conversion) against the TypeScript rule
+ * src/include/common/fp4.cuh (the GPU kernels' FP4 → e4m3 conversion) against the TypeScript rule
  * (src/numerics/fp4.ts mxfp4RowsToFp8), byte for byte: the header is compiled for the host with g++
  * from test/fixtures/fp4_convert.cpp, and both its exact path and its fast path (prmt emulated on the
  * host; test/gpu/fp4-convert.test.ts runs the device instruction) convert the same blocks.

@@ -2,19 +2,21 @@ import assert from "node:assert/strict";
 import { describe, it } from "node:test";
 import { type MoEConfig, resolveConfig } from "../../src/config/config.js";
 import { f32FromBf16Array, f32ToBf16Bits } from "../../src/numerics/bf16.js";
+import { hash32, tensorKey, uniformSym } from "../../src/numerics/counter-rng.js";
 import { countFp4ToFp8Inexact, quantizeMxfp4 } from "../../src/numerics/fp4.js";
-import { dequantizeWeightBlocks } from "../../src/numerics/quant.js";
-import { hash32, tensorKey, uniformSym } from "../../src/weights/counter-rng.js";
 import {
   ACTIVATION_BASE,
   blockExponent,
   GATE_BIAS_SCALE,
+  generatorNames,
+  matrixBaseScale,
+} from "../../src/numerics/generator.js";
+import { dequantizeWeightBlocks } from "../../src/numerics/quant.js";
+import {
   GeneratedWeights,
   generateActivations,
   generateExpert,
   generateMatrix,
-  generatorNames,
-  matrixBaseScale,
 } from "../../src/weights/generate.js";
 import {
   type BlockQuantized,

@@ -1,5 +1,5 @@
 // MXFP4 → e4m3 with one fp32 scale per row and 128-deep K block (docs/numerics.md, "FP4 experts"):
-// the conversion of megamoe/fp4.cuh over a whole [rows, K] matrix. The grouped GEMM converts its
+// the conversion of common/fp4.cuh over a whole [rows, K] matrix. The grouped GEMM converts its
 // weight tiles in shared memory instead; this kernel is what test/gpu/fp4-convert.test.ts compares with
 // the CPU rule (the fast path, and the exact path as a second entry point), and a way to materialize
 // the FP8 form of FP4 weights on the device.
@@ -10,7 +10,7 @@
 //   sw      fp32  [rows, K/128]   2^ref
 //
 // One thread per (row, K block): four 16-byte loads, eight 16-byte stores.
-#include "megamoe/fp4.cuh"
+#include "common/fp4.cuh"
 
 namespace {
 

@@ -18,7 +18,7 @@ import {
 
 /** The kernel source, relative to src/kernels. */
 export const FP4_CONVERT_SOURCE = "fp4/fp4_convert.cu";
-/** The fast path (megamoe/fp4.cuh's prmt lookups) and the exact one (element by element, a test oracle). */
+/** The fast path (common/fp4.cuh's prmt lookups) and the exact one (element by element, a test oracle). */
 export const FP4_CONVERT_KERNELS = {
   fast: "megamoe_fp4_to_e4m3",
   exact: "megamoe_fp4_to_e4m3_exact",

@@ -37,7 +37,7 @@
 //   bs   u32 [K/128, G·N]         the four UE8M0 bytes of each row's K block (group g in byte g): the
 //                                 host's load-time transform of [G·N, K/32]; TMA map, box {BLOCK_N, 1}
 // The TMA completes a stage's `loaded` barrier; warps 1..3 of the producer warpgroup then convert the
-// packed rows into the B tile (megamoe/fp4.cuh, fast path: e4m3 codes relative to each row's reference
+// packed rows into the B tile (common/fp4.cuh, fast path: e4m3 codes relative to each row's reference
 // exponent, written in the 128-byte swizzle the TMA gives FP8 B) and each row's fp32 scale 2^ref, and
 // arrive on `full`. The converters are the producer warpgroup's idle warps, so the math warpgroups keep
 // every register and cycle for wgmma and promotion, and the conversion (about 1.5 instructions per
@@ -46,7 +46,7 @@
 // (mul_rn, add_rn: no FMA), the order of the CPU rule.
 
 #include "fp8_grouped_gemm_config.cuh"
-#include "megamoe/fp4.cuh"
+#include "common/fp4.cuh"
 
 namespace {
 

@@ -4,8 +4,8 @@
 
 #pragma once
 
-#include "megamoe/bf16.cuh"
-#include "megamoe/sm90.cuh"
+#include "common/bf16.cuh"
+#include "common/sm90.cuh"
 
 #ifndef BLOCK_M
 #define BLOCK_M 128

@@ -17,7 +17,7 @@ import {
   loadKernel,
   type Stream,
 } from "../../cuda/index.js";
-import type { DeviceMoEWeights } from "../../weights/device.js";
+import type { DeviceMoEWeights } from "../device-weights.js";
 import { aScalesRows } from "../gemm/grouped_gemm.js";
 import { encodeFp8RowsMap, encodeScaleColumnsMap } from "../tensor-maps.js";
 import { FUSED_BLOCK_MS, FUSED_BLOCK_N, FUSED_COUNTER_WORDS, type FusedBlockM } from "./megamoe.variants.js";

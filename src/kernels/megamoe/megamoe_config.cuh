@@ -3,11 +3,11 @@
 
 #pragma once
 
-#include "megamoe/bf16.cuh"
-#include "megamoe/moe_rules.cuh"
-#include "megamoe/ptx.cuh"
-#include "megamoe/quant.cuh"
-#include "megamoe/sm90.cuh"
+#include "common/bf16.cuh"
+#include "common/moe_rules.cuh"
+#include "common/ptx.cuh"
+#include "common/quant.cuh"
+#include "common/sm90.cuh"
 
 #ifndef HIDDEN
 #define HIDDEN 4096

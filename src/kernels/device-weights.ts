@@ -18,14 +18,20 @@ import {
   validateConfig,
 } from "../config/config.js";
 import { Device, DeviceTensor, type Stream } from "../cuda/index.js";
+import { checkSeed } from "../numerics/counter-rng.js";
+import { expertMatrixSpecs, sharedMatrixSpecs } from "../numerics/generator.js";
+import {
+  type BlockQuantized,
+  type MoEWeightSource,
+  requireFp8Expert,
+  weightSourceProblem,
+} from "../weights/types.js";
 import {
   generateActivationsInto,
   generateGateBiasOnDevice,
   generateGateWeightOnDevice,
   generateMatrixOnDevice,
-} from "../kernels/weightgen/weightgen.js";
-import { checkSeed, expertMatrixSpecs, sharedMatrixSpecs } from "./generate.js";
-import { type BlockQuantized, type MoEWeightSource, requireFp8Expert, weightSourceProblem } from "./types.js";
+} from "./weightgen/weightgen.js";
 
 /** One MLP's weights for `experts` experts: W1 [experts, 2I, H], W2 [experts, H, I] and their scales. */
 export interface DeviceExpertPair {

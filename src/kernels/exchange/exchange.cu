@@ -3,9 +3,9 @@
 // different GPUs (peer access over NVLink), so no staging copy runs between them; on one GPU the same
 // kernels move rows within it.
 
-#include "megamoe/bf16.cuh"
-#include "megamoe/moe_rules.cuh"
-#include "megamoe/ptx.cuh"
+#include "common/bf16.cuh"
+#include "common/moe_rules.cuh"
+#include "common/ptx.cuh"
 
 // dst[r] = src[index[r]] for r < rows, rows of row_vecs 16-byte vectors. A thread per vector, grid-stride.
 extern "C" __global__ void __launch_bounds__(256)

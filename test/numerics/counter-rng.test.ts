@@ -7,7 +7,7 @@ import {
   streamKey,
   tensorKey,
   uniformSym,
-} from "../../src/weights/counter-rng.js";
+} from "../../src/numerics/counter-rng.js";
 import { testSeed } from "../helpers/random.js";
 
 const seed = testSeed("counter-rng tests");

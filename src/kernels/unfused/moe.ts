@@ -27,7 +27,7 @@ import {
 import { moeUnfusedDefines } from "./moe_unfused.variants.js";
 
 /** The kernel source, relative to src/kernels. */
-export const MOE_KERNEL_SOURCE = "moe/moe_unfused.cu";
+export const MOE_KERNEL_SOURCE = "unfused/moe_unfused.cu";
 /** Experts the layout kernel handles (one CTA, one expert per thread in its scan; the GEMM's limit too). */
 export const MOE_MAX_EXPERTS = 1024;
 

@@ -9,10 +9,10 @@
 //
 // Rows are sized by an upper bound (T·k) on the host so nothing waits for the device: the real row
 // count is group_offsets[E], read by each kernel on the device, and rows past it are never touched.
-#include "megamoe/bf16.cuh"
-#include "megamoe/moe_rules.cuh"
-#include "megamoe/ptx.cuh"
-#include "megamoe/quant.cuh"
+#include "common/bf16.cuh"
+#include "common/moe_rules.cuh"
+#include "common/ptx.cuh"
+#include "common/quant.cuh"
 
 #ifndef SCALE_UE8M0
 #define SCALE_UE8M0 0

@@ -14,7 +14,7 @@ import {
   type Stream,
 } from "../../cuda/index.js";
 
-export const PARALLEL_SOURCE = "parallel/parallel.cu";
+export const EXCHANGE_SOURCE = "exchange/exchange.cu";
 const THREADS = 256;
 const VECTOR_BYTES = 16;
 
@@ -29,7 +29,7 @@ const kernels = perDeviceOnce<ParallelKernels>();
 
 function kernelsFor(device: Device): ParallelKernels {
   return kernels(device, () => {
-    const compiled = compileKernel({ source: PARALLEL_SOURCE });
+    const compiled = compileKernel({ source: EXCHANGE_SOURCE });
     return {
       gather: loadKernel(device, compiled, "megamoe_gather_rows"),
       combine: loadKernel(device, compiled, "megamoe_combine_ranks"),
