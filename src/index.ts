@@ -8,6 +8,11 @@
 
 export {
   ConfigError,
+  type ConfigOverrides,
+  EXPERT_FORMATS,
+  type ExpertFormat,
+  expertFormatOf,
+  isValidatedConfig,
   type MoEConfig,
   PRESETS,
   presetNames,
@@ -17,9 +22,12 @@ export {
   type ScaleFormat,
   type ScoringFunction,
   sharedIntermediate,
+  type ValidatedConfig,
   validateConfig,
 } from "./config/config.js";
 export * as cuda from "./cuda/index.js";
+export { DeviceMoEWeights } from "./kernels/device-weights.js";
+export { convertFp4ToFp8 } from "./kernels/fp4/fp4_convert.js";
 export {
   defaultGateLogits,
   type GateLogits,
@@ -27,7 +35,9 @@ export {
   reserveGateWorkspace,
   routeOnDevice,
 } from "./kernels/gate/gate.js";
-export { groupedGemmFp8, planGroupedGemm } from "./kernels/gemm/grouped_gemm.js";
+export { fp4GemmScaleWords, groupedGemmFp4 } from "./kernels/gemm/fp4_grouped_gemm.js";
+export { groupedGemmFp8 } from "./kernels/gemm/grouped_gemm.js";
+export { planGroupedGemm } from "./kernels/gemm/plan.js";
 export { FusedMoEKernel, FusedMoEKernelError } from "./kernels/megamoe/megamoe.js";
 export { rmsNormOnDevice } from "./kernels/norm/norm.js";
 export { quantizeOnDevice } from "./kernels/quant/quant.js";
@@ -50,6 +60,22 @@ export {
   f32ToBf16Bits,
   roundToBf16,
 } from "./numerics/bf16.js";
+export {
+  countFp4ToFp8Inexact,
+  decodeE2m1,
+  decodeE8m0,
+  dequantizeMxfp4,
+  E2M1_DECODE,
+  type E8m0Rounding,
+  encodeE2m1,
+  encodeE8m0,
+  type Fp4AsFp8,
+  mxfp4RowsToFp8,
+  mxfp4ToFp8Blocks,
+  packE2m1,
+  quantizeMxfp4,
+  unpackE2m1,
+} from "./numerics/fp4.js";
 export {
   decodeE4m3,
   decodeE5m2,
@@ -89,17 +115,51 @@ export {
 export { FusedPipeline } from "./pipeline/fused.js";
 export { type MoEPipeline, type UnfusedForward, UnfusedPipeline } from "./pipeline/unfused.js";
 export { calcDiff, checksum, l2Norm, relativeError } from "./reference/metrics.js";
-export { groupByExpert, idealMoE, type ReferenceOptions, referenceMoE } from "./reference/moe.js";
+export {
+  type Fp4ConversionStats,
+  groupByExpert,
+  idealMoE,
+  type ReferenceOptions,
+  referenceMoE,
+} from "./reference/moe.js";
 export {
   type Gate,
   gateLogits,
   RouterError,
   type Routing,
   randomRouting,
+  routeByHash,
   routeTokens,
   validateRouting,
 } from "./reference/router.js";
-export { DeviceMoEWeights } from "./weights/device.js";
-export { GeneratedWeights, generateActivations } from "./weights/generate.js";
+export {
+  Checkpoint,
+  CheckpointError,
+  CheckpointLayer,
+  generateTokenIds,
+  type LayerOptions,
+  openCheckpoint,
+  parseV4Config,
+  type V4Block,
+  type V4ModelConfig,
+  v4Names,
+} from "./weights/checkpoint.js";
+export {
+  type ExtraTensor,
+  type SaveCheckpointOptions,
+  type SaveLayer,
+  saveCheckpoint,
+} from "./weights/checkpoint-save.js";
+export { checkSeed, GeneratedWeights, generateActivations } from "./weights/generate.js";
+export { type RandomV4Options, RandomV4Weights } from "./weights/random-v4.js";
 export { loadMoEWeights, SafetensorsError, saveMoEWeights } from "./weights/safetensors.js";
-export type { BlockQuantized, ExpertWeights, GateWeights, MoEWeightSource } from "./weights/types.js";
+export type {
+  BlockQuantized,
+  ExpertWeights,
+  Fp4ExpertWeights,
+  GateWeights,
+  MoEWeightSource,
+  Mxfp4Matrix,
+  RoutedExpertWeights,
+} from "./weights/types.js";
+export { MXFP4_GROUP, requireFp8Expert } from "./weights/types.js";

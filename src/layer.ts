@@ -2,22 +2,29 @@
  * The public layer object: a config and its weights, checked inputs, and a backend that computes the
  * layer: "cpu" (the reference that defines the numerics) or "cuda" (the GPU pipeline), same API.
  */
-import { type MoEConfig, validateConfig } from "./config/config.js";
-import { cudaAvailability, type Device, DeviceTensor, openDevice, type Stream } from "./cuda/index.js";
+import {
+  describeValue,
+  isValidatedConfig,
+  type MoEConfig,
+  nearestName,
+  type ValidatedConfig,
+  validateConfig,
+} from "./config/config.js";
+import { cudaAvailability, Device, DeviceTensor, openDevice, type Stream } from "./cuda/index.js";
+import { DeviceMoEWeights } from "./kernels/device-weights.js";
 import { fusedLayerProblem } from "./kernels/megamoe/megamoe.js";
 import { FusedPipeline } from "./pipeline/fused.js";
 import { forwardProblem, type MoEPipeline, UnfusedPipeline } from "./pipeline/unfused.js";
 import { type Routing, referenceMoE } from "./reference/moe.js";
-import { routeTokens, validateRouting } from "./reference/router.js";
-import { DeviceMoEWeights } from "./weights/device.js";
-import type { MoEWeightSource } from "./weights/types.js";
+import { routeByHash, routeTokens, validateRouting } from "./reference/router.js";
+import { type MoEWeightSource, weightSourceProblem } from "./weights/types.js";
 
 export type Backend = "cpu" | "cuda";
 /** How the "cuda" backend computes the layer: one fused kernel, or the unfused launch sequence. */
 export type GpuPipelineKind = "fused" | "unfused";
 /**
  * The "cuda" backend's pipeline when none is asked for: the fused kernel (bit-identical to the unfused
- * pipeline in every GPU test on the H200, bench/NOTES.md). Ask for { pipeline: "unfused" } for the
+ * pipeline in every GPU test on the H200, docs/decisions.md). Ask for { pipeline: "unfused" } for the
  * baseline; shapes the fused kernel cannot run take it anyway.
  */
 export const DEFAULT_GPU_PIPELINE: GpuPipelineKind = "fused";
@@ -135,10 +142,17 @@ export class InputError extends Error {
 }
 
 export interface ForwardOptions {
-  /** Routing from the caller; when absent the layer's gate routes the tokens. */
+  /**
+   * Routing from the caller; when absent the layer's gate routes the tokens. ids: an Int32Array
+   * [tokens, topK] of expert ids in [−1, E) (−1: an unused slot); weights: a Float32Array [tokens, topK]
+   * of finite values. No other array kind is converted. Negative (and zero) weights are accepted: the
+   * combine is linear in them (docs/numerics.md), though the layer's own router makes positive ones.
+   */
   routing?: Routing;
   /** Include the shared expert (default: true when the config has one). */
   shared?: boolean;
+  /** int32 [tokens] token ids: required by hash-routed layers (config.router.hashRouted) without routing. */
+  tokenIds?: Int32Array;
   onProgress?: (done: number, total: number) => void;
 }
 
@@ -151,7 +165,7 @@ export interface ForwardResult {
 /** Throws InputError unless tokens is a positive integer no larger than the layer's maxTokens. */
 export function validateTokens(tokens: number, config: MoEConfig): void {
   if (!Number.isInteger(tokens) || tokens < 1) {
-    throw new InputError(`tokens must be a positive integer, got ${tokens}`);
+    throw new InputError(`tokens must be a positive integer, got ${describeValue(tokens)}`);
   }
   if (tokens > config.maxTokens) {
     throw new InputError(`too many tokens: ${tokens} > maxTokens ${config.maxTokens} of this layer`);
@@ -161,8 +175,7 @@ export function validateTokens(tokens: number, config: MoEConfig): void {
 /** Throws InputError unless x is bf16 bits [tokens, hidden] of finite values and tokens fits. */
 export function validateInput(x: unknown, tokens: number, config: MoEConfig): asserts x is Uint16Array {
   if (!(x instanceof Uint16Array)) {
-    const kind = x === null || typeof x !== "object" ? typeof x : (x.constructor?.name ?? "object");
-    throw new InputError(`x must be a Uint16Array of bf16 bits, got ${kind}`);
+    throw new InputError(`x must be a Uint16Array of bf16 bits, got ${describeValue(x)}`);
   }
   validateTokens(tokens, config);
   if (x.length !== tokens * config.hidden) {
@@ -178,8 +191,39 @@ export function validateInput(x: unknown, tokens: number, config: MoEConfig): as
   }
 }
 
+/** Throws InputError unless `options` is undefined or an object whose keys are all in `known`. */
+export function checkOptions(where: string, options: unknown, known: readonly string[]): void {
+  if (options === undefined) return;
+  if (typeof options !== "object" || options === null || Array.isArray(options)) {
+    throw new InputError(`${where} must be an object, got ${describeValue(options)}`);
+  }
+  for (const key of Object.keys(options)) {
+    if (known.includes(key)) continue;
+    const near = nearestName(key, known);
+    throw new InputError(
+      `unknown ${where} field ${key}${near === undefined ? "" : ` (did you mean ${near}?)`}; known: ${known.join(", ")}`,
+    );
+  }
+}
+
+/** A source with its config validated: the source itself when it was, else a view carrying the validated copy. */
+function withValidatedConfig(source: MoEWeightSource): MoEWeightSource {
+  if (isValidatedConfig(source.config)) return source;
+  const config: ValidatedConfig = validateConfig(source.config);
+  return {
+    config,
+    expert: (e) => source.expert(e),
+    shared: () => source.shared(),
+    gate: () => source.gate(),
+    ...(source.generated === undefined ? {} : { generated: source.generated }),
+  };
+}
+
+const LAYER_OPTIONS = ["backend", "device", "pipeline"] as const;
+const FORWARD_OPTIONS = ["routing", "shared", "tokenIds", "onProgress"] as const;
+
 export class MoELayer {
-  readonly config: MoEConfig;
+  readonly config: ValidatedConfig;
   readonly backend: Backend;
   /** The GPU pipeline of a "cuda" layer (null on the CPU). */
   readonly pipeline: GpuPipelineKind | null = null;
@@ -193,11 +237,30 @@ export class MoELayer {
    * buffer for config.maxTokens; call `dispose()` to free them.
    */
   constructor(weights: MoEWeightSource, options: MoELayerOptions = {}) {
-    this.config = validateConfig(weights.config);
-    this.weights = weights;
+    const problem = weightSourceProblem(weights);
+    if (problem !== null) throw new InputError(`MoELayer: ${problem}`);
+    checkOptions("MoELayer options", options, LAYER_OPTIONS);
+    this.weights = withValidatedConfig(weights);
+    this.config = this.weights.config;
     this.backend = options.backend ?? "cpu";
     if (this.backend === "cuda") {
+      if (this.config.router.hashRouted === true) {
+        // The GPU gate does not write hashed expert ids yet; refuse rather than route by scores.
+        throw new InputError(
+          `layer ${this.config.name} is hash-routed (experts chosen by token id): the "cuda" backend does not run such layers yet; use the "cpu" backend`,
+        );
+      }
       const device = options.device ?? 0;
+      if (typeof device === "number" && !(Number.isInteger(device) && device >= 0)) {
+        throw new InputError(
+          `device must be a GPU ordinal (a non-negative integer) or a Device, got ${device}`,
+        );
+      }
+      if (typeof device !== "number" && !(device instanceof Device)) {
+        throw new InputError(
+          `device must be a GPU ordinal (a non-negative integer) or a Device, got ${describeValue(device)}`,
+        );
+      }
       if (typeof device === "number") {
         const a = cudaAvailability();
         if (!a.ok) throw new InputError(`backend "cuda" needs a CUDA GPU: ${a.reason}`);
@@ -219,6 +282,8 @@ export class MoELayer {
       );
     } else if (this.backend === "cpu" && options.pipeline !== undefined) {
       throw new InputError(`the pipeline applies to the "cuda" backend; this layer runs on the "cpu"`);
+    } else if (this.backend === "cpu" && options.device !== undefined) {
+      throw new InputError(`the device applies to the "cuda" backend; this layer runs on the "cpu"`);
     } else if (this.backend !== "cpu") {
       throw new InputError(`unknown backend "${String(this.backend)}" (expected "cpu" or "cuda")`);
     }
@@ -243,9 +308,33 @@ export class MoELayer {
   /** Routes (unless routing is given) and computes the layer for bf16 x [tokens, hidden]. */
   forward(x: Uint16Array, tokens: number, options: ForwardOptions = {}): ForwardResult {
     this.checkUsable();
+    checkOptions("forward options", options, FORWARD_OPTIONS);
     validateInput(x, tokens, this.config);
+    if (options.shared !== undefined && typeof options.shared !== "boolean") {
+      throw new InputError(
+        `forward options.shared must be true or false, got ${describeValue(options.shared)}`,
+      );
+    }
+    if (options.onProgress !== undefined && typeof options.onProgress !== "function") {
+      throw new InputError(
+        `forward options.onProgress must be a function, got ${describeValue(options.onProgress)}`,
+      );
+    }
     let routing = options.routing;
-    if (routing === undefined) {
+    if (routing !== undefined && (typeof routing !== "object" || routing === null)) {
+      throw new InputError(
+        `forward options.routing must be { ids: Int32Array, weights: Float32Array } or absent, got ${describeValue(routing)}`,
+      );
+    }
+    if (routing === undefined && this.config.router.hashRouted === true) {
+      if (options.tokenIds === undefined) {
+        throw new InputError(
+          `layer ${this.config.name} is hash-routed: its experts are chosen by token id, so forward needs options.tokenIds (int32 [tokens]) or options.routing`,
+        );
+      }
+      const { ids, weights } = routeByHash(x, tokens, options.tokenIds, this.weights.gate(), this.config);
+      routing = { ids, weights };
+    } else if (routing === undefined) {
       const { ids, weights } = routeTokens(x, tokens, this.weights.gate(), this.config);
       routing = { ids, weights };
     } else {

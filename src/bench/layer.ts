@@ -2,10 +2,12 @@
  * The layer benchmark: one MoE forward per token count, timed on the GPU, beside its physical floor.
  *
  * Floor = max(bytes / read-stream bandwidth, FLOPs / FP8 rate). Bytes: the FP8 weights and fp32 block
- * scales of every expert the routing touches (each must be read at least once), the shared expert's when
- * on, the bf16 input and output. FLOPs: 2 per multiply-add of L1 (2·IH × H) and L2 (H × IH) for every
- * routed row, and of the shared expert's for every token. The intermediate activations are left out: a
- * fused kernel keeps them on chip, so the floor is what the best kernel could reach, not what this one must.
+ * scales (FP4 experts: their nibbles and UE8M0 bytes) of every expert the routing touches (each must be
+ * read at least once), the shared expert's when on, the bf16 input and output. FLOPs: 2 per multiply-add
+ * of L1 (2·IH × H) and L2 (H × IH) for every routed row, and of the shared expert's for every token, at the
+ * FP8 rate for FP4 experts too (Hopper converts them to e4m3 for wgmma). The intermediate activations are
+ * left out: a fused kernel keeps them on chip, so the floor is what the best kernel could reach, not what
+ * this one must.
  *
  * All bytes go at the read-stream rate (`probe_read`; 4.3 TB/s on the H200), the written ones too: where
  * the floor is memory-bound the bytes are nearly all weight reads (on flash, flash-ep8 and pro the bf16
@@ -13,7 +15,15 @@
  * TB/s, read + write) it replaced was no floor: the unfused layer beat it (flash, T=64: 5.01 GB in
  * 1193 µs = 4.20 TB/s, 106% of it).
  */
-import { type MoEConfig, QUANT_BLOCK, resolveConfigForTokens, sharedIntermediate } from "../config/config.js";
+import {
+  type ExpertFormat,
+  expertFormatOf,
+  type MoEConfig,
+  QUANT_BLOCK,
+  resolveConfigForTokens,
+  sharedIntermediate,
+} from "../config/config.js";
+import { FP8_PEAK_FLOPS, READ_BYTES_PER_S } from "../cuda/hardware.js";
 import {
   type Device,
   DeviceTensor,
@@ -22,12 +32,13 @@ import {
   summarizeSamples,
   timeKernel,
 } from "../cuda/index.js";
-import { FP8_PEAK_FLOPS, READ_BYTES_PER_S } from "../kernels/gemm/grouped_gemm.js";
-import { FUSED_BLOCK_MS, fusedBlockM } from "../kernels/megamoe/megamoe.variants.js";
+import { DeviceMoEWeights, generateActivationsOnDevice } from "../kernels/device-weights.js";
+import { FUSED_BLOCK_MS } from "../kernels/megamoe/megamoe.variants.js";
+import { fusedBlockM } from "../kernels/megamoe/plan.js";
 import { FusedPipeline } from "../pipeline/fused.js";
 import { type MoEPipeline, UnfusedPipeline } from "../pipeline/unfused.js";
 import { type Routing, randomRouting } from "../reference/router.js";
-import { DeviceMoEWeights, generateActivationsOnDevice } from "../weights/device.js";
+import { type MoEWeightSource, MXFP4_GROUP } from "../weights/types.js";
 import { type RoundsMeasurement, timeInRounds } from "./rounds.js";
 
 /** FP8 tensor-core rate assumed for the floor when none is known: the grouped GEMM's, in TFLOP/s. */
@@ -47,9 +58,13 @@ export interface LayerFloor {
   bound: "memory" | "compute";
 }
 
-/** Bytes of one expert MLP's FP8 weights (W1: 2·inter × hidden, W2: hidden × inter) and fp32 block scales. */
-export function expertWeightBytes(hidden: number, inter: number): number {
+/**
+ * Bytes of one expert MLP's weights (W1: 2·inter × hidden, W2: hidden × inter): FP8 codes and fp32
+ * 128×128 block scales, or MXFP4 nibbles (half a byte each) and one UE8M0 byte per 32 elements.
+ */
+export function expertWeightBytes(hidden: number, inter: number, format: ExpertFormat = "fp8"): number {
   const elements = 3 * inter * hidden;
+  if (format === "fp4") return elements / 2 + elements / MXFP4_GROUP;
   return elements + (elements / QUANT_BLOCK ** 2) * 4;
 }
 
@@ -99,7 +114,7 @@ export function layerFloor(
   const useShared = shared && config.numShared > 0;
   const SIH = sharedIntermediate(config);
   const bytes =
-    expertsTouched * expertWeightBytes(H, IH) +
+    expertsTouched * expertWeightBytes(H, IH, expertFormatOf(config)) +
     (useShared ? expertWeightBytes(H, SIH) : 0) +
     2 * tokens * H * 2; // bf16 in and out
   const flops =
@@ -124,6 +139,8 @@ export interface LayerBenchOptions {
   /** Pipelines timed side by side, same weights and inputs (default: both). */
   impls?: readonly LayerImpl[];
   shape: string;
+  /** Weights to upload (a checkpoint's layer) instead of the shape's generated ones. */
+  source?: MoEWeightSource;
   tokens: readonly number[];
   shared: boolean;
   seed: number;
@@ -226,12 +243,20 @@ export function benchmarkLayer(device: Device, o: LayerBenchOptions): ResultRow[
   if (o.tokens.length === 0) throw new RangeError("benchmarkLayer: no token counts");
   const impls = o.impls ?? LAYER_IMPLS;
   const maxTokens = Math.max(...o.tokens);
-  const config = resolveConfigForTokens(o.shape, maxTokens);
+  const config = o.source === undefined ? resolveConfigForTokens(o.shape, maxTokens) : o.source.config;
+  if (config.maxTokens < maxTokens) {
+    throw new RangeError(
+      `benchmarkLayer: ${config.name} takes at most ${config.maxTokens} tokens, asked ${maxTokens}`,
+    );
+  }
   const iters = o.iters ?? DEFAULT_LAYER_ITERS;
   const withGraph = o.graph ?? true;
   const rounds = o.rounds ?? 1;
   // Made on the device, bit for bit what GeneratedWeights would give (a flash layer is 6.4 GB of FP8).
-  const weights = DeviceMoEWeights.generate(device, config, o.seed);
+  const weights =
+    o.source === undefined
+      ? DeviceMoEWeights.generate(device, config, o.seed)
+      : DeviceMoEWeights.upload(device, o.source);
   const rows: ResultRow[] = [];
   const pipelines: MoEPipeline[] = [];
   try {

@@ -1,5 +1,5 @@
 /**
- * Results of a peer implementation (bench/peers/torch_moe.py) read back for comparison: the same
+ * Results of a peer implementation (lab/peers/torch_moe.py) read back for comparison: the same
  * results-file format as ours, plus what the peer measured about the machine (its dense FP8 rate).
  */
 import fs from "node:fs";

@@ -21,12 +21,12 @@ import {
   type Stream,
   timeKernel,
 } from "../cuda/index.js";
+import { DeviceMoEWeights, generateActivationsOnDevice } from "../kernels/device-weights.js";
 import { routeOnDevice } from "../kernels/gate/gate.js";
 import { rmsNormOnDevice } from "../kernels/norm/norm.js";
 import { f32ToBf16Bits } from "../numerics/bf16.js";
+import { tensorKey, uniformSym } from "../numerics/counter-rng.js";
 import { FusedPipeline } from "../pipeline/fused.js";
-import { tensorKey, uniformSym } from "../weights/counter-rng.js";
-import { DeviceMoEWeights, generateActivationsOnDevice } from "../weights/device.js";
 
 export const DEFAULT_STEP_LAYERS = 8;
 export const STEP_TOKENS = [8, 32, 128, 256];

@@ -2,10 +2,17 @@
 import path from "node:path";
 import Table from "cli-table3";
 import pc from "picocolors";
+import {
+  benchmarkGroupedGemm,
+  GEMM_BENCH_CODES,
+  type GemmBenchCodes,
+  type GroupedGemmBenchCase,
+} from "../bench/grouped-gemm.js";
 import { benchmarkLayer, DEFAULT_FP8_TFLOPS, DEFAULT_LAYER_ITERS, type LayerImpl } from "../bench/layer.js";
 import { matchPeerRow, type PeerResults, readPeerResults } from "../bench/peer.js";
 import { benchmarkDecodeStep, DEFAULT_STEP_LAYERS, STEP_TOKENS } from "../bench/step.js";
 import { MAX_TOKENS_LIMIT, QUANT_BLOCK, resolveConfig } from "../config/config.js";
+import { FP8_PEAK_FLOPS, READ_BYTES_PER_S } from "../cuda/hardware.js";
 import {
   cudaAvailability,
   type Device,
@@ -14,16 +21,9 @@ import {
   type ResultRow,
   writeResults,
 } from "../cuda/index.js";
-import {
-  benchmarkGroupedGemm,
-  FP8_PEAK_FLOPS,
-  GEMM_BENCH_CODES,
-  type GemmBenchCodes,
-  type GroupedGemmBenchCase,
-  READ_BYTES_PER_S,
-} from "../kernels/gemm/grouped_gemm.js";
 import { measureCopyCeiling, measureReadCeiling } from "../kernels/probe/probe.js";
 import { benchmarkQuant } from "../kernels/quant/quant.js";
+import { checkpointLayer } from "./checkpoint.js";
 import { shortCudaReason } from "./gpu-reason.js";
 import { plotTitle, renderTimePlot, writePlot } from "./plot.js";
 import { type Progress, progressBar } from "./progress.js";
@@ -32,6 +32,9 @@ import { checkInputFile, checkOutputFile, UsageError } from "./usage.js";
 export interface BenchOptions {
   impl: string;
   shape: string;
+  /** fused/unfused: a DeepSeek-V4 checkpoint whose layer `layer` is timed instead of --shape's. */
+  checkpoint?: string;
+  layer?: string;
   shared: boolean;
   seed: number;
   /** Also time CUDA-graph replays (unfused; default true). */
@@ -252,6 +255,13 @@ function validate(opts: BenchOptions): void {
   if (opts.codes !== undefined && !(GEMM_BENCH_CODES as readonly string[]).includes(opts.codes)) {
     throw new UsageError(`--codes must be one of ${GEMM_BENCH_CODES.join(", ")}, got "${opts.codes}"`);
   }
+  if (opts.checkpoint !== undefined && layerImpls(opts.impl) === null) {
+    throw new Error(
+      "--checkpoint times a checkpoint's layer: use it with --impl fused, unfused or fused,unfused",
+    );
+  }
+  if (opts.layer !== undefined && opts.checkpoint === undefined)
+    throw new Error("--layer needs --checkpoint");
   if (opts.impl !== "quant") resolveConfig(opts.shape); // throws naming an unknown shape
   if (opts.plot !== undefined && layerImpls(opts.impl) === null) {
     throw new UsageError(
@@ -294,7 +304,7 @@ export function unfusedFloorLine(readTbps: number, rate: { tflops: number; sourc
   return `floor = max(bytes / ${readTbps.toFixed(2)} TB/s read stream (probe_read), FLOPs / ${rate.tflops.toFixed(0)} TFLOP/s FP8 (${rate.source}))`;
 }
 
-/** The grouped GEMM's floor line: the kernel module's fixed model (src/kernels/gemm/grouped_gemm.ts). */
+/** The grouped GEMM's floor line: the fixed model of src/bench/grouped-gemm.ts. */
 export function groupedGemmFloorLine(): string {
   return `floor = max(bytes / ${(READ_BYTES_PER_S / 1e12).toFixed(2)} TB/s read stream, FLOPs / ${(FP8_PEAK_FLOPS / 1e12).toFixed(0)} TFLOP/s FP8) (the kernel's own model)`;
 }
@@ -344,9 +354,14 @@ function runCases(
   }
   const impls = layerImpls(opts.impl);
   if (impls !== null) {
+    const tokens = opts.tokens ?? LAYER_TOKENS;
     return benchmarkLayer(device, {
       impls,
       shape: opts.shape,
+      source:
+        opts.checkpoint === undefined
+          ? undefined
+          : checkpointLayer(opts.checkpoint, opts.layer, Math.max(...tokens)),
       tokens: opts.tokens ?? LAYER_TOKENS,
       shared: opts.shared,
       seed: opts.seed,

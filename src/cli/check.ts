@@ -26,9 +26,11 @@ import { relativeError } from "../reference/metrics.js";
 import { idealMoE, referenceMoE } from "../reference/moe.js";
 import { routeTokens } from "../reference/router.js";
 import { generateActivations } from "../weights/generate.js";
+import { checkpointLayer, hashRouting } from "./checkpoint.js";
 import { shortCudaReason } from "./gpu-reason.js";
 import { progressBar } from "./progress.js";
 import { checkPipelineFor, chooseBackend, gpuPipeline, makeWeights } from "./run.js";
+import { UsageError } from "./usage.js";
 
 export interface CheckOptions {
   shape: string;
@@ -38,6 +40,9 @@ export interface CheckOptions {
   backend: string;
   /** GPU pipeline: "fused" or "unfused" (default: the layer's). */
   pipeline?: string;
+  /** A DeepSeek-V4 checkpoint (directory or file) whose layer `layer` is checked instead of --shape. */
+  checkpoint?: string;
+  layer?: string;
   /** Expert-parallel ranks to check as well (1: none). */
   ranks?: number;
   json?: boolean;
@@ -69,14 +74,21 @@ function boundText(max: number | undefined): string {
 
 export async function runCheck(opts: CheckOptions): Promise<void> {
   // Every value first, then the machine: a typo is reported before a "no GPU" note or any work.
-  const config = resolveConfigForTokens(opts.shape, opts.tokens);
+  if (opts.layer !== undefined && opts.checkpoint === undefined)
+    throw new UsageError("--layer needs --checkpoint");
+  const shape = opts.checkpoint === undefined ? resolveConfigForTokens(opts.shape, opts.tokens) : undefined;
   gpuPipeline(opts.pipeline);
   const backend = chooseBackend(opts.backend);
   const pipeline = checkPipelineFor(backend, opts.pipeline);
-  const weights = makeWeights(config, opts.seed);
+  const weights =
+    shape !== undefined
+      ? makeWeights(shape, opts.seed)
+      : checkpointLayer(opts.checkpoint as string, opts.layer, opts.tokens);
+  const config = weights.config;
   const x = generateActivations(opts.seed, opts.tokens, config.hidden);
-  const { ids, weights: w } = routeTokens(x, opts.tokens, weights.gate(), config);
-  const routing = { ids, weights: w };
+  const routing =
+    hashRouting(weights, x, opts.tokens, opts.seed)?.routing ??
+    (({ ids, weights: w }) => ({ ids, weights: w }))(routeTokens(x, opts.tokens, weights.gate(), config));
 
   let bar = progressBar("fp8 reference");
   const ref = referenceMoE(x, opts.tokens, routing, weights, {

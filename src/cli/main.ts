@@ -3,8 +3,10 @@
 import { Command, InvalidArgumentError, Option } from "commander";
 import pc from "picocolors";
 import { MAX_TOKENS_LIMIT } from "../config/config.js";
+import { parseSeed } from "../numerics/counter-rng.js";
 import { parseList, runBench } from "./bench.js";
 import { CHECK_FAILED_EXIT_CODE, runCheck } from "./check.js";
+import { runInspect } from "./checkpoint.js";
 import { runInfo } from "./info.js";
 import { runPlot } from "./plot.js";
 import { runLayer } from "./run.js";
@@ -25,12 +27,12 @@ function positiveInt(name: string, max = Number.MAX_SAFE_INTEGER) {
   };
 }
 
-/** Seeds: decimal digits in [0, 2^53 − 1] (every generator takes a safe integer). */
-function seedValue(value: string): number {
+/** --seed under the library's one seed rule (checkSeed), so the CLI and the API accept the same seeds. */
+function seedArg(value: string): number {
   try {
-    return parseIntegerIn("seed", value, 0, Number.MAX_SAFE_INTEGER);
-  } catch {
-    throw new InvalidArgumentError(`must be a non-negative integer, at most ${Number.MAX_SAFE_INTEGER}`);
+    return parseSeed(value);
+  } catch (e) {
+    throw new InvalidArgumentError((e as Error).message);
   }
 }
 
@@ -64,9 +66,14 @@ program
   .option("--tokens <n>", "tokens in the batch", positiveInt("tokens", MAX_TOKENS_LIMIT), 16)
   .option("--backend <name>", "auto (the GPU when there is one), cuda or cpu", "auto")
   .option("--pipeline <name>", "cuda: fused (one kernel) or unfused (the baseline); default the layer's")
-  .option("--seed <n>", "seed of weights, inputs and routing", seedValue, 1)
+  .option("--seed <n>", "seed of weights, inputs and routing", seedArg, 1)
   .addOption(sharedOption())
   .option("--routing <kind>", "gate (the layer's router) or random", "gate")
+  .option(
+    "--checkpoint <dir>",
+    "a DeepSeek-V4 checkpoint directory (or one .safetensors file) instead of --shape",
+  )
+  .option("--layer <L>", "with --checkpoint: the layer (a number, layers.L or mtp.0)")
   .option("--weights <file>", "load weights from a safetensors file instead of generating them")
   .option("--save-weights <file>", "write the generated weights to a safetensors file first")
   .option(
@@ -89,8 +96,13 @@ program
   .option("--pipeline <name>", "cuda: fused (one kernel) or unfused (the baseline); default the layer's")
   .option("--shape <name>", shapeHelp, "tiny")
   .option("--tokens <n>", "tokens in the batch", positiveInt("tokens", MAX_TOKENS_LIMIT), 16)
-  .option("--seed <n>", "seed of weights, inputs and routing", seedValue, 1)
+  .option("--seed <n>", "seed of weights, inputs and routing", seedArg, 1)
   .addOption(sharedOption())
+  .option(
+    "--checkpoint <dir>",
+    "a DeepSeek-V4 checkpoint directory (or one .safetensors file) instead of --shape",
+  )
+  .option("--layer <L>", "with --checkpoint: the layer (a number, layers.L or mtp.0)")
   .option("--ranks <n>", "also check the layer split across n expert-parallel ranks", positiveInt("ranks"), 1)
   .option("--json", "print the result as JSON")
   .action(async (opts) => {
@@ -118,7 +130,12 @@ program
   )
   .option("--shape <name>", shapeHelp, "flash-ep8")
   .addOption(sharedOption())
-  .option("--seed <n>", "seed of weights, inputs and routing", seedValue, 1)
+  .option(
+    "--checkpoint <dir>",
+    "a DeepSeek-V4 checkpoint directory (or one .safetensors file) instead of --shape (fused/unfused)",
+  )
+  .option("--layer <L>", "with --checkpoint: the layer (a number, layers.L or mtp.0)")
+  .option("--seed <n>", "seed of weights, inputs and routing", seedArg, 1)
   .option("--graph", "unfused: also time CUDA-graph replays (the default)")
   .option("--no-graph", "unfused: time eager launches only")
   .option("--configs", "fused: also time every block M, and how far the heuristic's pick is from the best")
@@ -141,7 +158,7 @@ program
   )
   .option(
     "--peer <file>",
-    "results JSON of a peer (bench/peers/torch_moe.py): its times beside ours, each series of its rows (e.g. --blockwise's) in columns of its own",
+    "results JSON of a peer (lab/peers/torch_moe.py): its times beside ours, each series of its rows (e.g. --blockwise's) in columns of its own",
   )
   .option(
     "--plot <file>",
@@ -163,6 +180,20 @@ program
   .option("--verbose", "without a GPU, list every folder searched for the CUDA driver")
   .action(async (opts) => {
     await runBench(opts);
+  });
+
+program
+  .command("inspect")
+  .description(
+    "summarize a DeepSeek-V4 checkpoint: MoE shape, expert format, layers, shards, bytes, first problems",
+  )
+  .argument(
+    "<dir>",
+    "checkpoint directory (config.json, model.safetensors.index.json, shards) or one .safetensors file",
+  )
+  .option("--json", "print the summary as JSON")
+  .action((dir: string, opts) => {
+    runInspect(dir, opts);
   });
 
 program

@@ -20,6 +20,7 @@ import { randomRouting, routeTokens } from "../reference/router.js";
 import { GeneratedWeights, generateActivations } from "../weights/generate.js";
 import { loadMoEWeights, saveMoEWeights } from "../weights/safetensors.js";
 import type { MoEWeightSource } from "../weights/types.js";
+import { checkpointLayer, hashRouting } from "./checkpoint.js";
 import { shortCudaReason } from "./gpu-reason.js";
 import { progressBar } from "./progress.js";
 import { checkInputFile, checkOutputFile, UsageError } from "./usage.js";
@@ -35,6 +36,10 @@ export interface RunOptions {
   routing: string;
   weights?: string;
   saveWeights?: string;
+  /** A DeepSeek-V4 checkpoint directory (or one .safetensors file): its layer `layer` instead of --shape. */
+  checkpoint?: string;
+  /** With checkpoint: the layer ("3", "layers.3" or "mtp.0"). */
+  layer?: string;
   /** Expert-parallel ranks (1: one layer). */
   ranks?: number;
   json?: boolean;
@@ -96,14 +101,23 @@ export function checkPipelineFor(
 
 export async function runLayer(opts: RunOptions): Promise<void> {
   // Every value first, then the machine: a typo is reported before a "no GPU" note or any work.
-  const config = resolveConfigForTokens(opts.shape, opts.tokens);
+  if (opts.layer !== undefined && opts.checkpoint === undefined)
+    throw new UsageError("--layer needs --checkpoint");
+  if (opts.checkpoint !== undefined && (opts.weights !== undefined || opts.saveWeights !== undefined)) {
+    throw new UsageError("--checkpoint takes the place of --weights and --save-weights: give one");
+  }
+  const shape = opts.checkpoint === undefined ? resolveConfigForTokens(opts.shape, opts.tokens) : undefined;
   routingKind(opts.routing);
   gpuPipeline(opts.pipeline);
   if (opts.weights !== undefined) checkInputFile("--weights", opts.weights);
   if (opts.saveWeights !== undefined) checkOutputFile("--save-weights", opts.saveWeights);
   const backend = chooseBackend(opts.backend);
   const pipeline = checkPipelineFor(backend, opts.pipeline);
-  let weights = makeWeights(config, opts.seed, opts.weights);
+  let weights =
+    shape !== undefined
+      ? makeWeights(shape, opts.seed, opts.weights)
+      : checkpointLayer(opts.checkpoint as string, opts.layer, opts.tokens);
+  const config = weights.config;
   if (opts.saveWeights !== undefined) {
     // Folders are created, as for bench's --out and plot's --out.
     makeDirectory(path.dirname(path.resolve(opts.saveWeights)));
@@ -113,7 +127,9 @@ export async function runLayer(opts: RunOptions): Promise<void> {
     weights = loadMoEWeights(opts.saveWeights, config);
   }
   const x = generateActivations(opts.seed, opts.tokens, config.hidden);
-  const routing = makeRouting(opts.routing, opts.seed, opts.tokens, config);
+  // Hash-routed layers (V4's first layers) route the seed's token ids through their tid2eid table.
+  const hashed = opts.routing === "gate" ? hashRouting(weights, x, opts.tokens, opts.seed) : undefined;
+  const routing = hashed?.routing ?? makeRouting(opts.routing, opts.seed, opts.tokens, config);
   const ranks = opts.ranks ?? 1;
   let result: { out: Uint16Array; routing: Routing };
   let ms: number;
@@ -154,6 +170,13 @@ export async function runLayer(opts: RunOptions): Promise<void> {
   const experts = new Set(Array.from(result.routing.ids).filter((e) => e >= 0)).size;
   const summary = {
     shape: config.name,
+    ...(opts.checkpoint === undefined
+      ? {}
+      : {
+          checkpoint: opts.checkpoint,
+          expertFormat: config.expertFormat ?? "fp8",
+          layerRouting: config.router.hashRouted === true ? "hash" : "score",
+        }),
     experts: config.numExperts,
     hidden: config.hidden,
     intermediate: config.intermediate,
@@ -182,6 +205,14 @@ export async function runLayer(opts: RunOptions): Promise<void> {
       `${config.name}: E=${config.numExperts} H=${config.hidden} IH=${config.intermediate} top-${config.topK}, shared ${summary.shared ? "on" : "off"}`,
     ),
   );
+  if (opts.checkpoint !== undefined) {
+    process.stdout.write(
+      line(
+        "checkpoint",
+        `${opts.checkpoint}: ${summary.expertFormat} experts, ${summary.layerRouting}-routed`,
+      ),
+    );
+  }
   process.stdout.write(line("tokens", opts.tokens));
   process.stdout.write(line("backend", `${backend} (routing: ${opts.routing}, seed ${opts.seed})`));
   process.stdout.write(line("experts", `${experts} of ${config.numExperts} touched`));

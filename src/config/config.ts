@@ -2,8 +2,8 @@
  * MoE layer shapes: presets, custom shapes and their validation.
  *
  * Every backend reads the same `MoEConfig`; `validateConfig` is the one place that decides what the
- * project supports, so an unsupported value fails here with a message naming it, never later as
- * silent corruption.
+ * project supports, so an unsupported value (or an unknown field) fails here with a message naming it,
+ * never later as silent corruption. It returns a frozen `ValidatedConfig`, which nothing checks again.
  */
 
 /** Router scoring function applied to the gate logits. */
@@ -13,6 +13,20 @@ export type ScoringFunction = "sigmoid" | "softmax" | "sqrtsoftplus";
 export type ScaleFormat = "fp32" | "ue8m0";
 
 export const SCALE_FORMATS: readonly ScaleFormat[] = ["fp32", "ue8m0"];
+
+/**
+ * How routed experts' W1/W2 are stored: FP8 e4m3 with one fp32 scale per 128×128 block, or MXFP4 (e2m1
+ * with one UE8M0 scale per 32 elements along K), DeepSeek-V4's own checkpoint format. Shared experts are
+ * FP8 either way, as in V4.
+ */
+export type ExpertFormat = "fp8" | "fp4";
+
+export const EXPERT_FORMATS: readonly ExpertFormat[] = ["fp8", "fp4"];
+
+/** The config's expert format; absent means "fp8", so configs written before FP4 keep their meaning. */
+export function expertFormatOf(c: MoEConfig): ExpertFormat {
+  return c.expertFormat ?? "fp8";
+}
 
 /** The -D macro by which every kernel that writes or reads FP8 scales is specialized for `format`. */
 export function scaleFormatDefine(format: ScaleFormat): { SCALE_UE8M0: 0 | 1 } {
@@ -30,6 +44,11 @@ export interface RouterConfig {
   /** Renormalize the chosen k weights to sum to 1 before scaling. */
   renormalize: boolean;
   routedScalingFactor: number;
+  /**
+   * DeepSeek-V4's first layers: experts chosen by the token id (gate.tid2eid), weighted from the gate's
+   * scores; such layers have no correction bias. Absent means false.
+   */
+  hashRouted?: boolean;
 }
 
 export interface MoEConfig {
@@ -50,6 +69,8 @@ export interface MoEConfig {
   /** Activation scale format of the FP8 rows (input and intermediate). */
   scaleFormat: ScaleFormat;
   router: RouterConfig;
+  /** Routed experts' weight format (default "fp8"); see ExpertFormat. */
+  expertFormat?: ExpertFormat;
   /** Largest token count a layer instance accepts. */
   maxTokens: number;
 }
@@ -80,7 +101,7 @@ const FLASH = {
   maxTokens: 8192,
 };
 
-export const PRESETS: Record<string, MoEConfig> = {
+const PRESET_CONFIGS: Record<string, MoEConfig> = {
   tiny: {
     name: "tiny",
     numExperts: 8,
@@ -111,14 +132,134 @@ export class ConfigError extends Error {
   override name = "ConfigError";
 }
 
-function requireInteger(field: string, value: number, min: number, max = Number.MAX_SAFE_INTEGER): void {
-  if (!Number.isInteger(value) || value < min || value > max) {
-    throw new ConfigError(`${field} must be an integer in [${min}, ${max}], got ${value}`);
+/**
+ * The brand of a config `validateConfig` has checked. Type-only (no such class exists at run time); its
+ * private field makes it nominal, so a spread copy of a validated config (`{ ...c, hidden: 384 }`) is
+ * not one and must be validated again.
+ */
+// biome-ignore lint/correctness/noUnusedPrivateClassMembers: the private field is the brand; nothing reads it.
+export declare abstract class ValidatedConfigBrand {
+  #validated: true;
+}
+
+/**
+ * A config `validateConfig` (or `resolveConfig`) has checked: frozen, so it stays valid. Functions that
+ * take one do not check it again; constructors that take a config accept either kind and validate a
+ * raw one once.
+ */
+export type ValidatedConfig = Readonly<Omit<MoEConfig, "router">> & {
+  readonly router: Readonly<RouterConfig>;
+} & ValidatedConfigBrand;
+
+/** Every config `validateConfig` returned: the run-time counterpart of the brand. */
+const validated = new WeakSet<object>();
+
+/** Whether `c` is a config `validateConfig` returned (a membership test: nothing is checked again). */
+export function isValidatedConfig(c: unknown): c is ValidatedConfig {
+  return typeof c === "object" && c !== null && validated.has(c);
+}
+
+const CONFIG_FIELDS: readonly (keyof MoEConfig)[] = [
+  "name",
+  "numExperts",
+  "hidden",
+  "intermediate",
+  "topK",
+  "numShared",
+  "ranks",
+  "swigluClamp",
+  "scaleFormat",
+  "router",
+  "expertFormat",
+  "maxTokens",
+];
+const ROUTER_FIELDS: readonly (keyof RouterConfig)[] = [
+  "scoring",
+  "nGroup",
+  "topkGroup",
+  "correctionBias",
+  "renormalize",
+  "routedScalingFactor",
+  "hashRouted",
+];
+
+/** A short description of a value for an error message: its type, or its constructor's name. */
+export function describeValue(v: unknown): string {
+  if (v === null) return "null";
+  if (Array.isArray(v)) return "Array";
+  if (typeof v === "object") return (v as object).constructor?.name ?? "object";
+  if (typeof v === "string") return JSON.stringify(v);
+  if (typeof v === "function") return "function";
+  return `${typeof v} ${String(v)}`;
+}
+
+function editDistance(a: string, b: string): number {
+  const row = Array.from({ length: b.length + 1 }, (_, j) => j);
+  for (let i = 1; i <= a.length; i++) {
+    let diagonal = row[0]!;
+    row[0] = i;
+    for (let j = 1; j <= b.length; j++) {
+      const above = row[j]!;
+      row[j] = Math.min(above + 1, row[j - 1]! + 1, diagonal + (a[i - 1] === b[j - 1] ? 0 : 1));
+      diagonal = above;
+    }
+  }
+  return row[b.length]!;
+}
+
+/** The known name nearest to `name` (case-insensitive edit distance, or a prefix), if one is near. */
+export function nearestName(name: string, known: readonly string[]): string | undefined {
+  const lower = name.toLowerCase();
+  let best: string | undefined;
+  let bestDistance = Number.POSITIVE_INFINITY;
+  for (const k of known) {
+    const kl = k.toLowerCase();
+    const d = lower.startsWith(kl) || kl.startsWith(lower) ? 1 : editDistance(lower, kl);
+    if (d < bestDistance) {
+      best = k;
+      bestDistance = d;
+    }
+  }
+  return bestDistance <= Math.max(2, Math.floor(name.length / 3)) ? best : undefined;
+}
+
+function checkKnownFields(where: string, value: object, known: readonly string[]): void {
+  for (const key of Object.keys(value)) {
+    if (known.includes(key)) continue;
+    const near = nearestName(key, known);
+    throw new ConfigError(
+      `unknown config field ${where}${key}${near === undefined ? "" : ` (did you mean ${where}${near}?)`}; known: ${known.join(", ")}`,
+    );
   }
 }
 
-/** Checks every field and returns the config unchanged; throws ConfigError naming the first bad field. */
-export function validateConfig(c: MoEConfig): MoEConfig {
+function isPlainObject(v: unknown): v is Record<string, unknown> {
+  return typeof v === "object" && v !== null && !Array.isArray(v);
+}
+
+function requireInteger(field: string, value: number, min: number, max = Number.MAX_SAFE_INTEGER): void {
+  if (!Number.isInteger(value) || value < min || value > max) {
+    throw new ConfigError(`${field} must be an integer in [${min}, ${max}], got ${describeValue(value)}`);
+  }
+}
+
+function requireBoolean(field: string, value: unknown): void {
+  if (typeof value !== "boolean") {
+    throw new ConfigError(`${field} must be true or false, got ${describeValue(value)}`);
+  }
+}
+
+/**
+ * Checks every field (and that there are no others) and returns the config as a frozen
+ * `ValidatedConfig` copy; a config this function returned comes back as it is, unchecked. Throws
+ * ConfigError naming the first bad field.
+ */
+export function validateConfig(c: MoEConfig | ValidatedConfig): ValidatedConfig {
+  if (isValidatedConfig(c)) return c;
+  if (!isPlainObject(c)) throw new ConfigError(`a config must be an object, got ${describeValue(c)}`);
+  checkKnownFields("", c, CONFIG_FIELDS);
+  if (typeof c.name !== "string")
+    throw new ConfigError(`name must be a string, got ${describeValue(c.name)}`);
   requireInteger("numExperts", c.numExperts, 1, 4096);
   requireInteger("hidden", c.hidden, QUANT_BLOCK, 65536);
   requireInteger("intermediate", c.intermediate, QUANT_BLOCK, 65536);
@@ -137,17 +278,27 @@ export function validateConfig(c: MoEConfig): MoEConfig {
   if (c.numExperts % c.ranks !== 0) {
     throw new ConfigError(`numExperts (${c.numExperts}) must be a multiple of ranks (${c.ranks})`);
   }
-  if (c.swigluClamp !== null && !(Number.isFinite(c.swigluClamp) && c.swigluClamp > 0)) {
-    throw new ConfigError(`swigluClamp must be a positive finite number or null, got ${c.swigluClamp}`);
+  if (
+    c.swigluClamp !== null &&
+    !(typeof c.swigluClamp === "number" && Number.isFinite(c.swigluClamp) && c.swigluClamp > 0)
+  ) {
+    throw new ConfigError(
+      `swigluClamp must be a positive finite number or null, got ${describeValue(c.swigluClamp)}`,
+    );
   }
   if (!SCALE_FORMATS.includes(c.scaleFormat)) {
-    throw new ConfigError(`scaleFormat must be "fp32" or "ue8m0", got ${String(c.scaleFormat)}`);
+    throw new ConfigError(`scaleFormat must be "fp32" or "ue8m0", got ${describeValue(c.scaleFormat)}`);
+  }
+  if (c.expertFormat !== undefined && !EXPERT_FORMATS.includes(c.expertFormat)) {
+    throw new ConfigError(`expertFormat must be "fp8" or "fp4", got ${describeValue(c.expertFormat)}`);
   }
   requireInteger("maxTokens", c.maxTokens, 1, MAX_TOKENS_LIMIT);
   const r = c.router;
+  if (!isPlainObject(r)) throw new ConfigError(`router must be an object, got ${describeValue(r)}`);
+  checkKnownFields("router.", r, ROUTER_FIELDS);
   if (!["sigmoid", "softmax", "sqrtsoftplus"].includes(r.scoring)) {
     throw new ConfigError(
-      `router.scoring must be sigmoid, softmax or sqrtsoftplus, got ${String(r.scoring)}`,
+      `router.scoring must be sigmoid, softmax or sqrtsoftplus, got ${describeValue(r.scoring)}`,
     );
   }
   requireInteger("router.nGroup", r.nGroup, 1, c.numExperts);
@@ -160,16 +311,37 @@ export function validateConfig(c: MoEConfig): MoEConfig {
       `router.topkGroup (${r.topkGroup}) groups of ${c.numExperts / r.nGroup} experts cannot hold topK (${c.topK})`,
     );
   }
-  if (!(Number.isFinite(r.routedScalingFactor) && r.routedScalingFactor > 0)) {
+  requireBoolean("router.correctionBias", r.correctionBias);
+  requireBoolean("router.renormalize", r.renormalize);
+  if (
+    !(
+      typeof r.routedScalingFactor === "number" &&
+      Number.isFinite(r.routedScalingFactor) &&
+      r.routedScalingFactor > 0
+    )
+  ) {
     throw new ConfigError(
-      `router.routedScalingFactor must be positive and finite, got ${r.routedScalingFactor}`,
+      `router.routedScalingFactor must be positive and finite, got ${describeValue(r.routedScalingFactor)}`,
     );
   }
-  return c;
+  if (r.hashRouted !== undefined) requireBoolean("router.hashRouted", r.hashRouted);
+  if (r.hashRouted === true && r.correctionBias) {
+    throw new ConfigError(
+      "router.hashRouted layers choose experts by token id: router.correctionBias must be false",
+    );
+  }
+  const out = Object.freeze({ ...c, router: Object.freeze({ ...r }) }) as unknown as ValidatedConfig;
+  validated.add(out);
+  return out;
 }
 
+/** The presets, validated once when the module loads. */
+export const PRESETS: Readonly<Record<string, ValidatedConfig>> = Object.freeze(
+  Object.fromEntries(Object.entries(PRESET_CONFIGS).map(([k, v]) => [k, validateConfig(v)])),
+);
+
 /** Intermediate size of the fused shared-expert MLP. */
-export function sharedIntermediate(c: MoEConfig): number {
+export function sharedIntermediate(c: MoEConfig | ValidatedConfig): number {
   return c.intermediate * c.numShared;
 }
 
@@ -177,19 +349,29 @@ export function presetNames(): string[] {
   return Object.keys(PRESETS);
 }
 
-/** A preset by name, with optional overrides; the result is validated. */
-export function resolveConfig(name: string, overrides: Partial<MoEConfig> = {}): MoEConfig {
-  const base = PRESETS[name];
-  if (base === undefined) {
+/** Overrides of a preset's fields; `router` may override some of the router's. */
+export type ConfigOverrides = Partial<Omit<MoEConfig, "router">> & { router?: Partial<RouterConfig> };
+
+/** A preset by name, with optional overrides; the result is validated (an unknown field is an error). */
+export function resolveConfig(name: string, overrides: ConfigOverrides = {}): ValidatedConfig {
+  if (typeof name !== "string" || !Object.hasOwn(PRESETS, name)) {
     throw new ConfigError(
-      `unknown shape "${name}": expected one of ${presetNames().join(", ")} or a custom shape`,
+      `unknown shape ${typeof name === "string" ? `"${name}"` : describeValue(name)}: expected one of ${presetNames().join(", ")} or a custom shape`,
     );
   }
-  return validateConfig({ ...base, ...overrides, router: { ...base.router, ...(overrides.router ?? {}) } });
+  if (!isPlainObject(overrides)) {
+    throw new ConfigError(`overrides must be an object, got ${describeValue(overrides)}`);
+  }
+  const base = PRESETS[name]!;
+  const router = overrides.router ?? {};
+  if (!isPlainObject(router)) {
+    throw new ConfigError(`overrides.router must be an object, got ${describeValue(router)}`);
+  }
+  return validateConfig({ ...base, ...overrides, router: { ...base.router, ...router } } as MoEConfig);
 }
 
 /** A preset by name with maxTokens raised to fit `tokens` (the config of a run or benchmark of that many). */
-export function resolveConfigForTokens(name: string, tokens: number): MoEConfig {
+export function resolveConfigForTokens(name: string, tokens: number): ValidatedConfig {
   const base = resolveConfig(name);
   return resolveConfig(name, { maxTokens: Math.max(base.maxTokens, tokens) });
 }

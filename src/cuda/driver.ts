@@ -202,6 +202,7 @@ interface DriverApi {
   cuDeviceGetName(out: Uint8Array, len: number, dev: number): number;
   cuDeviceGetAttribute(out: Int32Array, attr: number, dev: number): number;
   cuDeviceTotalMem(out: BigUint64Array, dev: number): number;
+  cuMemGetInfo(free: BigUint64Array, total: BigUint64Array): number;
   cuDevicePrimaryCtxRetain(out: BigUint64Array, dev: number): number;
   cuDevicePrimaryCtxRelease(dev: number): number;
   cuDeviceCanAccessPeer(out: Int32Array, dev: number, peer: number): number;
@@ -285,6 +286,7 @@ const DRIVER_DECLARATIONS: Record<keyof DriverApi, string[]> = {
   cuDeviceGetName: ["int cuDeviceGetName(void *out, int len, int dev)"],
   cuDeviceGetAttribute: ["int cuDeviceGetAttribute(void *out, int attr, int dev)"],
   cuDeviceTotalMem: ["int cuDeviceTotalMem_v2(void *out, int dev)"],
+  cuMemGetInfo: ["int cuMemGetInfo_v2(void *free, void *total)"],
   cuDevicePrimaryCtxRetain: ["int cuDevicePrimaryCtxRetain(void *out, int dev)"],
   cuDevicePrimaryCtxRelease: [
     "int cuDevicePrimaryCtxRelease_v2(int dev)",
@@ -554,6 +556,18 @@ export class Device {
   /** Bytes currently allocated through {@link alloc} and not freed. */
   get allocatedBytes(): number {
     return this.allocatedTotal;
+  }
+
+  /**
+   * Free and total memory of the device as the driver reports them (cuMemGetInfo): everything any
+   * process or the driver holds, modules and local memory included, unlike {@link allocatedBytes}.
+   */
+  memoryInfo(): { freeBytes: number; totalBytes: number } {
+    this.makeCurrent();
+    const free = new BigUint64Array(1);
+    const total = new BigUint64Array(1);
+    check("cuMemGetInfo_v2", cu.cuMemGetInfo(free, total));
+    return { freeBytes: Number(free[0]), totalBytes: Number(total[0]) };
   }
 
   /** Read any `CUdevice_attribute` (see {@link DeviceAttribute}). */

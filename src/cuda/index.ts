@@ -46,6 +46,13 @@ export {
   tensorMapTiledProblems,
 } from "./driver.js";
 export {
+  FP8_PEAK_FLOPS,
+  H200_SMS,
+  READ_BYTES_PER_S,
+  SM_READ_BYTES_PER_S,
+  SM90_SHARED_OPTIN_BYTES,
+} from "./hardware.js";
+export {
   type CompiledKernel,
   type CompileKernelOptions,
   compileKernel,

@@ -2,7 +2,7 @@
  * Just-in-time kernel compilation with a disk cache.
  *
  * Kernels are CUDA C++ files shipped in the package (`src/kernels/<family>/*.cu`, device helpers in
- * `src/include/megamoe/*.cuh`). `compileKernel` turns one into a cubin with compile-time constants
+ * `src/include/common/*.cuh`). `compileKernel` turns one into a cubin with compile-time constants
  * (`defines`), through NVRTC (in process) or nvcc (subprocess), and caches the result on disk.
  *
  * Cache key = sha256 of: the source text, the path and text of every project header it includes
@@ -142,7 +142,7 @@ export function kernelsDir(): string {
   return path.join(packageRoot(), "src", "kernels");
 }
 
-/** `<package>/src/include` (kernels include `<megamoe/x.cuh>`). */
+/** `<package>/src/include` (kernels include `<common/x.cuh>`). */
 export function includeDir(): string {
   return path.join(packageRoot(), "src", "include");
 }
@@ -171,20 +171,6 @@ export function resolveKernelSource(source: string): string {
 const IDENTIFIER = /^[A-Za-z_][A-Za-z0-9_]*$/;
 const ARCH = /^sm_(\d+[a-z]?)$/;
 const INCLUDE_LINE = /^[ \t]*#[ \t]*include[ \t]*(.*)$/gm;
-
-/** "NAME=VALUE,NAME" as defines (a bare NAME is 1; numbers stay numbers). */
-export function envDefines(spec: string | undefined): Record<string, DefineValue> {
-  const out: Record<string, DefineValue> = {};
-  for (const item of (spec ?? "").split(",")) {
-    const entry = item.trim();
-    if (entry === "") continue;
-    const eq = entry.indexOf("=");
-    const name = eq < 0 ? entry : entry.slice(0, eq);
-    const value = eq < 0 ? "1" : entry.slice(eq + 1);
-    out[name] = /^-?\d+$/.test(value) ? Number(value) : value;
-  }
-  return out;
-}
 
 /** `-DNAME=value` options for `defines`, sorted by name; validates names and values. */
 export function defineOptions(defines: Readonly<Record<string, DefineValue>> = {}): string[] {
@@ -543,9 +529,7 @@ function prepare(opts: CompileKernelOptions): Prepared {
   const projectInclude = includeDir();
   const userIncludes = (opts.includeDirs ?? []).map((d) => path.resolve(d));
   const includeDirs = [projectInclude, ...userIncludes];
-  // `$MEGAMOE_JIT_DEFINES` ("NAME=VALUE,NAME=VALUE") overrides the caller's macros in every kernel: for
-  // A/B experiments on a kernel's switches in one process (part of the key like every option).
-  const defines = defineOptions({ ...opts.defines, ...envDefines(process.env.MEGAMOE_JIT_DEFINES) });
+  const defines = defineOptions(opts.defines);
   const extra = [...(opts.extraOptions ?? [])];
   // Source lines in the cubin, for compute-sanitizer's and the profilers' reports (part of the key).
   if (process.env.MEGAMOE_JIT_LINEINFO === "1" && !extra.includes("-lineinfo")) extra.push("-lineinfo");

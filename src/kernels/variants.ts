@@ -15,8 +15,8 @@ export interface KernelVariant {
   noSpill: boolean;
 }
 
-/** Dynamic shared memory a block may opt into on sm_90 (227 KB). */
-export const SM90_SHARED_OPTIN_BYTES = 232_448;
+/** Dynamic shared memory a block may opt into on sm_90 (227 KB); the families' layouts import it here. */
+export { SM90_SHARED_OPTIN_BYTES } from "../cuda/hardware.js";
 
 /** `x` rounded up to a multiple of `to` (the shared-memory layout formulas' alignment). */
 export function alignUp(x: number, to: number): number {

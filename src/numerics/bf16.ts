@@ -40,8 +40,15 @@ export function roundToBf16(x: number): number {
   return scratchF32[0];
 }
 
+function kindOf(v: unknown): string {
+  return v === null || typeof v !== "object" ? String(v) : (v.constructor?.name ?? "object");
+}
+
 /** bf16 patterns of every element of src. */
 export function bf16FromF32Array(src: Float32Array): Uint16Array {
+  // Another kind's bytes read as float32 bits would be garbage, silently.
+  if (!(src instanceof Float32Array))
+    throw new TypeError(`bf16FromF32Array: src must be a Float32Array, got ${kindOf(src)}`);
   const bits = new Uint32Array(src.buffer, src.byteOffset, src.length);
   const out = new Uint16Array(src.length);
   for (let i = 0; i < src.length; i++) out[i] = bf16FromF32Bits(bits[i]);
@@ -50,6 +57,8 @@ export function bf16FromF32Array(src: Float32Array): Uint16Array {
 
 /** float32 values of bf16 patterns (exact). */
 export function f32FromBf16Array(src: Uint16Array): Float32Array {
+  if (!(src instanceof Uint16Array))
+    throw new TypeError(`f32FromBf16Array: src must be a Uint16Array of bf16 bits, got ${kindOf(src)}`);
   const bits = new Uint32Array(src.length);
   for (let i = 0; i < src.length; i++) bits[i] = src[i] << 16;
   return new Float32Array(bits.buffer);

@@ -124,6 +124,21 @@ export function encodeE5m2(x: number): number {
   return e5m2FromBits(scratchU32[0], scratchF32[0]);
 }
 
+type ArrayKind = { name: string; prototype: object };
+
+/** TypeError unless src and dst are the array kinds named: another kind's bytes would be misread. */
+function checkKinds(what: string, src: unknown, srcKind: ArrayKind, dst: unknown, dstKind: ArrayKind): void {
+  for (const [role, v, kind] of [
+    ["source", src, srcKind],
+    ["destination", dst, dstKind],
+  ] as const) {
+    if (!(v instanceof (kind as unknown as new () => object))) {
+      const got = v === null || typeof v !== "object" ? String(v) : (v.constructor?.name ?? "object");
+      throw new TypeError(`${what}: the ${role} must be a ${kind.name}, got ${got}`);
+    }
+  }
+}
+
 function checkRange(what: string, length: number, offset: number, count: number): void {
   if (!Number.isInteger(offset) || !Number.isInteger(count) || offset < 0 || count < 0) {
     throw new RangeError(`${what}: offset ${offset} and count ${count} must be non-negative integers`);
@@ -145,6 +160,7 @@ export function encodeE4m3Range(
   dstOffset: number,
   count: number,
 ): void {
+  checkKinds("encodeE4m3Range", src, Float32Array, dst, Uint8Array);
   checkRange("encodeE4m3Range source", src.length, srcOffset, count);
   checkRange("encodeE4m3Range destination", dst.length, dstOffset, count);
   const bits = bitsView(src);
@@ -163,6 +179,7 @@ export function encodeE4m3Array(src: Float32Array, dst: Uint8Array): void {
 
 /** Encodes every element of src to e5m2; dst must have the same length. */
 export function encodeE5m2Array(src: Float32Array, dst: Uint8Array): void {
+  checkKinds("encodeE5m2Array", src, Float32Array, dst, Uint8Array);
   if (src.length !== dst.length) {
     throw new RangeError(`encodeE5m2Array: source length ${src.length} != destination length ${dst.length}`);
   }
@@ -172,6 +189,7 @@ export function encodeE5m2Array(src: Float32Array, dst: Uint8Array): void {
 
 /** Decodes e4m3 codes to float32; dst must have the same length. */
 export function decodeE4m3Array(src: Uint8Array, dst: Float32Array): void {
+  checkKinds("decodeE4m3Array", src, Uint8Array, dst, Float32Array);
   if (src.length !== dst.length) {
     throw new RangeError(`decodeE4m3Array: source length ${src.length} != destination length ${dst.length}`);
   }
@@ -180,6 +198,7 @@ export function decodeE4m3Array(src: Uint8Array, dst: Float32Array): void {
 
 /** Decodes e5m2 codes to float32; dst must have the same length. */
 export function decodeE5m2Array(src: Uint8Array, dst: Float32Array): void {
+  checkKinds("decodeE5m2Array", src, Uint8Array, dst, Float32Array);
   if (src.length !== dst.length) {
     throw new RangeError(`decodeE5m2Array: source length ${src.length} != destination length ${dst.length}`);
   }

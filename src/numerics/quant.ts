@@ -49,22 +49,47 @@ export function scaleFromAmax(amax: number, format: ScaleFormat): number {
   return format === "ue8m0" ? ue8m0Ceil(scale) : scale;
 }
 
+/** Throws TypeError unless `value` is an instance of `kind`: no other array kind is read or converted. */
+export function checkArrayKind(
+  what: string,
+  value: unknown,
+  kind: { name: string; prototype: object },
+): void {
+  if (!(value instanceof (kind as unknown as new () => object))) {
+    const got =
+      value === null || typeof value !== "object" ? String(value) : (value.constructor?.name ?? "object");
+    throw new TypeError(`${what} must be a ${kind.name}, got ${got}`);
+  }
+}
+
+/**
+ * Throws RangeError unless every scale is positive and finite (quantization makes no other): a zero,
+ * negative or NaN scale means corrupt input. Codes are not checked: the e4m3 NaN codes decode to NaN.
+ */
+function checkScales(what: string, scales: Float32Array): void {
+  for (let i = 0; i < scales.length; i++) {
+    const s = scales[i]!;
+    if (!(s > 0 && s <= F32_MAX))
+      throw new RangeError(`${what}: scales[${i}] = ${s} is not a positive finite scale`);
+  }
+}
+
 function checkFormat(format: ScaleFormat): void {
   if (format !== "fp32" && format !== "ue8m0") {
-    throw new Error(`scale format must be "fp32" or "ue8m0", got ${String(format)}`);
+    throw new RangeError(`scale format must be "fp32" or "ue8m0", got ${String(format)}`);
   }
 }
 
 function checkDim(what: string, value: number, min: number): void {
   if (!Number.isInteger(value) || value < min) {
-    throw new Error(`${what} must be an integer ≥ ${min}, got ${value}`);
+    throw new RangeError(`${what} must be an integer ≥ ${min}, got ${value}`);
   }
 }
 
 function checkSpan(what: string, length: number, offset: number, count: number): void {
   checkDim(`${what} offset`, offset, 0);
   if (offset + count > length) {
-    throw new Error(`${what}: range [${offset}, ${offset + count}) exceeds length ${length}`);
+    throw new RangeError(`${what}: range [${offset}, ${offset + count}) exceeds length ${length}`);
   }
 }
 
@@ -94,9 +119,12 @@ export function quantizeRow128(
   scaleOffset: number,
 ): void {
   checkFormat(format);
+  checkArrayKind("quantizeRow128 values", values, Float32Array);
+  checkArrayKind("quantizeRow128 qOut", qOut, Uint8Array);
+  checkArrayKind("quantizeRow128 scalesOut", scalesOut, Float32Array);
   checkDim("quantizeRow128 count", count, 0);
   if (count % QUANT_BLOCK !== 0) {
-    throw new Error(`quantizeRow128: count must be a multiple of ${QUANT_BLOCK}, got ${count}`);
+    throw new RangeError(`quantizeRow128: count must be a multiple of ${QUANT_BLOCK}, got ${count}`);
   }
   const groups = count / QUANT_BLOCK;
   checkSpan("quantizeRow128 values", values.length, offset, count);
@@ -110,7 +138,7 @@ export function quantizeRow128(
       const a = Math.abs(values[base + j]);
       // One comparison rejects NaN and ±inf (NaN compares false).
       if (!(a <= F32_MAX)) {
-        throw new Error(`quantizeRow128: non-finite value ${values[base + j]} at index ${base + j}`);
+        throw new RangeError(`quantizeRow128: non-finite value ${values[base + j]} at index ${base + j}`);
       }
       if (a > amax) amax = a;
     }
@@ -133,10 +161,12 @@ function checkActivationShape(what: string, length: number, tokens: number, hidd
   checkDim(`${what}: tokens`, tokens, 0);
   checkDim(`${what}: hidden`, hidden, QUANT_BLOCK);
   if (hidden % QUANT_BLOCK !== 0) {
-    throw new Error(`${what}: hidden must be a multiple of ${QUANT_BLOCK}, got ${hidden}`);
+    throw new RangeError(`${what}: hidden must be a multiple of ${QUANT_BLOCK}, got ${hidden}`);
   }
   if (length !== tokens * hidden) {
-    throw new Error(`${what}: length ${length} != tokens·hidden = ${tokens}·${hidden} = ${tokens * hidden}`);
+    throw new RangeError(
+      `${what}: length ${length} != tokens·hidden = ${tokens}·${hidden} = ${tokens * hidden}`,
+    );
   }
 }
 
@@ -148,6 +178,7 @@ export function quantizeActivations(
   format: ScaleFormat,
 ): QuantizedActivations {
   checkFormat(format);
+  checkArrayKind("quantizeActivations: x (bf16 bits)", x, Uint16Array);
   checkActivationShape("quantizeActivations", x.length, tokens, hidden);
   const q = new Uint8Array(tokens * hidden);
   const scales = new Float32Array(tokens * (hidden / QUANT_BLOCK));
@@ -159,7 +190,7 @@ export function quantizeActivations(
     for (let c = 0; c < hidden; c++) {
       const b = x[base + c];
       if ((b & 0x7f80) === 0x7f80) {
-        throw new Error(
+        throw new RangeError(
           `quantizeActivations: non-finite bf16 0x${b.toString(16)} at index ${base + c} (token ${t}, channel ${c})`,
         );
       }
@@ -177,13 +208,16 @@ export function dequantizeActivations(
   tokens: number,
   hidden: number,
 ): Float32Array {
+  checkArrayKind("dequantizeActivations: q (e4m3 codes)", q, Uint8Array);
+  checkArrayKind("dequantizeActivations: scales", scales, Float32Array);
   checkActivationShape("dequantizeActivations", q.length, tokens, hidden);
   const groups = hidden / QUANT_BLOCK;
   if (scales.length !== tokens * groups) {
-    throw new Error(
+    throw new RangeError(
       `dequantizeActivations: scales length ${scales.length} != tokens·hidden/128 = ${tokens * groups}`,
     );
   }
+  checkScales("dequantizeActivations", scales);
   const out = new Float32Array(tokens * hidden);
   decodeE4m3Array(q, out);
   for (let i = 0; i < out.length; i++) out[i] = out[i] * scales[(i / QUANT_BLOCK) | 0];
@@ -201,15 +235,16 @@ function checkWeightShape(what: string, length: number, n: number, k: number): v
   checkDim(`${what}: n`, n, QUANT_BLOCK);
   checkDim(`${what}: k`, k, QUANT_BLOCK);
   if (n % QUANT_BLOCK !== 0 || k % QUANT_BLOCK !== 0) {
-    throw new Error(`${what}: n and k must be multiples of ${QUANT_BLOCK}, got n=${n}, k=${k}`);
+    throw new RangeError(`${what}: n and k must be multiples of ${QUANT_BLOCK}, got n=${n}, k=${k}`);
   }
   if (length !== n * k) {
-    throw new Error(`${what}: length ${length} != n·k = ${n}·${k} = ${n * k}`);
+    throw new RangeError(`${what}: length ${length} != n·k = ${n}·${k} = ${n * k}`);
   }
 }
 
 /** Quantizes a float32 [n, k] matrix to e4m3 with one float32 scale per 128×128 block. */
 export function quantizeWeightBlocks(w: Float32Array, n: number, k: number): QuantizedWeights {
+  checkArrayKind("quantizeWeightBlocks: w", w, Float32Array);
   checkWeightShape("quantizeWeightBlocks", w.length, n, k);
   const blockRows = n / QUANT_BLOCK;
   const blockCols = k / QUANT_BLOCK;
@@ -225,7 +260,7 @@ export function quantizeWeightBlocks(w: Float32Array, n: number, k: number): Qua
           const a = Math.abs(w[rowBase + c]);
           if (!(a <= F32_MAX)) {
             const i = rowBase + c;
-            throw new Error(
+            throw new RangeError(
               `quantizeWeightBlocks: non-finite value ${w[i]} at index ${i} (row ${(i / k) | 0}, column ${i % k})`,
             );
           }
@@ -252,13 +287,16 @@ export function dequantizeWeightBlocks(
   n: number,
   k: number,
 ): Float32Array {
+  checkArrayKind("dequantizeWeightBlocks: q (e4m3 codes)", q, Uint8Array);
+  checkArrayKind("dequantizeWeightBlocks: scales", scales, Float32Array);
   checkWeightShape("dequantizeWeightBlocks", q.length, n, k);
   const blockCols = k / QUANT_BLOCK;
   if (scales.length !== (n / QUANT_BLOCK) * blockCols) {
-    throw new Error(
+    throw new RangeError(
       `dequantizeWeightBlocks: scales length ${scales.length} != (n/128)·(k/128) = ${(n / QUANT_BLOCK) * blockCols}`,
     );
   }
+  checkScales("dequantizeWeightBlocks", scales);
   const out = new Float32Array(n * k);
   for (let r = 0; r < n; r++) {
     const scaleRow = ((r / QUANT_BLOCK) | 0) * blockCols;

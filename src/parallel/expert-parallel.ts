@@ -21,13 +21,32 @@
  * separated by synchronizing the ranks' devices. The routing's ids are read on the host to plan the
  * dispatch. Several ranks may share one GPU: that runs the same protocol, which is how it is tested.
  */
-import { MAX_TOKENS_LIMIT, type MoEConfig, validateConfig } from "../config/config.js";
+import {
+  describeValue,
+  MAX_TOKENS_LIMIT,
+  type MoEConfig,
+  type ValidatedConfig,
+  validateConfig,
+} from "../config/config.js";
 import { type Device, DeviceTensor, expectOperand } from "../cuda/index.js";
-import { combineRanksOnDevice, gatherRowsOnDevice } from "../kernels/parallel/parallel.js";
-import { type Backend, type GpuPipelineKind, InputError, MoELayer, validateInput } from "../layer.js";
+import { combineRanksOnDevice, gatherRowsOnDevice } from "../kernels/exchange/exchange.js";
+import {
+  type Backend,
+  checkOptions,
+  type GpuPipelineKind,
+  InputError,
+  MoELayer,
+  validateInput,
+} from "../layer.js";
 import { bf16BitsToF32, f32ToBf16Bits } from "../numerics/bf16.js";
 import { validateRouting } from "../reference/router.js";
-import type { ExpertWeights, GateWeights, MoEWeightSource } from "../weights/types.js";
+import {
+  type ExpertWeights,
+  type GateWeights,
+  type MoEWeightSource,
+  type RoutedExpertWeights,
+  weightSourceProblem,
+} from "../weights/types.js";
 import {
   DispatchError,
   type DispatchPlan,
@@ -39,7 +58,7 @@ import {
 
 /** One rank's share of a layer's weights: its block of routed experts, the shared expert, its gate rows. */
 export class RankWeights implements MoEWeightSource {
-  readonly config: MoEConfig;
+  readonly config: ValidatedConfig;
   readonly generated?: { seed: number; firstExpert: number };
   private readonly first: number;
 
@@ -66,7 +85,7 @@ export class RankWeights implements MoEWeightSource {
     });
   }
 
-  expert(e: number): ExpertWeights {
+  expert(e: number): RoutedExpertWeights {
     if (!Number.isInteger(e) || e < 0 || e >= this.config.numExperts) {
       throw new RangeError(`rank ${this.rank} holds experts 0..${this.config.numExperts - 1}, not ${e}`);
     }
@@ -138,6 +157,34 @@ export function splitAmongRanks(
   topK: number,
   ranks: number,
 ): RankInput[] {
+  const count = (name: string, v: number, min: number) => {
+    if (!Number.isInteger(v) || v < min) {
+      throw new InputError(`splitAmongRanks: ${name} must be an integer ≥ ${min}, got ${describeValue(v)}`);
+    }
+  };
+  count("tokens", tokens, 0);
+  count("hidden", hidden, 1);
+  count("topK", topK, 1);
+  count("ranks", ranks, 1);
+  if (!(x instanceof Uint16Array) || x.length !== tokens * hidden) {
+    throw new InputError(
+      `splitAmongRanks: x must be a Uint16Array of tokens × hidden = ${tokens * hidden} bf16 values, got ${describeValue(x)}${x instanceof Uint16Array ? ` of ${x.length}` : ""}`,
+    );
+  }
+  if (typeof routing !== "object" || routing === null) {
+    throw new InputError(`splitAmongRanks: routing must be { ids, weights }, got ${describeValue(routing)}`);
+  }
+  const { ids, weights } = routing;
+  if (!(ids instanceof Int32Array) || ids.length !== tokens * topK) {
+    throw new InputError(
+      `splitAmongRanks: routing.ids must be an Int32Array of tokens × topK = ${tokens * topK} ids, got ${describeValue(ids)}${ids instanceof Int32Array ? ` of ${ids.length}` : ""}`,
+    );
+  }
+  if (!(weights instanceof Float32Array) || weights.length !== tokens * topK) {
+    throw new InputError(
+      `splitAmongRanks: routing.weights must be a Float32Array of tokens × topK = ${tokens * topK} weights, got ${describeValue(weights)}${weights instanceof Float32Array ? ` of ${weights.length}` : ""}`,
+    );
+  }
   return Array.from({ length: ranks }, (_, s) => {
     const a = Math.floor((s * tokens) / ranks);
     const b = Math.floor(((s + 1) * tokens) / ranks);
@@ -214,15 +261,20 @@ export function combineRankOutputs(
 
 export class ExpertParallelMoE {
   /** The whole layer's config (all experts). */
-  readonly config: MoEConfig;
+  readonly config: ValidatedConfig;
   readonly ranks: number;
   /** Each rank's layer: its experts and the shared expert, sized for every rank's tokens at once. */
   readonly layers: readonly MoELayer[];
   private readonly buffers: RankBuffers[] | null = null;
   private disposed = false;
 
+  /** `source.config` may be raw (validated here, once) or already validated. */
   constructor(source: MoEWeightSource, options: ExpertParallelOptions) {
-    this.config = validateConfig(source.config);
+    const problem = weightSourceProblem(source);
+    if (problem !== null) throw new InputError(`ExpertParallelMoE: ${problem}`);
+    if (options === undefined) throw new InputError("ExpertParallelMoE needs options with ranks");
+    checkOptions("ExpertParallelMoE options", options, ["ranks", "backend", "devices", "pipeline"]);
+    this.config = validateConfig(source.config); // returns at once for a validated config
     const { ranks } = options;
     if (!Number.isInteger(ranks) || ranks < 1 || this.config.numExperts % ranks !== 0) {
       throw new InputError(`${this.config.numExperts} experts cannot be split evenly among ${ranks} ranks`);
@@ -270,10 +322,14 @@ export class ExpertParallelMoE {
 
   /** The dispatch a forward would do for these inputs (checked as `forward` checks them). */
   plan(inputs: readonly RankInput[]): DispatchPlan {
+    if (!Array.isArray(inputs)) {
+      throw new InputError(`expected an array of one input per rank, got ${describeValue(inputs)}`);
+    }
     if (inputs.length !== this.ranks) {
       throw new InputError(`expected one input per rank (${this.ranks}), got ${inputs.length}`);
     }
     inputs.forEach((input, s) => {
+      checkRankRouting(input, s);
       // A rank may have no tokens in a step; it still serves the others' rows.
       if (input.tokens === 0 && input.x instanceof Uint16Array && input.x.length === 0) return;
       try {
@@ -346,6 +402,7 @@ export class ExpertParallelMoE {
       throw new InputError(`expected one input per rank (${this.ranks}), got ${inputs.length}`);
     }
     inputs.forEach((input, s) => {
+      checkRankRouting(input, s);
       checkDeviceInput(input, s, buffers[s]!.device, this.config);
     });
     return this.runOnDevices(inputs, this.planRouting(inputs), options);
@@ -472,6 +529,20 @@ export class ExpertParallelMoE {
       if (e instanceof DispatchError) throw new InputError(e.message);
       throw e;
     }
+  }
+}
+
+/** A rank's input is an object with an Int32Array of ids and a Float32Array of weights (the rest: validateRouting). */
+function checkRankRouting(input: unknown, s: number): void {
+  if (typeof input !== "object" || input === null) {
+    throw new InputError(`rank ${s}: input must be { x, tokens, ids, weights }, got ${describeValue(input)}`);
+  }
+  const { ids, weights } = input as { ids: unknown; weights: unknown };
+  if (!(ids instanceof Int32Array)) {
+    throw new InputError(`rank ${s}: ids must be an Int32Array, got ${describeValue(ids)}`);
+  }
+  if (!(weights instanceof Float32Array)) {
+    throw new InputError(`rank ${s}: weights must be a Float32Array, got ${describeValue(weights)}`);
   }
 }
 

@@ -11,9 +11,9 @@
  */
 import type { MoEConfig } from "../config/config.js";
 import { type Device, DeviceTensor, type Stream } from "../cuda/index.js";
+import type { DeviceMoEWeights } from "../kernels/device-weights.js";
 import { FusedMoEKernel } from "../kernels/megamoe/megamoe.js";
 import { quantizeOnDevice } from "../kernels/quant/quant.js";
-import type { DeviceMoEWeights } from "../weights/device.js";
 import { type InputTicket, MoEInputTag } from "./input-tag.js";
 import { forwardProblem, type MoEPipeline, type UnfusedForward, warmupPipeline } from "./unfused.js";
 

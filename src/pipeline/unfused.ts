@@ -13,7 +13,9 @@
  */
 import { type MoEConfig, QUANT_BLOCK, sharedIntermediate } from "../config/config.js";
 import { type Device, DeviceTensor, expectOperand, type Stream } from "../cuda/index.js";
+import type { DeviceExpertPair, DeviceMoEWeights } from "../kernels/device-weights.js";
 import { aScalesRows, groupedGemmFp8 } from "../kernels/gemm/grouped_gemm.js";
+import { quantizeOnDevice } from "../kernels/quant/quant.js";
 import {
   combineOnDevice,
   dispatchLayoutOnDevice,
@@ -22,9 +24,7 @@ import {
   MOE_MAX_EXPERTS,
   type RowCount,
   swigluQuantizeOnDevice,
-} from "../kernels/moe/moe.js";
-import { quantizeOnDevice } from "../kernels/quant/quant.js";
-import type { DeviceExpertPair, DeviceMoEWeights } from "../weights/device.js";
+} from "../kernels/unfused/moe.js";
 
 /** One forward's operands, all on the pipeline's device. */
 export interface UnfusedForward {

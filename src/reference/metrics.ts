@@ -2,9 +2,28 @@
 
 type Numeric = ArrayLike<number>;
 
-/** ‖a − b‖ / ‖b‖ (b is the reference); 0 when both are zero. NaN anywhere gives NaN. */
+/** TypeError unless a and b are arrays (or typed arrays) of numbers; RangeError unless their lengths match. */
+function checkPair(what: string, a: unknown, b: unknown): void {
+  for (const [name, v] of [
+    ["a", a],
+    ["b", b],
+  ] as const) {
+    if (!(Array.isArray(v) || (ArrayBuffer.isView(v) && !(v instanceof DataView)))) {
+      const got = v === null || typeof v !== "object" ? String(v) : (v.constructor?.name ?? "object");
+      throw new TypeError(`${what}: ${name} must be an array or typed array of numbers, got ${got}`);
+    }
+  }
+  const la = (a as Numeric).length;
+  const lb = (b as Numeric).length;
+  if (la !== lb) throw new RangeError(`${what}: length mismatch: ${la} vs ${lb}`);
+}
+
+/**
+ * ‖a − b‖ / ‖b‖ (b is the reference); 0 when both are zero. NaN anywhere gives NaN (a metric reports
+ * what it sees: a NaN output must show as NaN, not as an error of the metric).
+ */
 export function relativeError(a: Numeric, b: Numeric): number {
-  if (a.length !== b.length) throw new Error(`length mismatch: ${a.length} vs ${b.length}`);
+  checkPair("relativeError", a, b);
   let num = 0;
   let den = 0;
   for (let i = 0; i < a.length; i++) {
@@ -16,9 +35,9 @@ export function relativeError(a: Numeric, b: Numeric): number {
   return Math.sqrt(num / den);
 }
 
-/** DeepGEMM's similarity metric: 1 − 2Σxy / Σ(x² + y²); 0 for identical inputs. */
+/** DeepGEMM's similarity metric: 1 − 2Σxy / Σ(x² + y²); 0 for identical inputs; NaN anywhere gives NaN. */
 export function calcDiff(a: Numeric, b: Numeric): number {
-  if (a.length !== b.length) throw new Error(`length mismatch: ${a.length} vs ${b.length}`);
+  checkPair("calcDiff", a, b);
   let xy = 0;
   let sq = 0;
   for (let i = 0; i < a.length; i++) {
@@ -31,6 +50,8 @@ export function calcDiff(a: Numeric, b: Numeric): number {
 
 /** FNV-1a over the raw bytes, as 8 hex digits: equal outputs give equal checksums. */
 export function checksum(bytes: ArrayBufferView): string {
+  if (!ArrayBuffer.isView(bytes))
+    throw new TypeError(`checksum: bytes must be a typed array, got ${String(bytes)}`);
   const u8 = new Uint8Array(bytes.buffer, bytes.byteOffset, bytes.byteLength);
   let h = 0x811c9dc5;
   for (let i = 0; i < u8.length; i++) h = Math.imul(h ^ u8[i], 0x01000193);
@@ -38,6 +59,7 @@ export function checksum(bytes: ArrayBufferView): string {
 }
 
 export function l2Norm(a: Numeric): number {
+  checkPair("l2Norm", a, a);
   let s = 0;
   for (let i = 0; i < a.length; i++) s += a[i] * a[i];
   return Math.sqrt(s);

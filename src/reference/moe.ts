@@ -5,12 +5,20 @@
  * computed exactly as the per-token formulation in the spec says: the order of fp32 operations is
  * fixed, so the result does not depend on grouping, and the output is deterministic.
  */
-import { type MoEConfig, QUANT_BLOCK, sharedIntermediate } from "../config/config.js";
+import { type MoEConfig, QUANT_BLOCK, sharedIntermediate, validateConfig } from "../config/config.js";
 import { bf16BitsToF32, f32ToBf16Bits, roundToBf16 } from "../numerics/bf16.js";
+import { dequantizeMxfp4, type Fp4AsFp8, mxfp4RowsToFp8 } from "../numerics/fp4.js";
 import { decodeE4m3Array, E4M3_DECODE } from "../numerics/fp8.js";
 import { quantizeActivations, quantizeRow128 } from "../numerics/quant.js";
-import type { BlockQuantized, ExpertWeights, MoEWeightSource } from "../weights/types.js";
-import type { Routing } from "./router.js";
+import {
+  type BlockQuantized,
+  type ExpertWeights,
+  type MoEWeightSource,
+  type Mxfp4Matrix,
+  type RoutedExpertWeights,
+  weightSourceProblem,
+} from "../weights/types.js";
+import { RouterError, type Routing, validateRouting } from "./router.js";
 import { swiglu, swigluExact } from "./swiglu.js";
 
 export type { Routing };
@@ -20,6 +28,8 @@ export interface ReferenceOptions {
   shared?: boolean;
   /** Called after each expert (routed or shared) is done. */
   onProgress?: (done: number, total: number) => void;
+  /** With FP4 experts: receives the count of converted elements and of those not exact in e4m3. */
+  fp4Stats?: Fp4ConversionStats;
 }
 
 /** FP8 rows of T tokens: e4m3 codes [T, K] and fp32 scales [T, K/128]. */
@@ -30,6 +40,12 @@ interface QuantizedRows {
 
 /** Which (token, slot) pairs each expert serves, in token order. */
 export function groupByExpert(routing: Routing, tokens: number, config: MoEConfig): Int32Array[] {
+  if (typeof routing !== "object" || routing === null) {
+    throw new RouterError(
+      `routing must be { ids: Int32Array, weights: Float32Array }, got ${String(routing)}`,
+    );
+  }
+  validateRouting(routing.ids, routing.weights, tokens, config);
   const k = config.topK;
   const counts = new Int32Array(config.numExperts);
   for (let i = 0; i < tokens * k; i++) {
@@ -46,24 +62,84 @@ export function groupByExpert(routing: Routing, tokens: number, config: MoEConfi
 }
 
 /**
+ * A GEMM's weights as the promotion sees them: per output row, its e4m3 values and one fp32 scale per
+ * 128-deep K block. FP8 weights give their codes and 128×128 block scales; MXFP4 weights give the
+ * converted codes and per-row 2^ref (numerics/fp4.ts, mxfp4RowsToFp8), as the Hopper kernels will.
+ */
+interface ScaledRows {
+  rows: number;
+  cols: number;
+  /** Fills wRow [cols] with row r's decoded e4m3 values and wScale [cols/128] with its scales. */
+  load(r: number, wRow: Float32Array, wScale: Float32Array): void;
+}
+
+function fp8Rows(w: BlockQuantized): ScaledRows {
+  const { rows, cols } = w;
+  const kBlocks = cols / QUANT_BLOCK;
+  return {
+    rows,
+    cols,
+    load(r, wRow, wScale) {
+      const base = r * cols;
+      for (let i = 0; i < cols; i++) wRow[i] = E4M3_DECODE[w.q[base + i]];
+      const scaleBase = Math.floor(r / QUANT_BLOCK) * kBlocks;
+      for (let b = 0; b < kBlocks; b++) wScale[b] = w.scales[scaleBase + b];
+    },
+  };
+}
+
+/** Counts of FP4 elements whose FP8 form is not exact, summed over the matrices the reference converted. */
+export interface Fp4ConversionStats {
+  inexact: number;
+  total: number;
+}
+
+/** MXFP4 weights converted 128 rows at a time (rows are loaded in increasing order). */
+function fp4Rows(w: Mxfp4Matrix, what: string, stats?: Fp4ConversionStats): ScaledRows {
+  const { rows, cols } = w;
+  const kBlocks = cols / QUANT_BLOCK;
+  let chunkStart = -1;
+  let chunk: Fp4AsFp8 | null = null;
+  return {
+    rows,
+    cols,
+    load(r, wRow, wScale) {
+      const start = r - (r % QUANT_BLOCK);
+      if (chunk === null || start !== chunkStart) {
+        const end = Math.min(rows, start + QUANT_BLOCK);
+        chunk = mxfp4RowsToFp8(w, start, end, what);
+        chunkStart = start;
+        if (stats !== undefined) {
+          stats.inexact += chunk.inexact;
+          stats.total += (end - start) * cols;
+        }
+      }
+      const local = r - chunkStart;
+      for (let i = 0; i < cols; i++) wRow[i] = E4M3_DECODE[chunk.q[local * cols + i]];
+      for (let b = 0; b < kBlocks; b++) wScale[b] = chunk.scales[local * kBlocks + b];
+    },
+  };
+}
+
+/**
  * One block-scaled FP8 GEMM row set: out[r, n] for the given activation rows against every row n of
  * `w`. Per 128-wide K block the exact dot of the decoded FP8 values (in double: products of two e4m3
  * values and their sums over one block are exact) is rounded to fp32, multiplied by the fp32 product
- * of the two scales, and added to the fp32 accumulator, blocks in increasing K order.
+ * of the two scales (activation row's, weight row's), and added to the fp32 accumulator, blocks in
+ * increasing K order.
  */
 function blockScaledGemm(
   rows: Float32Array[],
   rowScales: Float32Array[],
-  w: BlockQuantized,
+  w: ScaledRows,
   out: Float32Array[],
 ): void {
   const { rows: n, cols: k } = w;
   const kBlocks = k / QUANT_BLOCK;
   const wRow = new Float32Array(k);
+  const wScale = new Float32Array(kBlocks);
   for (let r = 0; r < n; r++) {
-    const base = r * k;
-    for (let i = 0; i < k; i++) wRow[i] = E4M3_DECODE[w.q[base + i]];
-    const scaleBase = Math.floor(r / QUANT_BLOCK) * kBlocks;
+    w.load(r, wRow, wScale);
     for (let t = 0; t < rows.length; t++) {
       const a = rows[t];
       const sa = rowScales[t];
@@ -72,12 +148,24 @@ function blockScaledGemm(
         let partial = 0;
         const end = (b + 1) * QUANT_BLOCK;
         for (let i = b * QUANT_BLOCK; i < end; i++) partial += a[i] * wRow[i];
-        const scale = Math.fround(sa[b] * w.scales[scaleBase + b]);
+        const scale = Math.fround(sa[b] * wScale[b]);
         acc = Math.fround(acc + Math.fround(Math.fround(partial) * scale));
       }
       out[t][r] = acc;
     }
   }
+}
+
+/** Both matrices of an expert in either format, as the GEMMs read them. */
+function expertRows(
+  w: RoutedExpertWeights,
+  what: string,
+  stats?: Fp4ConversionStats,
+): { w1: ScaledRows; w2: ScaledRows } {
+  if (w.format === "fp4") {
+    return { w1: fp4Rows(w.w1, `${what} W1`, stats), w2: fp4Rows(w.w2, `${what} W2`, stats) };
+  }
+  return { w1: fp8Rows(w.w1), w2: fp8Rows(w.w2) };
 }
 
 /**
@@ -86,7 +174,7 @@ function blockScaledGemm(
  */
 function expertForward(
   config: MoEConfig,
-  weights: ExpertWeights,
+  weights: { w1: ScaledRows; w2: ScaledRows },
   rows: Float32Array[],
   rowScales: Float32Array[],
 ): Float32Array[] {
@@ -136,7 +224,12 @@ function planExpertWork(
   source: MoEWeightSource,
   options: ReferenceOptions,
 ): ExpertWork {
-  const config = source.config;
+  const problem = weightSourceProblem(source);
+  if (problem !== null) throw new TypeError(problem);
+  const config = validateConfig(source.config); // returns at once for a validated config
+  if (typeof options !== "object" || options === null) {
+    throw new TypeError(`reference options must be an object, got ${String(options)}`);
+  }
   const lists = groupByExpert(routing, tokens, config);
   const active = lists.map((l, e) => (l.length > 0 ? e : -1)).filter((e) => e >= 0);
   let shared: ExpertWeights | null = null;
@@ -160,12 +253,12 @@ export function referenceMoE(
   source: MoEWeightSource,
   options: ReferenceOptions = {},
 ): Uint16Array {
+  const { lists, active, shared, total } = planExpertWork(routing, tokens, source, options);
   const config = source.config;
   const { hidden, topK: k } = config;
   const xq = quantizeActivations(x, tokens, hidden, config.scaleFormat);
   const xDecoded = new Float32Array(xq.q.length);
   decodeE4m3Array(xq.q, xDecoded);
-  const { lists, active, shared, total } = planExpertWork(routing, tokens, source, options);
   let done = 0;
 
   // bf16-rounded L2 results per (token, slot), as the combine reads them.
@@ -178,7 +271,12 @@ export function referenceMoE(
       pairs.map((p) => Math.floor(p / k)),
       config,
     );
-    const y = expertForward(config, source.expert(e), rows, scales);
+    const y = expertForward(
+      config,
+      expertRows(source.expert(e), `expert ${e}`, options.fp4Stats),
+      rows,
+      scales,
+    );
     pairs.forEach((p, i) => {
       const dst = slotOut.subarray(p * hidden, (p + 1) * hidden);
       for (let n = 0; n < hidden; n++) dst[n] = roundToBf16(y[i][n]);
@@ -190,7 +288,7 @@ export function referenceMoE(
   if (shared !== null) {
     const all = Array.from({ length: tokens }, (_, t) => t);
     const { rows, scales } = quantizedTokenRows(xq, xDecoded, all, config);
-    sharedOut = expertForward(config, shared, rows, scales);
+    sharedOut = expertForward(config, expertRows(shared, "shared expert"), rows, scales);
     options.onProgress?.(++done, total);
   }
 
@@ -214,7 +312,8 @@ export function referenceMoE(
  * Dequantized weights of a block-quantized matrix, in double: decode(q) · scale is exact there, which
  * the fp32 dequantizeWeightBlocks is not (4 + 24 significant bits), and the ideal must not round.
  */
-function dequantizeToF64(w: BlockQuantized): Float64Array {
+function dequantizeToF64(w: BlockQuantized | Mxfp4Matrix, what: string): Float64Array {
+  if ("packed" in w) return dequantizeMxfp4(w, what);
   const { rows, cols } = w;
   const kb = cols / QUANT_BLOCK;
   const out = new Float64Array(rows * cols);
@@ -249,7 +348,7 @@ function idealMlpRow(config: MoEConfig, w1: Float64Array, w2: Float64Array, inte
 }
 
 /**
- * The FP64 "ideal" layer: the same (dequantized FP8) weights, but no activation quantization and no
+ * The FP64 "ideal" layer: the same weights (dequantized FP8, or the exact MXFP4 values), but no activation quantization and no
  * intermediate rounding. Its distance to `referenceMoE` is the error FP8 itself costs.
  */
 export function idealMoE(
@@ -259,20 +358,25 @@ export function idealMoE(
   source: MoEWeightSource,
   options: ReferenceOptions = {},
 ): Float64Array {
+  const { lists, active, shared, total } = planExpertWork(routing, tokens, source, options);
   const config = source.config;
   const { hidden, topK: k } = config;
+  if (!(x instanceof Uint16Array) || x.length !== tokens * hidden) {
+    throw new RangeError(
+      `idealMoE: x must be a Uint16Array of tokens × hidden = ${tokens * hidden} bf16 values`,
+    );
+  }
   const xs = Array.from({ length: tokens }, (_, t) => {
     const row = new Float64Array(hidden);
     for (let i = 0; i < hidden; i++) row[i] = bf16BitsToF32(x[t * hidden + i]);
     return row;
   });
   const out = new Float64Array(tokens * hidden);
-  const { lists, active, shared, total } = planExpertWork(routing, tokens, source, options);
   let done = 0;
   for (const e of active) {
     const w = source.expert(e);
-    const w1 = dequantizeToF64(w.w1);
-    const w2 = dequantizeToF64(w.w2);
+    const w1 = dequantizeToF64(w.w1, `expert ${e} W1`);
+    const w2 = dequantizeToF64(w.w2, `expert ${e} W2`);
     for (const p of lists[e]) {
       const t = Math.floor(p / k);
       const y = idealMlpRow(config, w1, w2, config.intermediate, xs[t]);
@@ -282,8 +386,8 @@ export function idealMoE(
     options.onProgress?.(++done, total);
   }
   if (shared !== null) {
-    const w1 = dequantizeToF64(shared.w1);
-    const w2 = dequantizeToF64(shared.w2);
+    const w1 = dequantizeToF64(shared.w1, "shared W1");
+    const w2 = dequantizeToF64(shared.w2, "shared W2");
     for (let t = 0; t < tokens; t++) {
       const y = idealMlpRow(config, w1, w2, sharedIntermediate(config), xs[t]);
       for (let n = 0; n < hidden; n++) out[t * hidden + n] += y[n];

@@ -5,8 +5,15 @@
  * docs/numerics.md ("The router (gate)"); this file implements exactly those rules so a GPU router can be checked against it.
  */
 
-import { type MoEConfig, type ScoringFunction, validateConfig } from "../config/config.js";
+import {
+  describeValue,
+  type MoEConfig,
+  type ScoringFunction,
+  type ValidatedConfig,
+  validateConfig,
+} from "../config/config.js";
 import { f32FromBf16Array } from "../numerics/bf16.js";
+import { checkSeed } from "../numerics/counter-rng.js";
 
 const fround = Math.fround;
 
@@ -49,9 +56,17 @@ function requireLength(name: string, array: ArrayLike<number>, expected: number,
   }
 }
 
+/** Throws RouterError unless `value` is an instance of `kind` (no other array kind is converted). */
+function requireKind(name: string, value: unknown, kind: { new (n: number): object; name: string }): void {
+  if (!(value instanceof kind)) {
+    const article = kind.name.startsWith("Int") ? "an" : "a"; // "an Int32Array", "a Uint8Array"
+    throw new RouterError(`${name} must be ${article} ${kind.name}, got ${describeValue(value)}`);
+  }
+}
+
 function requireCount(name: string, value: number): void {
   if (!Number.isInteger(value) || value < 0) {
-    throw new RouterError(`${name} must be a non-negative integer, got ${value}`);
+    throw new RouterError(`${name} must be a non-negative integer, got ${describeValue(value)}`);
   }
 }
 
@@ -65,6 +80,7 @@ function hex16(bits: number): string {
 }
 
 function checkTokenMask(tokenMask: Uint8Array | undefined, tokens: number): void {
+  if (tokenMask !== undefined) requireKind("tokenMask", tokenMask, Uint8Array);
   if (tokenMask !== undefined) requireLength("tokenMask", tokenMask, tokens, `[tokens=${tokens}]`);
 }
 
@@ -90,6 +106,8 @@ export function gateLogits(
   requireCount("tokens", tokens);
   requireCount("hidden", hidden);
   requireCount("numExperts", numExperts);
+  requireKind("x", x, Uint16Array);
+  requireKind("gate.weight", weight, Uint16Array);
   requireLength("x", x, tokens * hidden, `[tokens=${tokens}, hidden=${hidden}]`);
   requireLength("gate.weight", weight, numExperts * hidden, `[numExperts=${numExperts}, hidden=${hidden}]`);
   const { tokenMask } = opts;
@@ -156,6 +174,7 @@ export function scoreLogits(
 ): Float32Array {
   requireCount("tokens", tokens);
   requireCount("numExperts", numExperts);
+  requireKind("logits", logits, Float32Array);
   requireLength("logits", logits, tokens * numExperts, `[tokens=${tokens}, numExperts=${numExperts}]`);
   const { tokenMask } = opts;
   checkTokenMask(tokenMask, tokens);
@@ -237,13 +256,15 @@ export function selectTopK(
   scores: Float32Array,
   bias: Float32Array | null,
   tokens: number,
-  config: MoEConfig,
+  config: MoEConfig | ValidatedConfig,
   opts: RouteOptions = {},
 ): Routing {
-  validateConfig(config);
+  config = validateConfig(config); // returns at once for a validated config
   const { numExperts, topK } = config;
   const { nGroup, topkGroup, renormalize, routedScalingFactor } = config.router;
   requireCount("tokens", tokens);
+  requireKind("scores", scores, Float32Array);
+  if (bias !== null) requireKind("gate.bias", bias, Float32Array);
   requireLength("scores", scores, tokens * numExperts, `[tokens=${tokens}, numExperts=${numExperts}]`);
   if (bias !== null) checkBias(bias, numExperts);
   const { tokenMask } = opts;
@@ -324,11 +345,16 @@ export function routeTokens(
   x: Uint16Array,
   tokens: number,
   gate: Gate,
-  config: MoEConfig,
+  config: MoEConfig | ValidatedConfig,
   opts: RouteOptions = {},
 ): RouteResult {
-  validateConfig(config);
+  config = validateConfig(config); // returns at once for a validated config
   const { numExperts, hidden } = config;
+  if (typeof gate !== "object" || gate === null) {
+    throw new RouterError(`gate must be { weight, bias }, got ${describeValue(gate)}`);
+  }
+  requireKind("gate.weight", gate.weight, Uint16Array);
+  if (gate.bias !== null) requireKind("gate.bias", gate.bias, Float32Array);
   if (config.router.correctionBias && gate.bias === null) {
     throw new RouterError("config.router.correctionBias is set but gate.bias is null");
   }
@@ -342,18 +368,23 @@ export function routeTokens(
 }
 
 /**
- * Checks routing handed to the layer: lengths [tokens, topK], ids integers in [−1, numExperts), no
- * expert twice in a token's row (−1 may repeat), finite weights. Throws RouterError naming token and slot.
+ * Checks routing handed to the layer: ids an Int32Array and weights a Float32Array (no other kind is
+ * converted: a fractional or NaN id has no meaning, and NaN would read as the −1 mask), lengths
+ * [tokens, topK], ids in [−1, numExperts), no expert twice in a token's row (−1 may repeat), finite
+ * weights. Weights may be negative or zero: the combine is linear in them (docs/numerics.md, "The
+ * combine"); the router only ever makes positive ones. Throws RouterError naming token and slot.
  */
 export function validateRouting(
   ids: Int32Array,
   weights: Float32Array,
   tokens: number,
-  config: MoEConfig,
+  config: MoEConfig | ValidatedConfig,
 ): void {
-  validateConfig(config);
+  config = validateConfig(config); // returns at once for a validated config
   const { numExperts, topK } = config;
   requireCount("tokens", tokens);
+  requireKind("routing ids", ids, Int32Array);
+  requireKind("routing weights", weights, Float32Array);
   requireLength("ids", ids, tokens * topK, `[tokens=${tokens}, topK=${topK}]`);
   requireLength("weights", weights, tokens * topK, `[tokens=${tokens}, topK=${topK}]`);
   for (let t = 0; t < tokens; t++) {
@@ -407,11 +438,15 @@ function checkExpertId(name: string, id: number, numExperts: number): void {
 export function randomRouting(
   seed: number,
   tokens: number,
-  config: MoEConfig,
+  config: MoEConfig | ValidatedConfig,
   opts: RandomRoutingOptions = {},
 ): Routing {
-  validateConfig(config);
-  if (!Number.isInteger(seed)) throw new RouterError(`seed must be an integer, got ${seed}`);
+  config = validateConfig(config); // returns at once for a validated config
+  try {
+    checkSeed(seed);
+  } catch (e) {
+    throw new RouterError((e as Error).message);
+  }
   const { numExperts, topK } = config;
   const scale = config.router.routedScalingFactor;
   requireCount("tokens", tokens);
@@ -475,4 +510,57 @@ export function randomRouting(
     }
   }
   return { ids, weights };
+}
+
+/**
+ * DeepSeek-V4's hash routing (its first num_hash_layers layers): token t's experts are tid2eid[ids[t]]
+ * in the table's order; their weights are the gate's unbiased scores of those experts, renormalized
+ * over the k (w / (Σw + 1e-20)) when config.router.renormalize, times routedScalingFactor, as
+ * selectTopK weights the experts it chooses. tid2eid is int32 [vocab, topK].
+ */
+export function routeByHash(
+  x: Uint16Array,
+  tokens: number,
+  tokenIds: Int32Array,
+  gate: Gate & { tid2eid?: Int32Array | null },
+  config: MoEConfig,
+): RouteResult {
+  validateConfig(config);
+  const { numExperts, hidden, topK } = config;
+  const table = gate.tid2eid;
+  if (table === undefined || table === null)
+    throw new RouterError("hash routing needs the gate's tid2eid table");
+  if (table.length === 0 || table.length % topK !== 0) {
+    throw new RouterError(`tid2eid has ${table.length} elements, not a multiple of topK (${topK})`);
+  }
+  const vocab = table.length / topK;
+  if (!(tokenIds instanceof Int32Array)) throw new RouterError("tokenIds must be an Int32Array");
+  requireLength("tokenIds", tokenIds, tokens, `[tokens=${tokens}]`);
+  const logits = gateLogits(x, gate.weight, tokens, hidden, numExperts);
+  const scores = scoreLogits(logits, tokens, numExperts, config.router.scoring);
+  const ids = new Int32Array(tokens * topK);
+  const weights = new Float32Array(tokens * topK);
+  const { renormalize, routedScalingFactor } = config.router;
+  for (let t = 0; t < tokens; t++) {
+    const id = tokenIds[t];
+    if (id < 0 || id >= vocab)
+      throw new RouterError(`tokenIds[${t}] = ${id} is outside the vocabulary [0, ${vocab})`);
+    let sum = 0;
+    for (let j = 0; j < topK; j++) {
+      const e = table[id * topK + j];
+      if (e < 0 || e >= numExperts) {
+        throw new RouterError(`tid2eid[${id}, ${j}] = ${e} is outside [0, ${numExperts})`);
+      }
+      ids[t * topK + j] = e;
+      sum += scores[t * numExperts + e];
+    }
+    for (let j = 0; j < topK; j++) {
+      const s = scores[t * numExperts + ids[t * topK + j]];
+      weights[t * topK + j] = renormalize
+        ? (s / (sum + RENORMALIZE_EPSILON)) * routedScalingFactor
+        : s * routedScalingFactor;
+    }
+  }
+  validateRouting(ids, weights, tokens, config);
+  return { ids, weights, logits };
 }

@@ -3,7 +3,7 @@
  * recently used evicted first: both sources' `expert(e)` go through it.
  */
 import type { MoEConfig } from "../config/config.js";
-import type { ExpertWeights } from "./types.js";
+import type { RoutedExpertWeights } from "./types.js";
 
 /** Throws RangeError unless e is an expert index of `config`. */
 export function checkExpertIndex(config: MoEConfig, e: number): void {
@@ -14,7 +14,7 @@ export function checkExpertIndex(config: MoEConfig, e: number): void {
 
 export class ExpertCache {
   /** Insertion order is recency order: a hit is moved to the end, the first key is evicted. */
-  private readonly experts = new Map<number, ExpertWeights>();
+  private readonly experts = new Map<number, RoutedExpertWeights>();
 
   constructor(
     private readonly config: MoEConfig,
@@ -26,7 +26,7 @@ export class ExpertCache {
   }
 
   /** Expert e, made by `make` when it is not held. */
-  get(e: number, make: () => ExpertWeights): ExpertWeights {
+  get(e: number, make: () => RoutedExpertWeights): RoutedExpertWeights {
     checkExpertIndex(this.config, e);
     const hit = this.experts.get(e);
     if (hit !== undefined) {

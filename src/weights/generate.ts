@@ -6,54 +6,41 @@
  * made lazily and only a few are cached: a flash-shaped layer (6.4 GB of FP8) never exists in memory at
  * once. docs/weights.md gives the exact recipe.
  */
-import { type MoEConfig, QUANT_BLOCK, sharedIntermediate, validateConfig } from "../config/config.js";
+import {
+  expertFormatOf,
+  type MoEConfig,
+  QUANT_BLOCK,
+  sharedIntermediate,
+  type ValidatedConfig,
+  validateConfig,
+} from "../config/config.js";
 import { bf16FromF32Array } from "../numerics/bf16.js";
+import { checkSeed, fillHash32, fillUniform, hash32, tensorKey } from "../numerics/counter-rng.js";
+import { quantizeMxfp4 } from "../numerics/fp4.js";
+import {
+  ACTIVATION_BASE,
+  expertMatrixSpecs,
+  GATE_BIAS_SCALE,
+  gateWeightScale,
+  generatorNames,
+  type MatrixSpec,
+  matrixBaseScale,
+  OUTLIER_FACTOR,
+  sharedMatrixSpecs,
+  TOKEN_SCALES,
+} from "../numerics/generator.js";
 import { quantizeWeightBlocks } from "../numerics/quant.js";
-import { fillHash32, fillUniform, hash32, tensorKey } from "./counter-rng.js";
 import { checkExpertIndex, ExpertCache } from "./expert-cache.js";
-import type { BlockQuantized, ExpertWeights, GateWeights, MoEWeightSource } from "./types.js";
+import type {
+  BlockQuantized,
+  ExpertWeights,
+  GateWeights,
+  MoEWeightSource,
+  Mxfp4Matrix,
+  RoutedExpertWeights,
+} from "./types.js";
 
-/**
- * Per-block magnitude factors 2^−1, 2^0, 2^1 are equally likely, so E[factor²] = (1/4 + 1 + 4)/3 = 7/4;
- * the base scale divides it out to keep the matrix std at 1/sqrt(fanIn). uniformSym has variance 1/3.
- */
-const BLOCK_FACTOR_MEAN_SQUARE = 7 / 4;
-/** Correction-bias magnitude: small against sigmoid-like scores in (0, 1), as trained biases are. */
-export const GATE_BIAS_SCALE = 2 ** -4;
-
-/** Hash-stream names of the generated tensors (they are the generator's keys, not checkpoint names). */
-export const generatorNames = {
-  expertW1: (e: number) => `experts.${e}.w1`,
-  expertW2: (e: number) => `experts.${e}.w2`,
-  sharedW1: "shared_experts.w1",
-  sharedW2: "shared_experts.w2",
-  gateWeight: "gate.weight",
-  gateBias: "gate.bias",
-  /** Stream of the per-block exponent of the named matrix. */
-  blockExponent: (matrix: string) => `${matrix}.block_exp`,
-  input: "input",
-  inputTokenScale: "input.token_scale",
-} as const;
-
-/** fp32 base scale of a block-scaled matrix: sqrt(3 / (7/4 · fanIn)), computed in double, rounded once. */
-export function matrixBaseScale(fanIn: number): number {
-  return Math.fround(Math.sqrt(3 / (BLOCK_FACTOR_MEAN_SQUARE * fanIn)));
-}
-
-/** fp32 scale of the gate weight's uniformSym values: sqrt(3 / hidden) (std 1/sqrt(hidden)), rounded once. */
-export function gateWeightScale(hidden: number): number {
-  return Math.fround(Math.sqrt(3 / hidden));
-}
-
-/** Exponent in {−1, 0, 1} of the magnitude factor of block `blockIndex` (row-major over blocks). */
-export function blockExponent(seed: number, matrixName: string, blockIndex: number): number {
-  return (hash32(seed, tensorKey(generatorNames.blockExponent(matrixName)), blockIndex) % 3) - 1;
-}
-
-/** Throws RangeError unless seed is a safe integer (every generator, CPU and device, takes these). */
-export function checkSeed(seed: number): void {
-  if (!Number.isSafeInteger(seed)) throw new RangeError(`seed must be a safe integer, got ${seed}`);
-}
+export { checkSeed } from "../numerics/counter-rng.js";
 
 /**
  * The fp32 matrix [rows, cols] named `name` before quantization: element (r, c) is
@@ -115,50 +102,40 @@ export function generateBlockQuantized(
   return { q, scales, rows, cols };
 }
 
-/** One block-quantized matrix to make: its generator name, shape and fan-in. */
-export interface MatrixSpec {
-  name: string;
-  rows: number;
-  cols: number;
-  fanIn: number;
-}
-
-/** An MLP's matrices: W1 [2I, H] (fan-in H), W2 [H, I] (fan-in I); the CPU and device generators share them. */
-function mlpSpecs(hidden: number, inter: number, w1: string, w2: string): { w1: MatrixSpec; w2: MatrixSpec } {
-  return {
-    w1: { name: w1, rows: 2 * inter, cols: hidden, fanIn: hidden },
-    w2: { name: w2, rows: hidden, cols: inter, fanIn: inter },
-  };
-}
-
-/** Routed expert e's matrices. */
-export function expertMatrixSpecs(config: MoEConfig, e: number): { w1: MatrixSpec; w2: MatrixSpec } {
-  return mlpSpecs(config.hidden, config.intermediate, generatorNames.expertW1(e), generatorNames.expertW2(e));
-}
-
-/** The fused shared experts' matrices (intermediate · numShared). */
-export function sharedMatrixSpecs(config: MoEConfig): { w1: MatrixSpec; w2: MatrixSpec } {
-  return mlpSpecs(
-    config.hidden,
-    sharedIntermediate(config),
-    generatorNames.sharedW1,
-    generatorNames.sharedW2,
-  );
+/**
+ * The named matrix, generated then quantized to MXFP4 with `quantizeMxfp4` (per 32-group along a row:
+ * scale byte = the smallest power of two s with amax/s ≤ 6, codes = e2m1 RNE of x/s). The fp32 values
+ * are the FP8 path's, so both formats of one seed hold the same underlying weights.
+ */
+export function generateMxfp4(
+  seed: number,
+  name: string,
+  rows: number,
+  cols: number,
+  fanIn: number,
+  scratch?: Float32Array,
+): Mxfp4Matrix {
+  const w = generateMatrix(seed, name, rows, cols, fanIn, scratch);
+  return quantizeMxfp4(w, rows, cols);
 }
 
 function generateSpec(seed: number, m: MatrixSpec, scratch?: Float32Array): BlockQuantized {
   return generateBlockQuantized(seed, m.name, m.rows, m.cols, m.fanIn, scratch);
 }
 
-/** Routed expert e: W1 [2I, H] (fan-in H), W2 [H, I] (fan-in I). */
+/** Routed expert e in the config's expertFormat: W1 [2I, H] (fan-in H), W2 [H, I] (fan-in I). */
 export function generateExpert(
   config: MoEConfig,
   seed: number,
   e: number,
   scratch?: Float32Array,
-): ExpertWeights {
+): RoutedExpertWeights {
   checkExpertIndex(config, e);
   const m = expertMatrixSpecs(config, e);
+  if (expertFormatOf(config) === "fp4") {
+    const mx = (s: MatrixSpec) => generateMxfp4(seed, s.name, s.rows, s.cols, s.fanIn, scratch);
+    return { format: "fp4", w1: mx(m.w1), w2: mx(m.w2) };
+  }
   return { w1: generateSpec(seed, m.w1, scratch), w2: generateSpec(seed, m.w2, scratch) };
 }
 
@@ -197,7 +174,7 @@ export interface GeneratedWeightsOptions {
 
 /** Seeded weights for a config, made on demand; see docs/weights.md. */
 export class GeneratedWeights implements MoEWeightSource {
-  readonly config: MoEConfig;
+  readonly config: ValidatedConfig;
   readonly seed: number;
   readonly generated: { seed: number; firstExpert: number };
   private readonly experts: ExpertCache;
@@ -206,15 +183,19 @@ export class GeneratedWeights implements MoEWeightSource {
   /** One fp32 buffer reused for every matrix before quantization, to spare the GC 100 MB per expert. */
   private scratch: Float32Array | undefined;
 
-  constructor(config: MoEConfig, seed: number, opts: GeneratedWeightsOptions = {}) {
+  /** `config` may be raw (validated here, once) or already validated. */
+  constructor(config: MoEConfig | ValidatedConfig, seed: number, opts: GeneratedWeightsOptions = {}) {
     this.config = validateConfig(config);
     checkSeed(seed);
+    if (typeof opts !== "object" || opts === null) {
+      throw new RangeError(`GeneratedWeights options must be an object, got ${String(opts)}`);
+    }
     this.seed = seed;
     this.generated = { seed, firstExpert: 0 };
     this.experts = new ExpertCache(this.config, opts.cachedExperts ?? 4);
   }
 
-  expert(e: number): ExpertWeights {
+  expert(e: number): RoutedExpertWeights {
     return this.experts.get(e, () =>
       generateExpert(this.config, this.seed, e, this.scratchFor(this.config.intermediate)),
     );
@@ -241,16 +222,6 @@ export class GeneratedWeights implements MoEWeightSource {
     return this.scratch;
   }
 }
-
-/** Token scale factors, chosen by the top two bits of the token's hash: per-token norm variety. */
-const TOKEN_SCALES = [0.25, 0.5, 1, 2] as const;
-/** An element whose hash has low byte 0 (1 in 256) is an outlier, 8× larger. */
-const OUTLIER_FACTOR = 8;
-/**
- * fp32 base of the activations: sqrt(3 / (E[ts²] · E[o²])) with E[ts²] = 85/64 and
- * E[o²] = 1 + 63/256 = 319/256, so the overall std is ≈ 1.
- */
-export const ACTIVATION_BASE = Math.fround(Math.sqrt(3 / ((85 / 64) * (319 / 256))));
 
 /**
  * Activations x [tokens, hidden] as bf16 bits: std ≈ 1, a per-token scale in {1/4, 1/2, 1, 2} and about

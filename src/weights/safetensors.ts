@@ -9,25 +9,46 @@
  */
 import fs from "node:fs";
 import os from "node:os";
-import { type MoEConfig, QUANT_BLOCK, sharedIntermediate, validateConfig } from "../config/config.js";
+import {
+  expertFormatOf,
+  type MoEConfig,
+  QUANT_BLOCK,
+  sharedIntermediate,
+  type ValidatedConfig,
+  validateConfig,
+} from "../config/config.js";
+import { E8M0_NAN } from "../numerics/fp4.js";
 import { ExpertCache } from "./expert-cache.js";
-import type { BlockQuantized, ExpertWeights, GateWeights, MoEWeightSource } from "./types.js";
+import {
+  type BlockQuantized,
+  type ExpertWeights,
+  type Fp4ExpertWeights,
+  type GateWeights,
+  type MoEWeightSource,
+  MXFP4_GROUP,
+  type Mxfp4Matrix,
+  type RoutedExpertWeights,
+  requireFp8Expert,
+  weightSourceProblem,
+} from "./types.js";
 
 export class SafetensorsError extends Error {
   override name = "SafetensorsError";
 }
 
 /** Bytes per element of the dtypes this module reads and writes. */
-export const DTYPE_SIZES = { F8_E4M3: 1, BF16: 2, F32: 4, I32: 4 } as const;
+export const DTYPE_SIZES = { F8_E4M3: 1, BF16: 2, F32: 4, I32: 4, I8: 1, F8_E8M0: 1 } as const;
 export type Dtype = keyof typeof DTYPE_SIZES;
+
+/** Dtypes the writer also lays out (DeepSeek-V4 checkpoints: U8-packed FP4, I64 token tables). */
+export const WRITE_DTYPE_SIZES = { ...DTYPE_SIZES, U8: 1, I64: 8 } as const;
+export type WriteDtype = keyof typeof WRITE_DTYPE_SIZES;
 
 /** Element sizes of other common dtypes, only to check the byte length of tensors we do not read. */
 const OTHER_DTYPE_SIZES: Record<string, number> = {
   BOOL: 1,
   U8: 1,
-  I8: 1,
   F8_E5M2: 1,
-  F8_E8M0: 1,
   I16: 2,
   U16: 2,
   F16: 2,
@@ -68,7 +89,7 @@ function bytesOf(data: ArrayBufferView): Uint8Array {
 
 export interface TensorSpec {
   name: string;
-  dtype: Dtype;
+  dtype: WriteDtype;
   shape: number[];
 }
 
@@ -101,7 +122,7 @@ function encodeHeader(specs: TensorSpec[], metadata: Record<string, string>) {
     if (!s.shape.every((d) => Number.isSafeInteger(d) && d >= 0)) {
       throw new SafetensorsError(`tensor ${s.name} has an invalid shape ${shapeText(s.shape)}`);
     }
-    const end = at + numel(s.shape) * DTYPE_SIZES[s.dtype];
+    const end = at + numel(s.shape) * WRITE_DTYPE_SIZES[s.dtype];
     json[s.name] = { dtype: s.dtype, shape: s.shape, data_offsets: [at, end] };
     offsets.set(s.name, { begin: at, end });
     at = end;
@@ -116,7 +137,13 @@ function encodeHeader(specs: TensorSpec[], metadata: Record<string, string>) {
   return { header, offsets, dataBytes: at };
 }
 
-function readExactly(fd: number, into: Uint8Array, position: number, what: string, path: string): void {
+export function readExactly(
+  fd: number,
+  into: Uint8Array,
+  position: number,
+  what: string,
+  path: string,
+): void {
   let done = 0;
   while (done < into.length) {
     const n = fs.readSync(fd, into, done, into.length - done, position + done);
@@ -229,7 +256,7 @@ function checkDisjoint(path: string, tensors: Map<string, TensorInfo>): void {
   }
 }
 
-function openForReading(path: string): number {
+export function openForReading(path: string): number {
   try {
     return fs.openSync(path, "r");
   } catch (err) {
@@ -245,7 +272,10 @@ export type TensorArray = Uint8Array | Uint16Array | Float32Array | Int32Array;
 export interface TensorData {
   dtype: Dtype;
   shape: number[];
-  /** F8_E4M3 → Uint8Array (codes), BF16 → Uint16Array (bits), F32 → Float32Array, I32 → Int32Array. */
+  /**
+   * F8_E4M3 → Uint8Array (codes), BF16 → Uint16Array (bits), F32 → Float32Array, I32 → Int32Array;
+   * I8 → Uint8Array (raw bytes: DeepSeek-V4 stores packed e2m1 pairs as I8), F8_E8M0 → Uint8Array.
+   */
   data: TensorArray;
 }
 
@@ -254,6 +284,8 @@ const ARRAY_OF: Record<Dtype, (buffer: ArrayBuffer, length: number) => TensorArr
   BF16: (b, n) => new Uint16Array(b, 0, n),
   F32: (b, n) => new Float32Array(b, 0, n),
   I32: (b, n) => new Int32Array(b, 0, n),
+  I8: (b, n) => new Uint8Array(b, 0, n),
+  F8_E8M0: (b, n) => new Uint8Array(b, 0, n),
 };
 
 /**
@@ -400,9 +432,20 @@ function projectionShape(proj: Projection, hidden: number, inter: number): [numb
   return proj === "down_proj" ? [hidden, inter] : [inter, hidden];
 }
 
-function mlpSpecs(prefix: string, mlp: string, hidden: number, inter: number): TensorSpec[] {
-  return PROJECTIONS.flatMap((proj) => {
+function mlpSpecs(prefix: string, mlp: string, hidden: number, inter: number, fp4 = false): TensorSpec[] {
+  return PROJECTIONS.flatMap((proj): TensorSpec[] => {
     const [rows, cols] = projectionShape(proj, hidden, inter);
+    if (fp4) {
+      // MXFP4 (V4's routed experts): packed e2m1 pairs as I8 [rows, cols/2], UE8M0 scales [rows, cols/32].
+      return [
+        { name: checkpointNames.weight(prefix, mlp, proj), dtype: "I8" as const, shape: [rows, cols / 2] },
+        {
+          name: checkpointNames.scale(prefix, mlp, proj),
+          dtype: "F8_E8M0" as const,
+          shape: [rows, cols / MXFP4_GROUP],
+        },
+      ];
+    }
     return [
       { name: checkpointNames.weight(prefix, mlp, proj), dtype: "F8_E4M3" as const, shape: [rows, cols] },
       {
@@ -418,7 +461,8 @@ function mlpSpecs(prefix: string, mlp: string, hidden: number, inter: number): T
 export function moeTensorSpecs(config: MoEConfig, prefix = DEFAULT_PREFIX): TensorSpec[] {
   const { hidden: h, intermediate: i, numExperts: e } = config;
   const specs: TensorSpec[] = [];
-  for (let x = 0; x < e; x++) specs.push(...mlpSpecs(prefix, checkpointNames.expert(x), h, i));
+  const fp4 = expertFormatOf(config) === "fp4";
+  for (let x = 0; x < e; x++) specs.push(...mlpSpecs(prefix, checkpointNames.expert(x), h, i, fp4));
   if (config.numShared > 0)
     specs.push(...mlpSpecs(prefix, checkpointNames.shared, h, sharedIntermediate(config)));
   specs.push({ name: checkpointNames.gateWeight(prefix), dtype: "BF16", shape: [e, h] });
@@ -455,7 +499,33 @@ function writeMlp(
   }
 }
 
-function checkExpertShape(what: string, w: ExpertWeights, hidden: number, inter: number): void {
+/** Rows [from, to) of an MXFP4 matrix: its packed bytes and its scale bytes. */
+function mxRowSlice(w: Mxfp4Matrix, from: number, to: number) {
+  return {
+    q: w.packed.subarray((from * w.cols) / 2, (to * w.cols) / 2),
+    scales: w.scales.subarray((from * w.cols) / MXFP4_GROUP, (to * w.cols) / MXFP4_GROUP),
+  };
+}
+
+function writeMlpFp4(
+  writer: SafetensorsWriter,
+  prefix: string,
+  mlp: string,
+  w: Fp4ExpertWeights,
+  inter: number,
+): void {
+  const parts: Record<Projection, { q: Uint8Array; scales: Uint8Array }> = {
+    gate_proj: mxRowSlice(w.w1, 0, inter),
+    up_proj: mxRowSlice(w.w1, inter, 2 * inter),
+    down_proj: { q: w.w2.packed, scales: w.w2.scales },
+  };
+  for (const proj of PROJECTIONS) {
+    writer.write(checkpointNames.weight(prefix, mlp, proj), parts[proj].q);
+    writer.write(checkpointNames.scale(prefix, mlp, proj), parts[proj].scales);
+  }
+}
+
+function checkExpertShape(what: string, w: RoutedExpertWeights, hidden: number, inter: number): void {
   const ok = w.w1.rows === 2 * inter && w.w1.cols === hidden && w.w2.rows === hidden && w.w2.cols === inter;
   if (!ok) {
     throw new SafetensorsError(
@@ -479,8 +549,16 @@ export interface SaveOptions {
  * so a failed or interrupted save never leaves a file that looks complete.
  */
 export function saveMoEWeights(path: string, source: MoEWeightSource, opts: SaveOptions = {}): void {
-  const config = validateConfig(source.config);
+  if (typeof path !== "string") throw new SafetensorsError(`path must be a string, got ${String(path)}`);
+  const problem = weightSourceProblem(source);
+  if (problem !== null) throw new SafetensorsError(`saveMoEWeights: ${problem}`);
+  const config = validateConfig(source.config); // returns at once for a validated config
+  if (typeof opts !== "object" || opts === null) {
+    throw new SafetensorsError(`save options must be an object, got ${String(opts)}`);
+  }
   const prefix = opts.prefix ?? DEFAULT_PREFIX;
+  if (typeof prefix !== "string")
+    throw new SafetensorsError(`prefix must be a string, got ${String(prefix)}`);
   const metadata = {
     format: "pt",
     "megamoe.config": JSON.stringify(config),
@@ -494,7 +572,13 @@ export function saveMoEWeights(path: string, source: MoEWeightSource, opts: Save
     for (let e = 0; e < config.numExperts; e++) {
       const w = source.expert(e);
       checkExpertShape(`expert ${e}`, w, config.hidden, config.intermediate);
-      writeMlp(writer, prefix, checkpointNames.expert(e), w, config.intermediate);
+      if (expertFormatOf(config) === "fp4") {
+        if (w.format !== "fp4") throw new SafetensorsError(`expert ${e} is FP8 but the config says fp4`);
+        writeMlpFp4(writer, prefix, checkpointNames.expert(e), w, config.intermediate);
+      } else {
+        const w8 = requireFp8Expert(w, `saveMoEWeights (config expertFormat fp8), expert ${e}`);
+        writeMlp(writer, prefix, checkpointNames.expert(e), w8, config.intermediate);
+      }
       opts.onProgress?.(++done, total);
     }
     if (config.numShared > 0) {
@@ -550,20 +634,47 @@ function checkLayerTensors(header: SafetensorsHeader, specs: TensorSpec[]): void
   }
 }
 
+/**
+ * A file saved by megamoe records its layer's config in its metadata: when that shape differs from the
+ * one asked for, say so (instead of "missing tensor …" for every tensor the other shape would have).
+ */
+function checkSavedShape(header: SafetensorsHeader, config: MoEConfig): void {
+  const saved = header.metadata["megamoe.config"];
+  if (saved === undefined) return;
+  let s: Partial<MoEConfig>;
+  try {
+    s = JSON.parse(saved) as Partial<MoEConfig>;
+  } catch {
+    return; // not ours to judge: the tensor checks that follow still apply
+  }
+  const keys = ["numExperts", "hidden", "intermediate", "numShared"] as const;
+  if (keys.some((k) => s[k] !== config[k])) {
+    const shape = (c: Partial<MoEConfig>) =>
+      `E=${c.numExperts} H=${c.hidden} I=${c.intermediate} shared=${c.numShared}`;
+    throw new SafetensorsError(
+      `${header.path}: its metadata says it holds a "${s.name}" layer (${shape(s)}), not the "${config.name}" layer asked for (${shape(config)})`,
+    );
+  }
+}
+
 /** Weights read lazily from a checked checkpoint file. */
 class SafetensorsWeights implements MoEWeightSource {
   private sharedWeights: ExpertWeights | null | undefined;
   private gateWeights: GateWeights | undefined;
 
   constructor(
-    readonly config: MoEConfig,
+    readonly config: ValidatedConfig,
     private readonly header: SafetensorsHeader,
     private readonly prefix: string,
     private readonly experts: ExpertCache,
   ) {}
 
-  expert(e: number): ExpertWeights {
-    return this.experts.get(e, () => this.readMlp(checkpointNames.expert(e), this.config.intermediate));
+  expert(e: number): RoutedExpertWeights {
+    const mlp = checkpointNames.expert(e);
+    const inter = this.config.intermediate;
+    return this.experts.get(e, () =>
+      expertFormatOf(this.config) === "fp4" ? this.readMlpFp4(mlp, inter) : this.readMlp(mlp, inter),
+    );
   }
 
   shared(): ExpertWeights | null {
@@ -613,6 +724,7 @@ class SafetensorsWeights implements MoEWeightSource {
         const weightName = checkpointNames.weight(this.prefix, mlp, proj);
         const scaleName = checkpointNames.scale(this.prefix, mlp, proj);
         this.readInto(fd, weightName, targets[proj].q);
+        checkE4m3Codes(this.header.path, weightName, targets[proj].q);
         this.readInto(fd, scaleName, targets[proj].scales);
         checkScales(this.header.path, scaleName, targets[proj].scales);
       }
@@ -622,9 +734,51 @@ class SafetensorsWeights implements MoEWeightSource {
     return { w1, w2 };
   }
 
+  /** The MXFP4 counterpart of readMlp: gate and up rows into one W1 [2I, H], down into W2 [H, I]. */
+  private readMlpFp4(mlp: string, inter: number): Fp4ExpertWeights {
+    const h = this.config.hidden;
+    const make = (rows: number, cols: number): Mxfp4Matrix => ({
+      packed: new Uint8Array((rows * cols) / 2),
+      scales: new Uint8Array((rows * cols) / MXFP4_GROUP),
+      rows,
+      cols,
+    });
+    const w1 = make(2 * inter, h);
+    const w2 = make(h, inter);
+    const targets: Record<Projection, { q: Uint8Array; scales: Uint8Array }> = {
+      gate_proj: mxRowSlice(w1, 0, inter),
+      up_proj: mxRowSlice(w1, inter, 2 * inter),
+      down_proj: { q: w2.packed, scales: w2.scales },
+    };
+    const fd = openForReading(this.header.path);
+    try {
+      for (const proj of PROJECTIONS) {
+        const [, cols] = projectionShape(proj, h, inter);
+        const scaleName = checkpointNames.scale(this.prefix, mlp, proj);
+        this.readInto(fd, checkpointNames.weight(this.prefix, mlp, proj), targets[proj].q);
+        this.readInto(fd, scaleName, targets[proj].scales);
+        checkE8m0Scales(this.header.path, scaleName, targets[proj].scales, cols / MXFP4_GROUP);
+      }
+    } finally {
+      fs.closeSync(fd);
+    }
+    return { format: "fp4", w1, w2 };
+  }
+
   private readInto(fd: number, name: string, into: Uint8Array | Float32Array): void {
     const info = this.header.tensors.get(name)!;
     readExactly(fd, bytesOf(into), this.header.dataStart + info.begin, `tensor ${name}`, this.header.path);
+  }
+}
+
+/** e4m3 has no infinity; its NaN codes (0x7F, 0xFF) would run through the layer to a NaN output. */
+function checkE4m3Codes(path: string, name: string, q: Uint8Array): void {
+  for (let i = 0; i < q.length; i++) {
+    if ((q[i]! & 0x7f) === 0x7f) {
+      throw new SafetensorsError(
+        `${path}: tensor ${name}[${i}] holds the FP8 e4m3 NaN code 0x${q[i]!.toString(16)}`,
+      );
+    }
   }
 }
 
@@ -638,17 +792,38 @@ function checkScales(path: string, name: string, scales: Float32Array): void {
   }
 }
 
+/** UE8M0 scale bytes must not be 0xFF (NaN); the error names the tensor's row and K group. */
+function checkE8m0Scales(path: string, name: string, scales: Uint8Array, perRow: number): void {
+  const i = scales.indexOf(E8M0_NAN);
+  if (i >= 0) {
+    throw new SafetensorsError(
+      `${path}: tensor ${name} has UE8M0 scale byte 0xFF (NaN) at row ${Math.floor(i / perRow)}, K group ${i % perRow}`,
+    );
+  }
+}
+
 /**
  * Opens a DeepSeek-style FP8 checkpoint for a layer of this config: reads and checks the header (every
  * needed tensor present with its dtype and shape, all offsets inside the file and disjoint), then reads
  * experts lazily at their offsets.
  */
-export function loadMoEWeights(path: string, config: MoEConfig, opts: LoadOptions = {}): MoEWeightSource {
-  validateConfig(config);
+export function loadMoEWeights(
+  path: string,
+  config: MoEConfig | ValidatedConfig,
+  opts: LoadOptions = {},
+): MoEWeightSource {
+  const c = validateConfig(config); // returns at once for a validated config
   checkLittleEndian();
+  if (typeof path !== "string") throw new SafetensorsError(`path must be a string, got ${String(path)}`);
+  if (typeof opts !== "object" || opts === null) {
+    throw new SafetensorsError(`load options must be an object, got ${String(opts)}`);
+  }
   const prefix = opts.prefix ?? DEFAULT_PREFIX;
-  const experts = new ExpertCache(config, opts.cachedExperts ?? 2);
+  if (typeof prefix !== "string")
+    throw new SafetensorsError(`prefix must be a string, got ${String(prefix)}`);
+  const experts = new ExpertCache(c, opts.cachedExperts ?? 2);
   const header = readSafetensorsHeader(path);
-  checkLayerTensors(header, moeTensorSpecs(config, prefix));
-  return new SafetensorsWeights(config, header, prefix, experts);
+  checkSavedShape(header, c);
+  checkLayerTensors(header, moeTensorSpecs(c, prefix));
+  return new SafetensorsWeights(c, header, prefix, experts);
 }

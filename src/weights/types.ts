@@ -1,7 +1,7 @@
 /**
  * The weight layouts every backend reads. See docs/weights.md for the layouts and checkpoint names.
  */
-import type { MoEConfig } from "../config/config.js";
+import { describeValue, type ValidatedConfig } from "../config/config.js";
 
 /** An FP8 e4m3 matrix [rows, cols] (row-major) with one fp32 scale per 128×128 block. */
 export interface BlockQuantized {
@@ -12,12 +12,50 @@ export interface BlockQuantized {
   cols: number;
 }
 
-/** One expert MLP (routed, or the fused shared experts). */
+/** Elements per MXFP4 scale: one UE8M0 byte per 32 consecutive elements along K of a row. */
+export { MXFP4_GROUP } from "../numerics/fp4.js";
+
+/**
+ * An MXFP4 matrix [rows, cols] (row-major, cols along K), DeepSeek-V4's routed-expert format: element
+ * (r, c) = e2m1(code) · 2^(scales[r·cols/32 + c/32] − 127). See docs/weights.md and src/numerics/fp4.ts.
+ */
+export interface Mxfp4Matrix {
+  /** e2m1 codes, two per byte: element 2j in the low nibble, 2j+1 in the high one; rows·cols/2 bytes. */
+  packed: Uint8Array;
+  /** UE8M0 bytes [rows, cols/32] row-major; 0xFF (NaN) is invalid and rejected wherever it is read. */
+  scales: Uint8Array;
+  rows: number;
+  cols: number;
+}
+
+/** One FP8 expert MLP (routed, or the fused shared experts). */
 export interface ExpertWeights {
+  /** Absent or "fp8": the discriminant of RoutedExpertWeights, optional so FP8 literals need not name it. */
+  format?: "fp8";
   /** [2I, H]: gate rows 0..I−1, then up rows I..2I−1. */
   w1: BlockQuantized;
   /** [H, I]. */
   w2: BlockQuantized;
+}
+
+/** One routed expert MLP in MXFP4 (config.expertFormat "fp4"); same shapes and row order as ExpertWeights. */
+export interface Fp4ExpertWeights {
+  format: "fp4";
+  /** [2I, H]: gate rows 0..I−1, then up rows I..2I−1. */
+  w1: Mxfp4Matrix;
+  /** [H, I]. */
+  w2: Mxfp4Matrix;
+}
+
+/** A routed expert in either format; narrow on `format` ("fp4", or anything else for FP8). */
+export type RoutedExpertWeights = ExpertWeights | Fp4ExpertWeights;
+
+/** The FP8 expert, or an error naming `where` for an FP4 one (for paths that only take FP8 so far). */
+export function requireFp8Expert(w: RoutedExpertWeights, where: string): ExpertWeights {
+  if (w.format === "fp4") {
+    throw new Error(`${where}: FP4 (MXFP4) experts are not supported here; it takes FP8 experts only`);
+  }
+  return w;
 }
 
 /** The router's weights. */
@@ -26,14 +64,23 @@ export interface GateWeights {
   weight: Uint16Array;
   /** fp32 [E] correction bias (selection only), or null when the config has none. */
   bias: Float32Array | null;
+  /**
+   * Hash-routed layers (config.router.hashRouted): int32 [vocab, topK], the experts of each token id
+   * (DeepSeek-V4's `gate.tid2eid`); absent or null otherwise.
+   */
+  tid2eid?: Int32Array | null;
 }
 
 /** Where a layer's weights come from: generated on demand, or read from a file. */
 export interface MoEWeightSource {
-  readonly config: MoEConfig;
-  /** Routed expert e (0 ≤ e < numExperts). Sources may make or read it lazily and cache a few. */
-  expert(e: number): ExpertWeights;
-  /** The fused shared-expert MLP (intermediate · numShared), or null when numShared is 0. */
+  /** Validated (validateConfig); a layer's constructor validates a raw one once. */
+  readonly config: ValidatedConfig;
+  /**
+   * Routed expert e (0 ≤ e < numExperts), in the config's expertFormat. Sources may make or read it
+   * lazily and cache a few.
+   */
+  expert(e: number): RoutedExpertWeights;
+  /** The fused shared-expert MLP (intermediate · numShared), always FP8, or null when numShared is 0. */
   shared(): ExpertWeights | null;
   gate(): GateWeights;
   /**
@@ -41,4 +88,24 @@ export interface MoEWeightSource {
    * numbered from `firstExpert` (0, or a rank's first expert): a GPU then makes them itself, bit for bit.
    */
   readonly generated?: { seed: number; firstExpert: number };
+}
+
+/**
+ * Why `source` cannot be a weight source (not an object, no config object, expert/shared/gate not
+ * functions), or null when its shape is right. Checks the shape only; the config is validated apart.
+ */
+export function weightSourceProblem(source: unknown): string | null {
+  if (typeof source !== "object" || source === null) {
+    return `the weight source must be an object with config, expert(), shared() and gate(), got ${describeValue(source)}`;
+  }
+  const s = source as Record<string, unknown>;
+  if (typeof s.config !== "object" || s.config === null) {
+    return `the weight source's config must be an object, got ${describeValue(s.config)}`;
+  }
+  for (const method of ["expert", "shared", "gate"]) {
+    if (typeof s[method] !== "function") {
+      return `the weight source's ${method} must be a function, got ${describeValue(s[method])}`;
+    }
+  }
+  return null;
 }

@@ -1,9 +1,10 @@
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
+import { groupedGemmFloorUs } from "../../src/bench/grouped-gemm.js";
 import { DEFAULT_READ_TBPS, expertWeightBytes, layerFloor, routingFootprint } from "../../src/bench/layer.js";
 import { groupedGemmFloorLine, unfusedFloorLine } from "../../src/cli/bench.js";
 import { resolveConfig } from "../../src/config/config.js";
-import { groupedGemmFloorUs, READ_BYTES_PER_S } from "../../src/kernels/gemm/grouped_gemm.js";
+import { READ_BYTES_PER_S } from "../../src/cuda/hardware.js";
 import { randomRouting } from "../../src/reference/router.js";
 
 /** k distinct ids per token cycling through every expert: token t gets (k·t + j) mod E, j < k. */
@@ -140,5 +141,17 @@ describe("floors use the read-stream ceiling", () => {
       groupedGemmFloorLine(),
       "floor = max(bytes / 4.30 TB/s read stream, FLOPs / 1500 TFLOP/s FP8) (the kernel's own model)",
     );
+  });
+});
+
+describe("floor with FP4 experts", () => {
+  it("counts nibbles and one UE8M0 byte per 32 elements for routed experts; the shared stays FP8", () => {
+    // 3 · 2048 · 4096 = 25 165 824 elements: 12 582 912 nibble bytes + 786 432 scale bytes.
+    assert.equal(expertWeightBytes(4096, 2048, "fp4"), 13_369_344);
+    const fp4 = resolveConfig("flash", { expertFormat: "fp4" });
+    const ids = Int32Array.from([0, 1, 2, 3, 4, 5]);
+    const f = layerFloor(fp4, 1, { ids }, true, 4, 1500);
+    assert.equal(f.bytes, 6 * 13_369_344 + 25_171_968 + 16_384);
+    assert.equal(f.flops, 352_321_536);
   });
 });

@@ -11,8 +11,8 @@ import { runPlot } from "../../src/cli/plot.js";
 import type { ResultRow } from "../../src/cuda/index.js";
 
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../..");
-const torchFile = path.join(root, "bench/results/2026-12-03-h200-torch-flash-ep8-shared1.json");
-const oursFile = path.join(root, "bench/results/2026-12-03-h200-unfused-flash-ep8-shared1.json");
+const torchFile = path.join(root, "test/fixtures/results/2026-12-03-h200-torch-flash-ep8-shared1.json");
+const oursFile = path.join(root, "test/fixtures/results/2026-12-03-h200-unfused-flash-ep8-shared1.json");
 
 function row(over: Partial<ResultRow>): ResultRow {
   return {

@@ -95,14 +95,22 @@ const rows: Row[] = [
   ),
   row(["run", "--tokens", "99999999999999999999"], 1, /tokens must be a positive integer, at most 65536/),
   row(["run", "--tokens", ""], 1, /argument '' is invalid/),
-  row(["run", "--seed", "-1"], 1, /argument '-1' is invalid\. must be a non-negative integer/),
-  row(["run", "--seed", "abc"], 1, /argument 'abc' is invalid\. must be a non-negative integer/),
+  row(
+    ["run", "--seed", "-1"],
+    1,
+    /argument '-1' is invalid\. seed must be an integer in \[0, 4294967295\], got "-1"/,
+  ),
+  row(
+    ["run", "--seed", "abc"],
+    1,
+    /argument 'abc' is invalid\. seed must be an integer in \[0, 4294967295\]/,
+  ),
   row(
     ["run", "--seed", "1e30"],
     1,
-    /argument '1e30' is invalid\. must be a non-negative integer, at most 9007199254740991/,
+    /argument '1e30' is invalid\. seed must be an integer in \[0, 4294967295\]/,
   ),
-  row(["run", "--seed", "9007199254740992"], 1, /at most 9007199254740991/),
+  row(["run", "--seed", "4294967296"], 1, /seed must be an integer in \[0, 4294967295\], got 4294967296/),
   row(["run", "--shared", "yes"], 1, /argument 'yes' is invalid\. must be 0 or 1/),
   row(["run", "--ranks", "0"], 1, /ranks must be a positive integer/),
   row(["run", "--ranks", "3"], 1, /8 experts cannot be split evenly among 3 ranks/),
@@ -295,7 +303,7 @@ const rows: Row[] = [
   ),
   // accepted as documented: the edges of the valid ranges
   row(["run", "--seed", "0", "--tokens", "1", "--json"], 0, /"seed":0/),
-  row(["run", "--seed", "9007199254740991", "--tokens", "2", "--json"], 0, /"seed":9007199254740991/),
+  row(["run", "--seed", "4294967295", "--tokens", "2", "--json"], 0, /"seed":4294967295/),
   row(["run", "--shared", "0", "--tokens", "2", "--routing", "random", "--json"], 0, /"shared":false/),
   row(["run", "--tokens", "2"], 0, /no GPU: [^\n]* in \d+ folders[^\n]*; using the CPU reference\n/, {
     when: noGpu,

@@ -2,6 +2,8 @@ import assert from "node:assert/strict";
 import { describe, it } from "node:test";
 import {
   ConfigError,
+  expertFormatOf,
+  isValidatedConfig,
   type MoEConfig,
   PRESETS,
   presetNames,
@@ -56,6 +58,7 @@ describe("config validation", () => {
     ["bad clamp", { swigluClamp: -1 }, /swigluClamp/],
     ["NaN clamp", { swigluClamp: Number.NaN }, /swigluClamp/],
     ["bad scale format", { scaleFormat: "fp16" as never }, /scaleFormat/],
+    ["bad expert format", { expertFormat: "fp6" as never }, /expertFormat/],
     ["zero max tokens", { maxTokens: 0 }, /maxTokens/],
     ["too many max tokens", { maxTokens: 1e6 }, /maxTokens/],
   ];
@@ -80,5 +83,37 @@ describe("config validation", () => {
     for (const [override, message] of bad) {
       assert.throws(() => validateConfig({ ...base, router: { ...r, ...override } }), message);
     }
+  });
+});
+
+describe("validated configs", () => {
+  it("come back as they are, while a spread copy is checked again", () => {
+    const tiny = resolveConfig("tiny");
+    assert.ok(isValidatedConfig(tiny) && Object.isFrozen(tiny) && Object.isFrozen(tiny.router));
+    assert.equal(validateConfig(tiny), tiny);
+    const copy = { ...tiny, hidden: 300 };
+    assert.equal(isValidatedConfig(copy), false);
+    assert.throws(() => validateConfig(copy), /hidden must be a multiple of 128/);
+    for (const name of presetNames()) assert.ok(isValidatedConfig(PRESETS[name]));
+  });
+
+  it("name an unknown field and the nearest known one", () => {
+    const tiny = resolveConfig("tiny");
+    assert.throws(
+      () => validateConfig({ ...tiny, numExpert: 8 } as MoEConfig),
+      (e: Error) => e instanceof ConfigError && /numExpert \(did you mean numExperts\?\)/.test(e.message),
+    );
+    assert.throws(
+      () => validateConfig({ ...tiny, zzzzzz: 1 } as MoEConfig),
+      /unknown config field zzzzzz; known:/,
+    );
+  });
+});
+
+describe("expertFormat", () => {
+  it("defaults to fp8 and accepts fp4", () => {
+    assert.equal(expertFormatOf(resolveConfig("flash")), "fp8");
+    const fp4 = resolveConfig("flash", { expertFormat: "fp4" });
+    assert.equal(expertFormatOf(fp4), "fp4");
   });
 });

@@ -19,7 +19,6 @@ import {
   decodeCacheEntry,
   defineOptions,
   encodeCacheEntry,
-  envDefines,
   jitStats,
   KernelCompileError,
   packageRoot,
@@ -74,9 +73,6 @@ test("pure pieces: defines, arch, source paths, cache entry format", () => {
   assert.throws(() => defineOptions({ "BAD-NAME": 1 }), /not a C identifier/);
   assert.throws(() => defineOptions({ X: Number.NaN }), /not finite/);
   assert.throws(() => defineOptions({ X: "a\nb" }), /invalid value/);
-  assert.deepEqual(envDefines(" A=0, B ,C=-3,D=2.5f,"), { A: 0, B: 1, C: -3, D: "2.5f" });
-  assert.deepEqual(envDefines(undefined), {});
-  assert.throws(() => defineOptions(envDefines("=1")), /not a C identifier/);
   assert.equal(archNumber("sm_90a"), "90a");
   assert.throws(() => archNumber("compute_90"), /sm_<number>/);
   assert.equal(
@@ -99,15 +95,15 @@ test("pure pieces: defines, arch, source paths, cache entry format", () => {
 
 test("includes are followed transitively; CUDA headers are ignored", () => {
   const dir = path.join(work, "inc");
-  fs.mkdirSync(path.join(dir, "lib", "megamoe"), { recursive: true });
+  fs.mkdirSync(path.join(dir, "lib", "common"), { recursive: true });
   fs.writeFileSync(
     path.join(dir, "a.cu"),
-    '#include "b.cuh"\n#include <megamoe/c.cuh>\n#include <cuda_fp8.h>\n',
+    '#include "b.cuh"\n#include <common/c.cuh>\n#include <cuda_fp8.h>\n',
   );
-  fs.writeFileSync(path.join(dir, "b.cuh"), "#pragma once\n  #  include <megamoe/c.cuh>\n");
-  fs.writeFileSync(path.join(dir, "lib", "megamoe", "c.cuh"), "#pragma once\n");
+  fs.writeFileSync(path.join(dir, "b.cuh"), "#pragma once\n  #  include <common/c.cuh>\n");
+  fs.writeFileSync(path.join(dir, "lib", "common", "c.cuh"), "#pragma once\n");
   const r = collectIncludes(path.join(dir, "a.cu"), [path.join(dir, "lib")]);
-  assert.deepEqual(r.files, [path.join(dir, "b.cuh"), path.join(dir, "lib", "megamoe", "c.cuh")].sort());
+  assert.deepEqual(r.files, [path.join(dir, "b.cuh"), path.join(dir, "lib", "common", "c.cuh")].sort());
   assert.equal(r.dynamic, false);
   fs.writeFileSync(path.join(dir, "d.cu"), "#define H <x.h>\n#include H\n");
   assert.equal(collectIncludes(path.join(dir, "d.cu"), []).dynamic, true);

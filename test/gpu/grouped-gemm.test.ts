@@ -19,7 +19,9 @@
 
 import assert from "node:assert/strict";
 import { describe, test } from "node:test";
+import { groupedGemmFloorUs } from "../../src/bench/grouped-gemm.js";
 import { PRESETS, QUANT_BLOCK } from "../../src/config/config.js";
+import { SM90_SHARED_OPTIN_BYTES } from "../../src/cuda/hardware.js";
 import { type Device, DeviceTensor, openDevice } from "../../src/cuda/index.js";
 import {
   GEMM_TILE_NAMES,
@@ -31,17 +33,15 @@ import {
 } from "../../src/kernels/gemm/fp8_grouped_gemm.variants.js";
 import {
   aScalesRows,
-  type GemmOutDtype,
   type GroupedGemmArgs,
-  groupedGemmFloorUs,
   groupedGemmFp8,
   groupedGemmFp8Reference,
-  planGroupedGemm,
   type TensorLike,
   takeGroupedGemmStatus,
   validateGroupedGemmArgs,
 } from "../../src/kernels/gemm/grouped_gemm.js";
-import { describeDefines, SM90_SHARED_OPTIN_BYTES } from "../../src/kernels/variants.js";
+import { formatGroupedGemmPlan, type GemmOutDtype, planGroupedGemm } from "../../src/kernels/gemm/plan.js";
+import { describeDefines } from "../../src/kernels/variants.js";
 import { bf16BitsToF32, f32ToBf16Bits } from "../../src/numerics/bf16.js";
 import { E4M3_DECODE } from "../../src/numerics/fp8.js";
 import { availability, gpuSkip } from "../helpers/gpu.js";
@@ -320,6 +320,14 @@ describe("grouped GEMM plan and variants", () => {
       assert.ok(p.estimate.us > 0, "estimate");
     }
     assert.equal(groupedGemmFloorUs(4.3e12, 0), 1e6); // 4.3 TB of reads take one second
+  });
+
+  test("a plan prints as one line naming its tile, depth, grid and estimate", () => {
+    const plan = planGroupedGemm({ mTotal: 256 * 512, n: 4096, k: 4096, groups: 256, outDtype: "bf16" });
+    const line = formatGroupedGemmPlan(plan);
+    assert.ok(!line.includes("\n"), line);
+    assert.ok(line.startsWith(`${plan.tile.name} × ${plan.stages} stages, ${plan.threads} threads`), line);
+    assert.match(line, /grid 132, bf16 out; est\. [\d.]+ µs/);
   });
 
   test("bad problems and operands are named in the error", () => {

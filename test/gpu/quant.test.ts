@@ -12,6 +12,7 @@
 import assert from "node:assert/strict";
 import { describe, test } from "node:test";
 import { QUANT_BLOCK, SCALE_FORMATS, type ScaleFormat } from "../../src/config/config.js";
+import { H200_SMS } from "../../src/cuda/hardware.js";
 import { compileKernel, DeviceTensor, KernelArgs, loadKernel } from "../../src/cuda/index.js";
 import {
   allocQuantOutputs,
@@ -36,7 +37,6 @@ const random = rng(seed);
 
 const HIDDENS = [256, 4096, 7168];
 const TOKENS = [1, 7, 129, 1000, 8192];
-const H200_SMS = 132;
 
 // ---------------------------------------------------------------------------------------------------
 // Launch heuristics (no GPU needed)

@@ -1,5 +1,5 @@
 /**
- * The unfused GPU pipeline (src/pipeline/unfused.ts) and its kernels (src/kernels/moe):
+ * The unfused GPU pipeline (src/pipeline/unfused.ts) and its kernels (src/kernels/unfused):
  *
  * - each small kernel alone: the dispatch layout (counts, offsets, row_source and slot_row mutual
  *   inverses), the gather (exact copies), SwiGLU + re-quantization (the CPU rule up to the fp32 SwiGLU's
@@ -21,17 +21,18 @@ import path from "node:path";
 import { describe, test } from "node:test";
 import { type MoEConfig, QUANT_BLOCK, resolveConfig, type ScaleFormat } from "../../src/config/config.js";
 import { CudaGraph, DeviceTensor, type DType, type HostArray } from "../../src/cuda/index.js";
+import { DeviceMoEWeights } from "../../src/kernels/device-weights.js";
 import { aScalesRows, takeGroupedGemmStatus } from "../../src/kernels/gemm/grouped_gemm.js";
 import { fusedLayerProblem } from "../../src/kernels/megamoe/megamoe.js";
 import { FUSED_BLOCK_MS } from "../../src/kernels/megamoe/megamoe.variants.js";
+import { allocQuantOutputs, quantizeOnDevice } from "../../src/kernels/quant/quant.js";
 import {
   combineOnDevice,
   dispatchLayoutOnDevice,
   gatherRowsOnDevice,
   swigluQuantizeOnDevice,
-} from "../../src/kernels/moe/moe.js";
-import { variants } from "../../src/kernels/moe/moe_unfused.variants.js";
-import { allocQuantOutputs, quantizeOnDevice } from "../../src/kernels/quant/quant.js";
+} from "../../src/kernels/unfused/moe.js";
+import { variants } from "../../src/kernels/unfused/moe_unfused.variants.js";
 import { DEFAULT_GPU_PIPELINE, InputError, MoELayer } from "../../src/layer.js";
 import { bf16BitsToF32, f32ToBf16Bits } from "../../src/numerics/bf16.js";
 import { E4M3_DECODE } from "../../src/numerics/fp8.js";
@@ -42,7 +43,6 @@ import { layerErrors } from "../../src/reference/error-bounds.js";
 import { idealMoE, referenceMoE } from "../../src/reference/moe.js";
 import { type RandomRoutingOptions, type Routing, randomRouting } from "../../src/reference/router.js";
 import { swiglu } from "../../src/reference/swiglu.js";
-import { DeviceMoEWeights } from "../../src/weights/device.js";
 import { GeneratedWeights, generateActivations } from "../../src/weights/generate.js";
 import { availability, gpuSkip, testDevice } from "../helpers/gpu.js";
 import { checkLayerErrors } from "../helpers/layer-errors.js";

@@ -1,5 +1,5 @@
 /**
- * The device weight generator (src/kernels/weightgen, src/weights/device.ts) against the CPU generator
+ * The device weight generator (src/kernels/weightgen, src/kernels/device-weights.ts) against the CPU generator
  * (src/weights/generate.ts), bit for bit: FP8 codes and fp32 scales of routed and shared experts on
  * tiny (every expert), flash-ep8 and flash (first, middle, last expert and the shared one) and pro (first
  * and last), the gate weight and bias, and activations. Outputs are poisoned with 0xFF before the
@@ -12,12 +12,12 @@ import assert from "node:assert/strict";
 import { describe, test } from "node:test";
 import { type MoEConfig, PRESETS, sharedIntermediate } from "../../src/config/config.js";
 import type { DeviceTensor } from "../../src/cuda/index.js";
-import { RankWeights } from "../../src/parallel/expert-parallel.js";
 import {
   type DeviceExpertPair,
   DeviceMoEWeights,
   generateActivationsOnDevice,
-} from "../../src/weights/device.js";
+} from "../../src/kernels/device-weights.js";
+import { RankWeights } from "../../src/parallel/expert-parallel.js";
 import {
   GeneratedWeights,
   generateActivations,
@@ -25,7 +25,7 @@ import {
   generateGate,
   generateSharedExpert,
 } from "../../src/weights/generate.js";
-import type { BlockQuantized } from "../../src/weights/types.js";
+import { type BlockQuantized, requireFp8Expert } from "../../src/weights/types.js";
 import { availability, gpuSkip, testDevice } from "../helpers/gpu.js";
 import { testSeed } from "../helpers/random.js";
 
@@ -94,7 +94,7 @@ function compareMatrix(
 }
 
 function compareExpert(config: MoEConfig, w: DeviceMoEWeights, e: number): void {
-  const cpu = generateExpert(config, seed, e);
+  const cpu = requireFp8Expert(generateExpert(config, seed, e), "weightgen test");
   compareMatrix(`${config.name} expert ${e} W1`, w.routed, "w1", e, cpu.w1);
   compareMatrix(`${config.name} expert ${e} W2`, w.routed, "w2", e, cpu.w2);
 }

@@ -3,10 +3,11 @@
  * and stage count on every preset, the specializations CI compiles, and the layer's pipeline choice.
  */
 import assert from "node:assert/strict";
-import { readFileSync } from "node:fs";
+import { readdirSync, readFileSync } from "node:fs";
+import path from "node:path";
 import { describe, test } from "node:test";
 import { PRESETS, resolveConfig } from "../../src/config/config.js";
-import { resolveKernelSource } from "../../src/cuda/jit.js";
+import { collectIncludes, includeDir, packageRoot, resolveKernelSource } from "../../src/cuda/jit.js";
 import {
   FUSED_TRACE_FIELDS,
   FUSED_TRACE_WORDS,
@@ -16,14 +17,18 @@ import {
   FUSED_BLOCK_MS,
   FUSED_COUNTER_WORDS,
   FUSED_SWAP_MAX_STAGES,
-  fusedBlockM,
-  fusedBlockMsUpTo,
   fusedDefines,
   fusedSharedBytes,
   fusedStages,
   fusedSwapAB,
   variants,
 } from "../../src/kernels/megamoe/megamoe.variants.js";
+import {
+  describeFusedPlan,
+  fusedBlockM,
+  fusedBlockMsUpTo,
+  planFusedLaunch,
+} from "../../src/kernels/megamoe/plan.js";
 import { InputError, MoELayer } from "../../src/layer.js";
 import { GeneratedWeights } from "../../src/weights/generate.js";
 
@@ -64,11 +69,13 @@ describe("fused MoE kernel: host-side facts", () => {
     assert.deepEqual(fusedBlockMsUpTo(resolveConfig("flash"), 1000), [16, 32, 64]);
   });
 
-  test("the host's mirrors of the kernel's trace and counter enums match megamoe.cu", () => {
-    const source = readFileSync(resolveKernelSource("megamoe/megamoe.cu"), "utf8");
+  test("the host's mirrors of the kernel's trace and counter enums match its headers", () => {
+    const source = ["megamoe_trace.cuh", "megamoe_layout.cuh"]
+      .map((h) => readFileSync(resolveKernelSource(`megamoe/${h}`), "utf8"))
+      .join("\n");
     const enumBody = (name: string): string => {
       const m = source.match(new RegExp(`enum ${name} : int \\{([^}]*)\\}`));
-      assert.ok(m, `enum ${name} in megamoe.cu`);
+      assert.ok(m, `enum ${name} in the kernel's headers`);
       return (m[1] as string).replace(/\/\/.*$/gm, ""); // without the comments
     };
     const trace = enumBody("Trace");
@@ -80,6 +87,35 @@ describe("fused MoE kernel: host-side facts", () => {
     const counter = enumBody("Counter");
     assert.equal(Number(counter.match(/kCounterWords = (\d+)/)?.[1]), FUSED_COUNTER_WORDS);
     assert.ok([...counter.matchAll(/\bk\w+,/g)].length <= FUSED_COUNTER_WORDS);
+  });
+
+  test("the JIT's cache key covers every header of the kernel, and the package ships them", () => {
+    const source = resolveKernelSource("megamoe/megamoe.cu");
+    const dir = path.dirname(source);
+    const { files, dynamic } = collectIncludes(source, [dir, includeDir()]);
+    assert.equal(dynamic, false);
+    for (const h of readdirSync(dir).filter((f) => f.endsWith(".cuh")))
+      assert.ok(files.includes(path.join(dir, h)), `${h} is followed from megamoe.cu`);
+    const pkg = JSON.parse(readFileSync(path.join(packageRoot(), "package.json"), "utf8")) as {
+      files: string[];
+    };
+    assert.ok(pkg.files.includes("src/kernels/**/*.cuh"), 'package.json "files" ships src/kernels/**/*.cuh');
+  });
+
+  test("a plan names its block M, stages, shared memory and grid", () => {
+    const ep8 = resolveConfig("flash-ep8");
+    const p = planFusedLaunch(ep8, 64, 132);
+    assert.equal(p.blockM, 32);
+    assert.equal(p.swapAB, true);
+    assert.equal(p.stages, fusedStages(ep8, 32));
+    assert.equal(p.sharedBytes, fusedSharedBytes(ep8, p.stages, 32));
+    assert.deepEqual(p.defines, fusedDefines(ep8, 32));
+    assert.equal(planFusedLaunch(ep8, 64, 132, 128).blockM, 128);
+    assert.equal(
+      describeFusedPlan(p),
+      `T=64 BLOCK_M=32 swap-AB stages=${p.stages} smem=${p.sharedBytes} B grid=132×384`,
+    );
+    assert.throws(() => planFusedLaunch(ep8, 64, 132, 48 as 64), /blockM must be "auto" or one of/);
   });
 
   test("shapes it cannot run are named; a CPU layer has no GPU pipeline to choose", () => {

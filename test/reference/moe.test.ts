@@ -9,7 +9,7 @@ import { calcDiff, relativeError } from "../../src/reference/metrics.js";
 import { idealMoE, type Routing, referenceMoE } from "../../src/reference/moe.js";
 import { randomRouting } from "../../src/reference/router.js";
 import { GeneratedWeights, generateActivations } from "../../src/weights/generate.js";
-import type { BlockQuantized, MoEWeightSource } from "../../src/weights/types.js";
+import { type BlockQuantized, type MoEWeightSource, requireFp8Expert } from "../../src/weights/types.js";
 import { testSeed } from "../helpers/random.js";
 
 const seed = testSeed("moe reference tests");
@@ -74,7 +74,7 @@ function naiveMoE(
     for (let s = 0; s < c.topK; s++) {
       const e = routing.ids[t * c.topK + s];
       if (e < 0) continue;
-      const y = mlp(t, source.expert(e));
+      const y = mlp(t, requireFp8Expert(source.expert(e), "test"));
       for (let n = 0; n < H; n++) {
         acc[n] = Math.fround(
           acc[n] + Math.fround(routing.weights[t * c.topK + s] * bf16BitsToF32(f32ToBf16Bits(y[n]))),

@@ -2,20 +2,28 @@ import assert from "node:assert/strict";
 import { describe, it } from "node:test";
 import { type MoEConfig, resolveConfig } from "../../src/config/config.js";
 import { f32FromBf16Array, f32ToBf16Bits } from "../../src/numerics/bf16.js";
-import { dequantizeWeightBlocks } from "../../src/numerics/quant.js";
-import { hash32, tensorKey, uniformSym } from "../../src/weights/counter-rng.js";
+import { hash32, tensorKey, uniformSym } from "../../src/numerics/counter-rng.js";
+import { countFp4ToFp8Inexact, quantizeMxfp4 } from "../../src/numerics/fp4.js";
 import {
   ACTIVATION_BASE,
   blockExponent,
   GATE_BIAS_SCALE,
+  generatorNames,
+  matrixBaseScale,
+} from "../../src/numerics/generator.js";
+import { dequantizeWeightBlocks } from "../../src/numerics/quant.js";
+import {
   GeneratedWeights,
   generateActivations,
   generateExpert,
   generateMatrix,
-  generatorNames,
-  matrixBaseScale,
 } from "../../src/weights/generate.js";
-import type { BlockQuantized, ExpertWeights } from "../../src/weights/types.js";
+import {
+  type BlockQuantized,
+  type ExpertWeights,
+  type RoutedExpertWeights,
+  requireFp8Expert,
+} from "../../src/weights/types.js";
 import { testSeed } from "../helpers/random.js";
 
 const seed = testSeed("weight generator tests");
@@ -34,6 +42,9 @@ function std(values: ArrayLike<number>): number {
   const mean = sum / values.length;
   return Math.sqrt(sumSq / values.length - mean * mean);
 }
+
+/** The FP8 expert (these configs are FP8). */
+const fp8 = (w: RoutedExpertWeights) => requireFp8Expert(w, "test");
 
 function copyExpert(w: ExpertWeights): ExpertWeights {
   const copy = (b: BlockQuantized): BlockQuantized => ({ ...b, q: b.q.slice(), scales: b.scales.slice() });
@@ -109,7 +120,7 @@ describe("GeneratedWeights", () => {
   it("makes one expert alone equal to the same expert made in a full run", () => {
     const config = tiny();
     const full = new GeneratedWeights(config, seed, { cachedExperts: 1 });
-    const all = Array.from({ length: config.numExperts }, (_, e) => copyExpert(full.expert(e)));
+    const all = Array.from({ length: config.numExperts }, (_, e) => copyExpert(fp8(full.expert(e))));
     full.shared();
     full.gate();
     for (const e of [config.numExperts - 1, 0, seed % config.numExperts]) {
@@ -117,7 +128,7 @@ describe("GeneratedWeights", () => {
       assert.deepEqual(generateExpert(config, seed, e), all[e], `generateExpert ${e}`);
     }
     // A different seed gives different weights.
-    assert.notDeepEqual(new GeneratedWeights(config, seed + 1).expert(0).w1.q, all[0].w1.q);
+    assert.notDeepEqual(fp8(new GeneratedWeights(config, seed + 1).expert(0)).w1.q, all[0].w1.q);
     // Experts differ from each other.
     assert.notDeepEqual(all[0].w1.q, all[1].w1.q);
   });
@@ -127,8 +138,8 @@ describe("GeneratedWeights", () => {
     const w = new GeneratedWeights(config, seed);
     const { hidden: h, intermediate: i } = config;
     for (const e of [0, 5]) {
-      checkBlockQuantized(w.expert(e).w1, 2 * i, h, h, generatorNames.expertW1(e));
-      checkBlockQuantized(w.expert(e).w2, h, i, i, generatorNames.expertW2(e));
+      checkBlockQuantized(fp8(w.expert(e)).w1, 2 * i, h, h, generatorNames.expertW1(e));
+      checkBlockQuantized(fp8(w.expert(e)).w2, h, i, i, generatorNames.expertW2(e));
     }
     const shared = w.shared();
     assert.ok(shared !== null);
@@ -167,7 +178,7 @@ describe("GeneratedWeights", () => {
   it("makes a flash-shaped expert with the right shapes", () => {
     const config = resolveConfig("flash");
     const start = performance.now();
-    const e = new GeneratedWeights(config, seed).expert(config.numExperts - 1);
+    const e = fp8(new GeneratedWeights(config, seed).expert(config.numExperts - 1));
     console.log(`one flash expert: ${(performance.now() - start).toFixed(0)} ms`);
     assert.equal(e.w1.q.length, 2 * 2048 * 4096);
     assert.equal(e.w1.scales.length, 32 * 32);
@@ -230,5 +241,28 @@ describe("generateActivations", () => {
       }
       assert.ok(outliers >= 2 && outliers <= 45, `token ${t}: ${outliers} outliers`);
     }
+  });
+});
+
+describe("GeneratedWeights with FP4 experts", () => {
+  it("quantizes the FP8 path's fp32 values to MXFP4, deterministically, and every block converts exactly", () => {
+    const config = tiny({ expertFormat: "fp4" });
+    const w = new GeneratedWeights(config, seed, { cachedExperts: 1 });
+    const { hidden: h, intermediate: i } = config;
+    for (const e of [0, 7]) {
+      const x = w.expert(e);
+      assert.equal(x.format, "fp4");
+      if (x.format !== "fp4") return;
+      const want1 = quantizeMxfp4(generateMatrix(seed, generatorNames.expertW1(e), 2 * i, h, h), 2 * i, h);
+      const want2 = quantizeMxfp4(generateMatrix(seed, generatorNames.expertW2(e), h, i, i), h, i);
+      assert.deepEqual(x.w1, want1);
+      assert.deepEqual(x.w2, want2);
+      assert.deepEqual(generateExpert(config, seed, e), x);
+      assert.equal(x.w1.packed.length, i * h);
+      assert.equal(x.w1.scales.length, (2 * i * h) / 32);
+      assert.equal(countFp4ToFp8Inexact(x.w1) + countFp4ToFp8Inexact(x.w2), 0);
+    }
+    // The shared expert stays FP8.
+    assert.ok(w.shared()?.w1.q instanceof Uint8Array);
   });
 });

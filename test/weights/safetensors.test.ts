@@ -16,6 +16,7 @@ import {
   type TensorData,
   writeSafetensors,
 } from "../../src/weights/safetensors.js";
+import { requireFp8Expert } from "../../src/weights/types.js";
 import { testSeed } from "../helpers/random.js";
 
 const seed = testSeed("safetensors tests");
@@ -132,7 +133,7 @@ describe("MoE checkpoints", () => {
 
     // The gate rows of W1 are the checkpoint's gate_proj: check one tensor against the raw bytes.
     const raw = readSafetensors(p).tensors[`${DEFAULT_PREFIX}experts.3.gate_proj.weight`].data;
-    assert.deepEqual(raw, source.expert(3).w1.q.subarray(0, i * h));
+    assert.deepEqual(raw, requireFp8Expert(source.expert(3), "test").w1.q.subarray(0, i * h));
   });
 
   it("use a custom prefix, no shared experts and no bias", () => {
@@ -276,5 +277,50 @@ describe("corrupt files", () => {
 
   it("a file that does not exist", () => {
     assertFails(() => loadMoEWeights(file("nope.safetensors"), config), "cannot open");
+  });
+});
+
+describe("FP4 (MXFP4) experts", () => {
+  it("round-trip as I8 packed codes and F8_E8M0 scales; a NaN scale byte is rejected, named", () => {
+    const config = tiny({ expertFormat: "fp4" });
+    const { hidden: h, intermediate: i } = config;
+    const source = new GeneratedWeights(config, seed + 20);
+    const p = file("fp4.safetensors");
+    saveMoEWeights(p, source);
+    const header = readSafetensorsHeader(p);
+    const info = (n: string) => header.tensors.get(`${DEFAULT_PREFIX}${n}`);
+    assert.deepEqual(
+      [info("experts.2.up_proj.weight")?.dtype, info("experts.2.up_proj.weight")?.shape],
+      ["I8", [i, h / 2]],
+    );
+    assert.deepEqual(
+      [
+        info("experts.2.down_proj.weight_scale_inv")?.dtype,
+        info("experts.2.down_proj.weight_scale_inv")?.shape,
+      ],
+      ["F8_E8M0", [h, i / 32]],
+    );
+    // The shared expert stays FP8.
+    assert.equal(info("shared_experts.gate_proj.weight")?.dtype, "F8_E4M3");
+    const loaded = loadMoEWeights(p, config);
+    for (const e of [0, 3, 7]) assert.deepEqual(loaded.expert(e), source.expert(e), `expert ${e}`);
+    assert.deepEqual(loaded.shared(), source.shared());
+    // Up rows start at row I of W1.
+    const x = source.expert(3);
+    assert.ok(x.format === "fp4");
+    const raw = readSafetensors(p).tensors[`${DEFAULT_PREFIX}experts.3.up_proj.weight`].data;
+    assert.deepEqual(raw, x.w1.packed.subarray((i * h) / 2));
+    // An FP8 config does not accept the FP4 file, naming the dtype.
+    assertFails(() => loadMoEWeights(p, tiny()), "experts.0.gate_proj.weight has dtype I8, expected F8_E4M3");
+
+    // Corrupt one scale byte of expert 1's down_proj: row 2, K group 1.
+    const t = readSafetensorsHeader(p).tensors.get(`${DEFAULT_PREFIX}experts.1.down_proj.weight_scale_inv`)!;
+    const bytes = fs.readFileSync(p);
+    bytes[readSafetensorsHeader(p).dataStart + t.begin + 2 * (i / 32) + 1] = 0xff;
+    const bad = file("fp4-nan.safetensors");
+    fs.writeFileSync(bad, bytes);
+    const w = loadMoEWeights(bad, config);
+    w.expert(0);
+    assertFails(() => w.expert(1), "experts.1.down_proj.weight_scale_inv", "0xFF (NaN) at row 2, K group 1");
   });
 });

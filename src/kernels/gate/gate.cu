@@ -33,7 +33,7 @@
 // warp arg-max rounds, weights in double (Σ in slot order, w / (Σ + 1e-20) · scale), one rounding.
 //
 // Compile-time parameter: NUM_EXPERTS (a multiple of 8, at most 512). Everything else is an argument.
-#include "megamoe/ptx.cuh"
+#include "common/ptx.cuh"
 
 #ifndef NUM_EXPERTS
 #define NUM_EXPERTS 384

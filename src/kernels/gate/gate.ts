@@ -55,7 +55,7 @@ const SCORING_CODES = { sigmoid: 0, softmax: 1, sqrtsoftplus: 2 } as const;
  * How the logits GEMM sums: "exact" (fp64 tensor cores: the reference's logits, and so its weights, to
  * the last bit but for rare fp32 rounding ties) or "fast" (bf16 tensor cores, within 2^-18 · Σ|x·w|).
  * On the H200 the two take about the same time at decode sizes and "exact" 1.2–1.5× as long from
- * T = 1024 up (bench/NOTES.md).
+ * T = 1024 up (docs/decisions.md).
  */
 export type GateLogits = "exact" | "fast";
 

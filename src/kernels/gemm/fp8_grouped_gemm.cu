@@ -26,243 +26,37 @@
 // Tile order: within a group, n-block major and m-block minor, so the CTAs working at the same time on
 // one group share each B tile through L2 and a group's A rows stay hot across its n-blocks.
 //
-// Compile-time parameters (-D from src/kernels/gemm/grouped_gemm.ts; defaults build the file alone):
+// Compile-time parameters (-D from fp8_grouped_gemm.variants.ts: gemmDefines, captured as constants in
+// fp8_grouped_gemm_config.cuh; the defaults build the file alone):
 //   BLOCK_M 64|128, BLOCK_N 64|128|256, BLOCK_K 128, NUM_STAGES, NUM_MATH_WARPGROUPS 1|2,
-//   N (output columns), K, NUM_GROUPS, OUT_BF16 0|1. Diagnosis only: GEMM_SETMAXNREG 0|1 (default 1),
-//   GEMM_PIPELINED_PROMOTION 0|1 (default 1), GEMM_WG_TURNS 0|1 (default 1), GEMM_DEFERRED_EPILOGUE 0|1
-//   (default 1), GEMM_WATCHDOG_NS (default 2 s),
-//   and, with wrong results, for timing the kernel without a part of its work: GEMM_DIAG_SKIP_MMA 1 (no
-//   wgmma is issued; every stage is still waited for, promoted and released), GEMM_DIAG_SKIP_EPILOGUE 1
-//   (the tiles' sums are folded into one value that is never stored) or 2 (staged, never copied out),
-//   GEMM_DIAG_FIXED_TILES 1|2|3 (A, B or both loaded from the first rows for every tile: L2 hits only),
-//   GEMM_DIAG_SKIP_PROMOTION 1 (turns only: every K block summed in the tensor cores, unscaled, as a kernel
-//   with rowwise scales would: the same tensor work without the per-block promotion).
+//   N (output columns), K, NUM_GROUPS, OUT_BF16 0|1, B_FP4 0|1.
+//
+// FP4 weights (B_FP4 1, kernel megamoe_fp4_grouped_gemm; docs/numerics.md "FP4 experts (MXFP4)"):
+//   B    uint8 [G·N, K/2]         packed e2m1 (element 2j in the low nibble of byte j); TMA map, box
+//                                 {64, BLOCK_N}, no swizzle: half the bytes of FP8 B
+//   bs   u32 [K/128, G·N]         the four UE8M0 bytes of each row's K block (group g in byte g): the
+//                                 host's load-time transform of [G·N, K/32]; TMA map, box {BLOCK_N, 1}
+// The TMA completes a stage's `loaded` barrier; warps 1..3 of the producer warpgroup then convert the
+// packed rows into the B tile (common/fp4.cuh, fast path: e4m3 codes relative to each row's reference
+// exponent, written in the 128-byte swizzle the TMA gives FP8 B) and each row's fp32 scale 2^ref, and
+// arrive on `full`. The converters are the producer warpgroup's idle warps, so the math warpgroups keep
+// every register and cycle for wgmma and promotion, and the conversion (about 1.5 instructions per
+// element) overlaps the wgmmas of earlier stages. The promotion multiplies each accumulator element by
+// its own scale: s = sa[r, kb] · sw[n, kb], then acc = acc + partial · s, each step one IEEE rounding
+// (mul_rn, add_rn: no FMA), the order of the CPU rule.
 
-#include "megamoe/bf16.cuh"
-#include "megamoe/sm90.cuh"
-
-#ifndef BLOCK_M
-#define BLOCK_M 128
-#endif
-#ifndef BLOCK_N
-#define BLOCK_N 128
-#endif
-#ifndef BLOCK_K
-#define BLOCK_K 128
-#endif
-#ifndef NUM_STAGES
-#define NUM_STAGES 6
-#endif
-#ifndef NUM_MATH_WARPGROUPS
-#define NUM_MATH_WARPGROUPS 2
-#endif
-#ifndef N
-#define N 4096
-#endif
-#ifndef K
-#define K 4096
-#endif
-#ifndef NUM_GROUPS
-#define NUM_GROUPS 256
-#endif
-#ifndef OUT_BF16
-#define OUT_BF16 0
-#endif
-// 0 turns off the register hand-over between warpgroups (setmaxnreg), for diagnosis.
-#ifndef GEMM_SETMAXNREG
-#define GEMM_SETMAXNREG 1
-#endif
-// 1: a lone math warpgroup with one wgmma chunk per K block issues block kb + 1 before promoting block
-// kb (two partial accumulators; see kPipelined); 0: it waits for each block first (for A/B runs).
-#ifndef GEMM_PIPELINED_PROMOTION
-#define GEMM_PIPELINED_PROMOTION 1
-#endif
-// Nanoseconds a barrier wait may take before the kernel gives up and reports a stalled pipeline.
-#ifndef GEMM_WATCHDOG_NS
-#define GEMM_WATCHDOG_NS 2000000000ull
-#endif
-// 1: two math warpgroups take turns on the tensor cores (see kTakeTurns); 0: they issue at will (for A/B runs).
-#ifndef GEMM_WG_TURNS
-#define GEMM_WG_TURNS 1
-#endif
-#ifndef GEMM_DEFERRED_EPILOGUE
-#define GEMM_DEFERRED_EPILOGUE 1
-#endif
-#ifndef GEMM_DIAG_SKIP_MMA
-#define GEMM_DIAG_SKIP_MMA 0
-#endif
-#ifndef GEMM_DIAG_FIXED_TILES
-#define GEMM_DIAG_FIXED_TILES 0
-#endif
-#ifndef GEMM_DIAG_SKIP_EPILOGUE
-#define GEMM_DIAG_SKIP_EPILOGUE 0
-#endif
-#ifndef GEMM_DIAG_SKIP_PROMOTION
-#define GEMM_DIAG_SKIP_PROMOTION 0
-#endif
-
-namespace gemm_shape {
-constexpr int kN = N;
-constexpr int kK = K;
-}  // namespace gemm_shape
-// Captured above: one-letter macros must not leak into anything below.
-#undef N
-#undef K
+#include "fp8_grouped_gemm_config.cuh"
+#include "common/fp4.cuh"
 
 namespace {
 
-using namespace megamoe::sm90;
-
 // ---------------------------------------------------------------------------------------------------
-// Configuration
-
-constexpr int kBlockM = BLOCK_M;
-constexpr int kBlockN = BLOCK_N;
-constexpr int kBlockK = BLOCK_K;
-constexpr int kStages = NUM_STAGES;
-constexpr int kMathWarpgroups = NUM_MATH_WARPGROUPS;
-constexpr int kShapeN = gemm_shape::kN;
-constexpr int kShapeK = gemm_shape::kK;
-constexpr int kGroups = NUM_GROUPS;
-constexpr bool kOutBf16 = OUT_BF16 != 0;
-constexpr unsigned long long kWatchdogNs = GEMM_WATCHDOG_NS;
-
-constexpr int kQuantBlock = 128;  // edge of a weight-scale block and width of an activation scale
-constexpr int kMathThreads = 128 * kMathWarpgroups;
-constexpr int kThreads = kMathThreads + 128;
-constexpr int kKBlocks = kShapeK / kBlockK;
-constexpr int kNBlocks = kShapeN / kBlockN;
-constexpr int kScaleRowsPerGroup = kShapeN / kQuantBlock;  // sw rows (128 output columns each) per group
-
-static_assert(kBlockK == 128, "BLOCK_K must be 128: one wgmma batch per activation/weight scale block");
-static_assert(kBlockM == 64 || kBlockM == 128, "BLOCK_M must be 64 or 128");
-static_assert(kBlockN == 64 || kBlockN == 128 || kBlockN == 256, "BLOCK_N must be 64, 128 or 256");
-static_assert(kMathWarpgroups == 1 || kMathWarpgroups == 2, "NUM_MATH_WARPGROUPS must be 1 or 2");
-static_assert(kStages >= 2 && kStages <= 16, "NUM_STAGES must be in 2..16");
-static_assert(kShapeK > 0 && kShapeK % kBlockK == 0, "K must be a positive multiple of 128");
-static_assert(kShapeN > 0 && kShapeN % kQuantBlock == 0, "N must be a positive multiple of 128");
-static_assert(kShapeN % kBlockN == 0, "N must be a multiple of BLOCK_N (a B tile never crosses groups)");
-static_assert(kGroups >= 1 && kGroups <= 1024, "NUM_GROUPS must be in 1..1024");
-static_assert(kShapeK <= 65536, "K above 65536 would overflow the tile bookkeeping");
-
-// How the math warpgroups split the BLOCK_M × BLOCK_N tile: along M first (64 rows each), then along N.
-// A warpgroup owns kWgRows × kWgCols, computed as kWavesM × kChunksN wgmmas of m64 × n(kMmaN).
-constexpr int kWgAlongM = (kBlockM / 64) < kMathWarpgroups ? (kBlockM / 64) : kMathWarpgroups;
-constexpr int kWgAlongN = kMathWarpgroups / kWgAlongM;
-constexpr int kWgRows = kBlockM / kWgAlongM;
-constexpr int kWgCols = kBlockN / kWgAlongN;
-constexpr int kWavesM = kWgRows / 64;
-constexpr int kMmaN = kWgCols < 128 ? kWgCols : 128;
-constexpr int kChunksN = kWgCols / kMmaN;
-constexpr int kAccum = kMmaN / 2;  // fp32 accumulator registers per thread of one m64 × n(kMmaN) wgmma
-static_assert(kWgAlongM * kWgAlongN == kMathWarpgroups, "math warpgroups must tile the block");
-static_assert(kMmaN == 32 || kMmaN == 64 || kMmaN == 128, "unsupported wgmma N");
-static_assert(kWavesM * kChunksN * kAccum <= 128, "promoted accumulators would not fit in registers");
-// A single math warpgroup with one chunk (n128 or less) has the registers for a second partial
-// accumulator: the tensor cores then work on block kb + 1 while it promotes block kb, instead of idling
-// through every promotion (m64n128: 1.2–1.3× on the flash shapes). Two warpgroups already fill each
-// other's promotions (no gain measured, and spills at pro's K), so they keep the plain loop. The
-// promotions stay in K order: the sums are the same.
-constexpr bool kPipelined =
-    GEMM_PIPELINED_PROMOTION != 0 && kMathWarpgroups == 1 && kWavesM == 1 && kChunksN == 1;
-
-// Weight scales of one tile: kSwRows rows of kKBlocks values (a 256-wide tile spans two 128-row blocks).
-constexpr int kSwRows = (kBlockN + kQuantBlock - 1) / kQuantBlock;
-constexpr int kSwPerTile = kSwRows * kKBlocks;
-// Two math warpgroups working on the same K block issue their chunks at once, finish them at once and
-// promote at once, and the tensor cores idle meanwhile. Taking turns (a warpgroup issues a chunk only
-// after the other issued its previous one) makes one's promotion overlap the other's wgmmas: 2% on
-// m128n256 at M = 512 and 2048 per group, 4–7% on m128n128 (bench/NOTES.md, fifth session).
-// Each warpgroup stages its own copy of a tile's weight scales, so the two never meet at a barrier.
-constexpr bool kTakeTurns = GEMM_WG_TURNS != 0 && kMathWarpgroups == 2;
-constexpr int kSwPerThread = (kSwPerTile + 127) / 128;  // one warpgroup stages a copy
-// With turns, a tile's epilogue is written during the next tile's first K block: chunk c's output goes
-// out right after the warpgroup issues the next tile's chunk c, so the stores drain while the tensor
-// cores work, instead of both warpgroups writing at the tile's end while the tensor cores idle (3–5% at
-// M ≥ 512 per group, bench/NOTES.md, sixth session). Until then the tile waits packed to bf16 pairs
-// (kPackPending), or, in fp32, in the accumulators themselves; not with fp32 and two K blocks, where the
-// straight-line code keeps it live beside both blocks' work and spills (test shapes only).
-constexpr bool kDeferredEpilogue = kTakeTurns && GEMM_DEFERRED_EPILOGUE != 0 && GEMM_DIAG_SKIP_EPILOGUE != 1 &&
-                                   (kOutBf16 || kKBlocks != 2);
-constexpr bool kPackPending = kDeferredEpilogue && kOutBf16;
-// Named barriers: 2 + w warpgroup w alone, 4 + w warpgroup w's turn to issue.
-constexpr unsigned kBarrierWarpgroup = 2;
-constexpr unsigned kBarrierTurn = 4;
-
-// Registers: with three warpgroups the entry cap is 65536 / 384 → 168; the producer gives most of its
-// share to the math warpgroups (2 · 128 · 232 + 128 · 40 = 64512 ≤ 65536). Two warpgroups fit 255 each.
-constexpr bool kReconfigureRegisters = kMathWarpgroups == 2 && GEMM_SETMAXNREG != 0;
-constexpr int kProducerRegisters = 40;
-constexpr int kMathRegisters = 232;
-
-// ---------------------------------------------------------------------------------------------------
-// Shared memory layout (byte offsets from a 1024-aligned base; grouped_gemm.ts mirrors this formula)
-
-constexpr unsigned kATileBytes = kBlockM * kBlockK;  // e4m3
-constexpr unsigned kBTileBytes = kBlockN * kBlockK;
-// A scales arrive by TMA from row0 rounded down to a multiple of 4: a box's start in the inner
-// dimension must be 16-byte aligned (an unaligned start is an illegal instruction), and groups start
-// at any row. So the box holds 4 more rows, and readers skip row0 % 4 of them.
-constexpr unsigned kSaBoxRows = kBlockM + 4;
-constexpr unsigned kSaBytes = kSaBoxRows * 4;
-constexpr unsigned kSaStride = align_up(kSaBytes, 128);
-constexpr unsigned kStageTxBytes = kATileBytes + kBTileBytes + kSaBytes;
-
-constexpr unsigned kOffA = 0;
-constexpr unsigned kOffB = kOffA + kStages * kATileBytes;
-constexpr unsigned kOffSa = kOffB + kStages * kBTileBytes;
-constexpr unsigned kOffSw = kOffSa + kStages * kSaStride;
-constexpr unsigned kOffFull = align_up(kOffSw + 2 * kMathWarpgroups * kSwPerTile * 4, 8);  // two per warpgroup
-constexpr unsigned kOffEmpty = kOffFull + 8 * kStages;
-constexpr unsigned kOffGroups = kOffEmpty + 8 * kStages;  // GroupRows[kGroups]
-constexpr unsigned kOffPrefix = kOffGroups + 8 * kGroups;  // int[kGroups + 1]: first tile of each group
-// Epilogue staging (megamoe/sm90.cuh: copy_out_staged_rows), one area per math warp: 16 rows of up to
-// 128 bytes, 144 bytes apart for the bf16 pairs' 4-byte stores and 160 for the fp32 pairs' 8-byte ones
-// (either way the 8 rows of one store instruction fall on different banks).
-constexpr int kMathWarps = kMathThreads / 32;
-constexpr unsigned kStagingPitch = kOutBf16 ? kStagingPitchNarrow : kStagingPitchWide;
-constexpr unsigned kStagingWarpBytes = staging_area_bytes(kStagingPitchWide);  // the variants size it for either
-constexpr unsigned kOffStaging = align_up(kOffPrefix + 4 * (kGroups + 1), 16);
-constexpr unsigned kSmemBytes = kOffStaging + kMathWarps * kStagingWarpBytes;
-constexpr unsigned kSmemAlign = 1024;  // the 128-byte swizzle pattern repeats every 1024 bytes
-constexpr unsigned kDynamicSmemBytes = kSmemBytes + kSmemAlign;  // + slack to align the base
-static_assert(kATileBytes % 1024 == 0 && kBTileBytes % 1024 == 0, "tiles must keep 1024-byte alignment");
-static_assert(kDynamicSmemBytes <= 232448, "shared memory above the 227 KB opt-in limit");
-
-// Status codes written to status[0] (status[1..3]: block, stage, k-block iteration).
-constexpr int kStatusProducerStalled = 1;
-constexpr int kStatusMathStalled = 2;
-constexpr int kStatusSharedMemoryTooSmall = 3;
-
-// ---------------------------------------------------------------------------------------------------
-// Kernel-local helpers (the PTX wrappers live in megamoe/sm90.cuh)
+// Tile schedule
 
 struct GroupRows {
   int begin;
   int end;
 };
-
-// Waits for the phase of parity `parity` to complete; a wait that outlasts kWatchdogNs records where
-// in `status` (first thread to notice) and exits (sm90.cuh: mbar_wait_bounded).
-// kWarp: every lane of the warp spins (sm90.cuh: mbar_wait_bounded_warp), for waits that a wgmma group
-// in flight spans.
-template <bool kWarp = false>
-__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity, int* status, int code, int stage,
-                                          int iteration) {
-  const auto on_stall = [&] {
-    if (status != nullptr && atomicCAS(status, 0, code) == 0) {
-      status[1] = static_cast<int>(blockIdx.x);
-      status[2] = stage;
-      status[3] = iteration;
-      __threadfence();
-    }
-  };
-  if constexpr (kWarp) mbar_wait_bounded_warp(bar, parity, kWatchdogNs, on_stall);
-  else mbar_wait_bounded(bar, parity, kWatchdogNs, on_stall);
-}
-
-// ---------------------------------------------------------------------------------------------------
-// Tile schedule
 
 struct Tile {
   int group;
@@ -283,13 +77,6 @@ __device__ __forceinline__ Tile decode_tile(int tile, int& cursor, const int* pr
   const GroupRows rows = groups[cursor];
   return Tile{cursor, rows.begin + m_block * kBlockM, rows.end, n_block * kBlockN};
 }
-
-template <bool kFlag>
-struct CompileTimeFlag {
-  static constexpr bool kValue = kFlag;
-};
-
-__device__ __forceinline__ int clamp_int(int x, int lo, int hi) { return x < lo ? lo : (x > hi ? hi : x); }
 
 // Group row ranges (clamped into [0, m_total] so bad offsets cannot write out of bounds) and the tile
 // prefix, by one warp: each lane takes a run of consecutive groups, then a warp scan joins the runs.
@@ -320,17 +107,81 @@ __device__ __forceinline__ void build_schedule(const int* group_offsets, int m_t
   if (lane == 31) prefix[kGroups] = inclusive;
 }
 
+// FP4 promotion: acc += partial · (sa · sw[column]), the three steps rounded separately as the CPU rule
+// does. sw_cols is the shared address of the fp32 scale of this thread's first column (frag_col of the
+// chunk); element pair i covers columns 8i + frag_col + {0, 1}, on rows frag_row (sa_lo) and + 8 (sa_hi).
+template <int kCount, int kAccCount>
+__device__ __forceinline__ void promote_block_columns(float (&acc)[kAccCount], const float (&partial)[kCount],
+                                                      float sa_lo, float sa_hi, unsigned sw_cols) {
+  static_assert(kCount <= kAccCount, "the accumulators must hold the block");
+  using megamoe::add_rn;
+  using megamoe::mul_rn;
+#pragma unroll
+  for (int i = 0; i < kCount / 4; ++i) {
+    float w0, w1;
+    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(w0), "=f"(w1) : "r"(sw_cols + 32 * i));
+    acc[4 * i + 0] = add_rn(acc[4 * i + 0], mul_rn(partial[4 * i + 0], mul_rn(sa_lo, w0)));
+    acc[4 * i + 1] = add_rn(acc[4 * i + 1], mul_rn(partial[4 * i + 1], mul_rn(sa_lo, w1)));
+    acc[4 * i + 2] = add_rn(acc[4 * i + 2], mul_rn(partial[4 * i + 2], mul_rn(sa_hi, w0)));
+    acc[4 * i + 3] = add_rn(acc[4 * i + 3], mul_rn(partial[4 * i + 3], mul_rn(sa_hi, w1)));
+  }
+}
+
+// One converter thread's share of a stage: (row, group) items of the B tile, consecutive items on
+// consecutive threads, so the 16-byte reads of the packed rows and the 16-byte writes of the swizzled
+// e4m3 rows (two rows' eight chunks per quarter warp) meet no bank twice.
+__device__ __forceinline__ void convert_fp4_stage(unsigned packed, unsigned scales4, unsigned b_tile,
+                                                  unsigned sw_cols, int thread) {
+  for (int item = thread; item < kBlockN * 4; item += kConverterThreads) {
+    const int row = item >> 2;
+    const int g = item & 3;
+    unsigned s4;
+    asm volatile("ld.shared.u32 %0, [%1];" : "=r"(s4) : "r"(scales4 + 4 * row));
+    const int ref = megamoe::fp4_block_ref(s4);
+    const megamoe::Fp4Table t =
+        megamoe::fp4_table(static_cast<int>((s4 >> (8 * g)) & 0xffu) - megamoe::kE8m0Bias - ref);
+    const megamoe::u32x4 in = load_shared_v4(packed + row * 64 + g * 16);
+    unsigned o[8];
+    megamoe::fp4x8_to_e4m3(in.x, t, o[0], o[1]);
+    megamoe::fp4x8_to_e4m3(in.y, t, o[2], o[3]);
+    megamoe::fp4x8_to_e4m3(in.z, t, o[4], o[5]);
+    megamoe::fp4x8_to_e4m3(in.w, t, o[6], o[7]);
+    // Row `row` of the tile, 16-byte chunks 2g and 2g + 1 (bytes 32g .. 32g + 31) at chunk ^ (row % 8).
+    const unsigned row_at = b_tile + row * 128;
+    const unsigned swz = static_cast<unsigned>(row & 7);
+    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(row_at + (((2u * g) ^ swz) << 4)), "r"(o[0]),
+                 "r"(o[1]), "r"(o[2]), "r"(o[3])
+                 : "memory");
+    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(row_at + (((2u * g + 1u) ^ swz) << 4)), "r"(o[4]),
+                 "r"(o[5]), "r"(o[6]), "r"(o[7])
+                 : "memory");
+    if (g == 0) store_shared_u32(sw_cols + 4 * row, megamoe::fp32_pow2_bits(ref));
+  }
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------------
 // The kernel. Launch: grid = number of SMs (or fewer), block = kThreads, dynamic shared memory =
-// kDynamicSmemBytes (grouped_gemm.ts: gemmSharedBytes).
+// kDynamicSmemBytes (fp8_grouped_gemm.variants.ts: gemmSharedBytes).
+
+#if B_FP4
+// B and its scales both arrive by TMA (map_b: packed nibbles, map_bs: the u32 scale words).
+#define GEMM_KERNEL_NAME megamoe_fp4_grouped_gemm
+#define GEMM_B_SCALES_PARAM const __grid_constant__ TensorMap map_bs
+#else
+#define GEMM_KERNEL_NAME megamoe_fp8_grouped_gemm
+#define GEMM_B_SCALES_PARAM const float* __restrict__ b_scales
+#endif
 
 extern "C" __global__ void __launch_bounds__(kThreads, 1)
-    megamoe_fp8_grouped_gemm(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
-                             const __grid_constant__ TensorMap map_sa, const float* __restrict__ b_scales,
-                             const int* __restrict__ group_offsets, void* __restrict__ out, int m_total,
-                             int* __restrict__ status) {
+    GEMM_KERNEL_NAME(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
+                     const __grid_constant__ TensorMap map_sa, GEMM_B_SCALES_PARAM,
+                     const int* __restrict__ group_offsets, void* __restrict__ out, int m_total,
+                     int* __restrict__ status) {
+#if B_FP4
+  const float* const b_scales = nullptr;  // FP4: each row's scale arrives with its stage instead
+#endif
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const unsigned raw = smem_u32(smem_raw);
   const unsigned base = (raw + kSmemAlign - 1) & ~(kSmemAlign - 1);
@@ -339,6 +190,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
   int* const prefix = reinterpret_cast<int*>(smem + kOffPrefix);
   const unsigned full_bar = base + kOffFull;    // + 8 · stage
   const unsigned empty_bar = base + kOffEmpty;  // + 8 · stage
+  // Where the TMA's bytes land: `full` itself for FP8 B; for FP4 `loaded`, and the converters fill `full`.
+  const unsigned loaded_bar = kBFp4 ? base + kOffLoaded : full_bar;
 
   unsigned dynamic_bytes;
   asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dynamic_bytes));
@@ -350,15 +203,21 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
     return;
   }
 
+  // ---------------- Scheduler: one warp builds the group table and tile prefix, one thread the barriers.
   const int warpgroup = static_cast<int>(threadIdx.x / 128);
   if (threadIdx.x < 32) build_schedule(group_offsets, m_total, groups, prefix);
   if (threadIdx.x == kMathThreads) {
     prefetch_tensor_map(&map_a);
     prefetch_tensor_map(&map_b);
     prefetch_tensor_map(&map_sa);
+#if B_FP4
+    prefetch_tensor_map(&map_bs);
+#endif
     for (int s = 0; s < kStages; ++s) {
-      mbar_init(full_bar + 8 * s, 1);                       // the producer's arrive.expect_tx
+      // FP8: the producer's arrive.expect_tx; FP4: one arrive per converter warp.
+      mbar_init(full_bar + 8 * s, kBFp4 ? kConverterWarps : 1);
       mbar_init(empty_bar + 8 * s, kMathWarpgroups * 4);  // one arrive per math warp
+      if constexpr (kBFp4) mbar_init(loaded_bar + 8 * s, 1);  // the producer's arrive.expect_tx
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
@@ -368,9 +227,37 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
   if (warpgroup == kMathWarpgroups) {
     // ---------------- Producer: one thread streams A, its scales and B through the stage ring.
     if constexpr (kReconfigureRegisters) registers_decrease<kProducerRegisters>();
+    if constexpr (kBFp4) {
+      // ---------------- FP4 converters (warps 1..3): each stage's packed rows into the B tile.
+      const int converter = static_cast<int>(threadIdx.x) - kMathThreads - 32;
+      if (converter >= 0) {
+        int stage = 0;
+        unsigned phase = 0;
+        int iteration = 0;
+        for (int tile = static_cast<int>(blockIdx.x); tile < total_tiles; tile += static_cast<int>(gridDim.x)) {
+          for (int kb = 0; kb < kKBlocks; ++kb, ++iteration) {
+            // `full` of this stage was last completed by this warp's previous pass, and the math warps
+            // released the stage before the TMA (which waited for `empty`) refilled it: `loaded` orders both.
+            mbar_wait(loaded_bar + 8 * stage, phase, status, kStatusProducerStalled, stage, iteration);
+            convert_fp4_stage(base + kOffPacked + stage * kPackedTileBytes, base + kOffBScales + stage * kBScaleBytes,
+                              base + kOffB + stage * kBTileBytes, base + kOffSwCols + stage * kBScaleBytes,
+                              converter);
+            // The wgmmas read the tile through the async proxy: order these generic writes before them.
+            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+            __syncwarp();
+            if ((converter & 31) == 0) mbar_arrive(full_bar + 8 * stage);
+            if (++stage == kStages) {
+              stage = 0;
+              phase ^= 1u;
+            }
+          }
+        }
+        return;
+      }
+    }
     if (threadIdx.x != kMathThreads) return;
     const unsigned a_smem = base + kOffA;
-    const unsigned b_smem = base + kOffB;
+    [[maybe_unused]] const unsigned b_smem = base + kOffB;  // FP8 B (FP4: the converters fill it)
     const unsigned sa_smem = base + kOffSa;
     int stage = 0;
     unsigned phase = 0;
@@ -383,15 +270,16 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
         // A fresh barrier counts as having completed the phase before its first, so the first pass
         // through the ring does not wait.
         mbar_wait(empty_bar + 8 * stage, phase ^ 1u, status, kStatusProducerStalled, stage, iteration);
-        const unsigned bar = full_bar + 8 * stage;
+        const unsigned bar = loaded_bar + 8 * stage;
         mbar_arrive_expect_tx(bar, kStageTxBytes);
-        // Diagnosis (GEMM_DIAG_FIXED_TILES bit 0: A, bit 1: B): every tile loads the first rows instead
-        // of its own, so the loads hit L2 and only the on-chip traffic is left.
-        const int a_row = (GEMM_DIAG_FIXED_TILES & 1) != 0 ? 0 : t.row0;
-        const int b_row_loaded = (GEMM_DIAG_FIXED_TILES & 2) != 0 ? 0 : b_row;
-        tma_load_2d(a_smem + stage * kATileBytes, &map_a, bar, kb * kBlockK, a_row);
+        tma_load_2d(a_smem + stage * kATileBytes, &map_a, bar, kb * kBlockK, t.row0);
         tma_load_2d(sa_smem + stage * kSaStride, &map_sa, bar, t.row0 & ~3, kb);
-        tma_load_2d(b_smem + stage * kBTileBytes, &map_b, bar, kb * kBlockK, b_row_loaded);
+#if B_FP4
+        tma_load_2d(base + kOffPacked + stage * kPackedTileBytes, &map_b, bar, kb * (kBlockK / 2), b_row);
+        tma_load_2d(base + kOffBScales + stage * kBScaleBytes, &map_bs, bar, b_row, kb);
+#else
+        tma_load_2d(b_smem + stage * kBTileBytes, &map_b, bar, kb * kBlockK, b_row);
+#endif
         if (++stage == kStages) {
           stage = 0;
           phase ^= 1u;
@@ -401,7 +289,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
     return;
   }
 
-  // ---------------- Math warpgroups.
+  // ---------------- Consumer: the math warpgroups. Their setup, then the epilogue's store step (defined
+  // first: the mainloop writes a deferred tile with it), then per tile the mainloop and the epilogue.
   if constexpr (kReconfigureRegisters) registers_increase<kMathRegisters>();
   const int math_thread = static_cast<int>(threadIdx.x);  // 0 .. kMathThreads-1
   const int lane = math_thread & 31;
@@ -419,13 +308,18 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
   const int scale_thread = math_thread & 127;
   const unsigned staging = base + kOffStaging + static_cast<unsigned>(math_thread / 32) * kStagingWarpBytes;
 
+  // FP4: this thread's first column scale of chunk c in stage st (fp32 per B-tile row, see the converters).
+  const auto sw_columns = [&](int st, int c) {
+    return base + kOffSwCols + st * kBScaleBytes + (wg_col0 + c * kMmaN + frag_col) * 4;
+  };
   // Weight scales of the next tile travel through registers while the current tile runs.
   float sw_prefetch[kSwPerThread];
   auto load_weight_scales = [&](const Tile& t) {
+    // FP4: none (the loop is empty); each row's scale comes with its stage.
     const float* src = b_scales + (static_cast<long long>(t.group) * kScaleRowsPerGroup + t.n0 / kQuantBlock) *
                                       kKBlocks;
 #pragma unroll
-    for (int i = 0; i < kSwPerThread; ++i) {
+    for (int i = 0; i < (kBFp4 ? 0 : kSwPerThread); ++i) {
       const int idx = scale_thread + i * 128;
       // Rows are contiguous in sw ([G, N/128, K/128]), so the tile's kSwRows rows are one run.
       sw_prefetch[i] = idx < kSwPerTile ? load_scale(src + idx) : 0.0f;
@@ -433,7 +327,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
   };
   auto store_weight_scales = [&](int buffer) {
 #pragma unroll
-    for (int i = 0; i < kSwPerThread; ++i) {
+    for (int i = 0; i < (kBFp4 ? 0 : kSwPerThread); ++i) {
       const int idx = scale_thread + i * 128;
       if (idx < kSwPerTile) store_shared_f32(sw_smem + (buffer * kSwPerTile + idx) * 4, sw_prefetch[i]);
     }
@@ -490,10 +384,9 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
       }
       const long long first =
           static_cast<long long>(warp_row0) * kShapeN + t.n0 + wg_col0 + c * kMmaN + round * kRoundCols;
-      // GEMM_DIAG_SKIP_EPILOGUE 2: the rows are staged but never copied out (diagnosis).
       copy_out_staged_rows<kRoundCols * kOutBytes, kStagingPitch, kDeferredEpilogue>(
           staging, static_cast<unsigned char*>(out) + first * kOutBytes, static_cast<long long>(kShapeN) * kOutBytes,
-          GEMM_DIAG_SKIP_EPILOGUE == 2 ? 0 : rows_valid, lane);
+          rows_valid, lane);
     }
   };
   // The tile whose epilogue is pending (kDeferredEpilogue): none before the first tile, so no rows. A bf16
@@ -523,6 +416,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
     }
   };
 
+  // ---------------- Consumer mainloop: per tile, every K block's wgmmas and promotions.
   for (int local_tile = 0; tile < total_tiles; ++local_tile) {
     // Makes this tile's weight scales visible, and guarantees every thread of the warpgroup is done
     // reading the buffer that the prefetch below will overwrite (it served the previous tile).
@@ -561,22 +455,25 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
       // makes ptxas serialize every wgmma.
       int held_stage = 0;  // the stage of the block in flight
       float held_lo = 0.0f, held_hi = 0.0f;
+      const auto promote_held = [&](float (&ready)[kAccum]) {
+        if constexpr (kBFp4) {
+          promote_block_columns(promoted[0][0], ready, held_lo, held_hi, sw_columns(held_stage, 0));
+        } else {
+          promote_block(promoted[0][0], ready, held_lo, held_hi);
+        }
+      };
       const auto step = [&](int kb, float (&issue)[kAccum], float (&ready)[kAccum]) {
-        const float sw = load_shared_f32(sw_tile + (sw_row[0] * kKBlocks + kb) * 4);
+        // FP8: the tile's block scale folded into the row scales now; FP4: the column scales at promotion.
+        const float sw = kBFp4 ? 1.0f : load_shared_f32(sw_tile + (sw_row[0] * kKBlocks + kb) * 4);
         mbar_wait<true>(full_bar + 8 * stage, phase, status, kStatusMathStalled, stage, iteration);
         const unsigned sa_stage = sa_smem + stage * kSaStride + (current.row0 & 3) * 4;
-        const float lo = load_shared_f32(sa_stage) * sw;
-        const float hi = load_shared_f32(sa_stage + 8 * 4) * sw;
-        if constexpr (GEMM_DIAG_SKIP_MMA != 0) {
-#pragma unroll
-          for (int i = 0; i < kAccum; ++i) issue[i] = 0.0f;
-        } else {
-          wgmma_issue_k128(issue, a_smem + stage * kATileBytes, b_smem + stage * kBTileBytes);
-        }
+        const float lo = kBFp4 ? load_shared_f32(sa_stage) : load_shared_f32(sa_stage) * sw;
+        const float hi = kBFp4 ? load_shared_f32(sa_stage + 8 * 4) : load_shared_f32(sa_stage + 8 * 4) * sw;
+        wgmma_issue_k128(issue, a_smem + stage * kATileBytes, b_smem + stage * kBTileBytes);
         if (kb > 0) {
           wgmma_wait<1>();  // block kb - 1 is done
           fence_registers(ready);
-          promote_block(promoted[0][0], ready, held_lo, held_hi);
+          promote_held(ready);
           if (lane == 0) mbar_arrive(empty_bar + 8 * held_stage);
         }
         held_stage = stage;
@@ -595,7 +492,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
       float (&last)[kAccum] = (kKBlocks & 1) == 0 ? partial_next : partial;  // the last block's partial
       wgmma_wait<0>();
       fence_registers(last);
-      promote_block(promoted[0][0], last, held_lo, held_hi);
+      promote_held(last);
       if (lane == 0) mbar_arrive(empty_bar + 8 * held_stage);
     } else {
       // One K block; kFirst (the tile's first, deferred epilogue only) also writes the pending tile.
@@ -603,7 +500,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
         constexpr bool kFirst = decltype(first)::kValue;
         float sw[kChunksN];
 #pragma unroll
-        for (int c = 0; c < kChunksN; ++c) sw[c] = load_shared_f32(sw_tile + (sw_row[c] * kKBlocks + kb) * 4);
+        for (int c = 0; c < kChunksN; ++c) sw[c] = kBFp4 ? 0.0f : load_shared_f32(sw_tile + (sw_row[c] * kKBlocks + kb) * 4);
 
         mbar_wait(full_bar + 8 * stage, phase, status, kStatusMathStalled, stage, iteration);
 
@@ -614,34 +511,30 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
           sa_lo[w] = load_shared_f32(sa_stage + w * 64 * 4);
           sa_hi[w] = load_shared_f32(sa_stage + (w * 64 + 8) * 4);
         }
+        // FP8: one block scale per chunk; FP4: a scale per column, read from the stage at promotion.
+        const auto promote = [&](float (&acc)[kAccum], int w, int c) {
+          if constexpr (kBFp4) {
+            promote_block_columns(acc, partial, sa_lo[w], sa_hi[w], sw_columns(stage, c));
+          } else {
+            promote_block(acc, partial, sa_lo[w] * sw[c], sa_hi[w] * sw[c]);
+          }
+        };
 
         const unsigned a_stage = a_smem + stage * kATileBytes;
         const unsigned b_stage = b_smem + stage * kBTileBytes;
         if constexpr (kTakeTurns) {
           // Turns are taken on every tile, so warpgroup 1 issues its wgmmas even where all its rows lie
           // past the group (never stored). Taking them only where both have rows, in a K loop of its
-          // own, measured 2.5% slower: ptxas schedules the issue worse (PART=61).
+          // own, measured 2.5% slower: ptxas schedules the issue worse.
 #pragma unroll
           for (int c = 0; c < kChunksN; ++c) {
             begin_turn();
-            if constexpr (GEMM_DIAG_SKIP_MMA != 0) {
-#pragma unroll
-              for (int i = 0; i < kAccum; ++i) partial[i] = 0.0f;
-            } else if constexpr (GEMM_DIAG_SKIP_PROMOTION != 0) {
-              // The block added to the accumulators unscaled, as a rowwise-scaled kernel sums K.
-              wgmma_issue_k128<kAccum, true>(promoted[0][c], a_stage, b_stage + c * kMmaN * kBlockK);
-            } else {
-              wgmma_issue_k128(partial, a_stage, b_stage + c * kMmaN * kBlockK);
-            }
+            wgmma_issue_k128(partial, a_stage, b_stage + c * kMmaN * kBlockK);
             end_turn();
             if constexpr (kFirst) write_pending_chunk(c);
             wgmma_wait<0>();
-            if constexpr (GEMM_DIAG_SKIP_PROMOTION != 0) {
-              fence_registers(promoted[0][c]);
-            } else {
-              fence_registers(partial);
-              promote_block(promoted[0][c], partial, sa_lo[0] * sw[c], sa_hi[0] * sw[c]);
-            }
+            fence_registers(partial);
+            promote(promoted[0][c], 0, c);
           }
         } else {
 #pragma unroll
@@ -649,13 +542,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
             if (!wave_active[w]) continue;  // every row of this wave lies past the group: nothing to store
 #pragma unroll
             for (int c = 0; c < kChunksN; ++c) {
-              if constexpr (GEMM_DIAG_SKIP_MMA != 0) {
-#pragma unroll
-                for (int i = 0; i < kAccum; ++i) partial[i] = 0.0f;
-              } else {
-                wgmma_block_k128(partial, a_stage + w * 64 * kBlockK, b_stage + c * kMmaN * kBlockK);
-              }
-              promote_block(promoted[w][c], partial, sa_lo[w] * sw[c], sa_hi[w] * sw[c]);
+              wgmma_block_k128(partial, a_stage + w * 64 * kBlockK, b_stage + c * kMmaN * kBlockK);
+              promote(promoted[w][c], w, c);
             }
           }
         }
@@ -678,20 +566,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
 
     if (next_tile < total_tiles) store_weight_scales((local_tile + 1) & 1);
 
-    if constexpr (GEMM_DIAG_SKIP_EPILOGUE == 1) {
-      // Keeps the promotions live (the compiler would drop them with the stores) at 128 FADDs a tile.
-      float sink = 0.0f;
-#pragma unroll
-      for (int w = 0; w < kWavesM; ++w)
-#pragma unroll
-        for (int c = 0; c < kChunksN; ++c)
-#pragma unroll
-          for (int i = 0; i < kAccum; ++i) sink += promoted[w][c][i];
-      if (sink == -1.0f) static_cast<float*>(out)[0] = sink;
-      current = next;
-      tile = next_tile;
-      continue;
-    }
+    // ---------------- Epilogue: the tile's output, now or (deferred) during the next tile's first K block.
+
     if constexpr (kDeferredEpilogue) {
       pending = current;
       if constexpr (kPackPending) {
@@ -738,6 +614,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
 // Slow; for diagnosing the fast kernel on the GPU: the same operands through plain pointers (sa in the
 // same [K/128, M_pad] layout), so a layout fault shows in both kernels and a fast-path fault in one.
 
+#if !B_FP4
 extern "C" __global__ void __launch_bounds__(256)
     megamoe_fp8_grouped_gemm_reference(const unsigned char* __restrict__ a, const unsigned char* __restrict__ b,
                                        const float* __restrict__ a_scales, int m_pad,
@@ -788,3 +665,69 @@ extern "C" __global__ void __launch_bounds__(256)
     static_cast<float*>(out)[index] = acc;
   }
 }
+#else
+
+// FP4 reference: the CPU rule itself on CUDA cores, one thread per output element. Each weight element is
+// converted by fp4.cuh's exact path, each block's 128 products are summed in double (exact: e4m3
+// products have at most 8 significant bits within 2^-18 .. 2^17), rounded once to fp32, and promoted
+// with the rule's three roundings: bit-identical to the CPU reference on any data. Operands as the fast
+// kernel's, through plain pointers (bs: the u32 scale words [K/128, G·N]).
+extern "C" __global__ void __launch_bounds__(256)
+    megamoe_fp4_grouped_gemm_reference(const unsigned char* __restrict__ a, const unsigned char* __restrict__ b,
+                                       const float* __restrict__ a_scales, int m_pad,
+                                       const unsigned* __restrict__ b_scales4, const int* __restrict__ group_offsets,
+                                       void* __restrict__ out, int m_total) {
+  const long long index = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (index >= static_cast<long long>(m_total) * kShapeN) return;
+  const int row = static_cast<int>(index / kShapeN);
+  const int col = static_cast<int>(index % kShapeN);
+  int group = -1;
+  for (int g = 0; g < kGroups; ++g) {
+    if (row >= group_offsets[g] && row < group_offsets[g + 1]) {
+      group = g;
+      break;
+    }
+  }
+  if (group < 0) return;
+  const long long b_row_index = static_cast<long long>(group) * kShapeN + col;
+  const unsigned char* a_row = a + static_cast<long long>(row) * kShapeK;
+  const unsigned char* b_row = b + b_row_index * (kShapeK / 2);
+  float acc = 0.0f;
+  for (int kb = 0; kb < kKBlocks; ++kb) {
+    const unsigned s4 = b_scales4[static_cast<long long>(kb) * kGroups * kShapeN + b_row_index];
+    const int ref = megamoe::fp4_block_ref(s4);
+    double block_sum = 0.0;
+    for (int k = kb * kBlockK; k < (kb + 1) * kBlockK; k += 2) {
+      const int d = static_cast<int>((s4 >> (8 * ((k % kBlockK) / megamoe::kFp4Group))) & 0xffu) -
+                    megamoe::kE8m0Bias - ref;
+      const unsigned byte = b_row[k / 2];
+      const unsigned short w2 = static_cast<unsigned short>(megamoe::e2m1_to_e4m3_exact(byte & 0xfu, d) |
+                                                            (megamoe::e2m1_to_e4m3_exact(byte >> 4, d) << 8));
+      const unsigned short a2 = *reinterpret_cast<const unsigned short*>(a_row + k);
+      unsigned a_half2, b_half2;  // e4m3x2 → f16x2 is exact
+      asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(a_half2) : "h"(a2));
+      asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(b_half2) : "h"(w2));
+      float a0, a1, b0, b1;
+      asm("{\n.reg .f16 l, h;\nmov.b32 {l, h}, %2;\ncvt.f32.f16 %0, l;\ncvt.f32.f16 %1, h;\n}\n"
+          : "=f"(a0), "=f"(a1)
+          : "r"(a_half2));
+      asm("{\n.reg .f16 l, h;\nmov.b32 {l, h}, %2;\ncvt.f32.f16 %0, l;\ncvt.f32.f16 %1, h;\n}\n"
+          : "=f"(b0), "=f"(b1)
+          : "r"(b_half2));
+      block_sum = __dadd_rn(block_sum, __dmul_rn(a0, b0));
+      block_sum = __dadd_rn(block_sum, __dmul_rn(a1, b1));
+    }
+    const float partial = __double2float_rn(block_sum);
+    const float scale = megamoe::mul_rn(a_scales[static_cast<long long>(kb) * m_pad + row],
+                                        megamoe::fp32_from_bits(megamoe::fp32_pow2_bits(ref)));
+    acc = megamoe::add_rn(acc, megamoe::mul_rn(partial, scale));
+  }
+  if constexpr (kOutBf16) {
+    unsigned short bits;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(bits) : "f"(acc));
+    static_cast<unsigned short*>(out)[index] = bits;
+  } else {
+    static_cast<float*>(out)[index] = acc;
+  }
+}
+#endif

@@ -42,6 +42,21 @@ export const GEMM_TILES: Readonly<Record<GemmTileName, GemmTile>> = {
 
 export const GEMM_TILE_NAMES = Object.keys(GEMM_TILES) as GemmTileName[];
 
+/** How the weights (B) arrive: FP8 with 128 × 128 block scales, or FP4 (MXFP4) converted on the device. */
+export type GemmWeightFormat = "fp8" | "fp4";
+
+/**
+ * Tiles with FP4 weights: a stage also holds the packed B rows and their scales, so the 256-wide tiles
+ * fit only 3 stages (m128n256 also spills: two n128 chunks with per-column scales at the 224 registers
+ * the math warpgroups keep beside the converters). m128n128 (4 stages) and m64n128 (6) remain.
+ */
+export const FP4_GEMM_TILE_NAMES: readonly GemmTileName[] = ["m128n128", "m64n128"];
+
+/** The tiles a weight format can use. */
+export function gemmTileNames(format: GemmWeightFormat = "fp8"): readonly GemmTileName[] {
+  return format === "fp4" ? FP4_GEMM_TILE_NAMES : GEMM_TILE_NAMES;
+}
+
 /** K per pipeline stage (one scale block). */
 export const GEMM_BLOCK_K = 128;
 /** Largest group count the kernel's shared group table supports. */
@@ -61,16 +76,27 @@ export function gemmThreads(tile: GemmTile): number {
  * area; 1024 bytes to align the base.
  * The kernel checks %dynamic_smem_size against its own figure and reports a mismatch in its status.
  */
-export function gemmSharedBytes(tile: GemmTile, stages: number, k: number, groups: number): number {
+export function gemmSharedBytes(
+  tile: GemmTile,
+  stages: number,
+  k: number,
+  groups: number,
+  format: GemmWeightFormat = "fp8",
+): number {
   const kBlocks = k / GEMM_BLOCK_K;
   const swRows = Math.ceil(tile.blockN / QUANT_BLOCK);
   const aTile = tile.blockM * GEMM_BLOCK_K;
   const bTile = tile.blockN * GEMM_BLOCK_K;
   const saStride = aScaleStageBytes(tile.blockM);
-  const offSw = stages * (aTile + bTile + saStride);
-  // Weight scales: two buffers (alternating per tile) per math warpgroup.
-  const offFull = alignUp(offSw + 2 * tile.mathWarpgroups * swRows * kBlocks * 4, 8);
-  const offGroups = offFull + 16 * stages;
+  const fp4 = format === "fp4";
+  // FP4: per stage the packed B rows, their u32 scale words and the converted rows' fp32 scales.
+  const fp4Stage = fp4 ? (tile.blockN * GEMM_BLOCK_K) / 2 + 2 * tile.blockN * 4 : 0;
+  const offSw = stages * (aTile + bTile + saStride + fp4Stage);
+  // FP8 weight scales: two buffers (alternating per tile) per math warpgroup.
+  const swBytes = fp4 ? 0 : 2 * tile.mathWarpgroups * swRows * kBlocks * 4;
+  const offFull = alignUp(offSw + swBytes, 8);
+  // full and empty barriers, and FP4's `loaded` ones.
+  const offGroups = offFull + (fp4 ? 24 : 16) * stages;
   const offStaging = alignUp(offGroups + 8 * groups + 4 * (groups + 1), 16);
   // One staging area per math warp, sized for the wider (fp32) pitch.
   const bytes = offStaging + 4 * tile.mathWarpgroups * stagingAreaBytes(STAGING_PITCH_WIDE);
@@ -83,9 +109,10 @@ export function gemmMaxStages(
   k: number,
   groups: number,
   budget = SM90_SHARED_OPTIN_BYTES,
+  format: GemmWeightFormat = "fp8",
 ): number {
   for (let stages = GEMM_MAX_STAGES; stages >= GEMM_MIN_STAGES; stages--) {
-    if (gemmSharedBytes(tile, stages, k, groups) <= budget) return stages;
+    if (gemmSharedBytes(tile, stages, k, groups, format) <= budget) return stages;
   }
   return 0;
 }
@@ -98,6 +125,8 @@ export interface GemmSpecialization {
   k: number;
   groups: number;
   outBf16: boolean;
+  /** Default "fp8". */
+  format?: GemmWeightFormat;
 }
 
 /** The -D macros of fp8_grouped_gemm.cu for one specialization. */
@@ -112,6 +141,8 @@ export function gemmDefines(s: GemmSpecialization): KernelDefines {
     K: s.k,
     NUM_GROUPS: s.groups,
     OUT_BF16: s.outBf16 ? 1 : 0,
+    // Only FP4 builds name it, so FP8 specializations keep their defines (and JIT cache keys).
+    ...(s.format === "fp4" ? { B_FP4: 1 } : {}),
   };
 }
 
@@ -126,7 +157,8 @@ export function presetGemmShapes(hidden: number, intermediate: number): { n: num
 /**
  * Every specialization the launcher can ask for on the presets: each preset's two GEMM shapes, with
  * its routed expert count and with 1 group (the shared expert), each tile of the menu at the deepest
- * pipeline that fits 227 KB, fp32 and bf16 output.
+ * pipeline that fits 227 KB, fp32 and bf16 output; and with FP4 weights, the same for the routed experts
+ * (the shared expert stays FP8) on the FP4 tiles.
  */
 export const variants: readonly KernelVariant[] = (() => {
   const seen = new Set<string>();
@@ -144,6 +176,19 @@ export const variants: readonly KernelVariant[] = (() => {
             seen.add(key);
             out.push({ defines, noSpill: true });
           }
+        }
+      }
+      const groups = preset.numExperts / preset.ranks;
+      for (const name of FP4_GEMM_TILE_NAMES) {
+        const tile = GEMM_TILES[name];
+        if (n % tile.blockN !== 0) continue;
+        const stages = gemmMaxStages(tile, k, groups, SM90_SHARED_OPTIN_BYTES, "fp4");
+        for (const outBf16 of [false, true]) {
+          const defines = gemmDefines({ tile, stages, n, k, groups, outBf16, format: "fp4" });
+          const key = JSON.stringify(defines);
+          if (seen.has(key)) continue;
+          seen.add(key);
+          out.push({ defines, noSpill: true });
         }
       }
     }

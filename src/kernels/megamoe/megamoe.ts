@@ -17,22 +17,13 @@ import {
   loadKernel,
   type Stream,
 } from "../../cuda/index.js";
-import type { DeviceMoEWeights } from "../../weights/device.js";
+import type { DeviceMoEWeights } from "../device-weights.js";
 import { aScalesRows } from "../gemm/grouped_gemm.js";
 import { encodeFp8RowsMap, encodeScaleColumnsMap } from "../tensor-maps.js";
-import {
-  FUSED_BLOCK_MS,
-  FUSED_BLOCK_N,
-  FUSED_COUNTER_WORDS,
-  FUSED_THREADS,
-  type FusedBlockM,
-  fusedBlockM,
-  fusedBlockMsUpTo,
-  fusedDefines,
-  fusedShapeProblem,
-  fusedSharedBytes,
-  fusedStages,
-} from "./megamoe.variants.js";
+import { FUSED_BLOCK_MS, FUSED_BLOCK_N, FUSED_COUNTER_WORDS, type FusedBlockM } from "./megamoe.variants.js";
+import { type FusedPlan, fusedBlockMsUpTo, fusedLayerProblem, planFusedLaunch } from "./plan.js";
+
+export { fusedLayerProblem } from "./plan.js";
 
 export const FUSED_KERNEL_SOURCE = "megamoe/megamoe.cu";
 export const FUSED_KERNEL = "megamoe_fused";
@@ -123,19 +114,9 @@ export class FusedMoEKernelError extends Error {
   override name = "FusedMoEKernelError";
 }
 
-/** Why the fused kernel cannot run this layer, or null. */
-export function fusedLayerProblem(config: MoEConfig): string | null {
-  const shape = fusedShapeProblem(config);
-  if (shape !== null) return shape;
-  if (fusedStages(config, 128) === 0) return "its shared-memory layout does not fit 227 KB";
-  return null;
-}
-
-/** One block M's kernel and its launch arguments. */
+/** One block M's plan, kernel and launch arguments. */
 interface FusedSpecialization {
-  blockM: FusedBlockM;
-  stages: number;
-  sharedBytes: number;
+  plan: FusedPlan;
   kernel: Kernel;
   args: KernelArgs;
 }
@@ -252,17 +233,12 @@ export class FusedMoEKernel {
   private specialization(blockM: FusedBlockM): FusedSpecialization {
     const made = this.specializations.get(blockM);
     if (made !== undefined) return made;
-    if (!FUSED_BLOCK_MS.includes(blockM)) {
-      throw new RangeError(
-        `FusedMoEKernel: blockM must be "auto" or one of ${FUSED_BLOCK_MS.join(", ")}, got ${blockM}`,
-      );
-    }
     const c = this.config;
-    const stages = fusedStages(c, blockM);
-    const sharedBytes = fusedSharedBytes(c, stages, blockM);
-    const compiled = compileKernel({ source: FUSED_KERNEL_SOURCE, defines: fusedDefines(c, blockM, stages) });
+    // The grid and token count are the launch's; a specialization holds what the block M fixes.
+    const plan = planFusedLaunch(c, this.maxTokens, this.ctas, blockM);
+    const compiled = compileKernel({ source: FUSED_KERNEL_SOURCE, defines: plan.defines });
     const kernel = loadKernel(this.device, compiled, FUSED_KERNEL);
-    kernel.setMaxDynamicSharedMemory(sharedBytes);
+    kernel.setMaxDynamicSharedMemory(plan.sharedBytes);
     const args = new KernelArgs(MAP_COUNT + 1, {
       tensorMaps: [0, 1, 2, 3, 4, 5, 6, 7],
       structs: { [MAP_COUNT]: OPERANDS_BYTES },
@@ -285,9 +261,14 @@ export class FusedMoEKernel {
     encodeScaleColumnsMap(args.tensorMap(5), poolHScales.ptr, maxInter, this.rPad, blockM + 4);
     encodeFp8RowsMap(args.tensorMap(6), routed.w2.ptr, c.intermediate, E * H, WEIGHT_BOX_ROWS);
     encodeFp8RowsMap(args.tensorMap(7), shared.w2.ptr, sharedInter, sharedExperts * H, WEIGHT_BOX_ROWS);
-    const spec = { blockM, stages, sharedBytes, kernel, args };
+    const spec = { plan, kernel, args };
     this.specializations.set(blockM, spec);
     return spec;
+  }
+
+  /** The plan of a launch of `tokens` rows with this kernel's block M and CTA settings. */
+  plan(tokens: number): FusedPlan {
+    return planFusedLaunch(this.config, tokens, this.ctas, this.blockM);
   }
 
   /** Checks the operands and queues one launch on `stream` (null: the legacy default stream). */
@@ -322,10 +303,11 @@ export class FusedMoEKernel {
         `FusedMoEKernel: ctas must be an integer in [1, ${this.device.smCount}], got ${this.ctas}`,
       );
     }
-    const spec = this.specialization(this.blockM === "auto" ? fusedBlockM(c, tokens) : this.blockM);
+    const plan = this.plan(tokens);
+    const spec = this.specialization(plan.blockM);
     trace?.fill(0, stream);
     spec.args.struct(MAP_COUNT, this.operands);
-    spec.kernel.launch(this.ctas, FUSED_THREADS, spec.sharedBytes, stream, spec.args);
+    spec.kernel.launch(plan.ctas, plan.threads, plan.sharedBytes, stream, spec.args);
   }
 
   /**

@@ -40,7 +40,7 @@ export const FUSED_MIN_STAGES = 2;
 export const FUSED_MAX_STAGES = 8;
 /**
  * Swap-AB tiles stop at 5 stages: a 16-row stage is 34 KB, so five keep 170 KB of weights in flight per
- * SM, and a deeper ring streamed no faster (the TMA weight-stream probe: 4 vs 6 stages, bench/NOTES.md);
+ * SM, and a deeper ring streamed no faster (the TMA weight-stream probe: 4 vs 6 stages, docs/decisions.md);
  * at 6 (flash-ep8, BLOCK_M 16) ptxas spilled the producer.
  */
 export const FUSED_SWAP_MAX_STAGES = 5;
@@ -102,27 +102,6 @@ export function fusedDefines(
     ...scaleFormatDefine(c.scaleFormat),
     SHARED_BYTES: fusedSharedBytes(c, stages, blockM),
   };
-}
-
-/**
- * The block M for a launch, from the rows a routed expert averages (λ = T·k / E): swap-AB 16 while λ ≤ 6
- * and 32 while λ ≤ 16 (an expert's rows then rarely pass one block: a second block streams the expert's
- * weights again), 64 below 64 (the A tile would be mostly padding at 128), else 128 (twice the rows per
- * B tile streamed: half the weight traffic per row).
- */
-export function fusedBlockM(c: MoEConfig, tokens: number): FusedBlockM {
-  const rows = (tokens * c.topK) / c.numExperts;
-  if (rows <= 6) return 16;
-  if (rows <= 16) return 32;
-  // At exactly 64 rows 128 won on the H200 (pro, T = 4096: 7705 vs 8230 µs, bench/NOTES.md).
-  return rows < 64 ? 64 : 128;
-}
-
-/** The block Ms fusedBlockM picks for some token count in 1 .. maxTokens, ascending. */
-export function fusedBlockMsUpTo(c: MoEConfig, maxTokens: number): FusedBlockM[] {
-  const picked = new Set<FusedBlockM>();
-  for (let t = 1; t <= maxTokens; t++) picked.add(fusedBlockM(c, t));
-  return FUSED_BLOCK_MS.filter((m) => picked.has(m));
 }
 
 /** Every preset in both scale formats and every block M (the layer's shapes). */

@@ -17,9 +17,9 @@
 // Compile-time parameters:
 //   HIDDEN       channels per token (multiple of 128)
 //   SCALE_UE8M0  1: FP8 scales rounded up to powers of two; 0: plain FP32 scales
-#include "megamoe/bf16.cuh"
-#include "megamoe/ptx.cuh"
-#include "megamoe/quant.cuh"
+#include "common/bf16.cuh"
+#include "common/ptx.cuh"
+#include "common/quant.cuh"
 
 #ifndef HIDDEN
 #define HIDDEN 7168

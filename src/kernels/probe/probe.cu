@@ -3,7 +3,7 @@
 // that streams weights), a TMA weight stream (the same bytes the way the layer's producer loads them) and
 // the tensor cores' rate for the mainloops' wgmma shapes.
 
-#include "megamoe/sm90.cuh"
+#include "common/sm90.cuh"
 
 using namespace megamoe::sm90;
 

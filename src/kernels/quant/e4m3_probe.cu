@@ -3,7 +3,7 @@
 // on values the quantizer never produces (NaN, ±inf, ties, subnormals). Each thread encodes one
 // pair both ways: with the scalar helper and with the packed two-value helper, which also checks
 // the byte order of the packed form.
-#include "megamoe/fp8.cuh"
+#include "common/fp8.cuh"
 
 extern "C" __global__ void megamoe_e4m3_probe(const float* __restrict__ x, unsigned char* __restrict__ scalar_codes,
                                               unsigned short* __restrict__ pair_codes, unsigned int pairs) {

@@ -11,9 +11,9 @@
 // Compile-time parameters (the JIT passes them with -D; the defaults let nvcc build the file alone):
 //   HIDDEN       channels per token (multiple of 128)
 //   SCALE_UE8M0  1: scales rounded up to powers of two; 0: plain FP32 scales
-#include "megamoe/bf16.cuh"
-#include "megamoe/ptx.cuh"
-#include "megamoe/quant.cuh"
+#include "common/bf16.cuh"
+#include "common/ptx.cuh"
+#include "common/quant.cuh"
 
 #ifndef HIDDEN
 #define HIDDEN 7168

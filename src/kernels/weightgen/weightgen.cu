@@ -14,9 +14,9 @@
 //   megamoe_weightgen_matrix       block-quantized matrices, one CTA per 128×128 block
 //   megamoe_weightgen_uniform      plain scaled uniform tensors (gate weight as bf16, bias as fp32)
 //   megamoe_weightgen_activations  the bf16 activations with per-token scales and outliers
-#include "megamoe/bf16.cuh"
-#include "megamoe/ptx.cuh"
-#include "megamoe/quant.cuh"
+#include "common/bf16.cuh"
+#include "common/ptx.cuh"
+#include "common/quant.cuh"
 
 namespace {
 

@@ -21,16 +21,15 @@ import {
   perDeviceOnce,
   type Stream,
 } from "../../cuda/index.js";
-import { streamKey, tensorKey } from "../../weights/counter-rng.js";
+import { checkSeed, streamKey, tensorKey } from "../../numerics/counter-rng.js";
 import {
   ACTIVATION_BASE,
-  checkSeed,
   GATE_BIAS_SCALE,
   gateWeightScale,
   generatorNames,
   type MatrixSpec,
   matrixBaseScale,
-} from "../../weights/generate.js";
+} from "../../numerics/generator.js";
 
 /** The kernel source, relative to src/kernels. */
 export const WEIGHTGEN_KERNEL_SOURCE = "weightgen/weightgen.cu";

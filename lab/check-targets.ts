@@ -1,0 +1,222 @@
+/**
+ * The small runs lab/check.sh puts under compute-sanitizer, one target per process so a report names
+ * what it covers:
+ *
+ *   fused BLOCK_M  the fused kernel forced to one block M on the tiny shape, T = 7 and 300, on 4 CTAs
+ *                  (more than one CTA, few enough that racecheck stays short), each output equal to
+ *                  the unfused pipeline's bit for bit
+ *   gate           the router (both logits paths) on tiny (E = 8, grouped sigmoid) and E = 64 softmax
+ *   norm           RMSNorm with FP8 output, plain rows and the 4-stream pre-mix, H = 256 and 384
+ *
+ * (The grouped GEMM runs through its own test file's small cases: MEGAMOE_GEMM_CASE.) Each prints one
+ * line per sub-case and exits 1 when an output is wrong, so a sanitizer run also says whether the
+ * kernel still computed the right thing under instrumentation.
+ *   node dist-test/lab/check-targets.js fused 64
+ */
+import { pathToFileURL } from "node:url";
+import { forwardOperands } from "../src/bench/layer.js";
+import { type MoEConfig, resolveConfig } from "../src/config/config.js";
+import { type Device, DeviceTensor, openDevice } from "../src/cuda/index.js";
+import { DeviceMoEWeights } from "../src/kernels/device-weights.js";
+import { routeOnDevice } from "../src/kernels/gate/gate.js";
+import { FUSED_BLOCK_MS, type FusedBlockM } from "../src/kernels/megamoe/megamoe.variants.js";
+import { rmsNormOnDevice } from "../src/kernels/norm/norm.js";
+import { allocQuantOutputs } from "../src/kernels/quant/quant.js";
+import { f32ToBf16Bits } from "../src/numerics/bf16.js";
+import { FusedPipeline } from "../src/pipeline/fused.js";
+import { UnfusedPipeline } from "../src/pipeline/unfused.js";
+import { randomRouting } from "../src/reference/router.js";
+import { GeneratedWeights, generateActivations, generateGate } from "../src/weights/generate.js";
+
+export const CHECK_TARGETS = ["fused", "gate", "norm"] as const;
+const TOKENS = [7, 300];
+
+/** The fused kernel at one block M against the unfused pipeline; returns the failures. */
+function fused(device: Device, blockM: FusedBlockM): number {
+  const config = resolveConfig("tiny");
+  const weights = DeviceMoEWeights.upload(
+    device,
+    new GeneratedWeights(config, 5, { cachedExperts: config.numExperts }),
+  );
+  const f = new FusedPipeline(device, weights, 512);
+  const u = new UnfusedPipeline(device, weights, 512);
+  let failures = 0;
+  try {
+    for (const tokens of TOKENS) {
+      // Token 3 masked, expert 0 hot: empty and crowded experts in one launch.
+      const routing = randomRouting(6, tokens, config, { maskedTokens: [3], hotExpert: 0 });
+      const operands = forwardOperands(device, config, tokens, routing, 7);
+      try {
+        const args = { ...operands, tokens, shared: true };
+        u.forward(args, null);
+        u.checkStatus();
+        const want = operands.out.toHost() as Uint16Array;
+        f.kernel.blockM = blockM;
+        f.kernel.ctas = 4;
+        operands.out.fill(0xff);
+        f.fillScratch(0xff);
+        f.forward(args, null);
+        f.checkStatus();
+        const got = operands.out.toHost() as Uint16Array;
+        const at = got.findIndex((v, i) => v !== want[i]);
+        console.log(
+          `fused tiny T=${tokens} BLOCK_M ${blockM}: ${at === -1 ? "equal to the unfused pipeline" : `differs at ${at}`}`,
+        );
+        if (at !== -1) failures++;
+      } finally {
+        operands.dispose();
+      }
+    }
+  } finally {
+    f.dispose();
+    u.dispose();
+    weights.dispose();
+  }
+  return failures;
+}
+
+/** The router on two configs and both logits paths; checks ids are distinct experts or −1. */
+function gate(device: Device): number {
+  const configs: MoEConfig[] = [
+    resolveConfig("tiny"),
+    resolveConfig("tiny", {
+      numExperts: 64,
+      hidden: 512,
+      topK: 6,
+      router: { ...resolveConfig("tiny").router, scoring: "softmax", nGroup: 1, topkGroup: 1 },
+    }),
+  ];
+  let failures = 0;
+  for (const c of configs) {
+    const g = generateGate(c, 9);
+    const owned: DeviceTensor[] = [];
+    const keep = <T extends DeviceTensor>(t: T) => {
+      owned.push(t);
+      return t;
+    };
+    try {
+      const weight = keep(DeviceTensor.fromHost(device, "bf16", [c.numExperts, c.hidden], g.weight));
+      const bias = g.bias ? keep(DeviceTensor.fromHost(device, "fp32", [c.numExperts], g.bias)) : null;
+      for (const tokens of TOKENS) {
+        const x = keep(
+          DeviceTensor.fromHost(device, "bf16", [tokens, c.hidden], generateActivations(3, tokens, c.hidden)),
+        );
+        for (const logits of ["exact", "fast"] as const) {
+          const ids = keep(DeviceTensor.empty(device, "int32", [tokens, c.topK]));
+          const weights = keep(DeviceTensor.empty(device, "fp32", [tokens, c.topK]));
+          const logitsOut = keep(DeviceTensor.empty(device, "fp32", [tokens, c.numExperts]));
+          ids.fill(0x7f);
+          routeOnDevice(device, x, { weight, bias }, c, { ids, weights, logits: logitsOut }, null, {
+            logits,
+          });
+          device.synchronize();
+          const got = ids.toHost() as Int32Array;
+          let bad = -1;
+          for (let t = 0; t < tokens && bad === -1; t++) {
+            const row = Array.from(got.subarray(t * c.topK, (t + 1) * c.topK));
+            const valid = row.every((e) => e >= 0 && e < c.numExperts) && new Set(row).size === row.length;
+            if (!valid) bad = t;
+          }
+          console.log(
+            `gate E=${c.numExperts} H=${c.hidden} ${c.router.scoring} T=${tokens} ${logits}: ${bad === -1 ? "ids valid" : `token ${bad} has bad ids`}`,
+          );
+          if (bad !== -1) failures++;
+        }
+      }
+    } finally {
+      for (const t of owned) t.dispose();
+    }
+  }
+  return failures;
+}
+
+/** RMSNorm with bf16 and FP8 outputs; checks every output element was written and is finite. */
+function norm(device: Device): number {
+  let failures = 0;
+  for (const hidden of [256, 384]) {
+    for (const tokens of TOKENS) {
+      for (const streams of [0, 4]) {
+        const owned: DeviceTensor[] = [];
+        const keep = <T extends DeviceTensor>(t: T) => {
+          owned.push(t);
+          return t;
+        };
+        try {
+          const weightBits = new Uint16Array(hidden).map((_, i) => f32ToBf16Bits(0.5 + (i % 7) / 8));
+          const weight = keep(DeviceTensor.fromHost(device, "bf16", [hidden], weightBits));
+          const rows = Math.max(1, streams) * tokens;
+          const data = generateActivations(4, rows, hidden);
+          const input =
+            streams === 0
+              ? { x: keep(DeviceTensor.fromHost(device, "bf16", [tokens, hidden], data)) }
+              : {
+                  streams: keep(DeviceTensor.fromHost(device, "bf16", [tokens, streams, hidden], data)),
+                  mix: keep(
+                    DeviceTensor.fromHost(
+                      device,
+                      "fp32",
+                      [tokens, streams],
+                      new Float32Array(tokens * streams).map((_, i) => 0.25 + (i % 3) / 4),
+                    ),
+                  ),
+                };
+          const y = keep(DeviceTensor.empty(device, "bf16", [tokens, hidden]));
+          const q = allocQuantOutputs(device, tokens, hidden);
+          keep(q.q);
+          keep(q.scales);
+          y.fill(0xff);
+          q.scales.fill(0xff);
+          rmsNormOnDevice(device, input, weight, 1e-6, { y, fp8: { ...q, format: "fp32" } }, null);
+          device.synchronize();
+          const yBits = y.toHost() as Uint16Array;
+          const scales = q.scales.toHost() as Float32Array;
+          const badY = yBits.findIndex((v) => (v & 0x7f80) === 0x7f80);
+          const badScale = scales.findIndex((v) => !Number.isFinite(v));
+          const ok = badY === -1 && badScale === -1;
+          console.log(
+            `norm H=${hidden} T=${tokens} ${streams === 0 ? "rows" : `${streams}-stream pre-mix`}: ${ok ? "outputs finite" : `non-finite y at ${badY}, scale at ${badScale}`}`,
+          );
+          if (!ok) failures++;
+        } finally {
+          for (const t of owned) t.dispose();
+        }
+      }
+    }
+  }
+  return failures;
+}
+
+export const TARGETS_HELP = `node dist-test/lab/check-targets.js TARGET [ARG]: one small run for compute-sanitizer
+  fused BLOCK_M   the fused kernel at BLOCK_M (${FUSED_BLOCK_MS.join(", ")}) against the unfused pipeline
+  gate            the router, both logits paths
+  norm            RMSNorm with FP8 output, plain rows and the pre-mix
+Exit status 1 when an output is wrong, 2 for a usage error.`;
+
+function main(argv: string[]): number {
+  const [target, arg] = argv;
+  if (target === undefined || target === "--help" || target === "-h") {
+    console.log(TARGETS_HELP);
+    return target === undefined ? 2 : 0;
+  }
+  const device = openDevice(0);
+  let failures: number;
+  if (target === "fused") {
+    const blockM = Number(arg) as FusedBlockM;
+    if (!FUSED_BLOCK_MS.includes(blockM)) {
+      console.error(`fused needs a block M, one of ${FUSED_BLOCK_MS.join(", ")}; got ${arg}`);
+      return 2;
+    }
+    failures = fused(device, blockM);
+  } else if (target === "gate") failures = gate(device);
+  else if (target === "norm") failures = norm(device);
+  else {
+    console.error(`unknown target "${target}"\n${TARGETS_HELP}`);
+    return 2;
+  }
+  console.log(`${target}${arg ? ` ${arg}` : ""}: ${failures === 0 ? "ok" : `${failures} wrong outputs`}`);
+  return failures === 0 ? 0 : 1;
+}
+
+if (process.argv[1] !== undefined && import.meta.url === pathToFileURL(process.argv[1]).href) {
+  process.exitCode = main(process.argv.slice(2));
+}

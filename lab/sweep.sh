@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# A layer sweep on the GPU host: shapes x shared expert x token counts, our pipelines beside the torch
+# peer (lab/peers/torch_moe.py) measured in the same call. Replaces the sweep PARTs of the old
+# scripts/gpu-next.sh (2-4, 27, 28, 31, 33, 43, 45) and scripts/gpu-sweeps.sh / gpu-final.sh.
+usage() {
+  cat <<HELP
+usage: lab/sweep.sh [options]
+  --shape LIST      presets, comma-separated (default flash-ep8)
+  --shared 0|1|both shared expert off, on, or both (default both)
+  --tokens LIST     token counts (default 1,2,4,...,8192)
+  --impl LIST       our implementations (default fused,unfused)
+  --configs         also time every block M of the fused kernel (bench --configs)
+  --rounds N        split our timed runs into N interleaved rounds (bench --rounds; default 2)
+  --iters N         timed runs per case (default 20)
+  --no-peer         leave the torch peer out
+  --peer-file FILE  use a peer measured in an earlier call instead of measuring it again
+  --timeout S       seconds for each of our sweeps (default 200)
+$LAB_COMMON_HELP
+Writes, per shape and shared setting: torch-SHAPE-sharedS.json (the peer), layers-SHAPE-sharedS.json and
+.svg (our rows beside the peer's; with --define, the file names carry the defines).
+HELP
+}
+source "$(dirname "$0")/lib.sh"
+shapes=flash-ep8 shared=both tokens=1,2,4,8,16,32,64,128,256,512,1024,2048,4096,8192 impl=fused,unfused
+configs="" rounds=2 iters=20 peer=1 peer_file="" seconds=200
+while (($#)); do
+  case $1 in
+  -h | --help) usage; exit 0 ;;
+  --shape) shapes=$2; shift 2 ;;
+  --shared) shared=$2; shift 2 ;;
+  --tokens) tokens=$2; shift 2 ;;
+  --impl) impl=$2; shift 2 ;;
+  --configs) configs=--configs; shift ;;
+  --rounds) rounds=$2; shift 2 ;;
+  --iters) iters=$2; shift 2 ;;
+  --no-peer) peer=0; shift ;;
+  --peer-file) peer_file=$2; shift 2 ;;
+  --timeout) seconds=$2; shift 2 ;;
+  *) lab_common_option "$@"; ((SHIFT)) || lab_die "unknown option $1 (--help)"; shift "$SHIFT" ;;
+  esac
+done
+case $shared in both) shared="1 0" ;; 0 | 1) ;; *) lab_die "--shared 0, 1 or both" ;; esac
+[[ -z $peer_file ]] || peer_file=$(cd "$(dirname "$peer_file")" && pwd)/$(basename "$peer_file")
+lab_setup
+rc=0
+for shape in ${shapes//,/ }; do
+  for s in $shared; do
+    name=$shape-shared$s
+    peer_args=()
+    if [[ -n $peer_file ]]; then
+      peer_args=(--peer "$peer_file")
+    elif ((peer)); then
+      timeout 150 python3 "$LAB_ROOT/$PEER" --shape "$shape" --shared "$s" --tokens "$tokens" --iters "$iters" \
+        --out "$OUT_DIR/torch-$name.json" 2>&1 | tail -1
+      [[ -f $OUT_DIR/torch-$name.json ]] && peer_args=(--peer "$OUT_DIR/torch-$name.json")
+    fi
+    timeout "$seconds" node dist/cli/main.js bench --impl "$impl" $configs --shape "$shape" --shared "$s" \
+      --tokens "$tokens" --iters "$iters" --rounds "$rounds" "${peer_args[@]}" \
+      --out "$OUT_DIR/layers-$name$LAB_TAG.json" --plot "$OUT_DIR/layers-$name$LAB_TAG.svg" 2>&1 | lab_table
+    ((PIPESTATUS[0] == 0)) || rc=1
+  done
+done
+lab_finish $rc

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The fused kernel's per-CTA timeline on the GPU host (lab/trace.ts): for each token count, the untraced
+# forward's median time, then min / median / max over the CTAs of every phase the kernel records (dispatch,
+# waits on dependencies and stages, epilogues, the combine). Replaces the timeline steps of the old
+# scripts/gpu-next.sh (PARTs 1, 12-20, 23, 26, 29, 30, 39-40) and scripts/gpu-fused.sh's TRACE_T.
+usage() {
+  cat <<HELP
+usage: lab/trace.sh [options]
+  --shape NAME      preset (default flash-ep8)
+  --tokens LIST     token counts (default 1,64,512,8192)
+  --rounds N        repeat the whole timeline N times, one file each (default 1)
+  --grep REGEX      print only the fields matching REGEX (the files keep all)
+$LAB_COMMON_HELP
+A/B of a kernel macro: run once plain and once with --define NAME=VALUE, into the same --out.
+Writes trace-SHAPE[-DEFINES]-R.txt.
+HELP
+}
+source "$(dirname "$0")/lib.sh"
+shape=flash-ep8 tokens=1,64,512,8192 rounds=1 pattern=""
+while (($#)); do
+  case $1 in
+  -h | --help) usage; exit 0 ;;
+  --shape) shape=$2; shift 2 ;;
+  --tokens) tokens=$2; shift 2 ;;
+  --rounds) rounds=$2; shift 2 ;;
+  --grep) pattern=$2; shift 2 ;;
+  *) lab_common_option "$@"; ((SHIFT)) || lab_die "unknown option $1 (--help)"; shift "$SHIFT" ;;
+  esac
+done
+lab_setup
+rc=0
+for round in $(seq 1 "$rounds"); do
+  file=$OUT_DIR/trace-$shape$LAB_TAG-$round.txt
+  timeout 150 node dist-test/lab/trace.js "$shape" "$tokens" >"$file" 2>&1 || rc=1
+  if [[ -n $pattern ]]; then grep -E "forward|$pattern" "$file"; else cat "$file"; fi
+done
+lab_finish $rc

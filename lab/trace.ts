@@ -1,0 +1,53 @@
+/**
+ * On the GPU host: the fused kernel's per-CTA timeline at a few token counts (where the time goes:
+ * dispatch phases, waits on dependencies and stages, epilogues, the combine), printed as a table of
+ * min / median / max over the CTAs. Lab helper, run by lab/trace.sh from dist-test:
+ * node dist-test/lab/trace.js [shape] [T,T,...]
+ */
+
+import { forwardOperands } from "../src/bench/layer.js";
+import { resolveConfig } from "../src/config/config.js";
+import { openDevice, timeKernel } from "../src/cuda/index.js";
+import { DeviceMoEWeights } from "../src/kernels/device-weights.js";
+import { FUSED_TRACE_FIELDS, type FusedTraceRow } from "../src/kernels/megamoe/megamoe.js";
+import { FusedPipeline } from "../src/pipeline/fused.js";
+import { randomRouting } from "../src/reference/router.js";
+
+const shape = process.argv[2] ?? "flash-ep8";
+const tokenList = (process.argv[3] ?? "1,64,8192").split(",").map(Number);
+const device = openDevice(0);
+const maxTokens = Math.max(...tokenList);
+const config = resolveConfig(shape, { maxTokens: Math.max(maxTokens, 8192) });
+const weights = DeviceMoEWeights.generate(device, config, 7);
+const pipeline = new FusedPipeline(device, weights, maxTokens);
+
+const stats = (values: number[]) => {
+  const v = values.filter(Number.isFinite).sort((a, b) => a - b);
+  return v.length === 0
+    ? [Number.NaN, Number.NaN, Number.NaN]
+    : [v[0]!, v[Math.floor(v.length / 2)]!, v.at(-1)!];
+};
+const fmt = (ns: number) => (Number.isFinite(ns) ? (ns / 1000).toFixed(1).padStart(8) : "       -");
+
+for (const tokens of tokenList) {
+  const operands = forwardOperands(device, config, tokens, randomRouting(7, tokens, config), 7);
+  const f = { ...operands, tokens, shared: true };
+  pipeline.kernel.disableTrace();
+  const t = timeKernel(device, (s) => pipeline.forward(f, s), { warmup: 10, iters: 20 });
+  pipeline.kernel.enableTrace();
+  pipeline.forward(f, null);
+  const rows: FusedTraceRow[] = pipeline.kernel.readTrace();
+  pipeline.checkStatus();
+  console.log(
+    `\n${shape} T=${tokens}: forward ${t.usMedian.toFixed(1)} µs (untraced median); per-CTA µs min / median / max`,
+  );
+  for (const field of FUSED_TRACE_FIELDS) {
+    const [lo, mid, hi] = stats(rows.map((r) => r[field]));
+    const count = field.endsWith("Tiles");
+    const cell = (v: number) => (count ? String(v).padStart(8) : fmt(v));
+    console.log(`  ${field.padEnd(18)} ${cell(lo!)} ${cell(mid!)} ${cell(hi!)}`);
+  }
+  operands.dispose();
+}
+pipeline.dispose();
+weights.dispose();

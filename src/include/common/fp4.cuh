@@ -1,0 +1,194 @@
+// FP4 (MXFP4) weights → e4m3 codes for wgmma, exactly as docs/numerics.md "FP4 experts (MXFP4)" and
+// src/numerics/fp4.ts mxfp4RowsToFp8 define it. Per weight row and 128-deep K block (four 32-element
+// groups with UE8M0 bytes b0..b3, 64 packed bytes, element 2j in the low nibble of byte j):
+//
+//   ref      = max(b0..b3) − 127 − 6
+//   d_g      = b_g − 127 − ref           (≤ 6)
+//   q8[k]    = e4m3_RNE(e2m1(code[k]) · 2^d_g)
+//   sw       = 2^ref                     (fp32, exact: ref ∈ [−133, 121], subnormal below −126)
+//
+// Two paths, equal on every input (test/numerics/fp4-header.test.ts runs both on the host against
+// the TypeScript rule; test/gpu/fp4-convert.test.ts runs the device build of the fast one):
+//   exact: integer arithmetic on one element at a time (the definition, readable).
+//   fast:  per group an 8-entry magnitude table (two 32-bit words), then `prmt` looks up four elements
+//          at once and the sign bits are moved into place with shifts: ~1.5 instructions per element.
+// Everything is integer and bit manipulation and compiles as host code too (g++, nvcc host pass),
+// with no CUDA header, so NVRTC needs no include path. Scale bytes must not be 0xFF (NaN): the host
+// rejects those when it loads the weights (fp4.ts checkMxfp4Scales).
+#pragma once
+
+#if defined(__CUDACC__)
+#define MEGAMOE_HD __host__ __device__ __forceinline__
+#else
+#define MEGAMOE_HD inline
+#endif
+
+namespace megamoe {
+
+constexpr int kFp4Group = 32;         // elements per UE8M0 byte (the MX block)
+constexpr int kFp4GroupsPerBlock = 4;  // groups per 128-deep K block
+constexpr int kFp4Top = 6;             // the block's largest group lands at 2^6: 6 · 64 = 384 ≤ 448
+constexpr int kE8m0Bias = 127;
+
+// ---- the block's reference exponent and scale ----
+
+// Largest of the four scale bytes packed in `scales4` (group g in byte g).
+MEGAMOE_HD int fp4_max_byte(unsigned int scales4) {
+  int m = static_cast<int>(scales4 & 0xffu);
+  for (int g = 1; g < kFp4GroupsPerBlock; g++) {
+    const int b = static_cast<int>((scales4 >> (8 * g)) & 0xffu);
+    m = b > m ? b : m;
+  }
+  return m;
+}
+
+// ref = max − 127 − 6, in [−133, 121] for bytes ≤ 0xFE.
+MEGAMOE_HD int fp4_block_ref(unsigned int scales4) { return fp4_max_byte(scales4) - kE8m0Bias - kFp4Top; }
+
+// fp32 bit pattern of 2^e for e in [−149, 127] (subnormal below −126): exact, no float arithmetic.
+MEGAMOE_HD unsigned int fp32_pow2_bits(int e) {
+  return e >= -126 ? static_cast<unsigned int>(e + 127) << 23 : 1u << (e + 149);
+}
+
+MEGAMOE_HD float fp32_from_bits(unsigned int bits) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(bits);
+#else
+  float f;
+  __builtin_memcpy(&f, &bits, sizeof f);
+  return f;
+#endif
+}
+
+// sw = 2^ref of a block, as fp32.
+MEGAMOE_HD float fp4_block_scale(unsigned int scales4) { return fp32_from_bits(fp32_pow2_bits(fp4_block_ref(scales4))); }
+
+// ---- exact path: one element ----
+
+// e4m3 code of e2m1 `code` (0..15) times 2^d, d ≤ 6, rounded to nearest even (as cvt.rn.satfinite
+// .e4m3x2.f32 of the exact value; d ≤ 6 never saturates). Works in units of 2^−9, e4m3's smallest
+// subnormal: the e2m1 magnitude is M · 0.5 with M ∈ {0, 1, 2, 3, 4, 6, 8, 12}, so the value is
+// V = M · 2^(d + 8) units.
+MEGAMOE_HD unsigned int e2m1_to_e4m3_exact(unsigned int code, int d) {
+  const unsigned int sign = (code & 8u) << 4;
+  const unsigned int e = (code >> 1) & 3u;
+  const unsigned int mant = code & 1u;
+  // M = mantissa·... : code 1 is the subnormal 0.5 (M = 1); normal codes are (2 + mant) << (e − 1).
+  const unsigned int M = e == 0 ? mant : (2u + mant) << (e - 1);
+  const int shift = d + 8;
+  unsigned int v;
+  if (shift >= 0) {
+    v = M << shift;  // ≤ 12 · 2^14: fits
+  } else {
+    // Below e4m3's subnormal step: round M / 2^s to nearest even. M ≤ 12 < 16, so s ≥ 5 gives 0.
+    const int s = -shift > 8 ? 8 : -shift;
+    const unsigned int q = M >> s;
+    const unsigned int rem = M & ((1u << s) - 1u);
+    const unsigned int half = 1u << (s - 1);
+    v = q + ((rem > half || (rem == half && (q & 1u) != 0u)) ? 1u : 0u);
+  }
+  if (v < 8u) return sign | v;  // subnormal (or zero): mantissa field = V
+  // Normal: V = (8 + m) · 2^(E − 1) with at most two significant bits, so the shift drops only zeros.
+  int p = 3;
+  while ((v >> (p + 1)) != 0u) p++;
+  const unsigned int E = static_cast<unsigned int>(p - 2);
+  const unsigned int m = (v >> (p - 3)) & 7u;
+  return sign | (E << 3) | m;
+}
+
+// One row's 128-deep K block: `packed` 64 bytes (element 2j low nibble of byte j), `scales4` the four
+// UE8M0 bytes (group g in byte g), `out` 128 e4m3 codes. Returns ref (sw = 2^ref).
+MEGAMOE_HD int fp4_block_to_e4m3_exact(const unsigned char* packed, unsigned int scales4, unsigned char* out) {
+  const int ref = fp4_block_ref(scales4);
+  for (int g = 0; g < kFp4GroupsPerBlock; g++) {
+    const int d = static_cast<int>((scales4 >> (8 * g)) & 0xffu) - kE8m0Bias - ref;
+    for (int j = 0; j < kFp4Group; j++) {
+      const int k = g * kFp4Group + j;
+      const unsigned int byte = packed[k >> 1];
+      const unsigned int code = (k & 1) != 0 ? byte >> 4 : byte & 0xfu;
+      out[k] = static_cast<unsigned char>(e2m1_to_e4m3_exact(code, d));
+    }
+  }
+  return ref;
+}
+
+// ---- fast path: four elements per lookup ----
+
+struct Fp4Table {
+  unsigned int lo;  // e4m3 magnitude codes of e2m1 magnitudes 0..3 (byte m)
+  unsigned int hi;  // … of magnitudes 4..7 (byte m − 4)
+};
+
+// The magnitude table of a group whose offset is d (= b − 127 − ref ≤ 6). From d ≥ −5 every nonzero
+// magnitude is an e4m3 normal and the table is the e2m1 bits shifted into e4m3's exponent/mantissa
+// fields plus the exponent offset (d + 6) << 3 (e2m1 exponent bias 1, e4m3's 7); below, per entry.
+MEGAMOE_HD Fp4Table fp4_table(int d) {
+  if (d >= -5) {
+    const unsigned int base = static_cast<unsigned int>(d + 6) << 3;  // 0.5 · 2^d = 2^(d−1): E = d + 6
+    return Fp4Table{0x0c080000u + base * 0x01010100u, 0x1c181410u + base * 0x01010101u};
+  }
+  unsigned int lo = 0;
+  unsigned int hi = 0;
+  for (int m = 1; m < 4; m++) lo |= e2m1_to_e4m3_exact(static_cast<unsigned int>(m), d) << (8 * m);
+  for (int m = 0; m < 4; m++) hi |= e2m1_to_e4m3_exact(static_cast<unsigned int>(m + 4), d) << (8 * m);
+  return Fp4Table{lo, hi};
+}
+
+// PTX prmt.b32 (default mode): output byte i is byte (c >> 4i) & 7 of {b:a} (a = bytes 0..3), or that
+// byte's sign replicated when bit 4i + 3 of c is set. The host emulation covers the mode used here.
+MEGAMOE_HD unsigned int prmt(unsigned int a, unsigned int b, unsigned int c) {
+#if defined(__CUDA_ARCH__)
+  unsigned int r;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+  return r;
+#else
+  const unsigned long long ab = (static_cast<unsigned long long>(b) << 32) | a;
+  unsigned int r = 0;
+  for (int i = 0; i < 4; i++) {
+    const unsigned int sel = (c >> (4 * i)) & 0xfu;
+    unsigned int byte = static_cast<unsigned int>(ab >> (8 * (sel & 7u))) & 0xffu;
+    if ((sel & 8u) != 0u) byte = (byte & 0x80u) != 0u ? 0xffu : 0u;
+    r |= byte << (8 * i);
+  }
+  return r;
+#endif
+}
+
+// Four packed bytes (eight elements, element 2j in the low nibble of byte j) → eight e4m3 codes, all
+// of one group (table t): elements 0..3 in `lo` (element 0 in the lowest byte), 4..7 in `hi`.
+MEGAMOE_HD void fp4x8_to_e4m3(unsigned int w, Fp4Table t, unsigned int& lo, unsigned int& hi) {
+  // Magnitudes: the low 16 bits of the selector are four nibbles, one element each; & 7 plain copy.
+  const unsigned int mag_lo = prmt(t.lo, t.hi, w & 0x7777u);
+  const unsigned int mag_hi = prmt(t.lo, t.hi, (w >> 16) & 0x7777u);
+  // Signs: duplicate each packed byte (b0 b0 b1 b1); an even element's sign is bit 3 of its byte, an
+  // odd one's bit 7, so bytes 0 and 2 take the copy shifted left by 4.
+  const unsigned int dup_lo = prmt(w, 0u, 0x1100u);
+  const unsigned int dup_hi = prmt(w, 0u, 0x3322u);
+  const unsigned int sgn_lo = (((dup_lo << 4) & 0x00ff00ffu) | (dup_lo & 0xff00ff00u)) & 0x80808080u;
+  const unsigned int sgn_hi = (((dup_hi << 4) & 0x00ff00ffu) | (dup_hi & 0xff00ff00u)) & 0x80808080u;
+  lo = mag_lo | sgn_lo;
+  hi = mag_hi | sgn_hi;
+}
+
+// Fast form of fp4_block_to_e4m3_exact (same arguments, same results).
+MEGAMOE_HD int fp4_block_to_e4m3_fast(const unsigned char* packed, unsigned int scales4, unsigned char* out) {
+  const int ref = fp4_block_ref(scales4);
+  for (int g = 0; g < kFp4GroupsPerBlock; g++) {
+    const Fp4Table t = fp4_table(static_cast<int>((scales4 >> (8 * g)) & 0xffu) - kE8m0Bias - ref);
+    for (int j = 0; j < kFp4Group / 8; j++) {
+      const unsigned char* p = packed + g * (kFp4Group / 2) + 4 * j;
+      const unsigned int w = p[0] | (p[1] << 8) | (p[2] << 16) | (static_cast<unsigned int>(p[3]) << 24);
+      unsigned int lo;
+      unsigned int hi;
+      fp4x8_to_e4m3(w, t, lo, hi);
+      unsigned char* o = out + g * kFp4Group + 8 * j;
+      for (int i = 0; i < 4; i++) {
+        o[i] = static_cast<unsigned char>(lo >> (8 * i));
+        o[4 + i] = static_cast<unsigned char>(hi >> (8 * i));
+      }
+    }
+  }
+  return ref;
+}
+
+}  // namespace megamoe

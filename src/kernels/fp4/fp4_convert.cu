@@ -1,0 +1,61 @@
+// MXFP4 → e4m3 with one fp32 scale per row and 128-deep K block (docs/numerics.md, "FP4 experts"):
+// the conversion of common/fp4.cuh over a whole [rows, K] matrix. The grouped GEMM converts its
+// weight tiles in shared memory instead; this kernel is what test/gpu/fp4-convert.test.ts compares with
+// the CPU rule (the fast path, and the exact path as a second entry point), and a way to materialize
+// the FP8 form of FP4 weights on the device.
+//
+//   packed  uint8 [rows, K/2]     element 2j in the low nibble of byte j
+//   scales  uint8 [rows, K/32]    UE8M0, none 0xFF (checked on the host)
+//   q       uint8 [rows, K]       e4m3 codes
+//   sw      fp32  [rows, K/128]   2^ref
+//
+// One thread per (row, K block): four 16-byte loads, eight 16-byte stores.
+#include "common/fp4.cuh"
+
+namespace {
+
+__device__ __forceinline__ void convert(const unsigned char* __restrict__ packed,
+                                        const unsigned int* __restrict__ scales4, unsigned char* __restrict__ q,
+                                        float* __restrict__ sw, unsigned int blocks) {
+  const unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= blocks) return;
+  const unsigned int s = scales4[i];  // the block's four bytes: scales [rows, K/32] is [blocks, 4]
+  alignas(16) unsigned char in[64];
+  alignas(16) unsigned char out[128];
+  const uint4* src = reinterpret_cast<const uint4*>(packed + 64ull * i);
+#pragma unroll
+  for (int j = 0; j < 4; j++) reinterpret_cast<uint4*>(in)[j] = src[j];
+  const int ref = megamoe::fp4_block_to_e4m3_fast(in, s, out);
+  uint4* dst = reinterpret_cast<uint4*>(q + 128ull * i);
+#pragma unroll
+  for (int j = 0; j < 8; j++) dst[j] = reinterpret_cast<const uint4*>(out)[j];
+  sw[i] = megamoe::fp32_from_bits(megamoe::fp32_pow2_bits(ref));
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(128) megamoe_fp4_to_e4m3(const unsigned char* __restrict__ packed,
+                                                                      const unsigned int* __restrict__ scales4,
+                                                                      unsigned char* __restrict__ q,
+                                                                      float* __restrict__ sw, unsigned int blocks) {
+  convert(packed, scales4, q, sw, blocks);
+}
+
+// The exact path one element at a time, straight from and to global memory (a test oracle: no local
+// arrays, so no stack frame).
+extern "C" __global__ void __launch_bounds__(128) megamoe_fp4_to_e4m3_exact(const unsigned char* __restrict__ packed,
+                                                                            const unsigned int* __restrict__ scales4,
+                                                                            unsigned char* __restrict__ q,
+                                                                            float* __restrict__ sw,
+                                                                            unsigned int blocks) {
+  const unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= blocks) return;
+  const unsigned int s = scales4[i];
+  const int ref = megamoe::fp4_block_ref(s);
+  for (int k = 0; k < 128; k++) {
+    const int d = static_cast<int>((s >> (8 * (k / megamoe::kFp4Group))) & 0xffu) - megamoe::kE8m0Bias - ref;
+    const unsigned int byte = packed[64ull * i + (k >> 1)];
+    q[128ull * i + k] = static_cast<unsigned char>(megamoe::e2m1_to_e4m3_exact((k & 1) != 0 ? byte >> 4 : byte & 0xfu, d));
+  }
+  sw[i] = megamoe::fp4_block_scale(s);
+}

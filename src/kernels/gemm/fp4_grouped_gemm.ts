@@ -1,0 +1,276 @@
+/**
+ * Launcher of the grouped GEMM with FP4 (MXFP4) weights: the B_FP4 build of fp8_grouped_gemm.cu
+ * (kernel megamoe_fp4_grouped_gemm). The rule is docs/numerics.md "FP4 experts (MXFP4)": each weight
+ * row's 128-deep K block becomes e4m3 codes relative to ref = max(its four UE8M0 bytes) − 133 and
+ *
+ *   out[r, n] = acc over K blocks b of fp32(acc + fp32(fp32(P_b(r, n)) · fp32(sa[b, r] · 2^ref[n, b])))
+ *
+ * for every row r of group g, P_b the block's sum of e4m3 products (tensor cores, fp32).
+ *
+ * Layouts (row-major): a e4m3 [M, K] and aScales fp32 [K/128, M_pad] as for FP8; b uint8 [G·N, K/2]
+ * (or [G, N, K/2]), the packed e2m1 codes as stored (element 2j in the low nibble of byte j); bScales
+ * uint8 [K/128, G·N·4]: the load-time transform of the UE8M0 bytes [G·N, K/32] (`fp4GemmScaleWords`):
+ * row n's four bytes of K block b, contiguous, at (b, 4n), so that a K block's scales of a tile's rows are
+ * one TMA box; groupOffsets int32 [G+1]; out fp32 or bf16 [M, N].
+ */
+
+import { QUANT_BLOCK } from "../../config/config.js";
+import { SM90_SHARED_OPTIN_BYTES } from "../../cuda/hardware.js";
+import {
+  compileKernel,
+  type Device,
+  type DeviceTensor,
+  encodeTensorMapTiled,
+  expectOnDevice,
+  expectTensor,
+  type Kernel,
+  KernelArgs,
+  loadKernel,
+  perDeviceMemo,
+  type Stream,
+  type TensorLike,
+  TensorMapDataType,
+  TensorMapL2Promotion,
+  TensorMapSwizzle,
+} from "../../cuda/index.js";
+import { E8M0_NAN, MXFP4_GROUP } from "../../numerics/fp4.js";
+import { encodeFp8RowsMap, encodeScaleColumnsMap } from "../tensor-maps.js";
+import { describeDefines } from "../variants.js";
+import { FP4_GEMM_TILE_NAMES, type GemmTileName } from "./fp8_grouped_gemm.variants.js";
+import { aScalesRows, GROUPED_GEMM_SOURCE, statusBuffer } from "./grouped_gemm.js";
+import { checkGroupedGemmProblem, type GemmOutDtype, type GroupedGemmPlan, planGroupedGemm } from "./plan.js";
+
+export const FP4_GROUPED_GEMM_KERNEL = "megamoe_fp4_grouped_gemm";
+/** The CPU rule on CUDA cores (exact conversion, block sums in double): bit-identical to the CPU reference. */
+export const FP4_GROUPED_GEMM_REFERENCE_KERNEL = "megamoe_fp4_grouped_gemm_reference";
+
+// ---------------------------------------------------------------------------------------------------
+// The load-time transform of the scales
+
+/**
+ * UE8M0 bytes [rows, K/32] (row-major, as MXFP4 weights store them) → the kernel's [K/128, rows·4]:
+ * row n's four bytes of K block b at (b, 4n .. 4n + 3). Throws naming the row and K group of a 0xFF
+ * (NaN) byte: the kernels assume none.
+ */
+export function fp4GemmScaleWords(scales: Uint8Array, rows: number, k: number): Uint8Array {
+  if (!(Number.isInteger(rows) && rows >= 0 && Number.isInteger(k) && k > 0 && k % QUANT_BLOCK === 0)) {
+    throw new RangeError(`fp4GemmScaleWords: rows ≥ 0 and k a positive multiple of 128, got ${rows}×${k}`);
+  }
+  const groups = k / MXFP4_GROUP;
+  if (scales.length !== rows * groups) {
+    throw new RangeError(`fp4GemmScaleWords: ${scales.length} scale bytes do not fit [${rows}, ${groups}]`);
+  }
+  const nan = scales.indexOf(E8M0_NAN);
+  if (nan >= 0) {
+    throw new RangeError(
+      `fp4GemmScaleWords: UE8M0 scale byte 0xFF (NaN) at row ${Math.floor(nan / groups)}, K group ${nan % groups}`,
+    );
+  }
+  const kBlocks = k / QUANT_BLOCK;
+  const out = new Uint8Array(scales.length);
+  for (let n = 0; n < rows; n++) {
+    for (let b = 0; b < kBlocks; b++)
+      out.set(scales.subarray(n * groups + 4 * b, n * groups + 4 * b + 4), (b * rows + n) * 4);
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Arguments
+
+export interface GroupedGemmFp4Args<T extends TensorLike = DeviceTensor> {
+  a: T;
+  aScales: T;
+  /** uint8 [G·N, K/2] or [G, N, K/2]. */
+  b: T;
+  /** uint8 [K/128, G·N·4] (fp4GemmScaleWords). */
+  bScales: T;
+  groupOffsets: T;
+  out: T;
+  mTotal: number;
+  n: number;
+  k: number;
+  groups: number;
+  expectedRowsPerGroup?: number;
+  /** Force a tile shape (one of FP4_GEMM_TILE_NAMES). */
+  tile?: GemmTileName;
+  /** Cap on the persistent grid (1: one CTA walks every tile). */
+  maxCtas?: number;
+}
+
+/** Checks dtypes and shapes; returns the output dtype. Pure: usable without a GPU. */
+export function validateGroupedGemmFp4Args(args: GroupedGemmFp4Args<TensorLike>): GemmOutDtype {
+  const { mTotal, n, k, groups } = args;
+  checkGroupedGemmProblem({ mTotal, n, k, groups, expectedRowsPerGroup: args.expectedRowsPerGroup });
+  const kb = k / QUANT_BLOCK;
+  const where = "groupedGemmFp4";
+  expectTensor(where, "a", args.a, ["fp8_e4m3"], [[mTotal, k]]);
+  expectTensor(where, "aScales", args.aScales, ["fp32"], [[kb, aScalesRows(mTotal)]]);
+  expectTensor(
+    where,
+    "b",
+    args.b,
+    ["uint8"],
+    [
+      [groups * n, k / 2],
+      [groups, n, k / 2],
+    ],
+  );
+  expectTensor(where, "bScales", args.bScales, ["uint8"], [[kb, groups * n * 4]]);
+  expectTensor(where, "groupOffsets", args.groupOffsets, ["int32"], [[groups + 1]]);
+  expectTensor(where, "out", args.out, ["fp32", "bf16"], [[mTotal, n]]);
+  if (args.maxCtas !== undefined && !(Number.isInteger(args.maxCtas) && args.maxCtas >= 1)) {
+    throw new Error(`${where}: maxCtas must be a positive integer, got ${args.maxCtas}`);
+  }
+  if (args.tile !== undefined && !FP4_GEMM_TILE_NAMES.includes(args.tile)) {
+    throw new Error(`${where}: tile "${args.tile}" has no FP4 build (${FP4_GEMM_TILE_NAMES.join(", ")})`);
+  }
+  return args.out.dtype === "bf16" ? "bf16" : "fp32";
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Kernels
+
+const ARG_COUNT = 8; // map_a, map_b, map_sa, map_bs, group_offsets, out, m_total, status
+const REF_ARG_COUNT = 8; // a, b, a_scales, m_pad, b_scales4, group_offsets, out, m_total
+const REFERENCE_BLOCK = 256;
+
+interface Fp4Kernel {
+  kernel: Kernel;
+  reference: Kernel;
+  args: KernelArgs;
+  refArgs: KernelArgs;
+  mapsKey: string;
+}
+
+const fp4Kernels = perDeviceMemo<string, Fp4Kernel>();
+
+function kernelFor(device: Device, plan: GroupedGemmPlan): Fp4Kernel {
+  return fp4Kernels(device, describeDefines(plan.defines), () => {
+    const compiled = compileKernel({ source: GROUPED_GEMM_SOURCE, defines: plan.defines });
+    const kernel = loadKernel(device, compiled, FP4_GROUPED_GEMM_KERNEL);
+    if (plan.sharedBytes > 48 * 1024) kernel.setMaxDynamicSharedMemory(plan.sharedBytes);
+    return {
+      kernel,
+      reference: loadKernel(device, compiled, FP4_GROUPED_GEMM_REFERENCE_KERNEL),
+      args: new KernelArgs(ARG_COUNT, { tensorMaps: [0, 1, 2, 3] }),
+      refArgs: new KernelArgs(REF_ARG_COUNT),
+      mapsKey: "",
+    };
+  });
+}
+
+function encodeMaps(entry: Fp4Kernel, plan: GroupedGemmPlan, args: GroupedGemmFp4Args): void {
+  const { mTotal, n, k, groups } = args;
+  const mapsKey = `${args.a.ptr}:${args.b.ptr}:${args.aScales.ptr}:${args.bScales.ptr}:${mTotal}`;
+  if (entry.mapsKey === mapsKey) return;
+  entry.mapsKey = "";
+  const { blockM, blockN } = plan.tile;
+  const rows = groups * n;
+  encodeFp8RowsMap(entry.args.tensorMap(0), args.a.ptr, k, mTotal, blockM);
+  // Packed rows: one K block is 64 bytes; no swizzle (the converters read them in 16-byte pieces).
+  encodeTensorMapTiled(entry.args.tensorMap(1), {
+    dataType: TensorMapDataType.UINT8,
+    globalAddress: args.b.ptr,
+    globalDims: [k / 2, rows],
+    globalStridesBytes: [k / 2],
+    boxDims: [QUANT_BLOCK / 2, blockN],
+    l2Promotion: TensorMapL2Promotion.B256,
+  });
+  encodeScaleColumnsMap(entry.args.tensorMap(2), args.aScales.ptr, k, aScalesRows(mTotal), blockM + 4);
+  // Scale words [K/128, rows]: a box is one K block's words of a tile's rows.
+  encodeTensorMapTiled(entry.args.tensorMap(3), {
+    dataType: TensorMapDataType.UINT32,
+    globalAddress: args.bScales.ptr,
+    globalDims: [rows, k / QUANT_BLOCK],
+    globalStridesBytes: [rows * 4],
+    boxDims: [blockN, 1],
+    swizzle: TensorMapSwizzle.NONE,
+  });
+  entry.mapsKey = mapsKey;
+}
+
+function planFor(device: Device, args: GroupedGemmFp4Args, outDtype: GemmOutDtype): GroupedGemmPlan {
+  return planGroupedGemm(
+    {
+      mTotal: args.mTotal,
+      n: args.n,
+      k: args.k,
+      groups: args.groups,
+      expectedRowsPerGroup: args.expectedRowsPerGroup,
+      outDtype,
+      weightFormat: "fp4",
+    },
+    {
+      smCount: device.smCount,
+      sharedBudgetBytes: Math.min(device.maxSharedMemoryPerBlockOptin, SM90_SHARED_OPTIN_BYTES),
+      tile: args.tile,
+    },
+  );
+}
+
+function checkDevices(device: Device, args: GroupedGemmFp4Args): void {
+  for (const what of ["a", "aScales", "b", "bScales", "groupOffsets", "out"] as const) {
+    expectOnDevice("groupedGemmFp4", what, args[what], device);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Launch
+
+/**
+ * Queues out = the FP4 grouped GEMM on `stream` (null: the legacy default stream); returns the plan.
+ * mTotal = 0 queues nothing. A stalled pipeline shows in `takeGroupedGemmStatus` (shared with FP8).
+ */
+export function groupedGemmFp4(
+  device: Device,
+  args: GroupedGemmFp4Args,
+  stream: Stream | null,
+): GroupedGemmPlan {
+  const outDtype = validateGroupedGemmFp4Args(args);
+  checkDevices(device, args);
+  const plan = planFor(device, args, outDtype);
+  if (args.mTotal === 0) return plan;
+  const entry = kernelFor(device, plan);
+  encodeMaps(entry, plan, args);
+  entry.args
+    .ptr(4, args.groupOffsets.ptr)
+    .ptr(5, args.out.ptr)
+    .i32(6, args.mTotal)
+    .ptr(7, statusBuffer(device));
+  const grid = Math.min(plan.grid, args.maxCtas ?? plan.grid);
+  entry.kernel.launch(grid, plan.threads, plan.sharedBytes, stream, entry.args);
+  return plan;
+}
+
+/**
+ * The CPU rule on CUDA cores with the same operands (slow; bit-identical to the CPU reference on any
+ * data): the oracle for every row on large problems, and a way to tell an operand-layout fault (both
+ * wrong) from a fault of the fast path (only it wrong).
+ */
+export function groupedGemmFp4Reference(
+  device: Device,
+  args: GroupedGemmFp4Args,
+  stream: Stream | null,
+): void {
+  const outDtype = validateGroupedGemmFp4Args(args);
+  checkDevices(device, args);
+  if (args.mTotal === 0) return;
+  const entry = kernelFor(device, planFor(device, args, outDtype));
+  entry.refArgs
+    .ptr(0, args.a.ptr)
+    .ptr(1, args.b.ptr)
+    .ptr(2, args.aScales.ptr)
+    .i32(3, aScalesRows(args.mTotal))
+    .ptr(4, args.bScales.ptr)
+    .ptr(5, args.groupOffsets.ptr)
+    .ptr(6, args.out.ptr)
+    .i32(7, args.mTotal);
+  entry.reference.launch(
+    Math.ceil((args.mTotal * args.n) / REFERENCE_BLOCK),
+    REFERENCE_BLOCK,
+    0,
+    stream,
+    entry.refArgs,
+  );
+}

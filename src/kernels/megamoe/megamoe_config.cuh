@@ -1,0 +1,96 @@
+// The fused kernel's compile-time configuration: the -D parameters (megamoe.variants.ts passes them)
+// as constants, the tile geometry derived from them and the register split between the warpgroups.
+
+#pragma once
+
+#include "common/bf16.cuh"
+#include "common/moe_rules.cuh"
+#include "common/ptx.cuh"
+#include "common/quant.cuh"
+#include "common/sm90.cuh"
+
+#ifndef HIDDEN
+#define HIDDEN 4096
+#endif
+#ifndef INTER
+#define INTER 2048
+#endif
+#ifndef SHARED_INTER
+#define SHARED_INTER 2048
+#endif
+#ifndef NUM_EXPERTS
+#define NUM_EXPERTS 32
+#endif
+#ifndef TOP_K
+#define TOP_K 6
+#endif
+#ifndef BLOCK_M
+#define BLOCK_M 128
+#endif
+#ifndef NUM_STAGES
+#define NUM_STAGES 4
+#endif
+#ifndef SCALE_UE8M0
+#define SCALE_UE8M0 0
+#endif
+#ifndef MEGAMOE_WATCHDOG_NS
+#define MEGAMOE_WATCHDOG_NS 2000000000ull
+#endif
+
+namespace {
+
+using megamoe::u32x4;
+using namespace megamoe::sm90;
+
+// ---------------------------------------------------------------------------------------------------
+// Configuration
+
+constexpr int kHidden = HIDDEN;
+constexpr int kInter = INTER;
+constexpr int kSharedInter = SHARED_INTER;
+constexpr int kExperts = NUM_EXPERTS;
+constexpr int kTopK = TOP_K;
+constexpr int kStages = NUM_STAGES;
+constexpr bool kUe8m0 = SCALE_UE8M0 != 0;
+constexpr unsigned long long kWatchdogNs = MEGAMOE_WATCHDOG_NS;
+
+constexpr int kQuant = 128;      // channels per activation scale; edge of a weight-scale block
+constexpr int kBlockM = BLOCK_M;  // pool rows per tile (Split / SwapSplit say how the warpgroups share it)
+// BLOCK_M 16 or 32: swap-AB, the decode shape. The weights ride on the wgmma's M side and the tile's
+// few rows on its N side, so a tile costs the tensor cores kBlockM / 64 of a 64-row tile's work.
+constexpr bool kSwapAB = kBlockM < 64;
+constexpr int kBlockN = 256;     // L1: 128 gate + 128 up channels; L2: 256 output columns
+constexpr int kBlockK = 128;
+constexpr int kMathThreads = 256;
+constexpr int kThreads = kMathThreads + 128;  // + the producer warpgroup
+constexpr int kMathWarps = kMathThreads / 32;
+constexpr int kAccum = 64;                   // fp32 accumulators per thread of one m64 × n128 chunk
+constexpr int kGroups = kExperts + 1;        // group kExperts: the shared expert
+constexpr int kMaxInter = kInter > kSharedInter ? kInter : kSharedInter;
+constexpr int kHiddenBlocks = kHidden / kQuant;
+constexpr int kL2TilesPerBlock = kHidden / kBlockN;
+constexpr int kMaxKBlocks = kHiddenBlocks > kMaxInter / kQuant ? kHiddenBlocks : kMaxInter / kQuant;
+
+static_assert(kBlockM == 16 || kBlockM == 32 || kBlockM == 64 || kBlockM == 128, "BLOCK_M must be 16, 32, 64 or 128");
+static_assert(kHidden % kBlockN == 0, "HIDDEN must be a multiple of 256");
+static_assert(kInter > 0 && kInter % kQuant == 0, "INTER must be a positive multiple of 128");
+static_assert(kSharedInter % kQuant == 0, "SHARED_INTER must be a multiple of 128");
+static_assert(kExperts >= 1 && kExperts <= 1024, "NUM_EXPERTS must be in 1..1024");
+static_assert(kTopK >= 1 && kTopK <= 32, "TOP_K must be in 1..32");
+static_assert(kStages >= 2 && kStages <= 8, "NUM_STAGES must be in 2..8");
+
+
+// Registers: the producer warpgroup gives its share to the two math warpgroups. The three warpgroups
+// hold 384 · 168 = 64512 registers from the launch and setmaxnreg only moves them (a sum above that leaves
+// setmaxnreg.inc waiting forever): 2·128·224 + 128·56 = 64512 (the math code needs more than 208, the
+// producer more than 40).
+constexpr int kProducerRegisters = 56;
+// With BLOCK_M 128 each math warpgroup owns its 64 rows of a tile outright and publishes them itself, so
+// the two drift apart by up to the stage ring instead of meeting at the end of every tile; at 64 they
+// exchange the L1 rows' amax and publish together. A tile adds this many to its done counter.
+constexpr bool kWarpgroupPublish = kBlockM == 128;
+constexpr int kPublishesPerTile = kWarpgroupPublish ? 2 : 1;
+constexpr int kMathRegisters = 224;
+static_assert(2 * 128 * kMathRegisters + 128 * kProducerRegisters <= kThreads * 168, "setmaxnreg moves, never adds");
+
+}  // namespace

@@ -1,0 +1,143 @@
+// Where the fused kernel keeps its state: the CTA's shared-memory layout (megamoe.variants.ts
+// fusedSharedBytes mirrors it), the global workspace of counters, the task slots and the operands
+// struct that megamoe.ts writes byte by byte.
+
+#pragma once
+
+#include "megamoe_config.cuh"
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------------
+// Shared memory (byte offsets from a 1024-aligned base; megamoe.variants.ts mirrors the total)
+
+constexpr unsigned kATileBytes = kBlockM * kBlockK;
+constexpr unsigned kBTileBytes = kBlockN * kBlockK;
+constexpr unsigned kBHalfBytes = kBTileBytes / 2;  // one 128-row TMA box
+// A scales come by TMA from row0 rounded down to 4 (a box's inner start must be 16-byte aligned).
+constexpr unsigned kSaBoxRows = kBlockM + 4;
+constexpr unsigned kSaBytes = kSaBoxRows * 4;
+constexpr unsigned kSaStride = align_up(kSaBytes, 128);
+constexpr unsigned kStageTxBytes = kATileBytes + kBTileBytes + kSaBytes;
+
+constexpr unsigned kOffA = 0;
+constexpr unsigned kOffB = kOffA + kStages * kATileBytes;
+constexpr unsigned kOffSa = kOffB + kStages * kBTileBytes;
+// Task slots: the Task (32 bytes) and the tile's two weight-scale rows of up to kMaxKBlocks floats.
+constexpr unsigned kTaskSlotBytes = align_up(32 + 2 * kMaxKBlocks * 4, 16);
+constexpr unsigned kOffTasks = kOffSa + kStages * kSaStride;
+constexpr unsigned kOffBars = align_up(kOffTasks + 2 * kTaskSlotBytes, 8);
+constexpr unsigned kBarCount = 2 * kStages + 4;  // full[S], empty[S], task_full[2], task_empty[2]
+// Row amax exchange of the L1 epilogue: float[2][64] (BLOCK_M 64: per warpgroup and row) or, swap-AB,
+// float[kMathWarps][kBlockM] (per warp and row).
+constexpr unsigned kAmaxFloats = kSwapAB ? kMathWarps * kBlockM : 0;
+constexpr unsigned kAmaxBytes = (kAmaxFloats > 2 * 64 ? kAmaxFloats : 2 * 64) * 4;  // fusedSharedBytes: the same max
+constexpr unsigned kOffAmax = kOffBars + 8 * kBarCount;
+constexpr unsigned kOffOffsets = kOffAmax + kAmaxBytes;  // int[kGroups + 1]: first pool row per group
+constexpr unsigned kOffBlocks = kOffOffsets + 4 * (kGroups + 1);  // int[kGroups + 1]: first block per group
+constexpr unsigned kOffHist = kOffBlocks + 4 * (kGroups + 1);     // int[kGroups]: a chunk's counts
+constexpr unsigned kOffBroadcast = kOffHist + 4 * kGroups;        // int[4]
+// Epilogue staging, one area per math warp: the warp writes its 16 rows of a tile here in the wgmma
+// fragment's scattered order, then copies them out in 16-byte pieces, so that a global store covers 4
+// rows × 128 bytes instead of 8 rows × 8 (L1) or 16 (L2) bytes. Rows lie 144 bytes apart: the 8 rows of
+// one fragment store then start 4 banks apart and never conflict.
+constexpr unsigned kStagingPitch = kStagingPitchNarrow;
+constexpr unsigned kStagingWarpBytes = staging_area_bytes(kStagingPitch);
+constexpr unsigned kOffStaging = align_up(kOffBroadcast + 16, 16);
+constexpr unsigned kSmemBytes = kOffStaging + kMathWarps * kStagingWarpBytes;
+constexpr unsigned kSmemAlign = 1024;
+constexpr unsigned kDynamicSmemBytes = kSmemBytes + kSmemAlign;
+static_assert(kDynamicSmemBytes <= 232448, "shared memory above the 227 KB opt-in limit");
+#ifdef SHARED_BYTES
+// The launcher's mirror of this layout (megamoe.variants.ts: fusedSharedBytes) passes its figure: a
+// mismatch fails the build (CI compiles every variant) instead of a launch.
+static_assert(kDynamicSmemBytes == SHARED_BYTES, "megamoe.variants.ts fusedSharedBytes disagrees with this layout");
+#endif
+
+// Workspace words (int32, zero between launches). Then counts[kGroups], cursor[kGroups],
+// arrived[max_blocks], l1_done[max_blocks].
+enum Counter : int {
+  kCountClaim = 0,
+  kCountDone,
+  kPlaceClaim,
+  kPlaceDone,
+  kTaskClaim,
+  kL2Done,
+  kExitCount,
+  kCounterWords = 8,  // megamoe.variants.ts FUSED_COUNTER_WORDS (one spare)
+};
+
+enum TaskKind : int { kTaskNone = 0, kTaskL1 = 1, kTaskL2 = 2 };
+
+// What the producer hands the math warpgroups (one 32-byte task slot).
+struct Task {
+  int kind;
+  int group;
+  int block;    // global pool block
+  int row0;     // first pool row of the tile
+  int row_end;  // end of the group's rows
+  int n;        // L1: 128-channel block of the intermediate; L2: 256-column block of the output
+  int k_blocks;
+  int pad;
+};
+
+struct Operands {
+  const unsigned char* xq;   // e4m3 [T, H]
+  const float* x_scales;     // fp32 [T, H/128]
+  const int* ids;            // int32 [T, k]
+  const float* weights;      // fp32 [T, k]
+  const float* w1_scales;    // fp32 [E, 2I/128, H/128]
+  const float* w2_scales;    // fp32 [E, H/128, I/128]
+  const float* w1s_scales;   // fp32 [2Is/128, H/128] (shared expert)
+  const float* w2s_scales;   // fp32 [H/128, Is/128]
+  unsigned char* pool_x;     // e4m3 [R, H]: routed rows by expert, then the shared expert's T rows
+  float* pool_x_scales;      // fp32 [H/128, r_pad]
+  unsigned char* pool_h;     // e4m3 [R, I_max]
+  float* pool_h_scales;      // fp32 [I_max/128, r_pad]
+  unsigned short* y;         // bf16 [R, H]: L2 rows
+  int* slot_row;             // int32 [T, k]: pool row of each slot, −1 when not routed
+  unsigned short* out;       // bf16 [T, H]
+  int* workspace;
+  int* status;
+  unsigned long long* trace;  // null, or kTraceWords per CTA (see Trace)
+  int tokens;
+  int r_pad;
+  int max_blocks;
+  int use_shared;
+  int has_clamp;
+  float clamp;
+};
+
+// megamoe.ts writes this struct byte by byte (OPERAND_POINTERS, OFF_*): the layout it assumes. NVRTC
+// has no offsetof builtin; the nvcc build of CI's kernel check asserts the layout.
+#ifndef __CUDACC_RTC__
+static_assert(__builtin_offsetof(Operands, trace) == 17 * 8, "megamoe.ts: 18 pointers first");
+static_assert(__builtin_offsetof(Operands, tokens) == 18 * 8, "megamoe.ts: OFF_TOKENS");
+static_assert(__builtin_offsetof(Operands, clamp) == 18 * 8 + 20, "megamoe.ts: OFF_CLAMP");
+#endif
+static_assert(sizeof(Operands) == 18 * 8 + 24, "megamoe.ts: OPERANDS_BYTES");
+
+// The CTA's shared memory as the phases use it (the kernel fills it from its 1024-aligned base).
+struct SharedState {
+  unsigned char* smem;      // the base, as a generic pointer
+  unsigned base;            // the base, as a shared-window address
+  int* offsets;             // int[kGroups + 1]: first pool row per group
+  int* blocks;              // int[kGroups + 1]: first pool block per group
+  int* hist;                // int[kGroups]: a count chunk's histogram
+  int* broadcast;           // int[4]: what one thread hands the CTA
+  unsigned full_bar;        // [kStages]: a stage's operands landed
+  unsigned empty_bar;       // [kStages]: a stage's operands consumed
+  unsigned task_full_bar;   // [2]: a task slot written
+  unsigned task_empty_bar;  // [2]: a task slot read
+};
+
+// The workspace: its Counter words, then the per-group and per-block arrays.
+struct Workspace {
+  int* counters;  // the Counter words
+  int* counts;    // int[kGroups]: rows routed to each expert
+  int* cursor;    // int[kGroups]: rows placed so far per expert
+  int* arrived;   // int[max_blocks]: rows placed per pool block
+  int* l1_done;   // int[max_blocks]: L1 tile publications per pool block
+};
+
+}  // namespace

@@ -1,0 +1,160 @@
+// The fused kernel's math mainloops: a tile's K blocks from the stage ring, each block's wgmma product
+// promoted into fp32 with its two scales; the 64- and 128-row tiles, and the swap-AB tiles of 16 or 32.
+
+#pragma once
+
+#include "megamoe_layout.cuh"
+#include "megamoe_sync.cuh"
+#include "megamoe_trace.cuh"
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------------
+// The math warpgroups' tile: K in 128-wide blocks, each block's wgmma product promoted into fp32 with
+// its two scales (as fp8_grouped_gemm.cu does). B holds 256 weight rows: L1 gate rows then up rows of
+// the same 128 channels, L2 256 output columns.
+
+// How the two math warpgroups split a tile.
+//   BLOCK_M 128: warpgroup w owns rows 64w .. 64w + 63 and all 256 B rows as two n128 chunks (L1: gate,
+//                up); the weight-scale row of chunk c is c.
+//   BLOCK_M 64:  both own rows 0 .. 63 (half the A bytes per stage: the decode shape). L1: warpgroup w
+//                owns channels 64w .. 64w + 63 of gate and of up (two n64 chunks, scale rows 0 and 1);
+//                L2: columns 128w .. 128w + 127 (one n128 chunk, scale row w).
+// The first tile row a math warpgroup's A operand starts at (swap-AB tiles have no A rows of their own).
+__device__ __forceinline__ int warpgroup_row_offset(int w) { return kBlockM == 128 ? 64 * w : 0; }
+
+template <bool kL1>
+struct Split {
+  static constexpr bool kWide = kBlockM == 128;
+  static constexpr int kChunks = kWide || kL1 ? 2 : 1;
+  static constexpr int kN = kWide || !kL1 ? 128 : 64;
+  static constexpr int kAcc = kN / 2;
+  __device__ static int row_offset(int w) { return warpgroup_row_offset(w); }
+  __device__ static int b_row(int c, int w) { return kWide ? c * 128 : (kL1 ? c * 128 + 64 * w : 128 * w); }
+  __device__ static int sw_row(int c, int w) { return kWide || kL1 ? c : w; }
+  // First column of chunk c: L1 a channel of the 128-channel block, L2 a column of the 256.
+  __device__ static int column(int c, int w) { return kWide ? (kL1 ? 0 : 128 * c) : (kL1 ? 64 * w : 128 * w); }
+};
+
+struct MathContext {
+  unsigned a_smem;   // stage 0's A tile at this warpgroup's first row
+  unsigned b_smem;   // stage 0's B tile
+  unsigned sa_smem;  // stage 0's A scales, at this thread's fragment row (swap-AB: at row 0)
+  unsigned full_bar;
+  unsigned empty_bar;
+  unsigned amax_smem;  // the L1 epilogue's row amax exchange (see kAmaxBytes)
+  unsigned staging;    // this warp's staging area
+  unsigned staging_all;  // the first math warp's (swap-AB epilogues stage a tile across warps' areas)
+  int warpgroup;
+  int lane;
+  int* status;
+  unsigned long long* trace;
+};
+
+// The mainloops' shared steps. Waits until the stage's operands have landed (the wait summed into the trace).
+__device__ __forceinline__ void wait_stage_full(const MathContext& m, int stage, unsigned phase) {
+  const unsigned long long t0 = trace_clock(m.trace);
+  wait_barrier(m.full_bar + 8 * stage, phase, m.status, kStatusStageFullWait, stage);
+  if (threadIdx.x == 0) trace_add(m.trace, kTraceStageFullWaitNs, trace_clock(m.trace) - t0);
+}
+
+// Hands the stage back to the producer (one arrive per math warp, its wgmmas done) and moves to the next.
+__device__ __forceinline__ void release_stage(const MathContext& m, int& stage, unsigned& phase) {
+  if (m.lane == 0) mbar_arrive(m.empty_bar + 8 * stage);
+  if (++stage == kStages) {
+    stage = 0;
+    phase ^= 1u;
+  }
+}
+
+template <bool kL1>
+__device__ __forceinline__ void tile_mainloop(const MathContext& m, const Task& task, unsigned sw_rows,
+                                              int& stage, unsigned& phase, float (&acc)[2][kAccum]) {
+  using S = Split<kL1>;
+  float partial[S::kAcc];
+#pragma unroll
+  for (int c = 0; c < 2; ++c)
+#pragma unroll
+    for (int i = 0; i < kAccum; ++i) acc[c][i] = 0.0f;
+  const bool active = task.row0 + S::row_offset(m.warpgroup) < task.row_end;
+  for (int kb = 0; kb < task.k_blocks; ++kb) {
+    float sw[S::kChunks];
+#pragma unroll
+    for (int c = 0; c < S::kChunks; ++c) {
+      sw[c] = load_shared_f32(sw_rows + (S::sw_row(c, m.warpgroup) * kMaxKBlocks + kb) * 4);
+    }
+    wait_stage_full(m, stage, phase);
+    if (active) {
+      const unsigned sa = m.sa_smem + stage * kSaStride + (task.row0 & 3) * 4;
+      const float sa_lo = load_shared_f32(sa);
+      const float sa_hi = load_shared_f32(sa + 8 * 4);
+      const unsigned a_stage = m.a_smem + stage * kATileBytes;
+      const unsigned b_stage = m.b_smem + stage * kBTileBytes;
+#pragma unroll
+      for (int c = 0; c < S::kChunks; ++c) {
+        wgmma_block_k128(partial, a_stage, b_stage + S::b_row(c, m.warpgroup) * kBlockK);
+        promote_block(acc[c], partial, sa_lo * sw[c], sa_hi * sw[c]);
+      }
+    }
+    release_stage(m, stage, phase);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Swap-AB tiles (BLOCK_M 16 or 32). The wgmma's A operand is 64 rows of the stage's B (weight) tile and
+// its B operand the stage's kBlockM pool rows, so D[64 weight rows × kBlockM rows]: a thread holds
+// weight rows frag_row and + 8 and pool rows (columns) 8j + frag_col + {0, 1}. Warpgroup w takes two
+// m64 waves: L1 the gate rows and the up rows of channels 64w .. 64w + 63 (B rows 64w and 128 + 64w: a
+// thread holds gate and up of the same channel and row), L2 output columns 128w .. 128w + 127 (B rows
+// 128w and 128w + 64). The promotion multiplies the same two scales as the other tiles (the row's times
+// the weight block's), so the sums are theirs.
+constexpr int kSwapAcc = kSwapAB ? kBlockM / 2 : 8;  // fp32 accumulators per thread of one m64 × n(kBlockM) wave
+constexpr int kSwapColGroups = kSwapAcc / 4;         // groups of 8 pool rows (columns) per wave
+
+template <bool kL1>
+struct SwapSplit {
+  __device__ static int b_row(int wave, int w) { return kL1 ? 128 * wave + 64 * w : 128 * w + 64 * wave; }
+  __device__ static int sw_row(int wave, int w) { return kL1 ? wave : w; }
+};
+
+template <bool kL1>
+__device__ __forceinline__ void swap_mainloop(const MathContext& m, const Task& task, unsigned sw_rows,
+                                              int& stage, unsigned& phase, float (&acc)[2][kAccum],
+                                              int frag_col) {
+  using S = SwapSplit<kL1>;
+  float partial[kSwapAcc];
+#pragma unroll
+  for (int wave = 0; wave < 2; ++wave)
+#pragma unroll
+    for (int i = 0; i < kSwapAcc; ++i) acc[wave][i] = 0.0f;
+  for (int kb = 0; kb < task.k_blocks; ++kb) {
+    float sw[2];
+#pragma unroll
+    for (int wave = 0; wave < 2; ++wave) {
+      sw[wave] = load_shared_f32(sw_rows + (S::sw_row(wave, m.warpgroup) * kMaxKBlocks + kb) * 4);
+    }
+    wait_stage_full(m, stage, phase);
+    const unsigned sa = m.sa_smem + stage * kSaStride + ((task.row0 & 3) + frag_col) * 4;
+    float sa_col[kSwapColGroups][2];
+#pragma unroll
+    for (int j = 0; j < kSwapColGroups; ++j) {
+      sa_col[j][0] = load_shared_f32(sa + 8 * j * 4);
+      sa_col[j][1] = load_shared_f32(sa + (8 * j + 1) * 4);
+    }
+    const unsigned a_stage = m.a_smem + stage * kATileBytes;
+    const unsigned b_stage = m.b_smem + stage * kBTileBytes;
+#pragma unroll
+    for (int wave = 0; wave < 2; ++wave) {
+      wgmma_block_k128(partial, b_stage + S::b_row(wave, m.warpgroup) * kBlockK, a_stage);
+#pragma unroll
+      for (int j = 0; j < kSwapColGroups; ++j)
+#pragma unroll
+        for (int i = 4 * j; i < 4 * j + 4; ++i) {
+          acc[wave][i] = fmaf(partial[i], sa_col[j][i & 1] * sw[wave], acc[wave][i]);
+        }
+    }
+    release_stage(m, stage, phase);
+  }
+}
+
+}  // namespace

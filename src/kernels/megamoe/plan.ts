@@ -1,0 +1,96 @@
+/**
+ * How the fused kernel runs a layer shape, decided on the host before any launch: the block M for a
+ * token count (and with it swap-AB), the stage ring and shared memory it implies, the grid, and the
+ * -D defines of the specialization. The launcher (megamoe.ts) only executes a plan; `describeFusedPlan`
+ * prints one for logs and benchmarks. No CUDA here.
+ */
+import type { MoEConfig } from "../../config/config.js";
+import type { KernelDefines } from "../variants.js";
+import {
+  FUSED_BLOCK_MS,
+  FUSED_THREADS,
+  type FusedBlockM,
+  fusedDefines,
+  fusedShapeProblem,
+  fusedSharedBytes,
+  fusedStages,
+  fusedSwapAB,
+} from "./megamoe.variants.js";
+
+/** One launch's configuration. */
+export interface FusedPlan {
+  tokens: number;
+  blockM: FusedBlockM;
+  /** Tiles with the weights on the wgmma's M side (block M 16 and 32). */
+  swapAB: boolean;
+  stages: number;
+  /** Dynamic shared memory per CTA, bytes. */
+  sharedBytes: number;
+  /** CTAs: one per SM (persistent). */
+  ctas: number;
+  threads: number;
+  defines: KernelDefines;
+}
+
+/** Why the fused kernel cannot run this layer, or null. */
+export function fusedLayerProblem(config: MoEConfig): string | null {
+  const shape = fusedShapeProblem(config);
+  if (shape !== null) return shape;
+  if (fusedStages(config, 128) === 0) return "its shared-memory layout does not fit 227 KB";
+  return null;
+}
+
+/**
+ * The block M for a launch, from the rows a routed expert averages (λ = T·k / E): swap-AB 16 while λ ≤ 6
+ * and 32 while λ ≤ 16 (an expert's rows then rarely pass one block: a second block streams the expert's
+ * weights again), 64 below 64 (the A tile would be mostly padding at 128), else 128 (twice the rows per
+ * B tile streamed: half the weight traffic per row).
+ */
+export function fusedBlockM(c: MoEConfig, tokens: number): FusedBlockM {
+  const rows = (tokens * c.topK) / c.numExperts;
+  if (rows <= 6) return 16;
+  if (rows <= 16) return 32;
+  // At exactly 64 rows 128 won on the H200 (pro, T = 4096: 7705 vs 8230 µs, docs/decisions.md).
+  return rows < 64 ? 64 : 128;
+}
+
+/** The block Ms fusedBlockM picks for some token count in 1 .. maxTokens, ascending. */
+export function fusedBlockMsUpTo(c: MoEConfig, maxTokens: number): FusedBlockM[] {
+  const picked = new Set<FusedBlockM>();
+  for (let t = 1; t <= maxTokens; t++) picked.add(fusedBlockM(c, t));
+  return FUSED_BLOCK_MS.filter((m) => picked.has(m));
+}
+
+/** The plan for `tokens` on `ctas` CTAs; `blockM` forces the tile height (tests, benchmarks). */
+export function planFusedLaunch(
+  c: MoEConfig,
+  tokens: number,
+  ctas: number,
+  blockM: "auto" | FusedBlockM = "auto",
+): FusedPlan {
+  const m = blockM === "auto" ? fusedBlockM(c, tokens) : blockM;
+  if (!FUSED_BLOCK_MS.includes(m)) {
+    throw new RangeError(
+      `FusedMoEKernel: blockM must be "auto" or one of ${FUSED_BLOCK_MS.join(", ")}, got ${m}`,
+    );
+  }
+  const stages = fusedStages(c, m);
+  return {
+    tokens,
+    blockM: m,
+    swapAB: fusedSwapAB(m),
+    stages,
+    sharedBytes: fusedSharedBytes(c, stages, m),
+    ctas,
+    threads: FUSED_THREADS,
+    defines: fusedDefines(c, m, stages),
+  };
+}
+
+/** One line for logs: "T=64 BLOCK_M=16 swap-AB stages=5 smem=195040 B grid=132×384". */
+export function describeFusedPlan(p: FusedPlan): string {
+  return (
+    `T=${p.tokens} BLOCK_M=${p.blockM}${p.swapAB ? " swap-AB" : ""} stages=${p.stages} ` +
+    `smem=${p.sharedBytes} B grid=${p.ctas}×${p.threads}`
+  );
+}

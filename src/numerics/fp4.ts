@@ -1,0 +1,390 @@
+/**
+ * FP4 (MXFP4) codecs: e2m1 codes, UE8M0 scales, nibble packing, MXFP4 quantization of fp32 rows, exact
+ * dequantization, and the FP4 → FP8 (e4m3) conversion the Hopper kernels use (docs/numerics.md, "FP4
+ * experts").
+ *
+ * e2m1: sign, 2 exponent bits (bias 1), 1 mantissa bit; magnitudes {0, 0.5, 1, 1.5, 2, 3, 4, 6}; no inf,
+ * no NaN. Encoding is bit-exact with cuda_fp4.h's `__nv_cvt_float_to_fp4(x, __NV_E2M1, cudaRoundNearest)`
+ * (host path; the device instruction is `cvt.rn.satfinite.e2m1x2.f32`): round to nearest, ties to even;
+ * |x| > 6 (inf included) saturates to ±6; |x| ≤ 0.25 becomes a signed zero; NaN becomes +6 (code 0x7).
+ * UE8M0: an 8-bit biased exponent, value 2^(b − 127); b = 0xFF is NaN.
+ * test/numerics/cuda-fp4-exact.test.ts checks the codecs against the CUDA headers.
+ */
+
+import { QUANT_BLOCK } from "../config/config.js";
+import { E4M3_DECODE, e4m3FromBits } from "./fp8.js";
+
+/** Elements per UE8M0 scale along K (the MX block size). */
+export const MXFP4_GROUP = 32;
+/** Largest e2m1 magnitude. */
+export const E2M1_MAX = 6;
+/** The UE8M0 byte that encodes NaN. */
+export const E8M0_NAN = 0xff;
+/** UE8M0 exponent bias. */
+export const E8M0_BIAS = 127;
+
+/** Value of every e2m1 code: 0..7 positive, 8..15 their negatives (code 8 is −0). */
+export const E2M1_DECODE: Float32Array = Float32Array.from([
+  0, 0.5, 1, 1.5, 2, 3, 4, 6, -0, -0.5, -1, -1.5, -2, -3, -4, -6,
+]);
+
+export function decodeE2m1(code: number): number {
+  const v = E2M1_DECODE[code];
+  if (v === undefined) throw new RangeError(`e2m1 code must be an integer in [0, 15], got ${code}`);
+  return v;
+}
+
+const scratchF32 = new Float32Array(1);
+const scratchU32 = new Uint32Array(scratchF32.buffer);
+// Adding then subtracting 2^52 rounds a double in [0, 2^51) to an integer, ties to even.
+const RNE_MAGIC = 4503599627370496;
+
+function rne(x: number): number {
+  return x + RNE_MAGIC - RNE_MAGIC;
+}
+
+/**
+ * e2m1 code of a non-NaN magnitude a, 0 ≤ a (a float32 value). The grid spacing is 0.5 below 2, 1 in
+ * [2, 4) and 2 in [4, 6]; every scaled step below is exact in double, so one RNE gives the code.
+ */
+function e2m1Magnitude(a: number): number {
+  if (a <= 0.25) return 0; // 0.25 is the tie between 0 and 0.5: even is 0
+  if (a > E2M1_MAX) return 7;
+  if (a < 2) return rne(2 * a); // codes 1..4 are 0.5, 1, 1.5, 2
+  if (a < 4) return 4 + rne(a - 2); // codes 4..6 are 2, 3, 4
+  return 6 + rne((a - 4) / 2); // codes 6..7 are 4, 6 (5 ties to 4: code 6 is even)
+}
+
+/** e2m1 code (0..15) of x, as `__nv_cvt_float_to_fp4(x, __NV_E2M1, cudaRoundNearest)`. */
+export function encodeE2m1(x: number): number {
+  scratchF32[0] = x;
+  const f = scratchF32[0];
+  if (Number.isNaN(f)) return 0x7;
+  const sign = scratchU32[0] >>> 31 === 1 ? 0x8 : 0;
+  return sign | e2m1Magnitude(Math.abs(f));
+}
+
+/**
+ * 2^(b − 127) for a UE8M0 byte b, as a double (exact; b = 0 gives 2^−127, below fp32's normal range).
+ * Throws on 0xFF (NaN), naming `where`.
+ */
+export function decodeE8m0(b: number, where = "UE8M0 scale"): number {
+  if (!Number.isInteger(b) || b < 0 || b > 0xff) {
+    throw new RangeError(`${where}: UE8M0 byte must be an integer in [0, 255], got ${b}`);
+  }
+  if (b === E8M0_NAN) throw new RangeError(`${where}: UE8M0 byte 0xFF is NaN`);
+  return 2 ** (b - E8M0_BIAS);
+}
+
+/** How a float is rounded to UE8M0: toward zero (the exponent field) or up to the next power of two. */
+export type E8m0Rounding = "zero" | "up";
+
+/**
+ * UE8M0 byte of x, as `__nv_cvt_float_to_e8m0(x, __NV_SATFINITE, rounding)` (host path of cuda_fp8.hpp):
+ * the sign is ignored; "zero" takes x's float32 exponent field (subnormals and 0 give 0, i.e. 2^−127);
+ * "up" first rounds |x| up to bf16, then takes the exponent and adds one when a mantissa bit remains and
+ * |x| > 2^−127 (so it is the smallest power of two ≥ |x|, and 0 gives 2^−127). NaN gives 0xFF; overflow
+ * and ±inf saturate to 0xFE (2^127).
+ */
+export function encodeE8m0(x: number, rounding: E8m0Rounding): number {
+  scratchF32[0] = x;
+  const ux = scratchU32[0];
+  const abs = ux & 0x7fffffff;
+  let bf: number;
+  if (abs > 0x7f800000) bf = 0x7fff;
+  else if (rounding === "zero") bf = ux >>> 16;
+  else bf = abs < 0x7f800000 && (abs & 0xffff) !== 0 ? (abs >>> 16) + 1 : abs >>> 16;
+  let res = (bf >>> 7) & 0xff;
+  const mag = bf & 0x7fff;
+  if (rounding === "up" && (bf & 0x7f) !== 0 && mag > 0x40 && mag < 0x7f80) res++;
+  if (mag <= 0x7f80 && res === 0xff) res = 0xfe;
+  return res;
+}
+
+/** The UE8M0 byte of an exact power of two in [2^−127, 2^127]; throws otherwise, naming `where`. */
+export function e8m0OfPowerOfTwo(scale: number, where = "UE8M0 scale"): number {
+  const e = Math.log2(scale);
+  if (!(Number.isInteger(e) && e >= -E8M0_BIAS && e <= 127 && 2 ** e === scale)) {
+    throw new RangeError(`${where}: ${scale} is not a power of two in [2^-127, 2^127]`);
+  }
+  return e + E8M0_BIAS;
+}
+
+/** Packs e2m1 codes two per byte: element 2j in the low nibble, 2j+1 in the high one (codes.length even). */
+export function packE2m1(codes: Uint8Array): Uint8Array {
+  if (codes.length % 2 !== 0) throw new RangeError(`packE2m1: length ${codes.length} is odd`);
+  const out = new Uint8Array(codes.length / 2);
+  for (let j = 0; j < out.length; j++) {
+    const lo = codes[2 * j];
+    const hi = codes[2 * j + 1];
+    if (lo > 15 || hi > 15)
+      throw new RangeError(`packE2m1: code at ${lo > 15 ? 2 * j : 2 * j + 1} exceeds 15`);
+    out[j] = lo | (hi << 4);
+  }
+  return out;
+}
+
+/** Unpacks bytes into 2·length e2m1 codes (low nibble first). */
+export function unpackE2m1(packed: Uint8Array): Uint8Array {
+  const out = new Uint8Array(packed.length * 2);
+  for (let j = 0; j < packed.length; j++) {
+    out[2 * j] = packed[j] & 0xf;
+    out[2 * j + 1] = packed[j] >>> 4;
+  }
+  return out;
+}
+
+/** e2m1 code of element i of a packed row-major buffer. */
+export function e2m1At(packed: Uint8Array, i: number): number {
+  const b = packed[i >>> 1];
+  return i & 1 ? b >>> 4 : b & 0xf;
+}
+
+/** An MXFP4 matrix (the same shape as weights/types.ts's Mxfp4Matrix, restated to keep numerics standalone). */
+export interface Mxfp4 {
+  packed: Uint8Array;
+  scales: Uint8Array;
+  rows: number;
+  cols: number;
+}
+
+const F32_MAX = 3.4028234663852886e38;
+/** Floor of a group's amax: its scale is then at least 2^−126 (DeepSeek's fp4 quantization uses the same). */
+export const MXFP4_MIN_AMAX = 6 * 2 ** -126;
+
+/**
+ * The UE8M0 scale byte of a 32-group whose largest magnitude is amax: the smallest power of two s with
+ * amax / s ≤ 6, i.e. s = ue8m0Ceil(fround(max(amax, 6·2^−126) / 6)). fround(a/6) ≤ 2^k exactly when
+ * a ≤ 6·2^k (a float32), so no value of the group saturates. Bytes range over [1, 253].
+ */
+export function mxfp4ScaleByte(amax: number): number {
+  const a = Math.max(amax, MXFP4_MIN_AMAX);
+  scratchF32[0] = a / E2M1_MAX;
+  const bits = scratchU32[0];
+  // A nonzero mantissa bumps the exponent field (the quotient is ≥ 2^−126, always normal).
+  return ((bits >>> 23) & 0xff) + ((bits & 0x7fffff) !== 0 ? 1 : 0);
+}
+
+function checkMxShape(what: string, rows: number, cols: number): void {
+  if (!Number.isInteger(rows) || rows < 1 || !Number.isInteger(cols) || cols < MXFP4_GROUP) {
+    throw new RangeError(`${what}: rows and cols must be positive integers (cols ≥ 32), got ${rows}×${cols}`);
+  }
+  if (cols % MXFP4_GROUP !== 0) throw new RangeError(`${what}: cols ${cols} is not a multiple of 32`);
+}
+
+/**
+ * MXFP4 quantization of an fp32 matrix [rows, cols] (row-major): per 32-group along a row, the scale
+ * byte of mxfp4ScaleByte, then q = e2m1(x · 2^(127 − b)) (the product is exact: a power of two, and
+ * |x · 2^(127−b)| ≤ 6). Throws on a non-finite value, naming its row and column.
+ */
+export function quantizeMxfp4(w: Float32Array, rows: number, cols: number): Mxfp4 {
+  checkMxShape("quantizeMxfp4", rows, cols);
+  if (w.length < rows * cols) throw new RangeError(`quantizeMxfp4: ${w.length} values < ${rows}·${cols}`);
+  const packed = new Uint8Array((rows * cols) / 2);
+  const scales = new Uint8Array((rows * cols) / MXFP4_GROUP);
+  for (let g = 0; g < scales.length; g++) {
+    const base = g * MXFP4_GROUP;
+    let amax = 0;
+    for (let j = 0; j < MXFP4_GROUP; j++) {
+      const a = Math.abs(w[base + j]);
+      if (!(a <= F32_MAX)) {
+        const i = base + j;
+        throw new RangeError(
+          `quantizeMxfp4: non-finite value ${w[i]} at row ${Math.floor(i / cols)}, column ${i % cols}`,
+        );
+      }
+      if (a > amax) amax = a;
+    }
+    const b = mxfp4ScaleByte(amax);
+    scales[g] = b;
+    const inv = 2 ** (E8M0_BIAS - b);
+    for (let j = 0; j < MXFP4_GROUP; j += 2) {
+      packed[(base + j) >>> 1] = encodeE2m1(w[base + j] * inv) | (encodeE2m1(w[base + j + 1] * inv) << 4);
+    }
+  }
+  return { packed, scales, rows, cols };
+}
+
+function checkMxfp4(what: string, m: Mxfp4): void {
+  checkMxShape(what, m.rows, m.cols);
+  const n = m.rows * m.cols;
+  if (m.packed.length !== n / 2 || m.scales.length !== n / MXFP4_GROUP) {
+    throw new RangeError(
+      `${what}: packed ${m.packed.length} and scales ${m.scales.length} bytes do not fit [${m.rows}, ${m.cols}] (want ${n / 2} and ${n / MXFP4_GROUP})`,
+    );
+  }
+}
+
+/** Throws naming the row and group of the first 0xFF (NaN) scale byte, if any. */
+export function checkMxfp4Scales(what: string, m: Mxfp4): void {
+  const i = m.scales.indexOf(E8M0_NAN);
+  if (i >= 0) {
+    const perRow = m.cols / MXFP4_GROUP;
+    throw new RangeError(
+      `${what}: UE8M0 scale byte 0xFF (NaN) at row ${Math.floor(i / perRow)}, K group ${i % perRow} (columns ${(i % perRow) * MXFP4_GROUP}..${(i % perRow) * MXFP4_GROUP + 31})`,
+    );
+  }
+}
+
+/** The exact values e2m1 · 2^(b − 127), in double (fp32 cannot hold 6 · 2^127). Rejects NaN scales. */
+export function dequantizeMxfp4(m: Mxfp4, what = "dequantizeMxfp4"): Float64Array {
+  checkMxfp4(what, m);
+  checkMxfp4Scales(what, m);
+  const out = new Float64Array(m.rows * m.cols);
+  for (let g = 0; g < m.scales.length; g++) {
+    const s = 2 ** (m.scales[g] - E8M0_BIAS);
+    const base = g * MXFP4_GROUP;
+    for (let j = 0; j < MXFP4_GROUP; j++) out[base + j] = E2M1_DECODE[e2m1At(m.packed, base + j)] * s;
+  }
+  return out;
+}
+
+/** Groups per 128-deep K block. */
+const GROUPS_PER_BLOCK = QUANT_BLOCK / MXFP4_GROUP;
+/** The largest d with 6 · 2^d ≤ 448 (e4m3's max): the largest group of a block is placed at this offset. */
+export const FP4_TO_FP8_TOP = 6;
+/** Groups whose offset d = b − ref lies in [−8, 6] convert exactly (0.5 · 2^−8 is e4m3's smallest subnormal). */
+export const FP4_TO_FP8_EXACT_SPREAD = 14;
+
+/**
+ * The reference exponent (unbiased) of one row's 128-deep K block from its four UE8M0 bytes:
+ * max(b) − 127 − 6. The block's fp32 scale 2^ref is exact (ref ∈ [−133, 121]).
+ */
+export function fp4BlockRefExponent(scales: Uint8Array, at: number): number {
+  let max = 0;
+  for (let g = 0; g < GROUPS_PER_BLOCK; g++) if (scales[at + g] > max) max = scales[at + g];
+  return max - E8M0_BIAS - FP4_TO_FP8_TOP;
+}
+
+/** Per-row-per-K-block FP8 form of an MXFP4 matrix: what the Hopper kernels feed wgmma. */
+export interface Fp4AsFp8 {
+  /** e4m3 codes [rows, cols]. */
+  q: Uint8Array;
+  /** fp32 2^ref per row per 128-deep K block, [rows, cols/128]. */
+  scales: Float32Array;
+  /** Elements whose e4m3 code times 2^ref differs from the MXFP4 value (0 when every block's spread ≤ 14). */
+  inexact: number;
+}
+
+// One float32 scratch word: the fp8 encoder takes a value with its bit pattern.
+const convScratch = new Float32Array(1);
+const convBits = new Uint32Array(convScratch.buffer);
+
+/**
+ * The e4m3 code of e2m1 `code` × 2^d (d ≤ 6): round to nearest even of the exact value, as
+ * `__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3)`; below half of 2^−9 it is a signed zero.
+ * v is a float32 whenever d ≥ −140; below that it is under 2^−137 and rounds to zero either way.
+ */
+export function e2m1ToE4m3(code: number, d: number): number {
+  convScratch[0] = E2M1_DECODE[code] * 2 ** Math.max(d, -160);
+  return e4m3FromBits(convBits[0], convScratch[0]);
+}
+
+/**
+ * Converts rows [r0, r1) of an MXFP4 matrix to e4m3 codes relative to each row's per-K-block reference
+ * exponent (docs/numerics.md): for a group with byte b in a block with reference ref, each element is
+ * e4m3(e2m1 · 2^(b − 127 − ref)), rounded to nearest even (exact when b ≥ max − 14).
+ */
+export function mxfp4RowsToFp8(m: Mxfp4, r0 = 0, r1 = m.rows, what = "mxfp4RowsToFp8"): Fp4AsFp8 {
+  checkMxfp4(what, m);
+  if (m.cols % QUANT_BLOCK !== 0) throw new RangeError(`${what}: cols ${m.cols} is not a multiple of 128`);
+  if (!(Number.isInteger(r0) && Number.isInteger(r1) && 0 <= r0 && r0 <= r1 && r1 <= m.rows)) {
+    throw new RangeError(`${what}: row range [${r0}, ${r1}) outside [0, ${m.rows})`);
+  }
+  const cols = m.cols;
+  const kBlocks = cols / QUANT_BLOCK;
+  const groupsPerRow = cols / MXFP4_GROUP;
+  const n = (r1 - r0) * cols;
+  const q = new Uint8Array(n);
+  const scales = new Float32Array((r1 - r0) * kBlocks);
+  let inexact = 0;
+  for (let r = r0; r < r1; r++) {
+    for (let kb = 0; kb < kBlocks; kb++) {
+      const sAt = r * groupsPerRow + kb * GROUPS_PER_BLOCK;
+      for (let g = 0; g < GROUPS_PER_BLOCK; g++) {
+        if (m.scales[sAt + g] === E8M0_NAN) {
+          throw new RangeError(`${what}: UE8M0 scale byte 0xFF (NaN) at row ${r}, K group ${kb * 4 + g}`);
+        }
+      }
+      const ref = fp4BlockRefExponent(m.scales, sAt);
+      scales[(r - r0) * kBlocks + kb] = 2 ** ref;
+      for (let g = 0; g < GROUPS_PER_BLOCK; g++) {
+        const d = m.scales[sAt + g] - E8M0_BIAS - ref;
+        const at = r * cols + kb * QUANT_BLOCK + g * MXFP4_GROUP;
+        const p = 2 ** Math.max(d, -160);
+        for (let j = 0; j < MXFP4_GROUP; j++) {
+          const code = e2m1At(m.packed, at + j);
+          const c8 = e2m1ToE4m3(code, d);
+          q[at - r0 * cols + j] = c8;
+          if (E4M3_DECODE[c8] !== E2M1_DECODE[code] * p) inexact++;
+        }
+      }
+    }
+  }
+  return { q, scales, inexact };
+}
+
+/** Inexact elements of the whole matrix's conversion (for the per-layer "n of N elements not exact"). */
+export function countFp4ToFp8Inexact(m: Mxfp4): number {
+  let total = 0;
+  // Row-chunked so a flash-sized matrix never needs a second full-size copy.
+  for (let r = 0; r < m.rows; r += 128) total += mxfp4RowsToFp8(m, r, Math.min(m.rows, r + 128)).inexact;
+  return total;
+}
+
+/** An MXFP4 matrix cast to FP8 with one scale per 128×128 block (the FP8 experts' layout). */
+export interface Fp4AsFp8Blocks {
+  /** e4m3 codes [rows, cols]. */
+  q: Uint8Array;
+  /** fp32 2^ref per 128×128 block, [rows/128, cols/128]. */
+  scales: Float32Array;
+  /** Elements whose e4m3 code times 2^ref differs from the MXFP4 value. */
+  inexact: number;
+}
+
+/**
+ * DeepSeek's offline cast (V4 `inference/convert.py`, `cast_e2m1fn_to_e4m3fn`): like mxfp4RowsToFp8, but
+ * one reference per 128×128 block, ref = (largest scale byte of the block) − 127 − 6, so the result runs
+ * on the FP8 kernels as they are. Exact when the block's bytes span ≤ 14 (rounding as mxfp4RowsToFp8
+ * beyond); where exact, the reference layer gives the same bits as with the FP4 experts themselves
+ * (both scalings are powers of two, docs/numerics.md).
+ */
+export function mxfp4ToFp8Blocks(m: Mxfp4, what = "mxfp4ToFp8Blocks"): Fp4AsFp8Blocks {
+  checkMxfp4(what, m);
+  checkMxfp4Scales(what, m);
+  const { rows, cols } = m;
+  if (rows % QUANT_BLOCK !== 0 || cols % QUANT_BLOCK !== 0) {
+    throw new RangeError(`${what}: [${rows}, ${cols}] is not a multiple of 128 in both dimensions`);
+  }
+  const groupsPerRow = cols / MXFP4_GROUP;
+  const kBlocks = cols / QUANT_BLOCK;
+  const q = new Uint8Array(rows * cols);
+  const scales = new Float32Array((rows / QUANT_BLOCK) * kBlocks);
+  let inexact = 0;
+  for (let br = 0; br < rows / QUANT_BLOCK; br++) {
+    for (let kb = 0; kb < kBlocks; kb++) {
+      let max = 0;
+      for (let r = br * QUANT_BLOCK; r < (br + 1) * QUANT_BLOCK; r++) {
+        for (let g = 0; g < GROUPS_PER_BLOCK; g++) {
+          max = Math.max(max, m.scales[r * groupsPerRow + kb * GROUPS_PER_BLOCK + g]);
+        }
+      }
+      const ref = max - E8M0_BIAS - FP4_TO_FP8_TOP;
+      scales[br * kBlocks + kb] = 2 ** ref;
+      for (let r = br * QUANT_BLOCK; r < (br + 1) * QUANT_BLOCK; r++) {
+        for (let g = 0; g < GROUPS_PER_BLOCK; g++) {
+          const d = m.scales[r * groupsPerRow + kb * GROUPS_PER_BLOCK + g] - E8M0_BIAS - ref;
+          const p = 2 ** Math.max(d, -160);
+          const at = r * cols + kb * QUANT_BLOCK + g * MXFP4_GROUP;
+          for (let j = 0; j < MXFP4_GROUP; j++) {
+            const code = e2m1At(m.packed, at + j);
+            const c8 = e2m1ToE4m3(code, d);
+            q[at + j] = c8;
+            if (E4M3_DECODE[c8] !== E2M1_DECODE[code] * p) inexact++;
+          }
+        }
+      }
+    }
+  }
+  return { q, scales, inexact };
+}

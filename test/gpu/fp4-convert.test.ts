@@ -1,0 +1,122 @@
+/**
+ * The device build of common/fp4.cuh (src/kernels/fp4/fp4_convert.cu, both paths) against the CPU
+ * rule `mxfp4RowsToFp8`, byte for byte: e4m3 codes and the fp32 2^ref per row and K block, on every
+ * maximum scale byte 0..254 with spreads 0, 14, 15 and 30, every code in every group, and seeded random
+ * rows. The fast path's `prmt` is the one thing the host test (test/numerics/fp4-header.test.ts) can
+ * only emulate. Outputs are poisoned first, so an element never written is caught.
+ *
+ * GPU tests skip with the reason when no GPU is usable; with MEGAMOE_REQUIRE_GPU=1 they fail instead.
+ */
+import assert from "node:assert/strict";
+import { describe, test } from "node:test";
+import { DeviceTensor } from "../../src/cuda/index.js";
+import { convertFp4ToFp8, FP4_CONVERT_KERNELS } from "../../src/kernels/fp4/fp4_convert.js";
+import { type Mxfp4, mxfp4RowsToFp8 } from "../../src/numerics/fp4.js";
+import { availability, gpuSkip, testDevice } from "../helpers/gpu.js";
+import { rngU32, testSeed } from "../helpers/random.js";
+
+const seed = testSeed("fp4-convert");
+
+/** Rows of K = 512 (four K blocks): each block's bytes from `blockBytes`, codes from `code`. */
+function makeMatrix(
+  rows: number,
+  blockBytes: (row: number, kb: number) => number[],
+  code: (row: number, k: number) => number,
+): Mxfp4 {
+  const k = 512;
+  const scales = new Uint8Array((rows * k) / 32);
+  const packed = new Uint8Array((rows * k) / 2);
+  for (let r = 0; r < rows; r++) {
+    for (let kb = 0; kb < 4; kb++) scales.set(blockBytes(r, kb), r * 16 + kb * 4);
+    for (let j = 0; j < k / 2; j++) packed[r * 256 + j] = code(r, 2 * j) | (code(r, 2 * j + 1) << 4);
+  }
+  return { packed, scales, rows, cols: k };
+}
+
+const f32 = new Float32Array(1);
+const u32 = new Uint32Array(f32.buffer);
+const bitsOf = (x: number) => {
+  f32[0] = x;
+  return u32[0];
+};
+
+function runBoth(m: Mxfp4): string[] {
+  const d = testDevice();
+  const want = mxfp4RowsToFp8(m);
+  const made: DeviceTensor[] = [];
+  const keep = <T extends DeviceTensor>(t: T) => {
+    made.push(t);
+    return t;
+  };
+  const bad: string[] = [];
+  try {
+    const packed = keep(DeviceTensor.fromHost(d, "uint8", [m.rows, m.cols / 2], m.packed));
+    const scales = keep(DeviceTensor.fromHost(d, "uint8", [m.rows, m.cols / 32], m.scales));
+    const q = keep(DeviceTensor.empty(d, "uint8", [m.rows, m.cols]));
+    const sw = keep(DeviceTensor.empty(d, "fp32", [m.rows, m.cols / 128]));
+    for (const path of Object.keys(FP4_CONVERT_KERNELS) as (keyof typeof FP4_CONVERT_KERNELS)[]) {
+      q.fill(0xff); // 0xFF is e4m3 NaN: never a result of the conversion
+      sw.fill(0xff);
+      convertFp4ToFp8(d, { packed, scales, q, sw, rows: m.rows, k: m.cols }, null, path);
+      const gotQ = q.toHost() as Uint8Array;
+      const gotS = sw.toHost() as Float32Array;
+      for (let i = 0; i < gotS.length && bad.length < 20; i++) {
+        if (bitsOf(gotS[i]) !== bitsOf(want.scales[i])) {
+          bad.push(
+            `${path}: block ${i} [${[...m.scales.subarray(4 * i, 4 * i + 4)]}] sw ${gotS[i]}, want ${want.scales[i]}`,
+          );
+        }
+      }
+      for (let i = 0; i < gotQ.length && bad.length < 20; i++) {
+        if (gotQ[i] !== want.q[i]) {
+          const block = Math.floor(i / 128);
+          const codeAt = (m.packed[i >> 1] >> (4 * (i & 1))) & 15;
+          bad.push(
+            `${path}: row ${Math.floor(i / m.cols)} k ${i % m.cols} [${[...m.scales.subarray(4 * block, 4 * block + 4)]}] e2m1 ${codeAt}: 0x${gotQ[i].toString(16)}, want 0x${want.q[i].toString(16)}`,
+          );
+        }
+      }
+    }
+  } finally {
+    for (const t of made) t.dispose();
+  }
+  return bad;
+}
+
+describe("FP4 → e4m3 conversion on a GPU", { skip: gpuSkip }, () => {
+  test("CUDA is available", () => {
+    assert.ok(availability.ok, availability.ok ? "" : availability.reason);
+  });
+
+  test("every maximum byte 0..254, spreads 0, 14, 15, 30 (the maximum in each group), every code", () => {
+    const spreads = [0, 14, 15, 30];
+    // Row = max byte; K block kb = spread kb; the maximum sits in group (max + kb) % 4.
+    const m = makeMatrix(
+      255,
+      (max, kb) => {
+        const low = Math.max(0, max - spreads[kb]);
+        const at = (max + kb) % 4;
+        return [0, 1, 2, 3].map((g) => (g === at ? max : g === (at + 2) % 4 ? (max + low) >> 1 : low));
+      },
+      (r, k) => (k + r) & 15,
+    );
+    const bad = runBoth(m);
+    assert.deepEqual(bad, [], bad.join("\n"));
+  });
+
+  test(`random rows: bytes over 0..254 and in narrow windows (seed ${seed})`, () => {
+    const next = rngU32(seed);
+    const m = makeMatrix(
+      4096,
+      (r) => {
+        if (r % 2 === 0) return [0, 1, 2, 3].map(() => next() % 255);
+        const window = next() % 21;
+        const base = next() % (255 - window);
+        return [0, 1, 2, 3].map(() => base + (next() % (window + 1)));
+      },
+      () => next() & 15,
+    );
+    const bad = runBoth(m);
+    assert.deepEqual(bad, [], bad.join("\n"));
+  });
+});

@@ -1,0 +1,184 @@
+import assert from "node:assert/strict";
+import { describe, it } from "node:test";
+import {
+  dequantizeMxfp4,
+  E2M1_DECODE,
+  e2m1At,
+  encodeE2m1,
+  FP4_TO_FP8_EXACT_SPREAD,
+  type Mxfp4,
+  mxfp4RowsToFp8,
+  mxfp4ScaleByte,
+  packE2m1,
+  quantizeMxfp4,
+  unpackE2m1,
+} from "../../src/numerics/fp4.js";
+import { E4M3_DECODE } from "../../src/numerics/fp8.js";
+import { rng, testSeed } from "../helpers/random.js";
+
+const seed = testSeed("fp4");
+
+describe("e2m1 packing", () => {
+  it("puts element 2j in the low nibble and round-trips every pair", () => {
+    assert.deepEqual(packE2m1(Uint8Array.from([0x1, 0x2])), Uint8Array.from([0x21]));
+    const codes = new Uint8Array(512);
+    for (let i = 0; i < 256; i++) {
+      codes[2 * i] = i & 0xf;
+      codes[2 * i + 1] = i >> 4;
+    }
+    const packed = packE2m1(codes);
+    assert.deepEqual(
+      packed,
+      Uint8Array.from({ length: 256 }, (_, i) => i),
+    );
+    assert.deepEqual(unpackE2m1(packed), codes);
+    for (let i = 0; i < 512; i++) assert.equal(e2m1At(packed, i), codes[i]);
+    assert.throws(() => packE2m1(Uint8Array.from([16, 0])), /exceeds 15/);
+  });
+});
+
+describe("MXFP4 quantization", () => {
+  it("picks the smallest power of two mapping amax to ≤ 6, and rounds each element to nearest even", () => {
+    const next = rng(seed);
+    const rows = 8;
+    const cols = 256;
+    const w = new Float32Array(rows * cols);
+    for (let i = 0; i < w.length; i++) w[i] = (next() - 0.5) * 2 ** Math.floor(next() * 40 - 20);
+    w.fill(0, 0, 32); // an all-zero group gets the floor scale 2^-126
+    const m = quantizeMxfp4(w, rows, cols);
+    assert.equal(m.scales[0], 1);
+    for (let g = 1; g < m.scales.length; g++) {
+      const group = w.subarray(g * 32, g * 32 + 32);
+      const amax = Math.max(...Array.from(group, Math.abs));
+      const s = 2 ** (m.scales[g] - 127);
+      assert.ok(amax / s <= 6 && amax / s > 3, `group ${g}: amax ${amax}, scale ${s}`);
+      for (let j = 0; j < 32; j++) {
+        const code = e2m1At(m.packed, g * 32 + j);
+        assert.equal(code, encodeE2m1(group[j] / s));
+        // Nearest: no other code is strictly closer.
+        const err = Math.abs(E2M1_DECODE[code] - group[j] / s);
+        for (const v of E2M1_DECODE) assert.ok(Math.abs(v - group[j] / s) >= err);
+      }
+    }
+    const exact = dequantizeMxfp4(m);
+    for (let i = 0; i < w.length; i++) {
+      assert.equal(exact[i], E2M1_DECODE[e2m1At(m.packed, i)] * 2 ** (m.scales[i >> 5] - 127));
+    }
+  });
+
+  it("re-quantizes its own values to the same bytes when every group holds a ±4 or ±6", () => {
+    const next = rng(seed ^ 1);
+    const codes = new Uint8Array(4 * 128);
+    const scales = new Uint8Array(codes.length / 32);
+    for (let g = 0; g < scales.length; g++) {
+      scales[g] = 1 + Math.floor(next() * 230); // values stay in fp32's range: 6·2^103 < 2^128
+      for (let j = 0; j < 32; j++) codes[g * 32 + j] = Math.floor(next() * 16);
+      codes[g * 32 + Math.floor(next() * 32)] = next() < 0.5 ? 6 : 15;
+    }
+    const m: Mxfp4 = { packed: packE2m1(codes), scales, rows: 4, cols: 128 };
+    const again = quantizeMxfp4(Float32Array.from(dequantizeMxfp4(m)), 4, 128);
+    assert.deepEqual(again.scales, m.scales);
+    assert.deepEqual(again.packed, m.packed);
+  });
+
+  it("states the scale rule at the edges", () => {
+    assert.equal(mxfp4ScaleByte(6), 127);
+    assert.equal(mxfp4ScaleByte(Math.fround(6 * (1 + 2 ** -23))), 128);
+    assert.equal(mxfp4ScaleByte(4), 127);
+    assert.equal(mxfp4ScaleByte(3), 126);
+    assert.equal(mxfp4ScaleByte(0), 1);
+    assert.equal(mxfp4ScaleByte(3.4028234663852886e38), 253);
+  });
+
+  it("rejects non-finite values and NaN scales, naming where", () => {
+    const w = new Float32Array(64);
+    w[40] = Number.NaN;
+    assert.throws(() => quantizeMxfp4(w, 1, 64), /non-finite value NaN at row 0, column 40/);
+    const m: Mxfp4 = { packed: new Uint8Array(128), scales: new Uint8Array(8).fill(127), rows: 2, cols: 128 };
+    m.scales[6] = 0xff;
+    assert.throws(() => dequantizeMxfp4(m, "expert 3 w2"), /expert 3 w2: .*0xFF \(NaN\) at row 1, K group 2/);
+    assert.throws(() => mxfp4RowsToFp8(m), /0xFF \(NaN\) at row 1, K group 2/);
+  });
+});
+
+/** e4m3's value nearest to v (ties to even), for |v| below 2^-6 (its subnormal step 2^-9), independently. */
+function e4m3SubnormalOracle(v: number): number {
+  const q = Math.abs(v) * 512;
+  const f = Math.floor(q);
+  const r = q - f;
+  const n = r > 0.5 ? f + 1 : r < 0.5 ? f : f % 2 === 0 ? f : f + 1;
+  return Math.sign(v) * n * 2 ** -9;
+}
+
+describe("FP4 → FP8 conversion (per row, per 128-deep K block)", () => {
+  // Every row is one K block whose four groups hold all 16 codes twice; the groups' bytes are
+  // [M, M − s, M − ⌊s/2⌋, M − s] (clipped at 0) for every M in 0..254 and s in {0, 14, 15, 30}.
+  const spreads = [0, 14, 15, 30];
+  const rows = 255 * spreads.length;
+  const codes = new Uint8Array(rows * 128);
+  for (let i = 0; i < codes.length; i++) codes[i] = i % 16;
+  const scales = new Uint8Array(rows * 4);
+  spreads.forEach((s, k) => {
+    for (let M = 0; M <= 254; M++) {
+      const r = k * 255 + M;
+      const bytes = [M, M - s, M - Math.floor(s / 2), M - s].map((b) => Math.max(b, 0));
+      scales.set(bytes, 4 * r);
+    }
+  });
+  const m: Mxfp4 = { packed: packE2m1(codes), scales, rows, cols: 128 };
+  const conv = mxfp4RowsToFp8(m);
+  const exact = dequantizeMxfp4(m);
+
+  it("places the largest group at offset +6 (ref = max − 127 − 6) and never saturates", () => {
+    for (let r = 0; r < rows; r++) {
+      const max = Math.max(...scales.subarray(4 * r, 4 * r + 4));
+      assert.equal(conv.scales[r], 2 ** (max - 127 - 6), `row ${r}`);
+    }
+    for (const c of conv.q) assert.ok(Math.abs(E4M3_DECODE[c]) <= 384);
+  });
+
+  it("is exact where the spread is ≤ 14, and rounds to nearest even (ties, underflow to zero) elsewhere", () => {
+    let expectInexact = 0;
+    for (let r = 0; r < rows; r++) {
+      const bytes = scales.subarray(4 * r, 4 * r + 4);
+      const max = Math.max(...bytes);
+      const ref = conv.scales[r];
+      for (let i = r * 128; i < (r + 1) * 128; i++) {
+        const d = bytes[(i % 128) >> 5] - max + 6;
+        const v = E2M1_DECODE[codes[i]] * 2 ** d; // the element relative to 2^ref, exactly
+        assert.equal(v * ref, exact[i]);
+        const got = E4M3_DECODE[conv.q[i]];
+        if (d >= 6 - FP4_TO_FP8_EXACT_SPREAD) {
+          assert.equal(got, v, `row ${r}, element ${i % 128}: d ${d} must be exact`);
+        } else {
+          assert.equal(got, e4m3SubnormalOracle(v), `row ${r}, element ${i % 128}: d ${d}, v ${v}`);
+        }
+        if (got !== v) expectInexact++;
+      }
+      if (max - Math.min(...bytes) <= FP4_TO_FP8_EXACT_SPREAD) {
+        for (let i = r * 128; i < (r + 1) * 128; i++) assert.equal(E4M3_DECODE[conv.q[i]] * ref, exact[i]);
+      }
+    }
+    assert.equal(conv.inexact, expectInexact);
+    // Spread 15 (rows with M ≥ 15): each d = −9 group loses ±0.5 and ±1.5 (8 of its 32 elements); the two
+    // such groups per row make 16.
+    const row15 = 2 * 255 + 100;
+    const one = mxfp4RowsToFp8(m, row15, row15 + 1);
+    assert.equal(one.inexact, 16);
+    // Spread 14 and 0: none.
+    assert.equal(mxfp4RowsToFp8(m, 0, 2 * 255).inexact, 0);
+  });
+
+  it("treats each K block and row on its own", () => {
+    // Two blocks in one row: a wide spread in the first must not affect the second.
+    const two: Mxfp4 = {
+      packed: packE2m1(Uint8Array.from({ length: 256 }, (_, i) => i % 16)),
+      scales: Uint8Array.from([200, 170, 200, 200, 10, 10, 12, 16]),
+      rows: 1,
+      cols: 256,
+    };
+    const c = mxfp4RowsToFp8(two);
+    assert.deepEqual(Array.from(c.scales), [2 ** (200 - 133), 2 ** (16 - 133)]);
+    assert.equal(c.inexact, 32 - 4); // the d = −24 group: only its four zeros (±0, twice) stay exact
+  });
+});
