@@ -15,6 +15,9 @@ usage: lab/sweep.sh [options]
   --no-peer         leave the torch peer out
   --peer-file FILE  use a peer measured in an earlier call instead of measuring it again
   --timeout S       seconds for each of our sweeps (default 200)
+  --baseline DIR    also time another build of megamoe (DIR holds its package.json, dist, src/include and
+                    src/kernels, e.g. an earlier commit's): rounds alternate baseline and this build, one
+                    round each, so both see the same clock drift
 $LAB_COMMON_HELP
 Writes, per shape and shared setting: torch-SHAPE-sharedS.json (the peer), layers-SHAPE-sharedS.json and
 .svg (our rows beside the peer's; with --define, the file names carry the defines).
@@ -22,7 +25,7 @@ HELP
 }
 source "$(dirname "$0")/lib.sh"
 shapes=flash-ep8 shared=both tokens=1,2,4,8,16,32,64,128,256,512,1024,2048,4096,8192 impl=fused,unfused
-configs="" rounds=2 iters=20 peer=1 peer_file="" seconds=200
+configs="" rounds=2 iters=20 peer=1 peer_file="" seconds=200 baseline=""
 while (($#)); do
   case $1 in
   -h | --help) usage; exit 0 ;;
@@ -36,6 +39,7 @@ while (($#)); do
   --no-peer) peer=0; shift ;;
   --peer-file) peer_file=$2; shift 2 ;;
   --timeout) seconds=$2; shift 2 ;;
+  --baseline) baseline=$(cd "$2" && pwd) || lab_die "--baseline: no folder $2"; shift 2 ;;
   *) lab_common_option "$@"; ((SHIFT)) || lab_die "unknown option $1 (--help)"; shift "$SHIFT" ;;
   esac
 done
@@ -54,10 +58,24 @@ for shape in ${shapes//,/ }; do
         --out "$OUT_DIR/torch-$name.json" 2>&1 | tail -1
       [[ -f $OUT_DIR/torch-$name.json ]] && peer_args=(--peer "$OUT_DIR/torch-$name.json")
     fi
-    timeout "$seconds" node dist/cli/main.js bench --impl "$impl" $configs --shape "$shape" --shared "$s" \
-      --tokens "$tokens" --iters "$iters" --rounds "$rounds" "${peer_args[@]}" \
-      --out "$OUT_DIR/layers-$name$LAB_TAG.json" --plot "$OUT_DIR/layers-$name$LAB_TAG.svg" 2>&1 | lab_table
-    ((PIPESTATUS[0] == 0)) || rc=1
+    if [[ -z $baseline ]]; then
+      timeout "$seconds" node dist/cli/main.js bench --impl "$impl" $configs --shape "$shape" --shared "$s" \
+        --tokens "$tokens" --iters "$iters" --rounds "$rounds" "${peer_args[@]}" \
+        --out "$OUT_DIR/layers-$name$LAB_TAG.json" --plot "$OUT_DIR/layers-$name$LAB_TAG.svg" 2>&1 | lab_table
+      ((PIPESTATUS[0] == 0)) || rc=1
+      continue
+    fi
+    for ((r = 1; r <= rounds; r++)); do
+      for build in baseline this; do
+        dir=$PWD
+        [[ $build == baseline ]] && dir=$baseline
+        echo "== $name round $r: $build ($dir)"
+        (cd "$dir" && timeout "$seconds" node dist/cli/main.js bench --impl "$impl" $configs --shape "$shape" \
+          --shared "$s" --tokens "$tokens" --iters "$iters" "${peer_args[@]}" \
+          --out "$OUT_DIR/layers-$name-$build-r$r$LAB_TAG.json") 2>&1 | lab_table
+        ((PIPESTATUS[0] == 0)) || rc=1
+      done
+    done
   done
 done
 lab_finish $rc
