@@ -134,16 +134,18 @@ export {
 } from "./reference/router.js";
 export {
   Checkpoint,
-  CheckpointError,
-  CheckpointLayer,
   generateTokenIds,
   type LayerOptions,
   openCheckpoint,
+} from "./weights/checkpoint.js";
+export {
+  CheckpointError,
   parseV4Config,
   type V4Block,
   type V4ModelConfig,
   v4Names,
-} from "./weights/checkpoint.js";
+} from "./weights/checkpoint-format.js";
+export { CheckpointLayer } from "./weights/checkpoint-layer.js";
 export {
   type ExtraTensor,
   type SaveCheckpointOptions,
@@ -151,8 +153,9 @@ export {
   saveCheckpoint,
 } from "./weights/checkpoint-save.js";
 export { checkSeed, GeneratedWeights, generateActivations } from "./weights/generate.js";
+export { loadMoEWeights, saveMoEWeights } from "./weights/moe-file.js";
 export { type RandomV4Options, RandomV4Weights } from "./weights/random-v4.js";
-export { loadMoEWeights, SafetensorsError, saveMoEWeights } from "./weights/safetensors.js";
+export { SafetensorsError } from "./weights/safetensors.js";
 export type {
   BlockQuantized,
   ExpertWeights,

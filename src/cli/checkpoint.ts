@@ -8,7 +8,8 @@ import pc from "picocolors";
 import type { MoEConfig } from "../config/config.js";
 import type { Routing } from "../reference/moe.js";
 import { routeByHash } from "../reference/router.js";
-import { Checkpoint, CheckpointError, generateTokenIds, openCheckpoint } from "../weights/checkpoint.js";
+import { Checkpoint, generateTokenIds, openCheckpoint } from "../weights/checkpoint.js";
+import { CheckpointError } from "../weights/checkpoint-format.js";
 import type { MoEWeightSource } from "../weights/types.js";
 import { progressBar } from "./progress.js";
 

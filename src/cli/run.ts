@@ -18,7 +18,7 @@ import { checksum, l2Norm } from "../reference/metrics.js";
 import type { Routing } from "../reference/moe.js";
 import { randomRouting, routeTokens } from "../reference/router.js";
 import { GeneratedWeights, generateActivations } from "../weights/generate.js";
-import { loadMoEWeights, saveMoEWeights } from "../weights/safetensors.js";
+import { loadMoEWeights, saveMoEWeights } from "../weights/moe-file.js";
 import type { MoEWeightSource } from "../weights/types.js";
 import { checkpointLayer, hashRouting } from "./checkpoint.js";
 import { shortCudaReason } from "./gpu-reason.js";

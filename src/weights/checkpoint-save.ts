@@ -14,7 +14,7 @@ import {
   type V4Block,
   type V4Projection,
   v4Names,
-} from "./checkpoint.js";
+} from "./checkpoint-format.js";
 import { SafetensorsWriter, type TensorSpec, WRITE_DTYPE_SIZES, type WriteDtype } from "./safetensors.js";
 import {
   type BlockQuantized,

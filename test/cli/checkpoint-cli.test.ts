@@ -8,7 +8,7 @@ import { fileURLToPath } from "node:url";
 import { hashRouting } from "../../src/cli/checkpoint.js";
 import { MoELayer } from "../../src/layer.js";
 import { checksum } from "../../src/reference/metrics.js";
-import { CONFIG_FILE } from "../../src/weights/checkpoint.js";
+import { CONFIG_FILE } from "../../src/weights/checkpoint-format.js";
 import { generateActivations } from "../../src/weights/generate.js";
 import { writeTinyV4 } from "../helpers/v4-checkpoint.js";
 

@@ -6,19 +6,13 @@ import { after, before, describe, it } from "node:test";
 import { resolveConfig } from "../../src/config/config.js";
 import { InputError, MoELayer } from "../../src/layer.js";
 import { gateLogits, RouterError, routeByHash, scoreLogits } from "../../src/reference/router.js";
-import {
-  Checkpoint,
-  CheckpointError,
-  CONFIG_FILE,
-  generateTokenIds,
-  INDEX_FILE,
-  openCheckpoint,
-  v4Names,
-} from "../../src/weights/checkpoint.js";
+import { Checkpoint, generateTokenIds, openCheckpoint } from "../../src/weights/checkpoint.js";
+import { CheckpointError, CONFIG_FILE, INDEX_FILE, v4Names } from "../../src/weights/checkpoint-format.js";
 import { saveCheckpoint } from "../../src/weights/checkpoint-save.js";
 import { GeneratedWeights, generateActivations } from "../../src/weights/generate.js";
+import { loadMoEWeights, saveMoEWeights } from "../../src/weights/moe-file.js";
 import { RandomV4Weights } from "../../src/weights/random-v4.js";
-import { loadMoEWeights, readSafetensorsHeader, saveMoEWeights } from "../../src/weights/safetensors.js";
+import { readSafetensorsHeader } from "../../src/weights/safetensors.js";
 import type { MoEWeightSource } from "../../src/weights/types.js";
 import { testSeed } from "../helpers/random.js";
 import { tinyV4, VOCAB, writeTinyV4 } from "../helpers/v4-checkpoint.js";

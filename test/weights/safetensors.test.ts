@@ -9,10 +9,12 @@ import {
   DEFAULT_PREFIX,
   loadMoEWeights,
   moeTensorSpecs,
+  saveMoEWeights,
+} from "../../src/weights/moe-file.js";
+import {
   readSafetensors,
   readSafetensorsHeader,
   SafetensorsError,
-  saveMoEWeights,
   type TensorData,
   writeSafetensors,
 } from "../../src/weights/safetensors.js";

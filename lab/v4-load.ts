@@ -4,7 +4,7 @@
  * routed expert one at a time, and each phase's peak host memory (max RSS of its own process), to show
  * that a layer never needs a shard, or a layer, in memory.
  *
- * Run: node --import tsx scripts/v4-load-bench.ts [--dir /tmp/v4-flash] [--layers 1] [--experts 256]
+ * Run: node --import tsx lab/v4-load.ts [--dir /tmp/v4-flash] [--layers 1] [--experts 256]
  *      [--shard-gb 4] [--keep]
  * A flash layer's FP4 experts are ~3.4 GB on disk: check free space first, or pass fewer --experts.
  */
