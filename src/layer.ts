@@ -12,8 +12,7 @@ import {
 } from "./config/config.js";
 import { cudaAvailability, Device, DeviceTensor, openDevice, type Stream } from "./cuda/index.js";
 import { DeviceMoEWeights } from "./kernels/device-weights.js";
-import { fusedLayerProblem } from "./kernels/megamoe/megamoe.js";
-import { FusedPipeline } from "./pipeline/fused.js";
+import { FusedPipeline, fusedPipelineProblem } from "./pipeline/fused.js";
 import { forwardProblem, type MoEPipeline, UnfusedPipeline } from "./pipeline/unfused.js";
 import { type Routing, referenceMoE } from "./reference/moe.js";
 import { routeByHash, routeTokens, validateRouting } from "./reference/router.js";
@@ -25,7 +24,7 @@ export type GpuPipelineKind = "fused" | "unfused";
 /**
  * The "cuda" backend's pipeline when none is asked for: the fused kernel (bit-identical to the unfused
  * pipeline in every GPU test on the H200, docs/decisions.md). Ask for { pipeline: "unfused" } for the
- * baseline; shapes the fused kernel cannot run take it anyway.
+ * baseline; layers the fused kernel cannot run (some shapes, FP4 experts) take it anyway.
  */
 export const DEFAULT_GPU_PIPELINE: GpuPipelineKind = "fused";
 
@@ -36,8 +35,9 @@ export interface MoELayerOptions {
   device?: Device | number;
   /**
    * The GPU pipeline: "fused" (one persistent kernel after the quantization) or "unfused" (the
-   * baseline: 11 launches); default DEFAULT_GPU_PIPELINE. A shape the fused kernel cannot run (hidden
-   * not a multiple of 256) is an InputError when "fused" is asked for.
+   * baseline: 11 launches); default DEFAULT_GPU_PIPELINE. A layer the fused kernel cannot run (hidden
+   * not a multiple of 256; FP4 routed experts, expertFormat "fp4") takes "unfused" by default and is an
+   * InputError when "fused" is asked for.
    */
   pipeline?: GpuPipelineKind;
 }
@@ -250,6 +250,16 @@ export class MoELayer {
           `layer ${this.config.name} is hash-routed (experts chosen by token id): the "cuda" backend does not run such layers yet; use the "cpu" backend`,
         );
       }
+      // The pipeline first: a pure check of the config, so its error does not depend on the machine.
+      if (options.pipeline !== undefined && options.pipeline !== "fused" && options.pipeline !== "unfused") {
+        throw new InputError(
+          `unknown pipeline "${String(options.pipeline)}" (expected "fused" or "unfused")`,
+        );
+      }
+      const unfit = fusedPipelineProblem(this.config);
+      if (options.pipeline === "fused" && unfit !== null) {
+        throw new InputError(`the fused pipeline cannot run this layer: ${unfit}`);
+      }
       const device = options.device ?? 0;
       if (typeof device === "number" && !(Number.isInteger(device) && device >= 0)) {
         throw new InputError(
@@ -264,15 +274,6 @@ export class MoELayer {
       if (typeof device === "number") {
         const a = cudaAvailability();
         if (!a.ok) throw new InputError(`backend "cuda" needs a CUDA GPU: ${a.reason}`);
-      }
-      const unfit = fusedLayerProblem(this.config);
-      if (options.pipeline === "fused" && unfit !== null) {
-        throw new InputError(`the fused pipeline cannot run this layer: ${unfit}`);
-      }
-      if (options.pipeline !== undefined && options.pipeline !== "fused" && options.pipeline !== "unfused") {
-        throw new InputError(
-          `unknown pipeline "${String(options.pipeline)}" (expected "fused" or "unfused")`,
-        );
       }
       this.pipeline = options.pipeline ?? (unfit === null ? DEFAULT_GPU_PIPELINE : "unfused");
       this.cuda = new CudaState(
