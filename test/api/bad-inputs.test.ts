@@ -284,6 +284,22 @@ const rows: Row[] = [
     /got "0"/,
   ),
   err(
+    "cuda with FP4 experts (no GPU pipeline takes them yet), before looking for a GPU",
+    () => new MoELayer(new GeneratedWeights({ ...tiny, expertFormat: "fp4" }, 1), { backend: "cuda" }),
+    InputError,
+    /layer tiny has FP4 \(MXFP4\) routed experts: they need the FP4 kernels, and the fused pipeline takes FP8 experts only/,
+  ),
+  err(
+    "cuda unfused with FP4 experts",
+    () =>
+      new MoELayer(new GeneratedWeights({ ...tiny, expertFormat: "fp4" }, 1), {
+        backend: "cuda",
+        pipeline: "unfused",
+      }),
+    InputError,
+    /the unfused pipeline takes FP8 experts only.*"cpu" backend/,
+  ),
+  err(
     "MoELayer options null",
     () => new MoELayer(weights, null as never),
     InputError,
