@@ -5,7 +5,7 @@
  * against the one-device reference, on the CPU and, with a GPU, with every rank on it.
  */
 import pc from "picocolors";
-import { resolveConfigForTokens } from "../config/config.js";
+import { expertFormatOf } from "../config/config.js";
 import { MoELayer } from "../layer.js";
 import { bf16BitsToF32 } from "../numerics/bf16.js";
 import { ExpertParallelMoE, joinRankOutputs, splitAmongRanks } from "../parallel/expert-parallel.js";
@@ -15,7 +15,15 @@ import { routeTokens } from "../reference/router.js";
 import { generateActivations } from "../weights/generate.js";
 import { checkpointLayer, hashRouting } from "./checkpoint.js";
 import { progressBar } from "./progress.js";
-import { chooseBackend, gpuPipeline, makeWeights } from "./run.js";
+import {
+  checkCheckpointExperts,
+  chooseBackend,
+  describeLayerWeights,
+  expertsFormat,
+  gpuPipeline,
+  makeWeights,
+  shapeConfig,
+} from "./run.js";
 
 export interface CheckOptions {
   shape: string;
@@ -30,6 +38,8 @@ export interface CheckOptions {
   layer?: string;
   /** Expert-parallel ranks to check as well (1: none). */
   ranks?: number;
+  /** Routed experts' format, "fp8" or "fp4" (a config override; default the shape's or checkpoint's). */
+  experts?: string;
   json?: boolean;
 }
 
@@ -45,13 +55,15 @@ function compare(name: string, a: ArrayLike<number>, b: ArrayLike<number>): Comp
 
 export async function runCheck(opts: CheckOptions): Promise<void> {
   const backend = chooseBackend(opts.backend);
+  expertsFormat(opts.experts); // a bad --experts is named before any work
   if (opts.layer !== undefined && opts.checkpoint === undefined)
     throw new Error("--layer needs --checkpoint");
   const weights =
     opts.checkpoint === undefined
-      ? makeWeights(resolveConfigForTokens(opts.shape, opts.tokens), opts.seed)
+      ? makeWeights(shapeConfig(opts.shape, opts.tokens, opts.experts), opts.seed)
       : checkpointLayer(opts.checkpoint, opts.layer, opts.tokens);
   const config = weights.config;
+  if (opts.checkpoint !== undefined) checkCheckpointExperts(opts.experts, config);
   const x = generateActivations(opts.seed, opts.tokens, config.hidden);
   const routing =
     hashRouting(weights, x, opts.tokens, opts.seed)?.routing ??
@@ -116,6 +128,7 @@ export async function runCheck(opts: CheckOptions): Promise<void> {
     tokens: opts.tokens,
     seed: opts.seed,
     shared: opts.shared,
+    expertFormat: expertFormatOf(config),
     backend,
     ranks,
     comparisons,
@@ -127,6 +140,7 @@ export async function runCheck(opts: CheckOptions): Promise<void> {
   process.stdout.write(
     `${pc.bold("megamoe check")} ${config.name}, T=${opts.tokens}, seed ${opts.seed}, backend ${backend}${ranks > 1 ? `, ${ranks} expert-parallel ranks` : ""}\n`,
   );
+  process.stdout.write(`  ${pc.dim("weights".padEnd(36))} ${describeLayerWeights(config)}\n`);
   for (const c of comparisons) {
     process.stdout.write(
       `  ${c.comparison.padEnd(36)} ‖a − b‖/‖b‖ ${c.relError.toExponential(3)}   calc_diff ${c.calcDiff.toExponential(3)}\n`,

@@ -1,11 +1,26 @@
 /** `megamoe info`: the package, the CUDA driver and device, and the ceilings measured by our kernels. */
 import pc from "picocolors";
+import { EXPERT_FORMATS, type ExpertFormat, PRESETS, presetNames } from "../config/config.js";
 import { cudaAvailability, deviceSummary, locateLibnvrtc, locateNvcc, openDevice } from "../cuda/index.js";
+import { DeviceMoEWeights } from "../kernels/device-weights.js";
 import { measureCeilings } from "../kernels/probe/probe.js";
+import { formatBytes } from "./run.js";
 
 export interface InfoOptions {
   json?: boolean;
   measure?: boolean;
+}
+
+/** Device bytes of one layer of each preset (DeviceMoEWeights.bytesFor), by routed experts' format. */
+export function presetLayerBytes(): Record<string, Record<ExpertFormat, number>> {
+  return Object.fromEntries(
+    presetNames().map((name) => [
+      name,
+      Object.fromEntries(
+        EXPERT_FORMATS.map((f) => [f, DeviceMoEWeights.bytesFor({ ...PRESETS[name]!, expertFormat: f })]),
+      ) as Record<ExpertFormat, number>,
+    ]),
+  );
 }
 
 export async function runInfo(opts: InfoOptions): Promise<void> {
@@ -22,6 +37,7 @@ export async function runInfo(opts: InfoOptions): Promise<void> {
     cudaUnavailable: cuda.ok ? undefined : cuda.reason,
     nvrtc: nvrtc.ok ? nvrtc.path : null,
     nvcc: nvcc.ok ? nvcc.path : null,
+    layerWeightBytes: presetLayerBytes(),
   };
   if (cuda.ok) {
     const device = openDevice(0);
@@ -38,6 +54,10 @@ export async function runInfo(opts: InfoOptions): Promise<void> {
   line("node", `${info.node} (${info.platform})`);
   line("nvrtc", info.nvrtc ?? pc.yellow("not found"));
   line("nvcc", info.nvcc ?? pc.yellow("not found"));
+  line("layer weights", "on a GPU, per layer, with fp8 / fp4 (MXFP4) routed experts (shared expert fp8):");
+  for (const [name, b] of Object.entries(info.layerWeightBytes as ReturnType<typeof presetLayerBytes>)) {
+    line(`  ${name}`, `${formatBytes(b.fp8)} / ${formatBytes(b.fp4)}`);
+  }
   if (!cuda.ok) {
     line("cuda", pc.yellow(`unavailable: ${cuda.reason}`));
     line("backend", "cpu (the reference)");

@@ -56,6 +56,10 @@ program
   .option("--shared <0|1>", "include the shared expert", sharedFlag, true)
   .option("--routing <kind>", "gate (the layer's router) or random", "gate")
   .option(
+    "--experts <fmt>",
+    "routed experts' format: fp8 or fp4 (MXFP4; shared expert stays fp8); default the shape's",
+  )
+  .option(
     "--checkpoint <dir>",
     "a DeepSeek-V4 checkpoint directory (or one .safetensors file) instead of --shape",
   )
@@ -87,6 +91,10 @@ program
     "a DeepSeek-V4 checkpoint directory (or one .safetensors file) instead of --shape",
   )
   .option("--layer <L>", "with --checkpoint: the layer (a number, layers.L or mtp.0)")
+  .option(
+    "--experts <fmt>",
+    "routed experts' format: fp8 or fp4 (MXFP4; shared expert stays fp8); default the shape's",
+  )
   .option("--ranks <n>", "also check the layer split across n expert-parallel ranks", positiveInt("ranks"), 1)
   .option("--json", "print the result as JSON")
   .action(async (opts) => {
@@ -119,6 +127,7 @@ program
     "a DeepSeek-V4 checkpoint directory (or one .safetensors file) instead of --shape (fused/unfused)",
   )
   .option("--layer <L>", "with --checkpoint: the layer (a number, layers.L or mtp.0)")
+  .option("--experts <fmt>", "fused/unfused/step: routed experts' format, fp8 or fp4 (default the shape's)")
   .option("--seed <n>", "seed of weights, inputs and routing", seedArg, 1)
   .option("--graph", "unfused: also time CUDA-graph replays (the default)")
   .option("--no-graph", "unfused: time eager launches only")

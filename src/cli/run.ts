@@ -3,8 +3,16 @@
  * With `--ranks R` the layer is split across R expert-parallel ranks, the batch dealt out among them.
  */
 import pc from "picocolors";
-import { type MoEConfig, resolveConfigForTokens } from "../config/config.js";
+import {
+  EXPERT_FORMATS,
+  type ExpertFormat,
+  expertFormatOf,
+  type MoEConfig,
+  resolveConfigForTokens,
+  type ValidatedConfig,
+} from "../config/config.js";
 import { cudaAvailability } from "../cuda/index.js";
+import { DeviceMoEWeights } from "../kernels/device-weights.js";
 import { type Backend, type GpuPipelineKind, MoELayer } from "../layer.js";
 import { bf16BitsToF32 } from "../numerics/bf16.js";
 import {
@@ -39,7 +47,54 @@ export interface RunOptions {
   layer?: string;
   /** Expert-parallel ranks (1: one layer). */
   ranks?: number;
+  /** Routed experts' format, "fp8" or "fp4" (a config override; default the shape's or checkpoint's). */
+  experts?: string;
   json?: boolean;
+}
+
+/** --experts checked: undefined (the shape's or the checkpoint's own format), "fp8" or "fp4". */
+export function expertsFormat(name: string | undefined): ExpertFormat | undefined {
+  if (name === undefined || (EXPERT_FORMATS as readonly string[]).includes(name)) {
+    return name as ExpertFormat | undefined;
+  }
+  throw new Error(`--experts ${name}: expected fp4 or fp8`);
+}
+
+/** The --shape preset sized for `tokens`, with --experts applied when given. */
+export function shapeConfig(shape: string, tokens: number, experts: string | undefined): ValidatedConfig {
+  const format = expertsFormat(experts);
+  return resolveConfigForTokens(shape, tokens, format === undefined ? {} : { expertFormat: format });
+}
+
+/**
+ * A checkpoint's layer keeps its experts' format: --experts, when given, must name it (converting a
+ * checkpoint's experts is `mxfp4ToFp8Blocks`' job, not a flag's).
+ */
+export function checkCheckpointExperts(experts: string | undefined, config: MoEConfig): void {
+  const format = expertsFormat(experts);
+  if (format !== undefined && format !== expertFormatOf(config)) {
+    throw new Error(
+      `--experts ${format}: the checkpoint's layer holds ${expertFormatOf(config)} experts, and a checkpoint's experts keep their format (--experts applies to --shape)`,
+    );
+  }
+}
+
+/**
+ * How a layer's weights are described: the routed experts' format and the device memory of one whole
+ * layer (DeviceMoEWeights.bytesFor), e.g. "fp4 routed experts (MXFP4), shared fp8; 3.42 GB on a GPU".
+ */
+export function describeLayerWeights(config: MoEConfig): string {
+  const format = expertFormatOf(config);
+  const shared = config.numShared > 0 ? ", shared fp8" : "";
+  const bytes = formatBytes(DeviceMoEWeights.bytesFor(config));
+  return `${format} routed experts${format === "fp4" ? " (MXFP4)" : ""}${shared}; ${bytes} on a GPU`;
+}
+
+/** Decimal bytes for a person: "6.44 GB", "25.2 MB", "520 kB". */
+export function formatBytes(bytes: number): string {
+  if (bytes >= 1e9) return `${(bytes / 1e9).toFixed(2)} GB`;
+  if (bytes >= 1e6) return `${(bytes / 1e6).toFixed(1)} MB`;
+  return `${Math.round(bytes / 1e3)} kB`;
 }
 
 /** --pipeline checked: undefined (the layer's default), "fused" or "unfused". */
@@ -67,6 +122,7 @@ export function chooseBackend(name: string): Backend {
 
 export async function runLayer(opts: RunOptions): Promise<void> {
   const backend = chooseBackend(opts.backend);
+  expertsFormat(opts.experts); // a bad --experts is named before any work
   if (opts.layer !== undefined && opts.checkpoint === undefined)
     throw new Error("--layer needs --checkpoint");
   if (opts.checkpoint !== undefined && (opts.weights !== undefined || opts.saveWeights !== undefined)) {
@@ -74,9 +130,10 @@ export async function runLayer(opts: RunOptions): Promise<void> {
   }
   let weights =
     opts.checkpoint === undefined
-      ? makeWeights(resolveConfigForTokens(opts.shape, opts.tokens), opts.seed, opts.weights)
+      ? makeWeights(shapeConfig(opts.shape, opts.tokens, opts.experts), opts.seed, opts.weights)
       : checkpointLayer(opts.checkpoint, opts.layer, opts.tokens);
   const config = weights.config;
+  if (opts.checkpoint !== undefined) checkCheckpointExperts(opts.experts, config);
   if (opts.saveWeights !== undefined) {
     const bar = progressBar("saving weights");
     saveMoEWeights(opts.saveWeights, weights, { onProgress: (d, t) => bar.update(d, t) });
@@ -127,11 +184,12 @@ export async function runLayer(opts: RunOptions): Promise<void> {
   const experts = new Set(Array.from(result.routing.ids).filter((e) => e >= 0)).size;
   const summary = {
     shape: config.name,
+    expertFormat: expertFormatOf(config),
+    deviceWeightBytes: DeviceMoEWeights.bytesFor(config),
     ...(opts.checkpoint === undefined
       ? {}
       : {
           checkpoint: opts.checkpoint,
-          expertFormat: config.expertFormat ?? "fp8",
           layerRouting: config.router.hashRouted === true ? "hash" : "score",
         }),
     experts: config.numExperts,
@@ -170,6 +228,7 @@ export async function runLayer(opts: RunOptions): Promise<void> {
       ),
     );
   }
+  process.stdout.write(line("weights", describeLayerWeights(config)));
   process.stdout.write(line("tokens", opts.tokens));
   process.stdout.write(line("backend", `${backend} (routing: ${opts.routing}, seed ${opts.seed})`));
   process.stdout.write(line("experts", `${experts} of ${config.numExperts} touched`));

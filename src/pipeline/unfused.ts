@@ -17,7 +17,7 @@
  */
 import { type MoEConfig, QUANT_BLOCK, sharedIntermediate } from "../config/config.js";
 import { type Device, DeviceTensor, expectOperand, type Stream } from "../cuda/index.js";
-import type { DeviceExpertPair, DeviceMoEWeights } from "../kernels/device-weights.js";
+import type { DeviceExpertPair, DeviceFp4ExpertPair, DeviceMoEWeights } from "../kernels/device-weights.js";
 import { groupedGemmFp4 } from "../kernels/gemm/fp4_grouped_gemm.js";
 import { aScalesRows, groupedGemmFp8 } from "../kernels/gemm/grouped_gemm.js";
 import { quantizeOnDevice } from "../kernels/quant/quant.js";
@@ -175,22 +175,9 @@ interface BatchViews {
 /** One MLP's weights in the GEMM's layouts: FP8 (routed or shared) or FP4 (routed, expertFormat "fp4"). */
 type MlpWeights = { format: "fp8"; pair: DeviceExpertPair } | { format: "fp4"; pair: DeviceFp4ExpertPair };
 
-/**
- * FP4 routed experts in the FP4 grouped GEMM's layout (DeviceMoEWeights.routedFp4, branch fp4-weights):
- * W1 packed uint8 [E, 2I, H/2] with scale bytes [H/128, E·2I·4], W2 [E, H, I/2] with [I/128, E·H·4].
- * TODO(fp4-weights): import DeviceFp4ExpertPair from device-weights.ts once merged.
- */
-interface DeviceFp4ExpertPair {
-  w1: DeviceTensor;
-  w1Scales: DeviceTensor;
-  w2: DeviceTensor;
-  w2Scales: DeviceTensor;
-}
-
 /** The routed experts' weights of `w`, in the config's expert format. */
 export function routedMlpWeights(w: DeviceMoEWeights): MlpWeights {
-  const fp4 = (w as { routedFp4?: DeviceFp4ExpertPair | null }).routedFp4;
-  if (fp4 !== undefined && fp4 !== null) return { format: "fp4", pair: fp4 };
+  if (w.routedFp4 !== null) return { format: "fp4", pair: w.routedFp4 };
   return { format: "fp8", pair: w.routed };
 }
 

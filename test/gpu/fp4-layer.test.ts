@@ -239,7 +239,9 @@ describe("FP4 layer: checks that need no GPU", () => {
       () => new MoELayer(new GeneratedWeights(tiny4, seed), { backend: "cuda", pipeline: "fused" }),
       (e: unknown) =>
         e instanceof InputError &&
-        /the fused pipeline cannot run this layer: FP4 routed experts/.test(e.message),
+        /FP4 \(MXFP4\) routed experts.*the fused pipeline takes FP8 experts only \(use the unfused pipeline\)/.test(
+          e.message,
+        ),
     );
   });
 });
