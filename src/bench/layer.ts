@@ -35,6 +35,7 @@ import {
 import { DeviceMoEWeights, generateActivationsOnDevice } from "../kernels/device-weights.js";
 import { FUSED_BLOCK_MS } from "../kernels/megamoe/megamoe.variants.js";
 import { fusedBlockM } from "../kernels/megamoe/plan.js";
+import { expertFormatProblem } from "../layer.js";
 import { FusedPipeline } from "../pipeline/fused.js";
 import { type MoEPipeline, UnfusedPipeline } from "../pipeline/unfused.js";
 import { type Routing, randomRouting } from "../reference/router.js";
@@ -139,6 +140,8 @@ export interface LayerBenchOptions {
   /** Pipelines timed side by side, same weights and inputs (default: both). */
   impls?: readonly LayerImpl[];
   shape: string;
+  /** The shape's routed experts in this format (default the preset's); not with `source`. */
+  expertFormat?: ExpertFormat;
   /** Weights to upload (a checkpoint's layer) instead of the shape's generated ones. */
   source?: MoEWeightSource;
   tokens: readonly number[];
@@ -243,7 +246,13 @@ export function benchmarkLayer(device: Device, o: LayerBenchOptions): ResultRow[
   if (o.tokens.length === 0) throw new RangeError("benchmarkLayer: no token counts");
   const impls = o.impls ?? LAYER_IMPLS;
   const maxTokens = Math.max(...o.tokens);
-  const config = o.source === undefined ? resolveConfigForTokens(o.shape, maxTokens) : o.source.config;
+  const overrides = o.expertFormat === undefined ? {} : { expertFormat: o.expertFormat };
+  const config =
+    o.source === undefined ? resolveConfigForTokens(o.shape, maxTokens, overrides) : o.source.config;
+  for (const impl of impls) {
+    const problem = expertFormatProblem(config, impl);
+    if (problem !== null) throw new Error(`benchmarkLayer: ${problem}`);
+  }
   if (config.maxTokens < maxTokens) {
     throw new RangeError(
       `benchmarkLayer: ${config.name} takes at most ${config.maxTokens} tokens, asked ${maxTokens}`,

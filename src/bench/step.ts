@@ -12,7 +12,7 @@
  * Reported per step and per block: µs (median of graph replays, L2 flushed between them) and kernel
  * launches (counted, not assumed: `kernelLaunches()` over one eager step).
  */
-import { resolveConfigForTokens } from "../config/config.js";
+import { type ExpertFormat, resolveConfigForTokens } from "../config/config.js";
 import {
   type Device,
   DeviceTensor,
@@ -24,6 +24,7 @@ import {
 import { DeviceMoEWeights, generateActivationsOnDevice } from "../kernels/device-weights.js";
 import { routeOnDevice } from "../kernels/gate/gate.js";
 import { rmsNormOnDevice } from "../kernels/norm/norm.js";
+import { expertFormatProblem } from "../layer.js";
 import { f32ToBf16Bits } from "../numerics/bf16.js";
 import { tensorKey, uniformSym } from "../numerics/counter-rng.js";
 import { FusedPipeline } from "../pipeline/fused.js";
@@ -38,6 +39,8 @@ export interface StepBenchOptions {
   layers: number;
   tokens: readonly number[];
   seed: number;
+  /** The shape's routed experts in this format (default the preset's). */
+  expertFormat?: ExpertFormat;
   /** Timed replays per case (default 30). */
   iters?: number;
   onProgress?: (done: number, total: number) => void;
@@ -64,7 +67,10 @@ export function benchmarkDecodeStep(device: Device, o: StepBenchOptions): Result
   }
   if (o.tokens.length === 0) throw new RangeError("benchmarkDecodeStep: no token counts");
   const maxTokens = Math.max(...o.tokens);
-  const config = resolveConfigForTokens(o.shape, maxTokens);
+  const overrides = o.expertFormat === undefined ? {} : { expertFormat: o.expertFormat };
+  const config = resolveConfigForTokens(o.shape, maxTokens, overrides);
+  const problem = expertFormatProblem(config, "fused");
+  if (problem !== null) throw new Error(`benchmarkDecodeStep: ${problem}`);
   const H = config.hidden;
   const k = config.topK;
   const iters = o.iters ?? 30;

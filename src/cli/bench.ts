@@ -11,7 +11,7 @@ import {
 import { benchmarkLayer, DEFAULT_FP8_TFLOPS, DEFAULT_LAYER_ITERS, type LayerImpl } from "../bench/layer.js";
 import { matchPeerRow, type PeerResults, readPeerResults } from "../bench/peer.js";
 import { benchmarkDecodeStep, DEFAULT_STEP_LAYERS, STEP_TOKENS } from "../bench/step.js";
-import { MAX_TOKENS_LIMIT, QUANT_BLOCK, resolveConfig } from "../config/config.js";
+import { type ExpertFormat, MAX_TOKENS_LIMIT, QUANT_BLOCK, resolveConfig } from "../config/config.js";
 import { FP8_PEAK_FLOPS, READ_BYTES_PER_S } from "../cuda/hardware.js";
 import {
   cudaAvailability,
@@ -23,10 +23,12 @@ import {
 } from "../cuda/index.js";
 import { measureCopyCeiling, measureReadCeiling } from "../kernels/probe/probe.js";
 import { benchmarkQuant } from "../kernels/quant/quant.js";
+import { expertFormatProblem } from "../layer.js";
 import { checkpointLayer } from "./checkpoint.js";
 import { shortCudaReason } from "./gpu-reason.js";
 import { plotTitle, renderTimePlot, writePlot } from "./plot.js";
 import { type Progress, progressBar } from "./progress.js";
+import { checkCheckpointExperts, expertsFormat } from "./run.js";
 import { checkInputFile, checkOutputFile, UsageError } from "./usage.js";
 
 export interface BenchOptions {
@@ -37,6 +39,8 @@ export interface BenchOptions {
   layer?: string;
   shared: boolean;
   seed: number;
+  /** fused/unfused/step: the routed experts' format, "fp8" or "fp4" (a config override of --shape). */
+  experts?: string;
   /** Also time CUDA-graph replays (unfused; default true). */
   graph?: boolean;
   /** Fused: also time every block M forced, and say how far the heuristic's pick is from the best. */
@@ -262,7 +266,18 @@ function validate(opts: BenchOptions): void {
   }
   if (opts.layer !== undefined && opts.checkpoint === undefined)
     throw new Error("--layer needs --checkpoint");
-  if (opts.impl !== "quant") resolveConfig(opts.shape); // throws naming an unknown shape
+  const experts = expertsFormat(opts.experts);
+  if (experts !== undefined && layerImpls(opts.impl) === null && opts.impl !== "step") {
+    throw new Error(`--experts applies to --impl fused, unfused, fused,unfused or step, not ${opts.impl}`);
+  }
+  if (opts.impl !== "quant") {
+    // Throws naming an unknown shape; then the pipelines must take the experts' format.
+    const config = resolveConfig(opts.shape, experts === undefined ? {} : { expertFormat: experts });
+    for (const impl of layerImpls(opts.impl) ?? (opts.impl === "step" ? (["fused"] as const) : [])) {
+      const problem = opts.checkpoint === undefined ? expertFormatProblem(config, impl) : null;
+      if (problem !== null) throw new Error(problem);
+    }
+  }
   if (opts.plot !== undefined && layerImpls(opts.impl) === null) {
     throw new UsageError(
       "--plot draws the layer's time against tokens: use it with --impl fused, unfused or fused,unfused",
@@ -348,6 +363,7 @@ function runCases(
       layers: opts.layers ?? DEFAULT_STEP_LAYERS,
       tokens: opts.tokens ?? STEP_TOKENS,
       seed: opts.seed,
+      expertFormat: opts.experts as ExpertFormat | undefined,
       iters: opts.iters,
       onProgress: (d, t) => bar.update(d, t),
     });
@@ -355,13 +371,16 @@ function runCases(
   const impls = layerImpls(opts.impl);
   if (impls !== null) {
     const tokens = opts.tokens ?? LAYER_TOKENS;
+    const source =
+      opts.checkpoint === undefined
+        ? undefined
+        : checkpointLayer(opts.checkpoint, opts.layer, Math.max(...tokens));
+    if (source !== undefined) checkCheckpointExperts(opts.experts, source.config);
     return benchmarkLayer(device, {
       impls,
       shape: opts.shape,
-      source:
-        opts.checkpoint === undefined
-          ? undefined
-          : checkpointLayer(opts.checkpoint, opts.layer, Math.max(...tokens)),
+      expertFormat: opts.experts as ExpertFormat | undefined,
+      source,
       tokens: opts.tokens ?? LAYER_TOKENS,
       shared: opts.shared,
       seed: opts.seed,

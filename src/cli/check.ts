@@ -9,7 +9,7 @@
  * judged, and the output says so and why.
  */
 import pc from "picocolors";
-import { resolveConfigForTokens } from "../config/config.js";
+import { expertFormatOf } from "../config/config.js";
 import { cudaAvailability } from "../cuda/index.js";
 import { MoELayer } from "../layer.js";
 import { bf16BitsToF32 } from "../numerics/bf16.js";
@@ -29,7 +29,16 @@ import { generateActivations } from "../weights/generate.js";
 import { checkpointLayer, hashRouting } from "./checkpoint.js";
 import { shortCudaReason } from "./gpu-reason.js";
 import { progressBar } from "./progress.js";
-import { checkPipelineFor, chooseBackend, gpuPipeline, makeWeights } from "./run.js";
+import {
+  checkCheckpointExperts,
+  checkPipelineFor,
+  chooseBackend,
+  describeLayerWeights,
+  expertsFormat,
+  gpuPipeline,
+  makeWeights,
+  shapeConfig,
+} from "./run.js";
 import { UsageError } from "./usage.js";
 
 export interface CheckOptions {
@@ -45,6 +54,8 @@ export interface CheckOptions {
   layer?: string;
   /** Expert-parallel ranks to check as well (1: none). */
   ranks?: number;
+  /** Routed experts' format, "fp8" or "fp4" (a config override; default the shape's or checkpoint's). */
+  experts?: string;
   json?: boolean;
 }
 
@@ -74,9 +85,11 @@ function boundText(max: number | undefined): string {
 
 export async function runCheck(opts: CheckOptions): Promise<void> {
   // Every value first, then the machine: a typo is reported before a "no GPU" note or any work.
+  expertsFormat(opts.experts);
   if (opts.layer !== undefined && opts.checkpoint === undefined)
     throw new UsageError("--layer needs --checkpoint");
-  const shape = opts.checkpoint === undefined ? resolveConfigForTokens(opts.shape, opts.tokens) : undefined;
+  const shape =
+    opts.checkpoint === undefined ? shapeConfig(opts.shape, opts.tokens, opts.experts) : undefined;
   gpuPipeline(opts.pipeline);
   const backend = chooseBackend(opts.backend);
   const pipeline = checkPipelineFor(backend, opts.pipeline);
@@ -85,6 +98,7 @@ export async function runCheck(opts: CheckOptions): Promise<void> {
       ? makeWeights(shape, opts.seed)
       : checkpointLayer(opts.checkpoint as string, opts.layer, opts.tokens);
   const config = weights.config;
+  if (opts.checkpoint !== undefined) checkCheckpointExperts(opts.experts, config);
   const x = generateActivations(opts.seed, opts.tokens, config.hidden);
   const routing =
     hashRouting(weights, x, opts.tokens, opts.seed)?.routing ??
@@ -157,6 +171,7 @@ export async function runCheck(opts: CheckOptions): Promise<void> {
     tokens: opts.tokens,
     seed: opts.seed,
     shared: opts.shared,
+    expertFormat: expertFormatOf(config),
     backend,
     ranks,
     comparisons,
@@ -171,6 +186,7 @@ export async function runCheck(opts: CheckOptions): Promise<void> {
   process.stdout.write(
     `${pc.bold("megamoe check")} ${config.name}, T=${opts.tokens}, seed ${opts.seed}, backend ${backend}${ranks > 1 ? `, ${ranks} expert-parallel ranks` : ""}\n`,
   );
+  process.stdout.write(`  ${pc.dim("weights".padEnd(36))} ${describeLayerWeights(config)}\n`);
   const width = Math.max(...comparisons.map((c) => c.comparison.length));
   process.stdout.write(
     pc.dim(

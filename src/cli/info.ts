@@ -2,6 +2,7 @@
 
 import path from "node:path";
 import pc from "picocolors";
+import { EXPERT_FORMATS, type ExpertFormat, PRESETS, presetNames } from "../config/config.js";
 import {
   compilerProblem,
   cudaAvailability,
@@ -13,7 +14,9 @@ import {
   openDevice,
   outputFileProblem,
 } from "../cuda/index.js";
+import { DeviceMoEWeights } from "../kernels/device-weights.js";
 import { measureCeilings } from "../kernels/probe/probe.js";
+import { formatBytes } from "./run.js";
 
 export interface InfoOptions {
   json?: boolean;
@@ -29,6 +32,18 @@ function compilerStatus(
   const problem = compilerProblem(name);
   if (problem === undefined) return { path: located.path };
   return { path: null, problem: `not usable: ${problem}` };
+}
+
+/** Device bytes of one layer of each preset (DeviceMoEWeights.bytesFor), by routed experts' format. */
+export function presetLayerBytes(): Record<string, Record<ExpertFormat, number>> {
+  return Object.fromEntries(
+    presetNames().map((name) => [
+      name,
+      Object.fromEntries(
+        EXPERT_FORMATS.map((f) => [f, DeviceMoEWeights.bytesFor({ ...PRESETS[name]!, expertFormat: f })]),
+      ) as Record<ExpertFormat, number>,
+    ]),
+  );
 }
 
 export async function runInfo(opts: InfoOptions): Promise<void> {
@@ -52,6 +67,7 @@ export async function runInfo(opts: InfoOptions): Promise<void> {
     nvccUnavailable: nvcc.problem,
     jitCache: cacheDir,
     jitCacheUnusable: cacheProblem,
+    layerWeightBytes: presetLayerBytes(),
   };
   if (cuda.ok) {
     const device = openDevice(0);
@@ -74,6 +90,10 @@ export async function runInfo(opts: InfoOptions): Promise<void> {
       ? cacheDir
       : pc.yellow(`${cacheDir}: not usable (${cacheProblem}); kernels compile each run`),
   );
+  line("layer weights", "on a GPU, per layer, with fp8 / fp4 (MXFP4) routed experts (shared expert fp8):");
+  for (const [name, b] of Object.entries(info.layerWeightBytes as ReturnType<typeof presetLayerBytes>)) {
+    line(`  ${name}`, `${formatBytes(b.fp8)} / ${formatBytes(b.fp4)}`);
+  }
   if (!cuda.ok) {
     line("cuda", pc.yellow(`unavailable: ${cuda.reason}`));
     line("backend", "cpu (the reference)");

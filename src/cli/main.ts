@@ -70,6 +70,10 @@ program
   .addOption(sharedOption())
   .option("--routing <kind>", "gate (the layer's router) or random", "gate")
   .option(
+    "--experts <fmt>",
+    "routed experts' format: fp8 or fp4 (MXFP4; shared expert stays fp8); default the shape's",
+  )
+  .option(
     "--checkpoint <dir>",
     "a DeepSeek-V4 checkpoint directory (or one .safetensors file) instead of --shape",
   )
@@ -103,6 +107,10 @@ program
     "a DeepSeek-V4 checkpoint directory (or one .safetensors file) instead of --shape",
   )
   .option("--layer <L>", "with --checkpoint: the layer (a number, layers.L or mtp.0)")
+  .option(
+    "--experts <fmt>",
+    "routed experts' format: fp8 or fp4 (MXFP4; shared expert stays fp8); default the shape's",
+  )
   .option("--ranks <n>", "also check the layer split across n expert-parallel ranks", positiveInt("ranks"), 1)
   .option("--json", "print the result as JSON")
   .action(async (opts) => {
@@ -135,6 +143,7 @@ program
     "a DeepSeek-V4 checkpoint directory (or one .safetensors file) instead of --shape (fused/unfused)",
   )
   .option("--layer <L>", "with --checkpoint: the layer (a number, layers.L or mtp.0)")
+  .option("--experts <fmt>", "fused/unfused/step: routed experts' format, fp8 or fp4 (default the shape's)")
   .option("--seed <n>", "seed of weights, inputs and routing", seedArg, 1)
   .option("--graph", "unfused: also time CUDA-graph replays (the default)")
   .option("--no-graph", "unfused: time eager launches only")

@@ -4,8 +4,16 @@
  */
 import path from "node:path";
 import pc from "picocolors";
-import { type MoEConfig, resolveConfigForTokens } from "../config/config.js";
+import {
+  EXPERT_FORMATS,
+  type ExpertFormat,
+  expertFormatOf,
+  type MoEConfig,
+  resolveConfigForTokens,
+  type ValidatedConfig,
+} from "../config/config.js";
 import { cudaAvailability, makeDirectory } from "../cuda/index.js";
+import { DeviceMoEWeights } from "../kernels/device-weights.js";
 import { type Backend, type GpuPipelineKind, MoELayer } from "../layer.js";
 import { bf16BitsToF32 } from "../numerics/bf16.js";
 import {
@@ -42,7 +50,54 @@ export interface RunOptions {
   layer?: string;
   /** Expert-parallel ranks (1: one layer). */
   ranks?: number;
+  /** Routed experts' format, "fp8" or "fp4" (a config override; default the shape's or checkpoint's). */
+  experts?: string;
   json?: boolean;
+}
+
+/** --experts checked: undefined (the shape's or the checkpoint's own format), "fp8" or "fp4". */
+export function expertsFormat(name: string | undefined): ExpertFormat | undefined {
+  if (name === undefined || (EXPERT_FORMATS as readonly string[]).includes(name)) {
+    return name as ExpertFormat | undefined;
+  }
+  throw new Error(`--experts ${name}: expected fp4 or fp8`);
+}
+
+/** The --shape preset sized for `tokens`, with --experts applied when given. */
+export function shapeConfig(shape: string, tokens: number, experts: string | undefined): ValidatedConfig {
+  const format = expertsFormat(experts);
+  return resolveConfigForTokens(shape, tokens, format === undefined ? {} : { expertFormat: format });
+}
+
+/**
+ * A checkpoint's layer keeps its experts' format: --experts, when given, must name it (converting a
+ * checkpoint's experts is `mxfp4ToFp8Blocks`' job, not a flag's).
+ */
+export function checkCheckpointExperts(experts: string | undefined, config: MoEConfig): void {
+  const format = expertsFormat(experts);
+  if (format !== undefined && format !== expertFormatOf(config)) {
+    throw new UsageError(
+      `--experts ${format}: the checkpoint's layer holds ${expertFormatOf(config)} experts, and a checkpoint's experts keep their format (--experts applies to --shape)`,
+    );
+  }
+}
+
+/**
+ * How a layer's weights are described: the routed experts' format and the device memory of one whole
+ * layer (DeviceMoEWeights.bytesFor), e.g. "fp4 routed experts (MXFP4), shared fp8; 3.42 GB on a GPU".
+ */
+export function describeLayerWeights(config: MoEConfig): string {
+  const format = expertFormatOf(config);
+  const shared = config.numShared > 0 ? ", shared fp8" : "";
+  const bytes = formatBytes(DeviceMoEWeights.bytesFor(config));
+  return `${format} routed experts${format === "fp4" ? " (MXFP4)" : ""}${shared}; ${bytes} on a GPU`;
+}
+
+/** Decimal bytes for a person: "6.44 GB", "25.2 MB", "520 kB". */
+export function formatBytes(bytes: number): string {
+  if (bytes >= 1e9) return `${(bytes / 1e9).toFixed(2)} GB`;
+  if (bytes >= 1e6) return `${(bytes / 1e6).toFixed(1)} MB`;
+  return `${Math.round(bytes / 1e3)} kB`;
 }
 
 /** --pipeline checked: undefined (the layer's default), "fused" or "unfused". */
@@ -101,12 +156,14 @@ export function checkPipelineFor(
 
 export async function runLayer(opts: RunOptions): Promise<void> {
   // Every value first, then the machine: a typo is reported before a "no GPU" note or any work.
+  expertsFormat(opts.experts);
   if (opts.layer !== undefined && opts.checkpoint === undefined)
     throw new UsageError("--layer needs --checkpoint");
   if (opts.checkpoint !== undefined && (opts.weights !== undefined || opts.saveWeights !== undefined)) {
     throw new UsageError("--checkpoint takes the place of --weights and --save-weights: give one");
   }
-  const shape = opts.checkpoint === undefined ? resolveConfigForTokens(opts.shape, opts.tokens) : undefined;
+  const shape =
+    opts.checkpoint === undefined ? shapeConfig(opts.shape, opts.tokens, opts.experts) : undefined;
   routingKind(opts.routing);
   gpuPipeline(opts.pipeline);
   if (opts.weights !== undefined) checkInputFile("--weights", opts.weights);
@@ -118,6 +175,7 @@ export async function runLayer(opts: RunOptions): Promise<void> {
       ? makeWeights(shape, opts.seed, opts.weights)
       : checkpointLayer(opts.checkpoint as string, opts.layer, opts.tokens);
   const config = weights.config;
+  if (opts.checkpoint !== undefined) checkCheckpointExperts(opts.experts, config);
   if (opts.saveWeights !== undefined) {
     // Folders are created, as for bench's --out and plot's --out.
     makeDirectory(path.dirname(path.resolve(opts.saveWeights)));
@@ -170,11 +228,12 @@ export async function runLayer(opts: RunOptions): Promise<void> {
   const experts = new Set(Array.from(result.routing.ids).filter((e) => e >= 0)).size;
   const summary = {
     shape: config.name,
+    expertFormat: expertFormatOf(config),
+    deviceWeightBytes: DeviceMoEWeights.bytesFor(config),
     ...(opts.checkpoint === undefined
       ? {}
       : {
           checkpoint: opts.checkpoint,
-          expertFormat: config.expertFormat ?? "fp8",
           layerRouting: config.router.hashRouted === true ? "hash" : "score",
         }),
     experts: config.numExperts,
@@ -213,6 +272,7 @@ export async function runLayer(opts: RunOptions): Promise<void> {
       ),
     );
   }
+  process.stdout.write(line("weights", describeLayerWeights(config)));
   process.stdout.write(line("tokens", opts.tokens));
   process.stdout.write(line("backend", `${backend} (routing: ${opts.routing}, seed ${opts.seed})`));
   process.stdout.write(line("experts", `${experts} of ${config.numExperts} touched`));

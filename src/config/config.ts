@@ -370,8 +370,15 @@ export function resolveConfig(name: string, overrides: ConfigOverrides = {}): Va
   return validateConfig({ ...base, ...overrides, router: { ...base.router, ...router } } as MoEConfig);
 }
 
-/** A preset by name with maxTokens raised to fit `tokens` (the config of a run or benchmark of that many). */
-export function resolveConfigForTokens(name: string, tokens: number): ValidatedConfig {
-  const base = resolveConfig(name);
-  return resolveConfig(name, { maxTokens: Math.max(base.maxTokens, tokens) });
+/**
+ * A preset by name with maxTokens raised to fit `tokens` (the config of a run or benchmark of that
+ * many), and optional further overrides (e.g. `{ expertFormat: "fp4" }`).
+ */
+export function resolveConfigForTokens(
+  name: string,
+  tokens: number,
+  overrides: ConfigOverrides = {},
+): ValidatedConfig {
+  const base = resolveConfig(name, overrides);
+  return resolveConfig(name, { ...overrides, maxTokens: Math.max(base.maxTokens, tokens) });
 }

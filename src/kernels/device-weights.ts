@@ -4,12 +4,20 @@
  * with scales [E, H/128, I/128], the fused shared expert's pair with a leading dimension of 1 (I → SI),
  * the gate weight bf16 [E, H] and its correction bias fp32 [E].
  *
+ * With FP4 (MXFP4) routed experts (config.expertFormat "fp4") the routed pair is `routedFp4` instead,
+ * in the FP4 grouped GEMM's layout (src/kernels/gemm/fp4_grouped_gemm.ts): W1 uint8 [E, 2I, H/2] packed
+ * e2m1 codes (element 2j in the low nibble of byte j) with UE8M0 scale bytes uint8 [H/128, E·2I·4]
+ * (`fp4GemmScaleWords` of the [E·2I, H/32] bytes: row n's four bytes of K block b at (b, 4n)), W2 uint8
+ * [E, H, I/2] with [I/128, E·H·4]. The shared expert stays FP8. A flash layer is 6.4 GB with FP8 experts
+ * and 3.4 GB with FP4 (`bytes`, `DeviceMoEWeights.bytesFor`).
+ *
  * `generate` makes the seeded weights on the device (src/kernels/weightgen), bit-identical to
  * `GeneratedWeights` on the CPU, so flash- and pro-sized layers (6–25 GB of FP8) need no host
  * generation or upload; `upload` copies any CPU source (e.g. a safetensors file) expert by expert.
  */
 import {
   describeValue,
+  type ExpertFormat,
   expertFormatOf,
   type MoEConfig,
   QUANT_BLOCK,
@@ -19,18 +27,24 @@ import {
 } from "../config/config.js";
 import { Device, DeviceTensor, type Stream } from "../cuda/index.js";
 import { checkSeed } from "../numerics/counter-rng.js";
+import { checkMxfp4Scales, MXFP4_GROUP } from "../numerics/fp4.js";
 import { expertMatrixSpecs, sharedMatrixSpecs } from "../numerics/generator.js";
 import {
   type BlockQuantized,
+  type ExpertWeights,
+  type Fp4ExpertWeights,
   type MoEWeightSource,
-  requireFp8Expert,
+  type Mxfp4Matrix,
+  type RoutedExpertWeights,
   weightSourceProblem,
 } from "../weights/types.js";
+import { fp4GemmScaleWords } from "./gemm/fp4_grouped_gemm.js";
 import {
   generateActivationsInto,
   generateGateBiasOnDevice,
   generateGateWeightOnDevice,
   generateMatrixOnDevice,
+  generateMxfp4OnDevice,
 } from "./weightgen/weightgen.js";
 
 /** One MLP's weights for `experts` experts: W1 [experts, 2I, H], W2 [experts, H, I] and their scales. */
@@ -41,14 +55,26 @@ export interface DeviceExpertPair {
   w2Scales: DeviceTensor<"fp32">;
 }
 
+/**
+ * FP4 routed experts for `experts` experts, in the FP4 grouped GEMM's layout: W1 packed [experts, 2I,
+ * H/2] and its scale bytes [H/128, experts·2I·4], W2 packed [experts, H, I/2] and [I/128, experts·H·4].
+ */
+export interface DeviceFp4ExpertPair {
+  w1: DeviceTensor<"uint8">;
+  w1Scales: DeviceTensor<"uint8">;
+  w2: DeviceTensor<"uint8">;
+  w2Scales: DeviceTensor<"uint8">;
+}
+
 const GIB = 2 ** 30;
 /** Kept free beyond the layer for the CUDA context, kernels' workspaces and other tensors. */
 const MEMORY_RESERVE_BYTES = GIB;
 
-/** Device bytes of one MLP pair (codes and scales) for `experts` experts. */
-function pairBytes(experts: number, hidden: number, inter: number): number {
-  const codes = 3 * inter * hidden;
-  return experts * (codes + (4 * codes) / QUANT_BLOCK ** 2);
+/** Device bytes of one MLP pair (codes and scales) for `experts` experts in `format`. */
+function pairBytes(experts: number, hidden: number, inter: number, format: ExpertFormat = "fp8"): number {
+  const elements = 3 * inter * hidden;
+  if (format === "fp4") return experts * (elements / 2 + elements / MXFP4_GROUP);
+  return experts * (elements + (4 * elements) / QUANT_BLOCK ** 2);
 }
 
 function allocPair(device: Device, experts: number, hidden: number, inter: number): DeviceExpertPair {
@@ -71,7 +97,27 @@ function allocPair(device: Device, experts: number, hidden: number, inter: numbe
   }
 }
 
-function disposePair(p: DeviceExpertPair | null): void {
+function allocFp4Pair(device: Device, experts: number, hidden: number, inter: number): DeviceFp4ExpertPair {
+  const b = QUANT_BLOCK;
+  const made: DeviceTensor[] = [];
+  const keep = <T extends DeviceTensor>(t: T): T => {
+    made.push(t);
+    return t;
+  };
+  try {
+    return {
+      w1: keep(DeviceTensor.empty(device, "uint8", [experts, 2 * inter, hidden / 2])),
+      w1Scales: keep(DeviceTensor.empty(device, "uint8", [hidden / b, experts * 2 * inter * 4])),
+      w2: keep(DeviceTensor.empty(device, "uint8", [experts, hidden, inter / 2])),
+      w2Scales: keep(DeviceTensor.empty(device, "uint8", [inter / b, experts * hidden * 4])),
+    };
+  } catch (e) {
+    for (const t of made) t.dispose();
+    throw e;
+  }
+}
+
+function disposePair(p: DeviceExpertPair | DeviceFp4ExpertPair | null): void {
   if (p === null) return;
   for (const t of [p.w1, p.w1Scales, p.w2, p.w2Scales]) t.dispose();
 }
@@ -86,6 +132,73 @@ function checkMatrix(what: string, m: BlockQuantized, rows: number, cols: number
     );
   }
 }
+
+function checkMxfp4Matrix(what: string, m: Mxfp4Matrix, rows: number, cols: number): void {
+  if (m.rows !== rows || m.cols !== cols) {
+    throw new Error(`${what} is [${m.rows}, ${m.cols}], expected [${rows}, ${cols}]`);
+  }
+  if (m.packed.length !== (rows * cols) / 2 || m.scales.length !== (rows * cols) / MXFP4_GROUP) {
+    throw new Error(
+      `${what}: ${m.packed.length} packed bytes and ${m.scales.length} scale bytes do not match [${rows}, ${cols}]`,
+    );
+  }
+  checkMxfp4Scales(what, m);
+}
+
+/** The source's expert e in the config's format, or an error saying which format it has. */
+function expertIn<F extends ExpertFormat>(
+  w: RoutedExpertWeights,
+  format: F,
+  e: number,
+): F extends "fp4" ? Fp4ExpertWeights : ExpertWeights {
+  const got: ExpertFormat = w.format === "fp4" ? "fp4" : "fp8";
+  if (got !== format) {
+    throw new Error(
+      `device weights, expert ${e}: the source gave an ${got} expert but the config's expertFormat is "${format}"`,
+    );
+  }
+  return w as F extends "fp4" ? Fp4ExpertWeights : ExpertWeights;
+}
+
+/**
+ * Copies stacked GEMM scale words: `words` holds `experts` experts' [kBlocks, experts·rows·4] (experts
+ * firstExpert.. of the chunk) and goes to strips of `dst` [kBlocks, totalRows·4].
+ */
+function copyScaleStrips(
+  dst: DeviceTensor<"uint8">,
+  words: Uint8Array,
+  kBlocks: number,
+  chunkRows: number,
+  firstRow: number,
+  totalRows: number,
+  stream: Stream | null,
+): void {
+  const device = dst.device;
+  for (let kb = 0; kb < kBlocks; kb++) {
+    const strip = words.subarray(kb * chunkRows * 4, (kb + 1) * chunkRows * 4);
+    device.copyHtoD(dst.ptr + BigInt((kb * totalRows + firstRow) * 4), strip, strip.length, stream);
+  }
+}
+
+/**
+ * Puts one expert's scale words [kBlocks, rows·4] (fp4GemmScaleWords) into a chunk's staging
+ * [kBlocks, experts·rows·4] as its expert `i` of `experts`.
+ */
+function scatterScaleWords(
+  stage: Uint8Array,
+  words: Uint8Array,
+  i: number,
+  experts: number,
+  rows: number,
+  kBlocks: number,
+): void {
+  for (let kb = 0; kb < kBlocks; kb++) {
+    stage.set(words.subarray(kb * rows * 4, (kb + 1) * rows * 4), (kb * experts + i) * rows * 4);
+  }
+}
+
+/** Experts whose scale words are staged on the host before one copy per K block (bounds the copies). */
+const SCALE_CHUNK_EXPERTS = 32;
 
 function gib(bytes: number): string {
   return `${(bytes / GIB).toFixed(2)} GiB`;
@@ -109,28 +222,49 @@ function checkDeviceMemory(device: Device, need: number, what: string): void {
 
 export class DeviceMoEWeights {
   readonly config: ValidatedConfig;
-  /** Routed experts: W1 [E, 2I, H], W2 [E, H, I] and scales. */
-  readonly routed: DeviceExpertPair;
+  /** The routed experts' format: "fp8" (`routed`) or "fp4" (`routedFp4`). */
+  readonly expertFormat: ExpertFormat;
+  /** FP4 routed experts in the FP4 grouped GEMM's layout, or null with FP8 experts. */
+  readonly routedFp4: DeviceFp4ExpertPair | null;
   /** The fused shared experts, [1, 2SI, H] and [1, H, SI] (one group for the grouped GEMM); null without. */
   readonly shared: DeviceExpertPair | null;
   /** bf16 [E, H]. */
   readonly gateWeight: DeviceTensor<"bf16">;
   /** fp32 [E], or null when the config has no correction bias. */
   readonly gateBias: DeviceTensor<"fp32"> | null;
+  /** Device bytes the layer's tensors take (DeviceMoEWeights.bytesFor of its config). */
+  readonly bytes: number;
+  private readonly routedFp8: DeviceExpertPair | null;
   private disposed = false;
 
   private constructor(
     config: ValidatedConfig,
-    routed: DeviceExpertPair,
+    routed: DeviceExpertPair | DeviceFp4ExpertPair,
     shared: DeviceExpertPair | null,
     gateWeight: DeviceTensor<"bf16">,
     gateBias: DeviceTensor<"fp32"> | null,
   ) {
     this.config = config;
-    this.routed = routed;
+    this.expertFormat = expertFormatOf(config);
+    this.routedFp8 = this.expertFormat === "fp8" ? (routed as DeviceExpertPair) : null;
+    this.routedFp4 = this.expertFormat === "fp4" ? (routed as DeviceFp4ExpertPair) : null;
     this.shared = shared;
     this.gateWeight = gateWeight;
     this.gateBias = gateBias;
+    this.bytes = DeviceMoEWeights.bytesFor(config);
+  }
+
+  /**
+   * FP8 routed experts: W1 [E, 2I, H], W2 [E, H, I] and scales. Throws for a layer with FP4 experts
+   * (read `routedFp4`): the kernels that read this take FP8 experts only.
+   */
+  get routed(): DeviceExpertPair {
+    if (this.routedFp8 === null) {
+      throw new Error(
+        `layer ${this.config.name} has FP4 (MXFP4) routed experts: they need the FP4 kernels (routedFp4); this GPU path takes FP8 experts only`,
+      );
+    }
+    return this.routedFp8;
   }
 
   /** Device bytes a layer of this config needs: expert weights and scales, gate weight and bias. */
@@ -138,26 +272,23 @@ export class DeviceMoEWeights {
     const { numExperts: e, hidden: h } = config;
     const shared = config.numShared > 0 ? pairBytes(1, h, sharedIntermediate(config)) : 0;
     const gate = 2 * e * h + (config.router.correctionBias ? 4 * e : 0);
-    return pairBytes(e, h, config.intermediate) + shared + gate;
+    return pairBytes(e, h, config.intermediate, expertFormatOf(config)) + shared + gate;
   }
 
   /** Allocates every tensor of the layer (uninitialized), after checking that the device can hold it. */
   private static allocate(device: Device, c: ValidatedConfig, what: string): DeviceMoEWeights {
     if (!(device instanceof Device))
       throw new TypeError(`device must be a Device, got ${describeValue(device)}`);
-    // The kernels take FP8 experts only so far; FP4 has its CPU reference (numerics/fp4.ts) alone.
-    if (expertFormatOf(c) !== "fp8") {
-      throw new Error(
-        `${what}: expertFormat "${expertFormatOf(c)}" is not supported on the GPU yet (fp8 only)`,
-      );
-    }
     checkDeviceMemory(device, DeviceMoEWeights.bytesFor(c), what);
     const H = c.hidden;
-    let routed: DeviceExpertPair | null = null;
+    let routed: DeviceExpertPair | DeviceFp4ExpertPair | null = null;
     let shared: DeviceExpertPair | null = null;
     let gateWeight: DeviceTensor<"bf16"> | null = null;
     try {
-      routed = allocPair(device, c.numExperts, H, c.intermediate);
+      routed =
+        expertFormatOf(c) === "fp4"
+          ? allocFp4Pair(device, c.numExperts, H, c.intermediate)
+          : allocPair(device, c.numExperts, H, c.intermediate);
       if (c.numShared > 0) shared = allocPair(device, 1, H, sharedIntermediate(c));
       gateWeight = DeviceTensor.empty(device, "bf16", [c.numExperts, H]);
       const gateBias = c.router.correctionBias ? DeviceTensor.empty(device, "fp32", [c.numExperts]) : null;
@@ -172,9 +303,10 @@ export class DeviceMoEWeights {
 
   /**
    * The weights `new GeneratedWeights(config, seed)` holds, made on the device bit for bit: every
-   * routed expert, the shared expert, the gate weight and bias. Returns when they are complete (about
-   * 10 ms of GPU time for a flash layer on an H200, plus the first call's kernel compile). firstExpert:
-   * routed experts and gate rows numbered from there (an expert-parallel rank's share, RankWeights).
+   * routed expert (FP8, or MXFP4 with expertFormat "fp4"), the shared expert, the gate weight and bias.
+   * Returns when they are complete (about 10 ms of GPU time for a flash layer on an H200, plus the
+   * first call's kernel compile). firstExpert: routed experts and gate rows numbered from there (an
+   * expert-parallel rank's share, RankWeights).
    */
   static generate(
     device: Device,
@@ -209,11 +341,21 @@ export class DeviceMoEWeights {
     const c = this.config;
     const H = c.hidden;
     const I = c.intermediate;
-    const r = this.routed;
+    const E = c.numExperts;
     const w1Size = 2 * I * H;
     const w1Blocks = w1Size / QUANT_BLOCK ** 2;
-    for (let e = 0; e < c.numExperts; e++) {
+    const fp4 = this.routedFp4;
+    for (let e = 0; e < E; e++) {
       const { w1, w2 } = expertMatrixSpecs(c, firstExpert + e);
+      if (fp4 !== null) {
+        // Packed bytes per expert are half its elements; its scale rows are e·N.. of the stacked E·N.
+        const l1 = { kind: "gemm", totalRows: E * 2 * I, firstRow: e * 2 * I } as const;
+        const l2 = { kind: "gemm", totalRows: E * H, firstRow: e * H } as const;
+        generateMxfp4OnDevice(device, seed, w1, fp4.w1, (e * w1Size) / 2, fp4.w1Scales, l1, stream);
+        generateMxfp4OnDevice(device, seed, w2, fp4.w2, (e * w1Size) / 4, fp4.w2Scales, l2, stream);
+        continue;
+      }
+      const r = this.routed;
       generateMatrixOnDevice(device, seed, w1, r.w1, e * w1Size, r.w1Scales, e * w1Blocks, stream);
       generateMatrixOnDevice(
         device,
@@ -240,7 +382,8 @@ export class DeviceMoEWeights {
 
   /**
    * Uploads every expert from a CPU source (generated, or read from safetensors), one expert at a
-   * time, so host memory holds one expert's weights at once. Returns when the copies are complete.
+   * time, so host memory holds one expert's weights at once (with FP4 experts, also up to 32 experts'
+   * scale bytes, staged into the GEMM's layout). Returns when the copies are complete.
    */
   static upload(device: Device, source: MoEWeightSource, stream: Stream | null = null): DeviceMoEWeights {
     const problem = weightSourceProblem(source);
@@ -261,19 +404,28 @@ export class DeviceMoEWeights {
     const device = this.gateWeight.device;
     const H = c.hidden;
     const I = c.intermediate;
-    const r = this.routed;
-    const w1Bytes = 2 * I * H;
-    const w1ScaleBytes = (4 * w1Bytes) / QUANT_BLOCK ** 2;
-    for (let e = 0; e < c.numExperts; e++) {
-      const x = requireFp8Expert(source.expert(e), `device weights, expert ${e}`);
-      checkMatrix(`expert ${e} W1`, x.w1, 2 * I, H);
-      checkMatrix(`expert ${e} W2`, x.w2, H, I);
-      device.copyHtoD(r.w1.ptr + BigInt(e * w1Bytes), x.w1.q, w1Bytes, stream);
-      device.copyHtoD(r.w1Scales.ptr + BigInt(e * w1ScaleBytes), x.w1.scales, w1ScaleBytes, stream);
-      device.copyHtoD(r.w2.ptr + BigInt((e * w1Bytes) / 2), x.w2.q, w1Bytes / 2, stream);
-      device.copyHtoD(r.w2Scales.ptr + BigInt((e * w1ScaleBytes) / 2), x.w2.scales, w1ScaleBytes / 2, stream);
-      // The copies read host memory the source may reuse or drop for the next expert.
-      stream?.synchronize();
+    if (this.routedFp4 !== null) {
+      this.uploadFp4Experts(source, stream);
+    } else {
+      const r = this.routed;
+      const w1Bytes = 2 * I * H;
+      const w1ScaleBytes = (4 * w1Bytes) / QUANT_BLOCK ** 2;
+      for (let e = 0; e < c.numExperts; e++) {
+        const x = expertIn(source.expert(e), "fp8", e);
+        checkMatrix(`expert ${e} W1`, x.w1, 2 * I, H);
+        checkMatrix(`expert ${e} W2`, x.w2, H, I);
+        device.copyHtoD(r.w1.ptr + BigInt(e * w1Bytes), x.w1.q, w1Bytes, stream);
+        device.copyHtoD(r.w1Scales.ptr + BigInt(e * w1ScaleBytes), x.w1.scales, w1ScaleBytes, stream);
+        device.copyHtoD(r.w2.ptr + BigInt((e * w1Bytes) / 2), x.w2.q, w1Bytes / 2, stream);
+        device.copyHtoD(
+          r.w2Scales.ptr + BigInt((e * w1ScaleBytes) / 2),
+          x.w2.scales,
+          w1ScaleBytes / 2,
+          stream,
+        );
+        // The copies read host memory the source may reuse or drop for the next expert.
+        stream?.synchronize();
+      }
     }
     const s = this.shared;
     if (s !== null) {
@@ -297,11 +449,51 @@ export class DeviceMoEWeights {
     stream?.synchronize();
   }
 
+  /**
+   * FP4 experts: the packed codes expert by expert; the scale bytes through `fp4GemmScaleWords`, staged
+   * for up to SCALE_CHUNK_EXPERTS experts and copied as one strip per K block (the GEMM's layout puts
+   * an expert's rows of one K block together, K blocks a layer's E·N rows apart).
+   */
+  private uploadFp4Experts(source: MoEWeightSource, stream: Stream | null): void {
+    const r = this.routedFp4!;
+    const c = this.config;
+    const device = this.gateWeight.device;
+    const H = c.hidden;
+    const I = c.intermediate;
+    const E = c.numExperts;
+    const w1Packed = I * H; // bytes: 2I·H elements, two per byte
+    const chunk = Math.min(E, SCALE_CHUNK_EXPERTS);
+    const stage1 = new Uint8Array((chunk * 2 * I * H) / MXFP4_GROUP);
+    const stage2 = new Uint8Array((chunk * H * I) / MXFP4_GROUP);
+    for (let first = 0; first < E; first += chunk) {
+      const n = Math.min(chunk, E - first);
+      const s1 = stage1.subarray(0, (n * 2 * I * H) / MXFP4_GROUP);
+      const s2 = stage2.subarray(0, (n * H * I) / MXFP4_GROUP);
+      for (let i = 0; i < n; i++) {
+        const e = first + i;
+        const x = expertIn(source.expert(e), "fp4", e);
+        checkMxfp4Matrix(`expert ${e} W1`, x.w1, 2 * I, H);
+        checkMxfp4Matrix(`expert ${e} W2`, x.w2, H, I);
+        device.copyHtoD(r.w1.ptr + BigInt(e * w1Packed), x.w1.packed, w1Packed, stream);
+        device.copyHtoD(r.w2.ptr + BigInt((e * w1Packed) / 2), x.w2.packed, w1Packed / 2, stream);
+        scatterScaleWords(s1, fp4GemmScaleWords(x.w1.scales, 2 * I, H), i, n, 2 * I, H / QUANT_BLOCK);
+        scatterScaleWords(s2, fp4GemmScaleWords(x.w2.scales, H, I), i, n, H, I / QUANT_BLOCK);
+        // The copies read host memory the source may reuse or drop for the next expert.
+        stream?.synchronize();
+      }
+      copyScaleStrips(r.w1Scales, s1, H / QUANT_BLOCK, n * 2 * I, first * 2 * I, E * 2 * I, stream);
+      copyScaleStrips(r.w2Scales, s2, I / QUANT_BLOCK, n * H, first * H, E * H, stream);
+      // The staging buffers are refilled for the next chunk.
+      stream?.synchronize();
+    }
+  }
+
   /** Frees every tensor. Idempotent. */
   dispose(): void {
     if (this.disposed) return;
     this.disposed = true;
-    disposePair(this.routed);
+    disposePair(this.routedFp8);
+    disposePair(this.routedFp4);
     disposePair(this.shared);
     this.gateWeight.dispose();
     this.gateBias?.dispose();

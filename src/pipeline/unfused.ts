@@ -4,6 +4,10 @@
  *   quantize x → dispatch layout → gather → L1 grouped GEMM (fp32) → SwiGLU + re-quantization
  *   → L2 grouped GEMM (bf16) → shared expert (scale transpose, L1, SwiGLU, L2 as one group) → combine
  *
+ * With FP4 (MXFP4) routed experts (config.expertFormat "fp4") the routed L1 and L2 are the FP4 grouped
+ * GEMM (`groupedGemmFp4`: same A operand, groups and outputs; the weights converted to e4m3 on the fly,
+ * docs/numerics.md "FP4 experts"); the shared expert stays FP8, and every other launch is unchanged.
+ *
  * Every buffer is allocated once, sized for `maxTokens`; a forward uses views of them. Nothing waits on
  * the host: the expert-sorted buffers and the GEMMs are sized by the upper bound T·k rows, and the real
  * row count group_offsets[E] is read on the device (rows that belong to no expert are skipped). So a
@@ -13,7 +17,8 @@
  */
 import { type MoEConfig, QUANT_BLOCK, sharedIntermediate } from "../config/config.js";
 import { type Device, DeviceTensor, expectOperand, type Stream } from "../cuda/index.js";
-import type { DeviceExpertPair, DeviceMoEWeights } from "../kernels/device-weights.js";
+import type { DeviceExpertPair, DeviceFp4ExpertPair, DeviceMoEWeights } from "../kernels/device-weights.js";
+import { groupedGemmFp4 } from "../kernels/gemm/fp4_grouped_gemm.js";
 import { aScalesRows, groupedGemmFp8 } from "../kernels/gemm/grouped_gemm.js";
 import { quantizeOnDevice } from "../kernels/quant/quant.js";
 import {
@@ -167,9 +172,18 @@ interface BatchViews {
   shared: MlpBuffers | null;
 }
 
+/** One MLP's weights in the GEMM's layouts: FP8 (routed or shared) or FP4 (routed, expertFormat "fp4"). */
+type MlpWeights = { format: "fp8"; pair: DeviceExpertPair } | { format: "fp4"; pair: DeviceFp4ExpertPair };
+
+/** The routed experts' weights of `w`, in the config's expert format. */
+export function routedMlpWeights(w: DeviceMoEWeights): MlpWeights {
+  if (w.routedFp4 !== null) return { format: "fp4", pair: w.routedFp4 };
+  return { format: "fp8", pair: w.routed };
+}
+
 /** One expert MLP's launch sequence: which weights, groups and rows, and where its data lives. */
 interface MlpRun {
-  weights: DeviceExpertPair;
+  weights: MlpWeights;
   groups: number;
   /** int32 [groups + 1]: the GEMMs' row ranges, read on the device. */
   offsets: DeviceTensor;
@@ -189,6 +203,8 @@ export class UnfusedPipeline implements MoEPipeline {
   readonly weights: DeviceMoEWeights;
   readonly config: MoEConfig;
   readonly maxTokens: number;
+  /** The routed experts' GEMM operands (FP8 or FP4). */
+  private readonly routedWeights: MlpWeights;
   private readonly owned: DeviceTensor[] = [];
   private readonly xq: DeviceTensor;
   private readonly xScales: DeviceTensor;
@@ -219,6 +235,7 @@ export class UnfusedPipeline implements MoEPipeline {
     this.weights = weights;
     this.config = c;
     this.maxTokens = maxTokens;
+    this.routedWeights = routedMlpWeights(weights);
     loadMoeKernels(device, c.scaleFormat);
     const H = c.hidden;
     const kb = H / QUANT_BLOCK;
@@ -312,7 +329,7 @@ export class UnfusedPipeline implements MoEPipeline {
     );
     this.expertMlp(
       {
-        weights: this.weights.routed,
+        weights: this.routedWeights,
         groups: E,
         offsets: this.groupOffsets,
         rowCount: routedRows,
@@ -344,7 +361,7 @@ export class UnfusedPipeline implements MoEPipeline {
       );
       this.expertMlp(
         {
-          weights: sharedWeights,
+          weights: { format: "fp8", pair: sharedWeights },
           groups: 1,
           offsets: this.sharedOffsets,
           rowCount: null,
@@ -365,28 +382,21 @@ export class UnfusedPipeline implements MoEPipeline {
     );
   }
 
-  /** L1 GEMM → SwiGLU + quantization → L2 GEMM over `rows` rows (an upper bound: the groups say which). */
+  /**
+   * L1 GEMM → SwiGLU + quantization → L2 GEMM over `rows` rows (an upper bound: the groups say which);
+   * the GEMMs are FP8 or FP4 as the weights are.
+   */
   private expertMlp(run: MlpRun, stream: Stream | null): void {
     const { weights: w, groups, offsets, rowCount, a, aScales, buffers: m, rows } = run;
     const c = this.config;
     const H = c.hidden;
     const I = m.hq.shape[1]!;
-    groupedGemmFp8(
-      this.device,
-      {
-        a,
-        aScales,
-        b: w.w1,
-        bScales: w.w1Scales,
-        groupOffsets: offsets,
-        out: m.l1,
-        mTotal: rows,
-        n: 2 * I,
-        k: H,
-        groups,
-      },
-      stream,
-    );
+    const l1 = { a, aScales, groupOffsets: offsets, out: m.l1, mTotal: rows, n: 2 * I, k: H, groups };
+    if (w.format === "fp4") {
+      groupedGemmFp4(this.device, { ...l1, b: w.pair.w1, bScales: w.pair.w1Scales }, stream);
+    } else {
+      groupedGemmFp8(this.device, { ...l1, b: w.pair.w1, bScales: w.pair.w1Scales }, stream);
+    }
     swigluQuantizeOnDevice(
       this.device,
       {
@@ -400,22 +410,21 @@ export class UnfusedPipeline implements MoEPipeline {
       },
       stream,
     );
-    groupedGemmFp8(
-      this.device,
-      {
-        a: m.hq,
-        aScales: m.hScales,
-        b: w.w2,
-        bScales: w.w2Scales,
-        groupOffsets: offsets,
-        out: m.l2,
-        mTotal: rows,
-        n: H,
-        k: I,
-        groups,
-      },
-      stream,
-    );
+    const l2 = {
+      a: m.hq,
+      aScales: m.hScales,
+      groupOffsets: offsets,
+      out: m.l2,
+      mTotal: rows,
+      n: H,
+      k: I,
+      groups,
+    };
+    if (w.format === "fp4") {
+      groupedGemmFp4(this.device, { ...l2, b: w.pair.w2, bScales: w.pair.w2Scales }, stream);
+    } else {
+      groupedGemmFp8(this.device, { ...l2, b: w.pair.w2, bScales: w.pair.w2Scales }, stream);
+    }
   }
 
   warmup(tokens: number, stream: Stream | null = null): void {

@@ -106,11 +106,60 @@ describe("megamoe CLI", () => {
     assert.match(uneven.stderr, /8 experts cannot be split evenly among 3 ranks/);
   });
 
+  it("run --experts fp4 runs the layer with MXFP4 experts on the CPU and says so", () => {
+    const fp4 = megamoe(
+      "run",
+      "--tokens",
+      "5",
+      "--seed",
+      "3",
+      "--backend",
+      "cpu",
+      "--experts",
+      "fp4",
+      "--json",
+    );
+    assert.equal(fp4.code, 0, fp4.stderr);
+    const s = JSON.parse(fp4.stdout);
+    assert.equal(s.expertFormat, "fp4");
+    assert.match(s.checksum, /^[0-9a-f]{8}$/);
+    const fp8 = JSON.parse(
+      megamoe("run", "--tokens", "5", "--seed", "3", "--backend", "cpu", "--experts", "fp8", "--json").stdout,
+    );
+    const plain = JSON.parse(
+      megamoe("run", "--tokens", "5", "--seed", "3", "--backend", "cpu", "--json").stdout,
+    );
+    assert.equal(fp8.expertFormat, "fp8");
+    assert.equal(fp8.checksum, plain.checksum);
+    assert.notEqual(s.checksum, fp8.checksum);
+    // FP4 experts take about half FP8's device bytes (codes halve; scales grow from 1/4096 to 1/32).
+    assert.ok(
+      s.deviceWeightBytes < 0.6 * fp8.deviceWeightBytes,
+      `${s.deviceWeightBytes} vs ${fp8.deviceWeightBytes}`,
+    );
+    const text = megamoe("run", "--tokens", "5", "--backend", "cpu", "--experts", "fp4");
+    assert.equal(text.code, 0, text.stderr);
+    assert.match(text.stdout, /weights\s+fp4 routed experts \(MXFP4\), shared fp8; [\d.]+ kB on a GPU/);
+  });
+
+  it("check --experts fp4 compares the FP4 layer's reference with its FP64 ideal", () => {
+    const r = megamoe("check", "--tokens", "6", "--backend", "cpu", "--experts", "fp4", "--json");
+    assert.equal(r.code, 0, r.stderr);
+    const out = JSON.parse(r.stdout);
+    assert.equal(out.expertFormat, "fp4");
+    const [c] = out.comparisons;
+    assert.ok(c.relError > 0 && c.relError < 0.2, String(c.relError));
+  });
+
   it("info runs without a GPU and says why there is none", () => {
     const r = megamoe("info", "--json");
     assert.equal(r.code, 0, r.stderr);
     const info = JSON.parse(r.stdout);
     assert.equal(typeof info.node, "string");
+    // A flash layer on a GPU: ~6.4 GB with FP8 experts, ~3.4 GB with FP4.
+    const flash = info.layerWeightBytes.flash;
+    assert.ok(flash.fp8 > 6.4e9 && flash.fp8 < 6.5e9, String(flash.fp8));
+    assert.ok(flash.fp4 > 3.4e9 && flash.fp4 < 3.5e9, String(flash.fp4));
     if (info.cuda === null) assert.ok(info.cudaUnavailable.length > 0);
   });
 
@@ -142,6 +191,21 @@ describe("megamoe CLI", () => {
         /--warmup-ms applies to --impl grouped-gemm, not fused/,
       ],
       [["bench", "--impl", "grouped-gemm", "--warmup-ms", "-3"], /warmup-ms.*must be a positive number/],
+      [["run", "--experts", "fp16"], /--experts fp16: expected fp4 or fp8/],
+      [["check", "--experts", "FP4"], /--experts FP4: expected fp4 or fp8/],
+      [["bench", "--impl", "fused", "--experts", "mxfp4"], /--experts mxfp4: expected fp4 or fp8/],
+      [
+        ["bench", "--impl", "quant", "--experts", "fp4"],
+        /--experts applies to --impl fused, unfused, fused,unfused or step, not quant/,
+      ],
+      [
+        ["bench", "--impl", "fused,unfused", "--experts", "fp4"],
+        /FP4 \(MXFP4\) routed experts: they need the FP4 kernels, and the fused pipeline takes FP8 experts only \(use the unfused pipeline\)/,
+      ],
+      [
+        ["run", "--tokens", "2", "--backend", "cuda", "--pipeline", "fused", "--experts", "fp4"],
+        /layer tiny has FP4 \(MXFP4\) routed experts: they need the FP4 kernels, and the fused pipeline/,
+      ],
     ];
     for (const [args, message] of cases) {
       const r = megamoe(...args);

@@ -5,27 +5,36 @@
  * and last), the gate weight and bias, and activations. Outputs are poisoned with 0xFF before the
  * compared generation, so an element the kernels never write is caught. Also times a flash layer.
  *
+ * FP4 (MXFP4) routed experts the same way (`generateMxfp4`: packed nibbles and UE8M0 bytes): single
+ * matrices in both scale layouts, then whole layers (tiny, flash-ep8, flash with expertFormat "fp4")
+ * whose scales are in the FP4 grouped GEMM's layout (compared with `fp4GemmScaleWords` of the CPU bytes),
+ * upload against generate, an expert-parallel rank's share, and the device bytes of a flash layer.
+ *
  * GPU tests skip with the reason when no GPU is usable; with MEGAMOE_REQUIRE_GPU=1 they fail instead.
  */
 
 import assert from "node:assert/strict";
 import { describe, test } from "node:test";
-import { type MoEConfig, PRESETS, sharedIntermediate } from "../../src/config/config.js";
-import type { DeviceTensor } from "../../src/cuda/index.js";
+import { expertFormatOf, type MoEConfig, PRESETS, sharedIntermediate } from "../../src/config/config.js";
+import { DeviceTensor } from "../../src/cuda/index.js";
 import {
   type DeviceExpertPair,
+  type DeviceFp4ExpertPair,
   DeviceMoEWeights,
   generateActivationsOnDevice,
 } from "../../src/kernels/device-weights.js";
+import { fp4GemmScaleWords } from "../../src/kernels/gemm/fp4_grouped_gemm.js";
+import { generateMxfp4OnDevice } from "../../src/kernels/weightgen/weightgen.js";
 import { RankWeights } from "../../src/parallel/expert-parallel.js";
 import {
   GeneratedWeights,
   generateActivations,
   generateExpert,
   generateGate,
+  generateMxfp4,
   generateSharedExpert,
 } from "../../src/weights/generate.js";
-import { type BlockQuantized, requireFp8Expert } from "../../src/weights/types.js";
+import { type BlockQuantized, type Mxfp4Matrix, requireFp8Expert } from "../../src/weights/types.js";
 import { availability, gpuSkip, testDevice } from "../helpers/gpu.js";
 import { testSeed } from "../helpers/random.js";
 
@@ -93,8 +102,42 @@ function compareMatrix(
   assertSameBits(`${what} scales`, dev.scales, cpu.scales, cpu.cols / 128);
 }
 
+/**
+ * Scale strips of rows [firstRow, firstRow + rows) of a GEMM-layout scale tensor [kBlocks, totalRows·4]:
+ * [kBlocks, rows·4], what fp4GemmScaleWords gives for those rows alone.
+ */
+function downloadScaleStrips(scales: DeviceTensor, firstRow: number, rows: number): Uint8Array {
+  const [kBlocks, width] = scales.shape as [number, number];
+  const out = new Uint8Array(kBlocks * rows * 4);
+  for (let kb = 0; kb < kBlocks; kb++) {
+    out.set(scales.view([rows * 4], kb * width + firstRow * 4).toHost() as Uint8Array, kb * rows * 4);
+  }
+  return out;
+}
+
+function compareMxfp4Matrix(
+  what: string,
+  pair: DeviceFp4ExpertPair,
+  which: "w1" | "w2",
+  index: number,
+  cpu: Mxfp4Matrix,
+) {
+  const { rows, cols } = cpu;
+  const packed = pair[which].view([rows, cols / 2], (index * rows * cols) / 2).toHost() as Uint8Array;
+  assertSameBits(`${what} packed codes`, packed, cpu.packed, cols / 2);
+  const scales = downloadScaleStrips(which === "w1" ? pair.w1Scales : pair.w2Scales, index * rows, rows);
+  assertSameBits(`${what} scale words`, scales, fp4GemmScaleWords(cpu.scales, rows, cols), rows * 4);
+}
+
 function compareExpert(config: MoEConfig, w: DeviceMoEWeights, e: number): void {
-  const cpu = requireFp8Expert(generateExpert(config, seed, e), "weightgen test");
+  const made = generateExpert(config, seed, e);
+  if (made.format === "fp4") {
+    assert.ok(w.routedFp4 !== null, `${config.name} has FP4 experts on the device`);
+    compareMxfp4Matrix(`${config.name} fp4 expert ${e} W1`, w.routedFp4, "w1", e, made.w1);
+    compareMxfp4Matrix(`${config.name} fp4 expert ${e} W2`, w.routedFp4, "w2", e, made.w2);
+    return;
+  }
+  const cpu = requireFp8Expert(made, "weightgen test");
   compareMatrix(`${config.name} expert ${e} W1`, w.routed, "w1", e, cpu.w1);
   compareMatrix(`${config.name} expert ${e} W2`, w.routed, "w2", e, cpu.w2);
 }
@@ -128,7 +171,7 @@ function compareGate(config: MoEConfig, w: DeviceMoEWeights): void {
 }
 
 function allTensors(w: DeviceMoEWeights): DeviceTensor[] {
-  const pairs = [w.routed, ...(w.shared === null ? [] : [w.shared])];
+  const pairs = [w.routedFp4 ?? w.routed, ...(w.shared === null ? [] : [w.shared])];
   const out: DeviceTensor[] = pairs.flatMap((p) => [p.w1, p.w1Scales, p.w2, p.w2Scales]);
   out.push(w.gateWeight);
   if (w.gateBias !== null) out.push(w.gateBias);
@@ -278,5 +321,219 @@ describe("device weight generator on a GPU", { skip }, () => {
       /huge layer needs [\d.]+ GiB on the device/,
     );
     assert.equal(device().allocatedBytes, before);
+  });
+
+  test("the FP8 routed pair is refused for a layer with FP4 experts, naming routedFp4", () => {
+    const w = DeviceMoEWeights.generate(device(), fp4Config("tiny"), seed);
+    try {
+      assert.equal(w.expertFormat, "fp4");
+      assert.throws(() => w.routed, /FP4 \(MXFP4\) routed experts: they need the FP4 kernels \(routedFp4\)/);
+    } finally {
+      w.dispose();
+    }
+  });
+});
+
+/** A preset with FP4 routed experts. */
+function fp4Config(name: string): MoEConfig {
+  return { ...PRESETS[name]!, expertFormat: "fp4" };
+}
+
+describe("device weight generator on a GPU: FP4 (MXFP4) experts", { skip }, () => {
+  // Small shapes with several 128-blocks each way, then flash's and pro's expert matrices.
+  const matrices: [number, number][] = [
+    [128, 128],
+    [256, 384],
+    [384, 256],
+    [4096, 4096], // flash W1 [2I, H]
+    [4096, 2048], // flash W2 [H, I]
+    [6144, 7168], // pro W1
+  ];
+  for (const [rows, cols] of matrices) {
+    test(`one ${rows}×${cols} matrix bit for bit, plain and GEMM scale layouts`, () => {
+      const d = device();
+      const spec = { name: "experts.5.w1", rows, cols, fanIn: cols };
+      const cpu = generateMxfp4(seed, spec.name, rows, cols, cols);
+      // Plain layout at a nonzero offset of larger buffers: the bytes around must stay poisoned.
+      const packed = DeviceTensor.empty(d, "uint8", [(rows * cols) / 2 + 32]);
+      const plain = DeviceTensor.empty(d, "uint8", [(rows * cols) / 32 + 8]);
+      // GEMM layout: the matrix is rows [rows, 2·rows) of a 3·rows-row stack.
+      const gemm = DeviceTensor.empty(d, "uint8", [cols / 128, 3 * rows * 4]);
+      try {
+        for (const t of [packed, plain, gemm]) t.fill(0xff);
+        generateMxfp4OnDevice(d, seed, spec, packed, 16, plain, { kind: "rows", offset: 4 }, null);
+        d.synchronize();
+        const p = packed.toHost() as Uint8Array;
+        assertSameBits(
+          `${rows}×${cols} packed`,
+          p.subarray(16, 16 + cpu.packed.length),
+          cpu.packed,
+          cols / 2,
+        );
+        assert.ok(
+          p.subarray(0, 16).every((b) => b === 0xff) &&
+            p.subarray(16 + cpu.packed.length).every((b) => b === 0xff),
+        );
+        const s = plain.toHost() as Uint8Array;
+        assertSameBits(`${rows}×${cols} scales`, s.subarray(4, 4 + cpu.scales.length), cpu.scales, cols / 32);
+        assert.ok(
+          s.subarray(0, 4).every((b) => b === 0xff) &&
+            s.subarray(4 + cpu.scales.length).every((b) => b === 0xff),
+        );
+
+        packed.fill(0xff);
+        generateMxfp4OnDevice(
+          d,
+          seed,
+          spec,
+          packed,
+          0,
+          gemm,
+          { kind: "gemm", totalRows: 3 * rows, firstRow: rows },
+          null,
+        );
+        d.synchronize();
+        assertSameBits(
+          `${rows}×${cols} packed (GEMM run)`,
+          (packed.toHost() as Uint8Array).subarray(0, cpu.packed.length),
+          cpu.packed,
+          cols / 2,
+        );
+        const want = fp4GemmScaleWords(cpu.scales, rows, cols);
+        assertSameBits(
+          `${rows}×${cols} GEMM scale words`,
+          downloadScaleStrips(gemm, rows, rows),
+          want,
+          rows * 4,
+        );
+        for (const other of [0, 2 * rows]) {
+          assert.ok(
+            downloadScaleStrips(gemm, other, rows).every((b) => b === 0xff),
+            `rows ${other}.. untouched`,
+          );
+        }
+      } finally {
+        packed.dispose();
+        plain.dispose();
+        gemm.dispose();
+      }
+    });
+  }
+
+  test("tiny: every expert, the FP8 shared expert and the gate bit for bit; upload gives the same bytes", () => {
+    const config = fp4Config("tiny");
+    const w = generatePoisoned(config);
+    const up = DeviceMoEWeights.upload(device(), new GeneratedWeights(config, seed));
+    try {
+      assert.equal(expertFormatOf(w.config), "fp4");
+      assert.ok(w.routedFp4 !== null && up.routedFp4 !== null);
+      for (let e = 0; e < config.numExperts; e++) compareExpert(config, w, e);
+      compareShared(config, w);
+      compareGate(config, w);
+      const gen = allTensors(w);
+      const upl = allTensors(up);
+      assert.equal(gen.length, upl.length);
+      for (let i = 0; i < gen.length; i++) {
+        assert.deepEqual(upl[i]!.shape, gen[i]!.shape);
+        assert.ok(bytesOf(upl[i]!.toHost()).equals(bytesOf(gen[i]!.toHost())), `upload tensor ${i} differs`);
+      }
+    } finally {
+      w.dispose();
+      up.dispose();
+    }
+  });
+
+  test("upload stages scales in chunks: 40 experts (a chunk of 32 and one of 8) equal generate", () => {
+    const config: MoEConfig = { ...fp4Config("tiny"), name: "tiny-40", numExperts: 40, topK: 2 };
+    const made = DeviceMoEWeights.generate(device(), config, seed);
+    const up = DeviceMoEWeights.upload(device(), new GeneratedWeights(config, seed));
+    try {
+      const a = allTensors(made);
+      const b = allTensors(up);
+      for (let i = 0; i < a.length; i++) {
+        assert.ok(bytesOf(a[i]!.toHost()).equals(bytesOf(b[i]!.toHost())), `tensor ${i} differs`);
+      }
+    } finally {
+      made.dispose();
+      up.dispose();
+    }
+  });
+
+  test("an expert-parallel rank's share (tiny fp4, 4 ranks): generated on the device as uploaded", () => {
+    const global = new GeneratedWeights(fp4Config("tiny"), seed);
+    for (let rank = 0; rank < 4; rank++) {
+      const share = new RankWeights(global, rank, 4, 16);
+      const made = DeviceMoEWeights.generate(
+        device(),
+        share.config,
+        seed,
+        null,
+        share.generated!.firstExpert,
+      );
+      const up = DeviceMoEWeights.upload(device(), {
+        config: share.config,
+        expert: (e) => share.expert(e),
+        shared: () => share.shared(),
+        gate: () => share.gate(),
+      });
+      try {
+        const a = allTensors(made);
+        const b = allTensors(up);
+        assert.equal(a.length, b.length);
+        for (let i = 0; i < a.length; i++) {
+          assert.ok(
+            bytesOf(a[i]!.toHost()).equals(bytesOf(b[i]!.toHost())),
+            `rank ${rank}: tensor ${i} differs`,
+          );
+        }
+      } finally {
+        made.dispose();
+        up.dispose();
+      }
+    }
+  });
+
+  for (const [name, experts] of [
+    ["flash-ep8", (e: number) => [0, e >> 1, e - 1]],
+    ["flash", (e: number) => [0, (e >> 1) + 1, e - 1]],
+  ] as const) {
+    test(`${name} fp4: sampled experts, the shared expert and the gate bit for bit`, () => {
+      const config = fp4Config(name);
+      const w = generatePoisoned(config);
+      try {
+        for (const e of experts(config.numExperts)) compareExpert(config, w, e);
+        compareShared(config, w);
+        compareGate(config, w);
+      } finally {
+        w.dispose();
+      }
+    });
+  }
+
+  test("a flash layer with FP4 experts holds about half the bytes of FP8 and generates fast", () => {
+    const d = device();
+    const config = fp4Config("flash");
+    const before = d.allocatedBytes;
+    let t0 = performance.now();
+    const w = DeviceMoEWeights.generate(d, config, seed);
+    const firstMs = performance.now() - t0;
+    try {
+      const tensorBytes = allTensors(w).reduce((a, t) => a + t.bytes, 0);
+      assert.equal(w.bytes, tensorBytes);
+      assert.equal(d.allocatedBytes - before, w.bytes);
+      const fp8 = DeviceMoEWeights.bytesFor(PRESETS.flash!);
+      assert.ok(w.bytes > 3.3e9 && w.bytes < 3.5e9 && fp8 > 6.4e9 && fp8 < 6.5e9, `${w.bytes} vs ${fp8}`);
+      t0 = performance.now();
+      w.regenerate(seed + 7);
+      d.synchronize();
+      const ms = performance.now() - t0;
+      console.log(
+        `flash fp4 layer (${(w.bytes / 1e9).toFixed(2)} GB; fp8: ${(fp8 / 1e9).toFixed(2)} GB): ${ms.toFixed(1)} ms; ` +
+          `first generate incl. alloc and JIT ${firstMs.toFixed(0)} ms`,
+      );
+      assert.ok(ms < 1000, `flash fp4 layer generation took ${ms.toFixed(0)} ms`);
+    } finally {
+      w.dispose();
+    }
   });
 });

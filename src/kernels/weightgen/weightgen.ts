@@ -36,6 +36,7 @@ export const WEIGHTGEN_KERNEL_SOURCE = "weightgen/weightgen.cu";
 
 // Mirrors of weightgen.cu's block sizes.
 const MATRIX_THREADS = 256;
+const MXFP4_THREADS = 256;
 const STREAM_THREADS = 256;
 const ACTIVATIONS_PER_THREAD = 8;
 /** Enough resident blocks to saturate any Hopper part; the stream kernels grid-stride past it. */
@@ -46,25 +47,29 @@ const WEYL_STEP = 0x9e3779b9 | 0;
 
 interface WeightgenKernels {
   matrix: Kernel;
+  mxfp4: Kernel;
   uniform: Kernel;
   activations: Kernel;
   matrixArgs: KernelArgs;
+  mxfp4Args: KernelArgs;
   uniformArgs: KernelArgs;
   activationArgs: KernelArgs;
 }
 
 const weightgenKernels = perDeviceOnce<WeightgenKernels>();
 
-/** The three kernels on `device`, compiled (or read from the JIT cache) once, with reusable arguments. */
+/** The four kernels on `device`, compiled (or read from the JIT cache) once, with reusable arguments. */
 function kernelsFor(device: Device): WeightgenKernels {
   return weightgenKernels(device, () => {
     const compiled = compileKernel({ source: WEIGHTGEN_KERNEL_SOURCE });
     return {
       matrix: loadKernel(device, compiled, "megamoe_weightgen_matrix"),
+      mxfp4: loadKernel(device, compiled, "megamoe_weightgen_mxfp4"),
       uniform: loadKernel(device, compiled, "megamoe_weightgen_uniform"),
       activations: loadKernel(device, compiled, "megamoe_weightgen_activations"),
       // cuLaunchKernel copies the argument values, so one set per kernel serves every launch.
       matrixArgs: new KernelArgs(7),
+      mxfp4Args: new KernelArgs(8),
       uniformArgs: new KernelArgs(5),
       activationArgs: new KernelArgs(6),
     };
@@ -74,6 +79,23 @@ function kernelsFor(device: Device): WeightgenKernels {
 /** The 32-bit stream every element hash of tensor `name` starts from (counter-rng.ts). */
 export function tensorStream(seed: number, name: string): number {
   return streamKey(seed, tensorKey(name));
+}
+
+function checkMatrixShape(name: string, rows: number, cols: number): void {
+  if (
+    !Number.isInteger(rows) ||
+    !Number.isInteger(cols) ||
+    rows <= 0 ||
+    cols <= 0 ||
+    rows % QUANT_BLOCK !== 0 ||
+    cols % QUANT_BLOCK !== 0
+  ) {
+    throw new RangeError(
+      `${name}: rows and cols must be positive multiples of ${QUANT_BLOCK}, got ${rows}×${cols}`,
+    );
+  }
+  if (rows * cols > INDEX_LIMIT)
+    throw new RangeError(`${name}: ${rows}×${cols} elements exceed 2^32 hash indices`);
 }
 
 function checkTensor(
@@ -114,13 +136,7 @@ export function generateMatrixOnDevice(
 ): void {
   checkSeed(seed);
   const { name, rows, cols, fanIn } = spec;
-  if (rows <= 0 || cols <= 0 || rows % QUANT_BLOCK !== 0 || cols % QUANT_BLOCK !== 0) {
-    throw new RangeError(
-      `${name}: rows and cols must be positive multiples of ${QUANT_BLOCK}, got ${rows}×${cols}`,
-    );
-  }
-  if (rows * cols > INDEX_LIMIT)
-    throw new RangeError(`${name}: ${rows}×${cols} elements exceed 2^32 hash indices`);
+  checkMatrixShape(name, rows, cols);
   const blocks = (rows / QUANT_BLOCK) * (cols / QUANT_BLOCK);
   checkTensor(`${name} codes`, q, "fp8_e4m3", rows * cols, qOffset, device);
   checkTensor(`${name} scales`, scales, "fp32", blocks, scalesOffset, device);
@@ -134,6 +150,92 @@ export function generateMatrixOnDevice(
     .u32(5, cols)
     .f32(6, matrixBaseScale(fanIn));
   k.matrix.launch(blocks, MATRIX_THREADS, 0, stream, k.matrixArgs);
+}
+
+/**
+ * Where the UE8M0 bytes of an MXFP4 matrix [rows, cols] go (both 4-byte aligned):
+ * - "rows": the plain [rows, cols/32] bytes (row-major, as `generateMxfp4` returns them), from byte
+ *   `offset` (a multiple of 4) of the tensor on;
+ * - "gemm": the FP4 grouped GEMM's [cols/128, totalRows·4] (`fp4GemmScaleWords` of the [totalRows,
+ *   cols/32] bytes of every expert stacked), the matrix being rows firstRow..firstRow+rows−1 of it.
+ */
+export type Mxfp4ScaleLayout =
+  | { kind: "rows"; offset: number }
+  | { kind: "gemm"; totalRows: number; firstRow: number };
+
+/**
+ * Queues the generation of matrix `spec` in MXFP4, what `generateMxfp4(seed, name, rows, cols, fanIn)`
+ * makes on the CPU: the packed e2m1 codes (rows·cols/2 bytes, element 2j in the low nibble of byte j)
+ * into `packed` (uint8) from byte `packedOffset` (a multiple of 16) on, and the UE8M0 scale bytes into
+ * `scales` (uint8) in `layout`.
+ */
+export function generateMxfp4OnDevice(
+  device: Device,
+  seed: number,
+  spec: MatrixSpec,
+  packed: DeviceTensor,
+  packedOffset: number,
+  scales: DeviceTensor,
+  layout: Mxfp4ScaleLayout,
+  stream: Stream | null,
+): void {
+  checkSeed(seed);
+  const { name, rows, cols, fanIn } = spec;
+  checkMatrixShape(name, rows, cols);
+  if (!Number.isInteger(packedOffset) || packedOffset % 16 !== 0) {
+    throw new RangeError(`${name}: packedOffset ${packedOffset} must be a multiple of 16 bytes`);
+  }
+  checkTensor(`${name} codes`, packed, "uint8", (rows * cols) / 2, packedOffset, device);
+  const kBlocks = cols / QUANT_BLOCK;
+  let firstWord: number;
+  let kbStride: number;
+  let rowStride: number;
+  if (layout.kind === "rows") {
+    if (!Number.isInteger(layout.offset) || layout.offset % 4 !== 0) {
+      throw new RangeError(`${name}: scale offset ${layout.offset} must be a multiple of 4 bytes`);
+    }
+    checkTensor(`${name} scales`, scales, "uint8", (rows * cols) / 32, layout.offset, device);
+    firstWord = layout.offset / 4;
+    kbStride = 1;
+    rowStride = kBlocks;
+  } else if (layout.kind === "gemm") {
+    const { totalRows, firstRow } = layout;
+    if (
+      !Number.isInteger(totalRows) ||
+      !Number.isInteger(firstRow) ||
+      firstRow < 0 ||
+      firstRow + rows > totalRows
+    ) {
+      throw new RangeError(
+        `${name}: rows ${firstRow}..${firstRow + rows - 1} do not fit the GEMM scales' ${totalRows} rows`,
+      );
+    }
+    if (totalRows > 2 ** 30) throw new RangeError(`${name}: ${totalRows} GEMM rows exceed 2^30`);
+    const want = kBlocks * totalRows * 4;
+    if (scales.numel !== want) {
+      throw new RangeError(
+        `${name} scales: the GEMM layout [${kBlocks}, ${totalRows}·4] holds ${want} bytes, got ${describeTensor(scales.dtype, scales.shape)}`,
+      );
+    }
+    checkTensor(`${name} scales`, scales, "uint8", want, 0, device);
+    firstWord = firstRow;
+    kbStride = totalRows;
+    rowStride = 1;
+  } else {
+    throw new TypeError(`${name}: unknown scale layout ${JSON.stringify(layout)}`);
+  }
+  const k = kernelsFor(device);
+  k.mxfp4Args
+    .ptr(0, packed.ptr + BigInt(packedOffset))
+    .ptr(1, scales.ptr + BigInt(4 * firstWord))
+    .u32(2, tensorStream(seed, name))
+    .u32(3, tensorStream(seed, generatorNames.blockExponent(name)))
+    .u32(4, cols)
+    .u32(5, kbStride)
+    .u32(6, rowStride)
+    .f32(7, matrixBaseScale(fanIn));
+  // rows·cols/32 groups, a multiple of 512: every thread has one.
+  k.mxfp4.launch((rows * cols) / 32 / MXFP4_THREADS, MXFP4_THREADS, 0, stream, k.mxfp4Args);
 }
 
 function streamBlocks(work: number): number {

@@ -1,0 +1,362 @@
+/**
+ * The MoE layer with FP4 (MXFP4) routed experts (config.expertFormat "fp4") on the GPU: the unfused
+ * pipeline with the routed L1 and L2 through the FP4 grouped GEMM (the shared expert stays FP8), against
+ * the CPU reference's FP4 layer (docs/numerics.md "FP4 experts") within the layer error policy of
+ * test/helpers/layer-errors.ts, and the FP64 ideal from the exact FP4 weights:
+ *
+ * - tiny (both scale formats, shared on and off) and a flash-ep8 shape (shared on; the CPU side on a sample
+ *   of tokens, as tokens are independent), T = 1, 7, 64, 129, with masked tokens, empty experts, a hot
+ *   expert, and every token on one expert;
+ * - every run twice, bit-identical, outputs and intermediate buffers poisoned with 0xFF (NaN) first;
+ * - beside each FP4 layer, the FP8 layer of the same seed (same generator matrices quantized to FP8) on
+ *   the same inputs and routing: both distances to their FP64 ideals are printed;
+ * - MoELayer on the cuda backend with FP4 experts: the unfused pipeline by default, the same bits as
+ *   the pipeline run directly, and an InputError naming FP4 when the fused pipeline is asked for.
+ *
+ * Skips with the reason without a GPU; with MEGAMOE_REQUIRE_GPU=1 it fails instead. The checks at the top
+ * need no GPU.
+ */
+import assert from "node:assert/strict";
+import { describe, test } from "node:test";
+import { type MoEConfig, resolveConfig, type ScaleFormat } from "../../src/config/config.js";
+import { DeviceTensor, type DType, type HostArray } from "../../src/cuda/index.js";
+import { DeviceMoEWeights } from "../../src/kernels/device-weights.js";
+import { takeGroupedGemmStatus } from "../../src/kernels/gemm/grouped_gemm.js";
+import { DEFAULT_GPU_PIPELINE, InputError, MoELayer } from "../../src/layer.js";
+import { bf16BitsToF32 } from "../../src/numerics/bf16.js";
+import { fusedPipelineProblem } from "../../src/pipeline/fused.js";
+import { UnfusedPipeline } from "../../src/pipeline/unfused.js";
+import { layerErrors } from "../../src/reference/error-bounds.js";
+import { calcDiff } from "../../src/reference/metrics.js";
+import { idealMoE, referenceMoE } from "../../src/reference/moe.js";
+import { type RandomRoutingOptions, type Routing, randomRouting } from "../../src/reference/router.js";
+import { GeneratedWeights, generateActivations } from "../../src/weights/generate.js";
+import { gpuSkip, testDevice } from "../helpers/gpu.js";
+import { checkLayerErrors } from "../helpers/layer-errors.js";
+import { testSeed } from "../helpers/random.js";
+
+const seed = testSeed("fp4 layer tests");
+const device = testDevice;
+
+/** Owns the tensors a run makes; `dispose()` frees them all. */
+class Tensors {
+  private readonly all: DeviceTensor[] = [];
+  empty<D extends DType>(dtype: D, shape: number[], poison?: number): DeviceTensor<D> {
+    const t = DeviceTensor.empty(device(), dtype, shape);
+    this.all.push(t);
+    if (poison !== undefined) t.fill(poison);
+    return t;
+  }
+  from<D extends DType>(dtype: D, shape: number[], data: HostArray<D>): DeviceTensor<D> {
+    const t = DeviceTensor.fromHost(device(), dtype, shape, data);
+    this.all.push(t);
+    return t;
+  }
+  dispose(): void {
+    for (const t of this.all) t.dispose();
+  }
+}
+
+/** One GPU layer: the CPU source of its weights (for the reference), the device weights, the pipeline. */
+interface GpuLayer {
+  config: MoEConfig;
+  source: GeneratedWeights;
+  weights: DeviceMoEWeights;
+  pipeline: UnfusedPipeline;
+}
+
+/**
+ * The layer of `config` and `weightSeed`: weights uploaded from the CPU generator ("upload") or made on
+ * the device ("generate", bit-identical: flash-sized layers). `cachedExperts`: experts the CPU source
+ * keeps (the reference and the ideal read each expert once then).
+ */
+function openLayer(
+  config: MoEConfig,
+  weightSeed: number,
+  maxTokens: number,
+  how: "upload" | "generate",
+  cachedExperts: number,
+): GpuLayer {
+  const source = new GeneratedWeights(config, weightSeed, { cachedExperts });
+  const weights =
+    how === "upload"
+      ? DeviceMoEWeights.upload(device(), source)
+      : DeviceMoEWeights.generate(device(), config, weightSeed);
+  try {
+    return { config, source, weights, pipeline: new UnfusedPipeline(device(), weights, maxTokens) };
+  } catch (e) {
+    weights.dispose();
+    throw e;
+  }
+}
+
+function closeLayer(l: GpuLayer | null): void {
+  l?.pipeline.dispose();
+  l?.weights.dispose();
+}
+
+/** One poisoned forward (output and every intermediate buffer NaN first); returns the bf16 output. */
+function runLayer(
+  l: GpuLayer,
+  x: Uint16Array,
+  tokens: number,
+  routing: Routing,
+  shared: boolean,
+): Uint16Array {
+  const { config, pipeline } = l;
+  const ts = new Tensors();
+  try {
+    const xt = ts.from("bf16", [tokens, config.hidden], x);
+    const ids = ts.from("int32", [tokens, config.topK], routing.ids);
+    const w = ts.from("fp32", [tokens, config.topK], routing.weights);
+    const out = ts.empty("bf16", [tokens, config.hidden], 0xff);
+    pipeline.fillScratch(0xff);
+    pipeline.forward({ x: xt, ids, weights: w, out, tokens, shared }, null);
+    pipeline.checkStatus();
+    const stall = takeGroupedGemmStatus(device());
+    assert.equal(stall, null, `a grouped GEMM stalled: ${JSON.stringify(stall)}`);
+    const result = out.toHost() as Uint16Array;
+    const unwritten = result.indexOf(0xffff);
+    assert.equal(unwritten, -1, `output element ${unwritten} was never written`);
+    return result;
+  } finally {
+    ts.dispose();
+  }
+}
+
+/** Rows `sample` of x [tokens, H] and of the routing (tokens are independent: the reference on a sample). */
+function sampleOf(
+  config: MoEConfig,
+  x: Uint16Array,
+  routing: Routing,
+  sample: readonly number[],
+): { x: Uint16Array; routing: Routing } {
+  const H = config.hidden;
+  const k = config.topK;
+  const xs = new Uint16Array(sample.length * H);
+  const ids = new Int32Array(sample.length * k);
+  const ws = new Float32Array(sample.length * k);
+  sample.forEach((t, i) => {
+    xs.set(x.subarray(t * H, (t + 1) * H), i * H);
+    ids.set(routing.ids.subarray(t * k, (t + 1) * k), i * k);
+    ws.set(routing.weights.subarray(t * k, (t + 1) * k), i * k);
+  });
+  return { x: xs, routing: { ids, weights: ws } };
+}
+
+function sampledRows(out: Uint16Array, hidden: number, sample: readonly number[]): Uint16Array {
+  const rows = new Uint16Array(sample.length * hidden);
+  sample.forEach((t, i) => {
+    rows.set(out.subarray(t * hidden, (t + 1) * hidden), i * hidden);
+  });
+  return rows;
+}
+
+/**
+ * Runs the FP4 layer twice (bit-identical), checks it against the CPU reference's FP4 layer and the FP64
+ * ideal on `sample` (all tokens when null) within the layer error policy; with the FP8 twin, runs it on
+ * the same inputs and prints both layers' distances to their own ideals side by side.
+ */
+function checkCase(
+  label: string,
+  fp4: GpuLayer,
+  fp8: GpuLayer | null,
+  x: Uint16Array,
+  tokens: number,
+  routing: Routing,
+  shared: boolean,
+  sample: readonly number[] | null,
+): void {
+  const H = fp4.config.hidden;
+  const out = runLayer(fp4, x, tokens, routing, shared);
+  const again = runLayer(fp4, x, tokens, routing, shared);
+  const at = again.findIndex((v, i) => v !== out[i]);
+  assert.equal(at, -1, `${label}: a repeated run differs at element ${at}`);
+
+  const picked = sample ?? Array.from({ length: tokens }, (_, t) => t);
+  const s = sample === null ? { x, routing } : sampleOf(fp4.config, x, routing, picked);
+  const gpu = sample === null ? out : sampledRows(out, H, picked);
+  const ref = referenceMoE(s.x, picked.length, s.routing, fp4.source, { shared });
+  const ideal = idealMoE(s.x, picked.length, s.routing, fp4.source, { shared });
+  const what = `${label} T=${tokens} shared ${shared ? "on" : "off"}${sample === null ? "" : ` (tokens ${picked.join(", ")})`}`;
+  const e = layerErrors(gpu, ref, ideal);
+  checkLayerErrors(`fp4 ${what}`, e, picked.length);
+  if (fp8 === null) return;
+
+  const out8 = runLayer(fp8, x, tokens, routing, shared);
+  const gpu8 = sample === null ? out8 : sampledRows(out8, H, picked);
+  const ideal8 = idealMoE(s.x, picked.length, s.routing, fp8.source, { shared });
+  const toF64 = (bits: Uint16Array) => Float64Array.from(bits, bf16BitsToF32);
+  const diff8 = calcDiff(toF64(gpu8), ideal8);
+  console.log(
+    `  ${what}: calc_diff vs FP64 ideal: fp4 ${e.diffIdeal.toExponential(2)} (exact FP4 weights), ` +
+      `fp8 ${diff8.toExponential(2)} (dequantized FP8 weights)`,
+  );
+  assert.ok(Number.isFinite(diff8), `${what}: the FP8 layer's calc_diff vs its ideal is ${diff8}`);
+}
+
+/** A case of the sweep: tokens and the routing's edge cases. */
+interface Case {
+  tokens: number;
+  options: RandomRoutingOptions;
+  /** Tokens the CPU side checks on the large shape (every token on tiny). */
+  sample: number[];
+}
+
+/** T = 1, 7, 64, 129 with masked tokens, empty experts and a hot expert (E ≥ 8). */
+function sweep(): Case[] {
+  return [
+    { tokens: 1, options: {}, sample: [0] },
+    { tokens: 7, options: { maskedTokens: [3] }, sample: [3, 6] },
+    { tokens: 64, options: { maskedTokens: [5, 40], emptyExperts: [0, 2, 5] }, sample: [5, 63] },
+    { tokens: 129, options: { maskedTokens: [128], hotExpert: 7 }, sample: [0, 128] },
+  ];
+}
+
+/** Every active token on expert `e` alone (its other slots unused): one group holds all rows. */
+function oneExpertRouting(config: MoEConfig, tokens: number, e: number): Routing {
+  const k = config.topK;
+  const ids = new Int32Array(tokens * k).fill(-1);
+  const weights = new Float32Array(tokens * k);
+  for (let t = 0; t < tokens; t++) {
+    ids[t * k] = e;
+    weights[t * k] = Math.fround(0.5 + (t % 7) / 8);
+  }
+  return { ids, weights };
+}
+
+// ---------------------------------------------------------------------------------------------------
+
+describe("FP4 layer: checks that need no GPU", () => {
+  const tiny4 = resolveConfig("tiny", { expertFormat: "fp4" });
+
+  test("the fused pipeline refuses FP4 experts, saying why", () => {
+    assert.match(String(fusedPipelineProblem(tiny4)), /FP4 routed experts .* unfused pipeline only/);
+    assert.equal(fusedPipelineProblem(resolveConfig("tiny")), null);
+  });
+
+  test("MoELayer: pipeline fused with FP4 experts is an InputError naming FP4, GPU or not", () => {
+    assert.throws(
+      () => new MoELayer(new GeneratedWeights(tiny4, seed), { backend: "cuda", pipeline: "fused" }),
+      (e: unknown) =>
+        e instanceof InputError &&
+        /FP4 \(MXFP4\) routed experts.*the fused pipeline takes FP8 experts only \(use the unfused pipeline\)/.test(
+          e.message,
+        ),
+    );
+  });
+});
+
+describe("FP4 layer on a GPU (unfused pipeline, FP4 grouped GEMM)", { skip: gpuSkip }, () => {
+  for (const scaleFormat of ["fp32", "ue8m0"] as ScaleFormat[]) {
+    test(`tiny, ${scaleFormat} activation scales: against the CPU FP4 layer, beside FP8`, () => {
+      const config4 = resolveConfig("tiny", { expertFormat: "fp4", scaleFormat });
+      const config8 = resolveConfig("tiny", { scaleFormat });
+      const weightSeed = seed + (scaleFormat === "fp32" ? 1 : 2);
+      let fp4: GpuLayer | null = null;
+      let fp8: GpuLayer | null = null;
+      try {
+        fp4 = openLayer(config4, weightSeed, 1024, "upload", config4.numExperts);
+        fp8 = openLayer(config8, weightSeed, 1024, "upload", config8.numExperts);
+        for (const c of sweep()) {
+          const x = generateActivations(seed + 10 + c.tokens, c.tokens, config4.hidden);
+          const routing = randomRouting(seed + 20 + c.tokens, c.tokens, config4, c.options);
+          const label = `tiny ${scaleFormat} ${JSON.stringify(c.options)}`;
+          for (const shared of [true, false]) checkCase(label, fp4, fp8, x, c.tokens, routing, shared, null);
+        }
+        const tokens = 129;
+        const x = generateActivations(seed + 30, tokens, config4.hidden);
+        for (const shared of [true, false]) {
+          const routing = oneExpertRouting(config4, tokens, 6);
+          checkCase(
+            `tiny ${scaleFormat} every token on expert 6`,
+            fp4,
+            fp8,
+            x,
+            tokens,
+            routing,
+            shared,
+            null,
+          );
+        }
+      } finally {
+        closeLayer(fp4);
+        closeLayer(fp8);
+      }
+    });
+  }
+
+  test("flash-ep8: against the CPU FP4 layer on sampled tokens, beside FP8 at T = 64", () => {
+    const config4 = resolveConfig("flash-ep8", { expertFormat: "fp4", maxTokens: 256 });
+    const config8 = resolveConfig("flash-ep8", { maxTokens: 256 });
+    const weightSeed = seed + 3;
+    let fp4: GpuLayer | null = null;
+    let fp8: GpuLayer | null = null;
+    try {
+      const t0 = performance.now();
+      fp4 = openLayer(config4, weightSeed, 256, "generate", config4.numExperts);
+      fp8 = openLayer(config8, weightSeed, 256, "generate", config8.topK);
+      console.log(
+        `  flash-ep8 layers made on the device in ${((performance.now() - t0) / 1000).toFixed(1)} s`,
+      );
+      for (const c of sweep()) {
+        const x = generateActivations(seed + 40 + c.tokens, c.tokens, config4.hidden);
+        const routing = randomRouting(seed + 50 + c.tokens, c.tokens, config4, c.options);
+        const t1 = performance.now();
+        checkCase(
+          `flash-ep8 ${JSON.stringify(c.options)}`,
+          fp4,
+          c.tokens === 64 ? fp8 : null,
+          x,
+          c.tokens,
+          routing,
+          true,
+          c.sample,
+        );
+        console.log(`  (T=${c.tokens}: ${((performance.now() - t1) / 1000).toFixed(1)} s with the CPU side)`);
+      }
+    } finally {
+      closeLayer(fp4);
+      closeLayer(fp8);
+    }
+  });
+
+  test("MoELayer cuda with FP4 experts: unfused by default, same bits as the pipeline", () => {
+    const config = resolveConfig("tiny", { expertFormat: "fp4" });
+    const source = new GeneratedWeights(config, seed + 60, { cachedExperts: config.numExperts });
+    const layer = new MoELayer(source, { backend: "cuda" });
+    let direct: GpuLayer | null = null;
+    try {
+      assert.equal(layer.pipeline, "unfused", `default pipeline ${DEFAULT_GPU_PIPELINE} is not for FP4`);
+      const tokens = 65;
+      const x = generateActivations(seed + 61, tokens, config.hidden);
+      const got = layer.forward(x, tokens);
+      const cpu = new MoELayer(source).forward(x, tokens);
+      assert.deepEqual(got.routing.ids, cpu.routing.ids);
+      checkLayerErrors(
+        "MoELayer tiny fp4 (gate routing)",
+        layerErrors(got.out, cpu.out, idealMoE(x, tokens, cpu.routing, source)),
+        tokens,
+      );
+      direct = openLayer(config, seed + 60, 1024, "upload", config.numExperts);
+      assert.deepEqual(
+        runLayer(direct, x, tokens, got.routing, true),
+        got.out,
+        "MoELayer differs from the unfused pipeline run directly",
+      );
+      const unfused = new MoELayer(source, { backend: "cuda", pipeline: "unfused" });
+      try {
+        assert.deepEqual(
+          unfused.forward(x, tokens).out,
+          got.out,
+          "pipeline unfused differs from the default",
+        );
+      } finally {
+        unfused.dispose();
+      }
+    } finally {
+      closeLayer(direct);
+      layer.dispose();
+    }
+  });
+});
