@@ -33,6 +33,8 @@ export {
   type GateOptions,
   reserveGateWorkspace,
   routeOnDevice,
+  tid2eidProblem,
+  tokenIdsProblem,
 } from "./kernels/gate/gate.js";
 export { groupedGemmFp8 } from "./kernels/gemm/grouped_gemm.js";
 export { planGroupedGemm } from "./kernels/gemm/plan.js";
