@@ -34,6 +34,8 @@ export {
   type GateOptions,
   reserveGateWorkspace,
   routeOnDevice,
+  tid2eidProblem,
+  tokenIdsProblem,
 } from "./kernels/gate/gate.js";
 export { fp4GemmScaleWords, groupedGemmFp4 } from "./kernels/gemm/fp4_grouped_gemm.js";
 export { groupedGemmFp8 } from "./kernels/gemm/grouped_gemm.js";

@@ -13,6 +13,7 @@ import {
 } from "./config/config.js";
 import { cudaAvailability, Device, DeviceTensor, openDevice, type Stream } from "./cuda/index.js";
 import { DeviceMoEWeights } from "./kernels/device-weights.js";
+import { deviceGateProblem, routeOnDevice, tid2eidProblem, tokenIdsProblem } from "./kernels/gate/gate.js";
 import { fusedLayerProblem } from "./kernels/megamoe/megamoe.js";
 import { FusedPipeline } from "./pipeline/fused.js";
 import { forwardProblem, type MoEPipeline, UnfusedPipeline } from "./pipeline/unfused.js";
@@ -90,7 +91,12 @@ function deviceWeightsFor(device: Device, source: MoEWeightSource): DeviceMoEWei
   return DeviceMoEWeights.upload(device, source);
 }
 
-/** The GPU side of a layer: weights, the pipeline and host-facing I/O buffers, all sized for maxTokens. */
+/**
+ * The GPU side of a layer: weights, the pipeline and host-facing I/O buffers, all sized for maxTokens;
+ * for a hash-routed layer also its tid2eid table (uploaded once) and a token-id buffer, so that such a
+ * layer routes on the GPU (the CPU's routeByHash would compute all T·E·H gate products in JavaScript
+ * for the k scores per token it keeps).
+ */
 class CudaState {
   readonly device: Device;
   readonly weights: DeviceMoEWeights;
@@ -101,8 +107,12 @@ class CudaState {
   private readonly routingWeights: DeviceTensor;
   private readonly out: DeviceTensor;
   private readonly stream: Stream;
+  /** int32 [vocab, topK] and int32 [maxTokens] for a hash-routed layer, else null. */
+  private readonly tid2eid: DeviceTensor | null = null;
+  private readonly tokenIds: DeviceTensor | null = null;
 
-  constructor(device: Device, source: MoEWeightSource, kind: GpuPipelineKind) {
+  /** `tid2eid`: the hash-routed layer's table, already checked (tid2eidProblem), else null. */
+  constructor(device: Device, source: MoEWeightSource, kind: GpuPipelineKind, tid2eid: Int32Array | null) {
     const c = source.config;
     this.device = device;
     this.weights = deviceWeightsFor(device, source);
@@ -125,6 +135,11 @@ class CudaState {
       this.ids = alloc("int32", [c.maxTokens, c.topK]);
       this.routingWeights = alloc("fp32", [c.maxTokens, c.topK]);
       this.out = alloc("bf16", [c.maxTokens, c.hidden]);
+      if (tid2eid !== null) {
+        this.tid2eid = alloc("int32", [tid2eid.length / c.topK, c.topK]);
+        this.tid2eid.copyFromHost(tid2eid);
+        this.tokenIds = alloc("int32", [c.maxTokens]);
+      }
       this.stream = device.createStream();
     } catch (e) {
       this.release();
@@ -146,6 +161,29 @@ class CudaState {
     this.stream.synchronize();
     this.pipeline.checkStatus();
     return out.toHost() as Uint16Array;
+  }
+
+  /**
+   * A hash-routed layer: uploads x and the (checked) token ids, routes on the GPU into the pipeline's
+   * ids and weights (the gate's hash mode), runs the pipeline, downloads the output and the routing.
+   */
+  forwardHashed(x: Uint16Array, tokens: number, tokenIds: Int32Array, shared: boolean): ForwardResult {
+    const c = this.weights.config;
+    if (this.tid2eid === null || this.tokenIds === null) throw new Error("not a hash-routed layer");
+    const xv = this.x.view([tokens, c.hidden]);
+    const tv = this.tokenIds.view([tokens]);
+    const ids = this.ids.view([tokens, c.topK]);
+    const weights = this.routingWeights.view([tokens, c.topK]);
+    const out = this.out.view([tokens, c.hidden]);
+    xv.copyFromHost(x, this.stream);
+    tv.copyFromHost(tokenIds, this.stream);
+    const gate = { weight: this.weights.gateWeight, bias: this.weights.gateBias, tid2eid: this.tid2eid };
+    routeOnDevice(this.device, xv, gate, c, { ids, weights }, this.stream, { tokenIds: tv });
+    this.pipeline.forward({ x: xv, ids, weights, out, tokens, shared }, this.stream);
+    this.stream.synchronize();
+    this.pipeline.checkStatus();
+    const routing = { ids: ids.toHost() as Int32Array, weights: weights.toHost() as Float32Array };
+    return { out: out.toHost() as Uint16Array, routing };
   }
 
   dispose(): void {
@@ -174,7 +212,10 @@ export interface ForwardOptions {
   routing?: Routing;
   /** Include the shared expert (default: true when the config has one). */
   shared?: boolean;
-  /** int32 [tokens] token ids: required by hash-routed layers (config.router.hashRouted) without routing. */
+  /**
+   * int32 [tokens] token ids, each in [0, vocab) of the layer's tid2eid: required by hash-routed layers
+   * (config.router.hashRouted) without routing; checked on the host (InputError) on both backends.
+   */
   tokenIds?: Int32Array;
   onProgress?: (done: number, total: number) => void;
 }
@@ -253,6 +294,8 @@ export class MoELayer {
   private readonly weights: MoEWeightSource;
   private readonly cuda: CudaState | null = null;
   private disposed = false;
+  /** The hash-routed layer's tid2eid table hashTable last checked whole, else null. */
+  private checkedTable: Int32Array | null = null;
 
   /**
    * backend "cuda" puts the weights on the device (generated there for the generator's weights, a
@@ -267,11 +310,13 @@ export class MoELayer {
     this.config = this.weights.config;
     this.backend = options.backend ?? "cpu";
     if (this.backend === "cuda") {
-      if (this.config.router.hashRouted === true) {
-        // The GPU gate does not write hashed expert ids yet; refuse rather than route by scores.
-        throw new InputError(
-          `layer ${this.config.name} is hash-routed (experts chosen by token id): the "cuda" backend does not run such layers yet; use the "cpu" backend`,
-        );
+      const hashed = this.config.router.hashRouted === true;
+      if (hashed) {
+        // Routed on the GPU (the gate's hash mode): the gate kernel must fit the config.
+        const unfitGate = deviceGateProblem(this.config);
+        if (unfitGate !== null) {
+          throw new InputError(`layer ${this.config.name} is hash-routed, routed on the GPU: ${unfitGate}`);
+        }
       }
       // The pipeline first: pure checks of the config, so their errors do not depend on the machine.
       if (options.pipeline !== undefined && options.pipeline !== "fused" && options.pipeline !== "unfused") {
@@ -310,10 +355,13 @@ export class MoELayer {
         const a = cudaAvailability();
         if (!a.ok) throw new InputError(`backend "cuda" needs a CUDA GPU: ${a.reason}`);
       }
+      // The table is checked on the host before the device is opened: the kernel does not read it back.
+      const tid2eid = hashed ? this.hashTable() : null;
       this.cuda = new CudaState(
         typeof device === "number" ? openDevice(device) : device,
         weights,
         this.pipeline,
+        tid2eid,
       );
     } else if (this.backend === "cpu" && options.pipeline !== undefined) {
       throw new InputError(`the pipeline applies to the "cuda" backend; this layer runs on the "cpu"`);
@@ -338,6 +386,24 @@ export class MoELayer {
 
   private checkUsable(): void {
     if (this.disposed) throw new InputError("MoELayer used after dispose()");
+  }
+
+  /**
+   * A hash-routed layer's tid2eid, checked whole once (tid2eidProblem: k distinct experts a row) on
+   * either backend, so both refuse a bad table with the same InputError.
+   */
+  private hashTable(): Int32Array {
+    const table = this.weights.gate().tid2eid;
+    if (table === this.checkedTable && table !== null) return table;
+    if (table === undefined || table === null) {
+      throw new InputError(
+        `layer ${this.config.name} is hash-routed but its weights have no gate tid2eid table`,
+      );
+    }
+    const problem = tid2eidProblem(table, this.config.numExperts, this.config.topK);
+    if (problem !== null) throw new InputError(`layer ${this.config.name}: ${problem}`);
+    this.checkedTable = table;
+    return table;
   }
 
   /** Routes (unless routing is given) and computes the layer for bf16 x [tokens, hidden]. */
@@ -366,6 +432,14 @@ export class MoELayer {
         throw new InputError(
           `layer ${this.config.name} is hash-routed: its experts are chosen by token id, so forward needs options.tokenIds (int32 [tokens]) or options.routing`,
         );
+      }
+      // Checked here for both backends, with the same InputError: the GPU does not read them back.
+      const vocab = this.hashTable().length / this.config.topK;
+      const problem = tokenIdsProblem(options.tokenIds, tokens, vocab);
+      if (problem !== null) throw new InputError(`forward options.${problem}`);
+      if (this.cuda !== null) {
+        const shared = (options.shared ?? true) && this.config.numShared > 0;
+        return this.cuda.forwardHashed(x, tokens, options.tokenIds, shared);
       }
       const { ids, weights } = routeByHash(x, tokens, options.tokenIds, this.weights.gate(), this.config);
       routing = { ids, weights };

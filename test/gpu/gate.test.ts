@@ -15,17 +15,47 @@
  * Plus integer-valued data, where every logit is exact on both sides, so ids must agree on every token
  * (ties everywhere: the lower index must win) and duplicated gate rows (exact ties) in every case.
  * Outputs are poisoned (0xFF) before each run. GPU tests skip with the reason without a GPU.
+ *
+ * Hash routing (config.router.hashRouted, DeepSeek-V4's first layers) against `routeByHash`: ids equal
+ * on every token (a table lookup: no margins), the logits within the same bounds, the weights within
+ * 2 fp32 ulps of the CPU rule on the GPU's own logits, and, against the reference, within 2 ulps on
+ * every row whose logits came out equal (on the exact path: all rows but rare rounding ties; the test
+ * prints how many weights were bit-identical), 1e-6 relative + 2 × the row's logit difference
+ * elsewhere. Then a hash-routed MoELayer on the GPU (fused and unfused) against the CPU layer.
  */
 
 import assert from "node:assert/strict";
 import { describe, test } from "node:test";
 import { type MoEConfig, PRESETS, resolveConfig, validateConfig } from "../../src/config/config.js";
 import { DeviceTensor } from "../../src/cuda/index.js";
-import { defaultGateLogits, type GateLogits, planGate, routeOnDevice } from "../../src/kernels/gate/gate.js";
+import { DeviceMoEWeights } from "../../src/kernels/device-weights.js";
+import {
+  defaultGateLogits,
+  type GateLogits,
+  planGate,
+  routeOnDevice,
+  tid2eidProblem,
+  tokenIdsProblem,
+} from "../../src/kernels/gate/gate.js";
+import { InputError, MoELayer } from "../../src/layer.js";
 import { f32FromBf16Array, f32ToBf16Bits } from "../../src/numerics/bf16.js";
-import { type Routing, routeTokens, scoreLogits, selectTopK } from "../../src/reference/router.js";
+import { FusedPipeline } from "../../src/pipeline/fused.js";
+import { idealMoE } from "../../src/reference/moe.js";
+import {
+  RENORMALIZE_EPSILON,
+  type Routing,
+  routeByHash,
+  routeTokens,
+  scoreLogits,
+  selectTopK,
+} from "../../src/reference/router.js";
+import { GeneratedWeights, generateActivations } from "../../src/weights/generate.js";
+import { RandomV4Weights } from "../../src/weights/random-v4.js";
+import type { MoEWeightSource } from "../../src/weights/types.js";
 import { availability, gpuSkip, testDevice } from "../helpers/gpu.js";
+import { checkLayerErrors, layerErrors } from "../helpers/layer-errors.js";
 import { rng, testSeed } from "../helpers/random.js";
+import { tinyV4 } from "../helpers/v4-checkpoint.js";
 
 const seed = testSeed("gate-gpu");
 const random = rng(seed);
@@ -535,4 +565,542 @@ describe("MegaGate on a GPU", { skip: gpuSkip }, () => {
       for (const t of [x, w, b, ids, weights]) t.dispose();
     }
   });
+});
+
+// ---------------------------------------------------------------------------------------------------
+// Hash routing (DeepSeek-V4's first layers)
+
+/** A score-routed preset turned hash-routed: no bias (validateConfig demands it), experts by token id. */
+function hashed(base: string, over: Partial<MoEConfig> = {}, router: Partial<MoEConfig["router"]> = {}) {
+  return custom(base, over, { correctionBias: false, hashRouted: true, ...router });
+}
+
+interface HashCase {
+  name: string;
+  config: MoEConfig;
+  vocab: number;
+  tokens: number[];
+}
+
+const HASH_TOKENS = [1, 7, 129, 4096];
+const HASH_CASES: HashCase[] = [
+  // V4-Flash's hash layers: sqrtsoftplus, k = 6, scaling 1.5, its vocabulary (ids up to 129279).
+  {
+    name: "V4 flash (E=256, H=4096, k=6, vocab 129280)",
+    config: hashed("flash"),
+    vocab: 129280,
+    tokens: HASH_TOKENS,
+  },
+  // Groups are ignored by hash routing; a vocabulary of 3 makes most tokens share a table row.
+  {
+    name: "tiny (E=8, sigmoid, groups 4/2 unused, vocab 3)",
+    config: hashed("tiny"),
+    vocab: 3,
+    tokens: HASH_TOKENS,
+  },
+  {
+    name: "softmax (E=384, H=256, no renormalize, vocab 1000)",
+    config: hashed("pro", { hidden: 256 }, { scoring: "softmax", renormalize: false }),
+    vocab: 1000,
+    tokens: HASH_TOKENS,
+  },
+  {
+    // k = 40: lanes write two slots each (the select kernel's slot loop steps by 32).
+    name: "k=40 (E=64, H=512, vocab 50)",
+    config: hashed("flash", { numExperts: 64, topK: 40, hidden: 512 }),
+    vocab: 50,
+    tokens: HASH_TOKENS,
+  },
+  // pro's H = 7168 makes the CPU reference slow at 4096 tokens: up to 129 there.
+  {
+    name: "pro (E=384, H=7168, scaling 2.5, vocab 4096)",
+    config: hashed("pro"),
+    vocab: 4096,
+    tokens: [1, 7, 129],
+  },
+];
+
+/** k distinct experts per row (DeepSeek-V4's tables repeat no expert in a row: tid2eidProblem). */
+function randomTable(vocab: number, c: MoEConfig): Int32Array {
+  const { numExperts: E, topK: k } = c;
+  const table = new Int32Array(vocab * k);
+  const pool = Int32Array.from({ length: E }, (_, e) => e);
+  for (let row = 0; row < vocab; row++) {
+    for (let j = 0; j < k; j++) {
+      const i = j + Math.floor(random() * (E - j));
+      [pool[i], pool[j]] = [pool[j]!, pool[i]!];
+      table[row * k + j] = pool[j]!;
+    }
+  }
+  return table;
+}
+
+/** Random token ids, with the first and last token at the ends of the vocabulary. */
+function randomTokenIds(tokens: number, vocab: number): Int32Array {
+  const ids = Int32Array.from({ length: tokens }, () => Math.floor(random() * vocab));
+  ids[0] = 0;
+  if (tokens > 1) ids[tokens - 1] = vocab - 1;
+  return ids;
+}
+
+function runHashOnDevice(
+  d: GateData,
+  tokenIds: Int32Array,
+  table: Int32Array,
+  tokens: number,
+  c: MoEConfig,
+  logits?: GateLogits,
+) {
+  const dev = testDevice();
+  const made: DeviceTensor[] = [];
+  const keep = <T extends DeviceTensor>(t: T): T => {
+    made.push(t);
+    return t;
+  };
+  try {
+    const x = keep(DeviceTensor.fromHost(dev, "bf16", [tokens, c.hidden], d.x));
+    const weight = keep(DeviceTensor.fromHost(dev, "bf16", [c.numExperts, c.hidden], d.weight));
+    const tid2eid = keep(DeviceTensor.fromHost(dev, "int32", [table.length / c.topK, c.topK], table));
+    const ids = keep(DeviceTensor.fromHost(dev, "int32", [tokens], tokenIds));
+    const outIds = keep(DeviceTensor.empty(dev, "int32", [tokens, c.topK]));
+    const weights = keep(DeviceTensor.empty(dev, "fp32", [tokens, c.topK]));
+    const logitsOut = keep(DeviceTensor.empty(dev, "fp32", [tokens, c.numExperts]));
+    for (const t of [outIds, weights, logitsOut]) t.fill(0xff);
+    routeOnDevice(
+      dev,
+      x,
+      { weight, bias: null, tid2eid },
+      c,
+      { ids: outIds, weights, logits: logitsOut },
+      null,
+      { logits, tokenIds: ids },
+    );
+    return {
+      ids: outIds.toHost() as Int32Array,
+      weights: weights.toHost() as Float32Array,
+      logits: logitsOut.toHost() as Float32Array,
+    };
+  } finally {
+    for (const t of made) t.dispose();
+  }
+}
+
+/**
+ * routeByHash's weights from given fp32 logits (its rule, docs/weights.md "Routing"): the scores of
+ * the row's tid2eid experts, Σ in slot order in double, w / (Σ + 1e-20) · scale (or w · scale), one
+ * rounding. Run on the GPU's own logits it isolates the select kernel from the logits GEMM.
+ */
+function hashWeightsFromLogits(
+  logits: Float32Array,
+  tokenIds: Int32Array,
+  table: Int32Array,
+  tokens: number,
+  c: MoEConfig,
+): Float32Array {
+  const { numExperts: E, topK: k } = c;
+  const { renormalize, routedScalingFactor } = c.router;
+  const scores = scoreLogits(logits, tokens, E, c.router.scoring);
+  const out = new Float32Array(tokens * k);
+  for (let t = 0; t < tokens; t++) {
+    const row = tokenIds[t]! * k;
+    let sum = 0;
+    for (let j = 0; j < k; j++) sum += scores[t * E + table[row + j]!]!;
+    for (let j = 0; j < k; j++) {
+      const s = scores[t * E + table[row + j]!]!;
+      out[t * k + j] = renormalize
+        ? (s / (sum + RENORMALIZE_EPSILON)) * routedScalingFactor
+        : s * routedScalingFactor;
+    }
+  }
+  return out;
+}
+
+const ulpOf = (v: number) => 2 ** (Math.floor(Math.log2(Math.abs(v) || 2 ** -149)) - 23);
+
+function checkHash(
+  what: string,
+  d: GateData,
+  tokenIds: Int32Array,
+  table: Int32Array,
+  tokens: number,
+  c: MoEConfig,
+  opts: { exactLogits: boolean; logits: GateLogits },
+  ref: Routing & { logits: Float32Array },
+  abs: Float64Array,
+): void {
+  const { numExperts: E, topK: k } = c;
+  const got = runHashOnDevice(d, tokenIds, table, tokens, c, opts.logits);
+  const tag = `${what} T=${tokens} ${opts.logits} (seed ${seed})`;
+
+  // 1. Ids: the table's row for each token, exactly.
+  for (let t = 0; t < tokens; t++) {
+    for (let j = 0; j < k; j++) {
+      if (got.ids[t * k + j] !== ref.ids[t * k + j]) {
+        assert.fail(
+          `${tag}: token ${t} (id ${tokenIds[t]}): GPU ids ${rowString(got.ids, t, k)}, routeByHash ` +
+            `${rowString(ref.ids, t, k)}` +
+            (got.ids[t * k + j] === -1
+              ? " (−1: the token id or the table entry was taken as out of range)"
+              : ""),
+        );
+      }
+    }
+  }
+
+  // 2. Logits within the path's bound (equal for integer data).
+  const absFactor = opts.logits === "exact" ? EXACT_LOGIT_ABS_FACTOR : LOGIT_ABS_FACTOR;
+  for (let i = 0; i < tokens * E; i++) {
+    const bound = opts.exactLogits ? 0 : absFactor * abs[i]! + LOGIT_REL_FACTOR * Math.abs(ref.logits[i]!);
+    const err = Math.abs(got.logits[i]! - ref.logits[i]!);
+    if (!(err <= bound)) {
+      assert.fail(
+        `${tag}: logit of token ${Math.floor(i / E)}, expert ${i % E}: GPU ${got.logits[i]}, reference ` +
+          `${ref.logits[i]}, |Δ| = ${err} exceeds the bound ${bound}`,
+      );
+    }
+  }
+
+  // 3. The select kernel on its own logits: the CPU rule within 2 ulps (CUDA's and V8's double
+  //    exp / log1p may differ by a double ulp at an fp32 rounding boundary, docs/numerics.md).
+  const own = hashWeightsFromLogits(got.logits, tokenIds, table, tokens, c);
+  for (let i = 0; i < tokens * k; i++) {
+    if (!(Math.abs(own[i]! - got.weights[i]!) <= 2 * ulpOf(own[i]!))) {
+      assert.fail(
+        `${tag}: token ${Math.floor(i / k)} slot ${i % k} (expert ${got.ids[i]}): GPU weight ${got.weights[i]}, ` +
+          `the CPU rule on the GPU's logits gives ${own[i]} (more than 2 fp32 ulps apart)`,
+      );
+    }
+  }
+
+  // 4. Against routeByHash: rows with equal logits within 2 ulps (in practice equal), others within
+  //    1e-6 + 2 × the row's largest logit difference.
+  let bitEqual = 0;
+  let rowsWithLogitDifferences = 0;
+  for (let t = 0; t < tokens; t++) {
+    let rowLogitError = 0;
+    for (let e = 0; e < E; e++) {
+      rowLogitError = Math.max(rowLogitError, Math.abs(got.logits[t * E + e]! - ref.logits[t * E + e]!));
+    }
+    if (rowLogitError > 0) rowsWithLogitDifferences++;
+    for (let j = 0; j < k; j++) {
+      const i = t * k + j;
+      const g = got.weights[i]!;
+      const r = ref.weights[i]!;
+      if (g === r) {
+        bitEqual++;
+        continue;
+      }
+      const ok =
+        rowLogitError === 0
+          ? Math.abs(g - r) <= 2 * ulpOf(r)
+          : Math.abs(g - r) / Math.abs(r) <= WEIGHT_REL_TOLERANCE + 2 * rowLogitError;
+      if (!ok) {
+        assert.fail(
+          `${tag}: token ${t} slot ${j} (expert ${ref.ids[i]}): GPU weight ${g}, routeByHash ${r} ` +
+            (rowLogitError === 0
+              ? "(the row's logits are equal bit for bit: more than 2 fp32 ulps apart)"
+              : `(relative ${(Math.abs(g - r) / Math.abs(r)).toExponential(2)}; the row's largest logit ` +
+                `difference ${rowLogitError.toExponential(2)})`),
+        );
+      }
+    }
+  }
+  console.log(
+    `${tag}: ${bitEqual} of ${tokens * k} weights bit-identical to routeByHash; ` +
+      `${rowsWithLogitDifferences} of ${tokens} rows with a logit off the reference's`,
+  );
+}
+
+describe("MegaGate hash-routing checks (no GPU needed)", () => {
+  test("tid2eidProblem: an Int32Array [vocab, k] of distinct expert ids a row", () => {
+    assert.equal(tid2eidProblem(Int32Array.of(0, 1, 7, 2), 8, 2), null);
+    assert.match(tid2eidProblem([0, 1], 8, 2)!, /tid2eid must be an Int32Array \[vocab, topK=2\]/);
+    assert.match(
+      tid2eidProblem(new Int32Array(0), 8, 2)!,
+      /0 elements, not a positive multiple of topK \(2\)/,
+    );
+    assert.match(tid2eidProblem(Int32Array.of(0, 1, 2), 8, 2)!, /3 elements, not a positive multiple/);
+    assert.match(
+      tid2eidProblem(Int32Array.of(0, 1, 8, 2), 8, 2)!,
+      /tid2eid\[1, 0\] = 8 is not an expert id in \[0, 8\)/,
+    );
+    assert.match(tid2eidProblem(Int32Array.of(0, -1), 8, 2)!, /tid2eid\[0, 1\] = -1 is not an expert id/);
+    // A repeated expert: DeepSeek-V4's tables have none (the checkpoint reader refuses them too).
+    assert.match(
+      tid2eidProblem(Int32Array.of(0, 1, 5, 5), 8, 2)!,
+      /tid2eid\[1\]: expert 5 is in slots 0 and 1/,
+    );
+  });
+
+  test("tokenIdsProblem: an Int32Array of one id a token, each in [0, vocab)", () => {
+    assert.equal(tokenIdsProblem(Int32Array.of(0, 39, 7), 3, 40), null);
+    assert.match(tokenIdsProblem([0, 1, 2], 3, 40)!, /tokenIds must be an Int32Array \[tokens=3\], got/);
+    assert.match(tokenIdsProblem(Float32Array.of(0, 1, 2), 3, 40)!, /must be an Int32Array/);
+    assert.match(tokenIdsProblem(Int32Array.of(0, 1), 3, 40)!, /tokenIds has 2 elements, expected 3/);
+    assert.match(
+      tokenIdsProblem(Int32Array.of(0, 40, 1), 3, 40)!,
+      /tokenIds\[1\] = 40: token 1's id is outside the vocabulary \[0, 40\) of tid2eid/,
+    );
+    assert.match(tokenIdsProblem(Int32Array.of(-3, 0, 1), 3, 40)!, /tokenIds\[0\] = -3: token 0's id/);
+  });
+});
+
+describe("MegaGate hash routing on a GPU", { skip: gpuSkip }, () => {
+  for (const { name, config, vocab, tokens: tokenCounts } of HASH_CASES) {
+    test(`${name}: T ∈ {${tokenCounts.join(", ")}}, random data, fast and exact logits`, () => {
+      const table = randomTable(vocab, config);
+      for (const tokens of tokenCounts) {
+        const d = randomData(tokens, config);
+        const tokenIds = randomTokenIds(tokens, vocab);
+        const ref = routeByHash(
+          d.x,
+          tokens,
+          tokenIds,
+          { weight: d.weight, bias: null, tid2eid: table },
+          config,
+        );
+        const abs = absoluteSums(d, tokens, config);
+        for (const logits of LOGIT_PATHS) {
+          checkHash(name, d, tokenIds, table, tokens, config, { exactLogits: false, logits }, ref, abs);
+        }
+      }
+    });
+  }
+
+  test("integer data (logits exact on both paths): weights as routeByHash's within 2 ulps", () => {
+    for (const { name, config, vocab } of HASH_CASES.slice(0, 4)) {
+      const table = randomTable(vocab, config);
+      for (const tokens of [7, 129]) {
+        const d = integerData(tokens, config);
+        const tokenIds = randomTokenIds(tokens, vocab);
+        const ref = routeByHash(
+          d.x,
+          tokens,
+          tokenIds,
+          { weight: d.weight, bias: null, tid2eid: table },
+          config,
+        );
+        const abs = absoluteSums(d, tokens, config);
+        for (const logits of LOGIT_PATHS) {
+          checkHash(
+            `${name} integer`,
+            d,
+            tokenIds,
+            table,
+            tokens,
+            config,
+            { exactLogits: true, logits },
+            ref,
+            abs,
+          );
+        }
+      }
+    }
+  });
+
+  test("a token id outside the vocabulary reads nothing: ids −1 and weights 0, other tokens unchanged", () => {
+    const { config, vocab } = HASH_CASES[0]!;
+    const table = randomTable(vocab, config);
+    const tokens = 5;
+    const d = randomData(tokens, config);
+    const good = randomTokenIds(tokens, vocab);
+    const bad = Int32Array.from(good);
+    bad[1] = vocab;
+    bad[3] = -1;
+    const want = runHashOnDevice(d, good, table, tokens, config, "exact");
+    const got = runHashOnDevice(d, bad, table, tokens, config, "exact");
+    const k = config.topK;
+    for (let t = 0; t < tokens; t++) {
+      const row = (a: ArrayLike<number>) => Array.from({ length: k }, (_, j) => a[t * k + j]);
+      if (t === 1 || t === 3) {
+        assert.deepEqual(row(got.ids), new Array(k).fill(-1), `token ${t}`);
+        assert.deepEqual(row(got.weights), new Array(k).fill(0), `token ${t}`);
+      } else {
+        assert.deepEqual(row(got.ids), row(want.ids), `token ${t}`);
+        assert.deepEqual(row(got.weights), row(want.weights), `token ${t}`);
+      }
+    }
+  });
+
+  test("writes the routing straight into the fused pipeline's input buffer, as the score-routed gate", () => {
+    const dev = testDevice();
+    const config = validateConfig(tinyV4({}, true));
+    const source = new RandomV4Weights(config, seed + 5, { vocab: 64 });
+    const dw = DeviceMoEWeights.upload(dev, source);
+    const pipeline = new FusedPipeline(dev, dw, 64);
+    const table = source.gate().tid2eid!;
+    const made: DeviceTensor[] = [];
+    try {
+      const tokens = 37;
+      const x = generateActivations(seed + 6, tokens, config.hidden);
+      const tokenIds = randomTokenIds(tokens, 64);
+      const xd = DeviceTensor.fromHost(dev, "bf16", [tokens, config.hidden], x);
+      const tid2eid = DeviceTensor.fromHost(dev, "int32", [64, config.topK], table);
+      const ids = DeviceTensor.fromHost(dev, "int32", [tokens], tokenIds);
+      made.push(xd, tid2eid, ids);
+      const p = pipeline.prepareInput(tokens);
+      const gate = { weight: dw.gateWeight, bias: dw.gateBias, tid2eid };
+      routeOnDevice(dev, xd, gate, config, { ids: p.ids, weights: p.weights }, null, { tokenIds: ids });
+      const standalone = runHashOnDevice(
+        { x, weight: source.gate().weight, bias: null },
+        tokenIds,
+        table,
+        tokens,
+        config,
+      );
+      assert.deepEqual(p.ids.toHost(), standalone.ids);
+      assert.deepEqual(p.weights.toHost(), standalone.weights);
+      const ref = routeByHash(x, tokens, tokenIds, source.gate(), config);
+      assert.deepEqual(p.ids.toHost(), ref.ids);
+    } finally {
+      for (const t of made) t.dispose();
+      pipeline.dispose();
+      dw.dispose();
+    }
+  });
+
+  test("operand errors of hash routing are named", () => {
+    const dev = testDevice();
+    const c = validateConfig(tinyV4({}, true));
+    const x = DeviceTensor.empty(dev, "bf16", [2, c.hidden]);
+    const w = DeviceTensor.empty(dev, "bf16", [c.numExperts, c.hidden]);
+    const table = DeviceTensor.empty(dev, "int32", [10, c.topK]);
+    const tableK3 = DeviceTensor.empty(dev, "int32", [10, 3]);
+    const tokenIds = DeviceTensor.empty(dev, "int32", [2]);
+    const ids = DeviceTensor.empty(dev, "int32", [2, c.topK]);
+    const weights = DeviceTensor.empty(dev, "fp32", [2, c.topK]);
+    const out = { ids, weights };
+    try {
+      assert.throws(
+        () => routeOnDevice(dev, x, { weight: w, bias: null }, c, out, null, { tokenIds }),
+        /config.router.hashRouted is set but gate.tid2eid is absent/,
+      );
+      assert.throws(
+        () => routeOnDevice(dev, x, { weight: w, bias: null, tid2eid: table }, c, out, null),
+        /config.router.hashRouted is set but options.tokenIds is absent/,
+      );
+      assert.throws(
+        () => routeOnDevice(dev, x, { weight: w, bias: null, tid2eid: tableK3 }, c, out, null, { tokenIds }),
+        /gate.tid2eid must be int32\[10, 2\]/,
+      );
+      assert.throws(
+        () =>
+          routeOnDevice(dev, x, { weight: w, bias: null, tid2eid: table }, c, out, null, { tokenIds: ids }),
+        /options.tokenIds must be int32\[2\]/,
+      );
+      const scored = validateConfig(tinyV4({}, false));
+      const b = DeviceTensor.empty(dev, "fp32", [c.numExperts]);
+      try {
+        assert.throws(
+          () => routeOnDevice(dev, x, { weight: w, bias: b, tid2eid: table }, scored, out, null),
+          /gate.tid2eid is given but config.router.hashRouted is not set/,
+        );
+        assert.throws(
+          () => routeOnDevice(dev, x, { weight: w, bias: b }, scored, out, null, { tokenIds }),
+          /options.tokenIds is given but config.router.hashRouted is not set/,
+        );
+      } finally {
+        b.dispose();
+      }
+    } finally {
+      for (const t of [x, w, table, tableK3, tokenIds, ids, weights]) t.dispose();
+    }
+  });
+});
+
+// ---------------------------------------------------------------------------------------------------
+// A hash-routed MoELayer on the GPU
+
+/** GeneratedWeights of a hash-routed config with a tid2eid table added to its gate. */
+function withTable(base: GeneratedWeights, table: Int32Array): MoEWeightSource {
+  const gate = { ...base.gate(), tid2eid: table };
+  return {
+    config: base.config,
+    expert: (e) => base.expert(e),
+    shared: () => base.shared(),
+    gate: () => gate,
+    ...(base.generated === undefined ? {} : { generated: base.generated }),
+  };
+}
+
+describe("hash-routed MoELayer on a GPU", { skip: gpuSkip }, () => {
+  const sources: { name: string; source: () => MoEWeightSource; vocab: number }[] = [
+    {
+      // DeepSeek-V4's form: FP8 experts with power-of-two scales, UE8M0 activation scales, sqrtsoftplus.
+      name: "tiny V4 (RandomV4Weights, ue8m0)",
+      source: () =>
+        new RandomV4Weights(validateConfig(tinyV4({ maxTokens: 256 }, true)), seed + 7, { vocab: 64 }),
+      vocab: 64,
+    },
+    {
+      name: "tiny (generated weights, fp32 scales, sigmoid)",
+      source: () => {
+        const config = hashed("tiny", { maxTokens: 256 });
+        const base = new GeneratedWeights(config, seed + 8, { cachedExperts: config.numExperts });
+        return withTable(base, randomTable(100, config));
+      },
+      vocab: 100,
+    },
+  ];
+
+  for (const { name, source: make, vocab } of sources) {
+    test(`${name}: forward equals the CPU layer, fused and unfused; token ids checked on the host`, () => {
+      const source = make();
+      const config = source.config;
+      const cpuLayer = new MoELayer(source);
+      const fused = new MoELayer(source, { backend: "cuda", pipeline: "fused" });
+      const unfused = new MoELayer(source, { backend: "cuda", pipeline: "unfused" });
+      try {
+        for (const tokens of [1, 7, 129]) {
+          const x = generateActivations(seed + 9 + tokens, tokens, config.hidden);
+          const tokenIds = randomTokenIds(tokens, vocab);
+          const cpu = cpuLayer.forward(x, tokens, { tokenIds });
+          const ideal = idealMoE(x, tokens, cpu.routing, source);
+          const outs: Uint16Array[] = [];
+          for (const layer of [fused, unfused]) {
+            const label = `MoELayer ${name} hash-routed ${layer.pipeline} T=${tokens} (seed ${seed})`;
+            const gpu = layer.forward(x, tokens, { tokenIds });
+            assert.deepEqual(gpu.routing.ids, cpu.routing.ids, `${label}: ids`);
+            for (let i = 0; i < gpu.routing.weights.length; i++) {
+              const g = gpu.routing.weights[i]!;
+              const r = cpu.routing.weights[i]!;
+              // The gate's default logits at these sizes are the exact ones: equal, but for rare ties.
+              assert.ok(
+                Math.abs(g - r) <= Math.max(2 * ulpOf(r), 1e-6 * Math.abs(r)),
+                `${label}: weight ${i}: ${g} vs ${r}`,
+              );
+            }
+            checkLayerErrors(label, layerErrors(gpu.out, cpu.out, ideal), tokens);
+            outs.push(gpu.out);
+            const off = layer.forward(x, tokens, { tokenIds, shared: false });
+            const cpuOff = cpuLayer.forward(x, tokens, { tokenIds, shared: false });
+            checkLayerErrors(
+              `${label} shared off`,
+              layerErrors(off.out, cpuOff.out, idealMoE(x, tokens, cpu.routing, source, { shared: false })),
+              tokens,
+            );
+            // Routing from the caller still works on a hash-routed layer (no token ids needed).
+            const given = layer.forward(x, tokens, { routing: gpu.routing });
+            assert.deepEqual(given.out, gpu.out, `${label}: the same routing given by the caller`);
+          }
+          assert.deepEqual(outs[0], outs[1], `${name} T=${tokens}: fused and unfused differ`);
+        }
+        const x = generateActivations(seed, 2, config.hidden);
+        assert.throws(
+          () => fused.forward(x, 2, { tokenIds: Int32Array.of(0, vocab) }),
+          (e: unknown) =>
+            e instanceof InputError &&
+            e.message ===
+              `forward options.tokenIds[1] = ${vocab}: token 1's id is outside the vocabulary [0, ${vocab}) of tid2eid`,
+        );
+        assert.throws(
+          () => fused.forward(x, 2),
+          (e: unknown) => e instanceof InputError && /needs options.tokenIds/.test(e.message),
+        );
+      } finally {
+        fused.dispose();
+        unfused.dispose();
+      }
+    });
+  }
 });

@@ -176,17 +176,71 @@ describe("V4 checkpoint layout", () => {
     assert.throws(() => routeByHash(x, tokens, Int32Array.of(0, 1, 2, 3, VOCAB), gate, config), RouterError);
   });
 
-  it("a hash-routed layer needs token ids, and the GPU path refuses it", () => {
+  it("a hash-routed layer needs token ids, each in [0, vocab), and a table of distinct experts a row", () => {
     const layer = new MoELayer(open(good).layer(0));
     const x = generateActivations(seed, 2, 256);
-    assert.throws(
-      () => layer.forward(x, 2),
-      (e: Error) => e instanceof InputError && /needs options.tokenIds/.test(e.message),
+    const refused = (options: object, message: string | RegExp, l = layer) =>
+      assert.throws(
+        () => l.forward(x, 2, options),
+        (e: Error) =>
+          e instanceof InputError &&
+          (typeof message === "string" ? e.message === message : message.test(e.message)),
+      );
+    refused({}, /needs options.tokenIds/);
+    // Checked on the host before routing, with the same InputError on the "cuda" backend (whose GPU
+    // gate does not read token ids back).
+    refused(
+      { tokenIds: Int32Array.of(3, VOCAB) },
+      `forward options.tokenIds[1] = ${VOCAB}: token 1's id is outside the vocabulary [0, ${VOCAB}) of tid2eid`,
     );
-    assert.throws(
-      () => new MoELayer(open(good).layer(1), { backend: "cuda" }),
-      (e: Error) =>
-        e instanceof InputError && /hash-routed.*"cuda" backend does not run such layers yet/.test(e.message),
+    refused({ tokenIds: Int32Array.of(-1, 0) }, /tokenIds\[0\] = -1: token 0's id is outside the vocabulary/);
+    refused(
+      { tokenIds: Int32Array.of(0) },
+      "forward options.tokenIds has 1 elements, expected 2 (one per token)",
+    );
+    refused({ tokenIds: [0, 1] }, /forward options.tokenIds must be an Int32Array \[tokens=2\], got/);
+    assert.equal(layer.forward(x, 2, { tokenIds: Int32Array.of(0, VOCAB - 1) }).routing.ids.length, 4);
+    // Routing from the caller needs no token ids.
+    const routing = { ids: Int32Array.of(0, 1, 2, 3), weights: Float32Array.of(0.5, 0.5, 0.5, 0.5) };
+    assert.equal(layer.forward(x, 2, { routing }).out.length, 2 * 256);
+
+    // A table with an expert twice in a row (V4's tables have none) or an id outside [0, E) is refused
+    // whole, before any token uses that row.
+    const source = new RandomV4Weights(tinyV4({}, true), seed, { vocab: VOCAB });
+    const bad = (edit: (t: Int32Array) => void) => {
+      const table = Int32Array.from(source.gate().tid2eid as Int32Array);
+      edit(table);
+      return new MoELayer({
+        config: source.config,
+        expert: (e) => source.expert(e),
+        shared: () => source.shared(),
+        gate: () => ({ ...source.gate(), tid2eid: table }),
+      });
+    };
+    const ok = { tokenIds: Int32Array.of(0, 1) };
+    refused(
+      ok,
+      /layer tiny-v4: tid2eid\[7\]: expert \d is in slots 0 and 1/,
+      bad((t) => {
+        t[15] = t[14]!;
+      }),
+    );
+    refused(
+      ok,
+      "layer tiny-v4: tid2eid[9, 1] = 8 is not an expert id in [0, 8)",
+      bad((t) => {
+        t[19] = 8;
+      }),
+    );
+    refused(
+      ok,
+      /layer tiny-v4 is hash-routed but its weights have no gate tid2eid table/,
+      new MoELayer({
+        config: source.config,
+        expert: (e) => source.expert(e),
+        shared: () => source.shared(),
+        gate: () => ({ ...source.gate(), tid2eid: null }),
+      }),
     );
   });
 

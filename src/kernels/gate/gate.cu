@@ -2,7 +2,9 @@
 // (bias for selection) → group-limited top-k → weights, with the rules of the CPU reference
 // (src/reference/router.ts, docs/numerics.md "The router").
 //
-// Two kernels, launched back to back by gate.ts: one of the two logits kernels, then the select kernel.
+// Two kernels, launched back to back by gate.ts: one of the two logits kernels, then a select kernel:
+// megamoe_gate_select, or megamoe_gate_select_hash for hash-routed configs (DeepSeek-V4's first layers:
+// experts by token id through tid2eid, weighted from the same scores; the reference's routeByHash).
 //
 // megamoe_gate_logits_exact (fp64 tensor cores, gate.ts's default for small batches). A warp owns a tile
 // of 8 tokens × kExpertsPerWarp experts over one K split. Per 32-channel step lane (g, q) loads channels
@@ -260,31 +262,18 @@ extern "C" __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// partial double [S, T, E] from either logits kernel; bias fp32 [E] or null; ids int32 [T, topK],
-// weights fp32 [T, topK]; logits fp32 [T, E] or null. n_group ≥ 1 divides E; 1 ≤ topk_group ≤ n_group;
-// 1 ≤ top_k ≤ 64; scale_bits: the bits of routedScalingFactor as a double.
-// Asking for only one resident block per SM gives ptxas the registers to keep the partials' loads in
-// flight (without it, it held E = 32 to 32 registers).
-extern "C" __global__ void __launch_bounds__(kThreads, 1)
-    megamoe_gate_select(const double* __restrict__ partial, unsigned int splits, unsigned int tokens,
-                        const float* __restrict__ bias, unsigned int scoring, unsigned int n_group,
-                        unsigned int topk_group, unsigned int top_k, unsigned int renormalize,
-                        unsigned long long scale_bits, int* __restrict__ ids, float* __restrict__ weights,
-                        float* __restrict__ logits) {
-  __shared__ double exps[kWarps][NUM_EXPERTS];       // softmax numerators, for the ordered sum
-  __shared__ float selection[kWarps][NUM_EXPERTS];   // for the group scores
-  __shared__ unsigned char kept[kWarps][NUM_EXPERTS];  // per group: among the topk_group best
-  __shared__ float slot_score[kWarps][kMaxTopK];
-  __shared__ int slot_id[kWarps][kMaxTopK];
+namespace {
 
-  const unsigned int lane = threadIdx.x & 31u;
-  const unsigned int warp = threadIdx.x >> 5;
-  const unsigned int t = blockIdx.x * kWarps + warp;
-  if (t >= tokens) return;  // warp-uniform
-
-  // Logits: the splits' partials in order, one rounding to fp32. The loads of kSplitsInFlight splits
-  // are issued before their adds (at decode there are ~100 splits, and one dependent load per split
-  // cost tens of µs); the adds keep the split order.
+// Token t's logits and scores, lane holding experts i·32 + lane: logit[e] = fp32(Σ_s partial[s][t][e])
+// (double, s in order, one rounding; written to `logits` when it is not null), then the score in double
+// from the fp32 logit, rounded once. `exps` is the warp's shared row for the softmax numerators. Shared
+// by both select kernels, so a hash-routed token is weighted from the very scores a score-routed one is.
+__device__ __forceinline__ void token_scores(const double* __restrict__ partial, unsigned int splits,
+                                             unsigned int tokens, unsigned int t, unsigned int lane,
+                                             unsigned int scoring, float* __restrict__ logits, double* exps,
+                                             float (&score)[kPerLane]) {
+  // The loads of kSplitsInFlight splits are issued before their adds (at decode there are ~100 splits,
+  // and one dependent load per split cost tens of µs); the adds keep the split order.
   double logit_sum[kPerLane];
 #pragma unroll
   for (int i = 0; i < kPerLane; ++i) logit_sum[i] = 0.0;
@@ -316,8 +305,6 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
     if (e < NUM_EXPERTS && logits != nullptr) logits[static_cast<unsigned long long>(t) * NUM_EXPERTS + e] = logit[i];
   }
 
-  // Scores, in double from the fp32 logit, rounded once.
-  float score[kPerLane];
   if (scoring == kSoftmax) {
     float m = -__int_as_float(0x7f800000);
 #pragma unroll
@@ -330,19 +317,19 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
     for (int i = 0; i < kPerLane; ++i) {
       const unsigned int e = i * 32u + lane;
       if (e < NUM_EXPERTS) {
-        exps[warp][e] = exp(__dsub_rn(static_cast<double>(logit[i]), static_cast<double>(m)));
+        exps[e] = exp(__dsub_rn(static_cast<double>(logit[i]), static_cast<double>(m)));
       }
     }
     __syncwarp();
     double total = 0.0;
     if (lane == 0) {
-      for (int e = 0; e < NUM_EXPERTS; ++e) total = __dadd_rn(total, exps[warp][e]);
+      for (int e = 0; e < NUM_EXPERTS; ++e) total = __dadd_rn(total, exps[e]);
     }
     total = __shfl_sync(0xffffffffu, total, 0);
 #pragma unroll
     for (int i = 0; i < kPerLane; ++i) {
       const unsigned int e = i * 32u + lane;
-      score[i] = e < NUM_EXPERTS ? __double2float_rn(__ddiv_rn(exps[warp][e], total)) : 0.0f;
+      score[i] = e < NUM_EXPERTS ? __double2float_rn(__ddiv_rn(exps[e], total)) : 0.0f;
     }
   } else {
 #pragma unroll
@@ -356,6 +343,57 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
       }
     }
   }
+}
+
+// Token t's k slots from the warp's shared slot_id / slot_score rows (complete: the caller synced the
+// warp): Σ of the slot scores in slot order (double), then w / (Σ + 1e-20) · scale or w · scale, one
+// rounding, as the reference weights the experts it routes to (selectTopK and routeByHash alike).
+__device__ __forceinline__ void write_slots(const int* slot_id, const float* slot_score, unsigned int t,
+                                            unsigned int lane, unsigned int top_k, unsigned int renormalize,
+                                            unsigned long long scale_bits, int* __restrict__ ids,
+                                            float* __restrict__ weights) {
+  double sum = 0.0;
+  if (renormalize) {
+    for (unsigned int slot = 0; slot < top_k; ++slot) {
+      sum = __dadd_rn(sum, static_cast<double>(slot_score[slot]));
+    }
+  }
+  const double scale = __longlong_as_double(static_cast<long long>(scale_bits));
+  for (unsigned int slot = lane; slot < top_k; slot += 32u) {
+    const double s = static_cast<double>(slot_score[slot]);
+    const double w = renormalize ? __dmul_rn(__ddiv_rn(s, __dadd_rn(sum, kRenormalizeEpsilon)), scale)
+                                 : __dmul_rn(s, scale);
+    ids[static_cast<unsigned long long>(t) * top_k + slot] = slot_id[slot];
+    weights[static_cast<unsigned long long>(t) * top_k + slot] = __double2float_rn(w);
+  }
+}
+
+}  // namespace
+
+// partial double [S, T, E] from either logits kernel; bias fp32 [E] or null; ids int32 [T, topK],
+// weights fp32 [T, topK]; logits fp32 [T, E] or null. n_group ≥ 1 divides E; 1 ≤ topk_group ≤ n_group;
+// 1 ≤ top_k ≤ 64; scale_bits: the bits of routedScalingFactor as a double.
+// Asking for only one resident block per SM gives ptxas the registers to keep the partials' loads in
+// flight (without it, it held E = 32 to 32 registers).
+extern "C" __global__ void __launch_bounds__(kThreads, 1)
+    megamoe_gate_select(const double* __restrict__ partial, unsigned int splits, unsigned int tokens,
+                        const float* __restrict__ bias, unsigned int scoring, unsigned int n_group,
+                        unsigned int topk_group, unsigned int top_k, unsigned int renormalize,
+                        unsigned long long scale_bits, int* __restrict__ ids, float* __restrict__ weights,
+                        float* __restrict__ logits) {
+  __shared__ double exps[kWarps][NUM_EXPERTS];       // softmax numerators, for the ordered sum
+  __shared__ float selection[kWarps][NUM_EXPERTS];   // for the group scores
+  __shared__ unsigned char kept[kWarps][NUM_EXPERTS];  // per group: among the topk_group best
+  __shared__ float slot_score[kWarps][kMaxTopK];
+  __shared__ int slot_id[kWarps][kMaxTopK];
+
+  const unsigned int lane = threadIdx.x & 31u;
+  const unsigned int warp = threadIdx.x >> 5;
+  const unsigned int t = blockIdx.x * kWarps + warp;
+  if (t >= tokens) return;  // warp-uniform
+
+  float score[kPerLane];
+  token_scores(partial, splits, tokens, t, lane, scoring, logits, exps[warp], score);
 
   // Selection scores.
   float sel[kPerLane];
@@ -452,19 +490,49 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
   }
   __syncwarp();
 
-  // Weights: Σ in slot order (double), then w / (Σ + 1e-20) · scale or w · scale, one rounding.
-  double sum = 0.0;
-  if (renormalize) {
-    for (unsigned int slot = 0; slot < top_k; ++slot) {
-      sum = __dadd_rn(sum, static_cast<double>(slot_score[warp][slot]));
-    }
+  write_slots(slot_id[warp], slot_score[warp], t, lane, top_k, renormalize, scale_bits, ids, weights);
+}
+
+// Hash routing (DeepSeek-V4's first layers, the reference's routeByHash): token t's experts are
+// tid2eid[token_ids[t]] in table order, weighted from the scores megamoe_gate_select would select by
+// (same partials, same token_scores, same write_slots), so a hash-routed token gets the weights a
+// score-routed token with those experts would. tid2eid int32 [vocab, top_k] (ids distinct within a row:
+// the host checks), token_ids int32 [T]; other arguments as megamoe_gate_select's. The host checks
+// token ids and the table too; here a token id outside [0, vocab) or an entry outside [0, E) only
+// yields id −1 and weight 0 in its slots, so that a bad value cannot read out of bounds.
+extern "C" __global__ void __launch_bounds__(kThreads, 1)
+    megamoe_gate_select_hash(const double* __restrict__ partial, unsigned int splits, unsigned int tokens,
+                             unsigned int scoring, const int* __restrict__ tid2eid,
+                             const int* __restrict__ token_ids, unsigned int vocab, unsigned int top_k,
+                             unsigned int renormalize, unsigned long long scale_bits, int* __restrict__ ids,
+                             float* __restrict__ weights, float* __restrict__ logits) {
+  __shared__ double exps[kWarps][NUM_EXPERTS];     // softmax numerators, for the ordered sum
+  __shared__ float scores[kWarps][NUM_EXPERTS];    // a slot's expert may be any lane's
+  __shared__ float slot_score[kWarps][kMaxTopK];
+  __shared__ int slot_id[kWarps][kMaxTopK];
+
+  const unsigned int lane = threadIdx.x & 31u;
+  const unsigned int warp = threadIdx.x >> 5;
+  const unsigned int t = blockIdx.x * kWarps + warp;
+  if (t >= tokens) return;  // warp-uniform
+
+  float score[kPerLane];
+  token_scores(partial, splits, tokens, t, lane, scoring, logits, exps[warp], score);
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const unsigned int e = i * 32u + lane;
+    if (e < NUM_EXPERTS) scores[warp][e] = score[i];
   }
-  const double scale = __longlong_as_double(static_cast<long long>(scale_bits));
+  __syncwarp();
+
+  const int token = token_ids[t];
+  const bool known = token >= 0 && static_cast<unsigned int>(token) < vocab;
   for (unsigned int slot = lane; slot < top_k; slot += 32u) {
-    const double s = static_cast<double>(slot_score[warp][slot]);
-    const double w = renormalize ? __dmul_rn(__ddiv_rn(s, __dadd_rn(sum, kRenormalizeEpsilon)), scale)
-                                 : __dmul_rn(s, scale);
-    ids[static_cast<unsigned long long>(t) * top_k + slot] = slot_id[warp][slot];
-    weights[static_cast<unsigned long long>(t) * top_k + slot] = __double2float_rn(w);
+    int e = known ? tid2eid[static_cast<unsigned long long>(token) * top_k + slot] : -1;
+    if (e < 0 || e >= NUM_EXPERTS) e = -1;
+    slot_id[warp][slot] = e;
+    slot_score[warp][slot] = e < 0 ? 0.0f : scores[warp][e];
   }
+  __syncwarp();
+  write_slots(slot_id[warp], slot_score[warp], t, lane, top_k, renormalize, scale_bits, ids, weights);
 }

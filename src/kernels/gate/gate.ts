@@ -10,10 +10,14 @@
  * the logits follows `scoreLogits` / `selectTopK` bit for bit. Two launches: the logits into a double
  * workspace [S, T, E] (K split S ways when tokens are too few to fill the GPU), then one warp per
  * token for scores, selection and weights.
+ *
+ * Hash-routed configs (config.router.hashRouted, DeepSeek-V4's first layers) run a second select
+ * kernel: token t's experts are tid2eid[tokenIds[t]] in table order, weighted from the same scores by
+ * the same rule (the reference's `routeByHash`); the ids and weights land in the same caller tensors.
  */
 
 import type { MoEConfig } from "../../config/config.js";
-import { validateConfig } from "../../config/config.js";
+import { describeValue, validateConfig } from "../../config/config.js";
 import {
   compileKernel,
   type Device,
@@ -33,6 +37,7 @@ export const GATE_KERNEL_SOURCE = "gate/gate.cu";
 export const GATE_LOGITS_KERNEL = "megamoe_gate_logits";
 export const GATE_LOGITS_EXACT_KERNEL = "megamoe_gate_logits_exact";
 export const GATE_SELECT_KERNEL = "megamoe_gate_select";
+export const GATE_SELECT_HASH_KERNEL = "megamoe_gate_select_hash";
 
 // Mirrors of gate.cu's constants.
 const WARPS_PER_BLOCK = 4;
@@ -83,6 +88,12 @@ export function defaultGateLogits(
 export interface GateOptions {
   /** How the logits are summed; default `defaultGateLogits`. */
   logits?: GateLogits;
+  /**
+   * int32 [T] on the device: the token ids a hash-routed config routes by (required there, refused
+   * otherwise). Not read back: ids outside [0, vocab) give id −1 and weight 0 in all k slots, so check
+   * them on the host first (`tokenIdsProblem`).
+   */
+  tokenIds?: DeviceTensor;
 }
 
 export interface GateOperands {
@@ -90,6 +101,12 @@ export interface GateOperands {
   weight: DeviceTensor;
   /** fp32 [E] when config.router.correctionBias, else null. */
   bias: DeviceTensor | null;
+  /**
+   * int32 [vocab, topK] when config.router.hashRouted (DeepSeek-V4's gate.tid2eid), else null or absent.
+   * Not read back: check it on the host before the upload (`tid2eidProblem`); an entry outside [0, E)
+   * gives id −1 and weight 0 in its slot.
+   */
+  tid2eid?: DeviceTensor | null;
 }
 
 export interface GateOutputs {
@@ -159,8 +176,10 @@ export function planGate(
 interface GateKernels {
   logits: Record<GateLogits, Kernel>;
   select: Kernel;
+  selectHash: Kernel;
   logitsArgs: KernelArgs;
   selectArgs: KernelArgs;
+  selectHashArgs: KernelArgs;
 }
 
 const gateKernels = perDeviceMemo<number, GateKernels>();
@@ -175,8 +194,10 @@ function gateKernelsFor(device: Device, numExperts: number): GateKernels {
         exact: loadKernel(device, compiled, GATE_LOGITS_EXACT_KERNEL),
       },
       select: loadKernel(device, compiled, GATE_SELECT_KERNEL),
+      selectHash: loadKernel(device, compiled, GATE_SELECT_HASH_KERNEL),
       logitsArgs: new KernelArgs(7),
       selectArgs: new KernelArgs(13),
+      selectHashArgs: new KernelArgs(13),
     };
   });
 }
@@ -210,24 +231,84 @@ const WHERE = "routeOnDevice";
  */
 const validatedConfigs = new WeakSet<MoEConfig>();
 
+/**
+ * Why the GPU gate cannot route a (valid) config, or null: gate.cu is compiled for expert counts that
+ * are multiples of 8 up to GATE_MAX_EXPERTS and keeps at most 64 slots a token.
+ */
+export function deviceGateProblem(config: MoEConfig): string | null {
+  const { numExperts: E, topK } = config;
+  if (E % 8 !== 0 || E > GATE_MAX_EXPERTS) {
+    return `the GPU gate needs numExperts a multiple of 8 up to ${GATE_MAX_EXPERTS}, got ${E}`;
+  }
+  if (topK > MAX_TOP_K) return `topK ${topK} exceeds ${MAX_TOP_K}`;
+  return null;
+}
+
+/**
+ * Why `table` cannot be a hash-routed gate's tid2eid for `numExperts` and `topK`, or null: it must be
+ * an Int32Array [vocab, topK] with vocab ≥ 1 and every row k distinct expert ids in [0, numExperts)
+ * (what the checkpoint reader and RandomV4Weights produce, and what routeByHash's validateRouting
+ * demands of the rows it uses). Checked on the host once before the table goes to the device, where
+ * the kernel does not read it back.
+ */
+export function tid2eidProblem(table: unknown, numExperts: number, topK: number): string | null {
+  if (!(table instanceof Int32Array)) {
+    return `tid2eid must be an Int32Array [vocab, topK=${topK}], got ${describeValue(table)}`;
+  }
+  if (table.length === 0 || table.length % topK !== 0) {
+    return `tid2eid has ${table.length} elements, not a positive multiple of topK (${topK})`;
+  }
+  if (table.length >= 2 ** 31) return `tid2eid has ${table.length} elements, more than int32 indexes`;
+  for (let row = 0; row < table.length / topK; row++) {
+    for (let j = 0; j < topK; j++) {
+      const e = table[row * topK + j]!;
+      if (e < 0 || e >= numExperts) {
+        return `tid2eid[${row}, ${j}] = ${e} is not an expert id in [0, ${numExperts})`;
+      }
+      for (let i = 0; i < j; i++) {
+        if (table[row * topK + i] === e) return `tid2eid[${row}]: expert ${e} is in slots ${i} and ${j}`;
+      }
+    }
+  }
+  return null;
+}
+
+/**
+ * Why `tokenIds` cannot be the token ids of a hash-routed batch of `tokens` over a vocabulary of
+ * `vocab` (tid2eid's rows), or null: an Int32Array of `tokens` ids, each in [0, vocab). The message
+ * names the first bad token. The GPU does not read the ids back, so callers check them here first.
+ */
+export function tokenIdsProblem(tokenIds: unknown, tokens: number, vocab: number): string | null {
+  if (!(tokenIds instanceof Int32Array)) {
+    return `tokenIds must be an Int32Array [tokens=${tokens}], got ${describeValue(tokenIds)}`;
+  }
+  if (tokenIds.length !== tokens) {
+    return `tokenIds has ${tokenIds.length} elements, expected ${tokens} (one per token)`;
+  }
+  for (let t = 0; t < tokens; t++) {
+    const id = tokenIds[t]!;
+    if (id < 0 || id >= vocab) {
+      return `tokenIds[${t}] = ${id}: token ${t}'s id is outside the vocabulary [0, ${vocab}) of tid2eid`;
+    }
+  }
+  return null;
+}
+
 function checkOperands(
   device: Device,
   x: DeviceTensor,
   gate: GateOperands,
   config: MoEConfig,
   out: GateOutputs,
+  tokenIds: DeviceTensor | undefined,
 ): number {
   if (!validatedConfigs.has(config)) {
     validateConfig(config);
     validatedConfigs.add(config);
   }
   const { numExperts: E, hidden: H, topK } = config;
-  if (E % 8 !== 0 || E > GATE_MAX_EXPERTS) {
-    throw new Error(
-      `${WHERE}: the GPU gate needs numExperts a multiple of 8 up to ${GATE_MAX_EXPERTS}, got ${E}`,
-    );
-  }
-  if (topK > MAX_TOP_K) throw new Error(`${WHERE}: topK ${topK} exceeds ${MAX_TOP_K}`);
+  const unfit = deviceGateProblem(config);
+  if (unfit !== null) throw new Error(`${WHERE}: ${unfit}`);
   if (x.dtype !== "bf16" || x.shape.length !== 2 || x.shape[1] !== H) {
     throw new Error(`${WHERE}: x must be bf16[tokens, ${H}], got ${describeTensor(x.dtype, x.shape)}`);
   }
@@ -245,6 +326,27 @@ function checkOperands(
     );
   }
   if (gate.bias !== null) expectOperand(WHERE, "gate.bias", gate.bias, "fp32", [E], device);
+  const tid2eid = gate.tid2eid ?? null;
+  if (config.router.hashRouted === true) {
+    if (tid2eid === null) {
+      throw new Error(`${WHERE}: config.router.hashRouted is set but gate.tid2eid is absent`);
+    }
+    if (tid2eid.shape.length !== 2 || tid2eid.shape[0]! < 1 || tid2eid.shape[0]! * topK >= 2 ** 31) {
+      throw new Error(
+        `${WHERE}: gate.tid2eid must be int32[vocab, ${topK}] with 1 ≤ vocab < 2^31 / ${topK}, got ` +
+          describeTensor(tid2eid.dtype, tid2eid.shape),
+      );
+    }
+    expectOperand(WHERE, "gate.tid2eid", tid2eid, "int32", [tid2eid.shape[0]!, topK], device);
+    if (tokenIds === undefined) {
+      throw new Error(`${WHERE}: config.router.hashRouted is set but options.tokenIds is absent`);
+    }
+    expectOperand(WHERE, "options.tokenIds", tokenIds, "int32", [tokens], device);
+  } else if (tid2eid !== null) {
+    throw new Error(`${WHERE}: gate.tid2eid is given but config.router.hashRouted is not set`);
+  } else if (tokenIds !== undefined) {
+    throw new Error(`${WHERE}: options.tokenIds is given but config.router.hashRouted is not set`);
+  }
   expectOperand(WHERE, "out.ids", out.ids, "int32", [tokens, topK], device);
   expectOperand(WHERE, "out.weights", out.weights, "fp32", [tokens, topK], device);
   if (out.logits != null) expectOperand(WHERE, "out.logits", out.logits, "fp32", [tokens, E], device);
@@ -271,6 +373,10 @@ function doubleBits(v: number): bigint {
  * throw as the CPU reference does; a non-finite selection score that leaves fewer than k candidates
  * gives id −1 and weight 0 in those slots). `options.logits` picks how the logits are summed. The
  * first call for a (device, E) compiles the kernels.
+ *
+ * A hash-routed config (config.router.hashRouted) needs gate.tid2eid and options.tokenIds and routes
+ * as `routeByHash`: ids tid2eid[tokenIds[t]] in table order, weights from the same scores by the same
+ * rule as score routing (so with the same logits, the reference's ids and weights).
  */
 export function routeOnDevice(
   device: Device,
@@ -281,7 +387,7 @@ export function routeOnDevice(
   stream: Stream | null,
   options: GateOptions = {},
 ): void {
-  const tokens = checkOperands(device, x, gate, config, out);
+  const tokens = checkOperands(device, x, gate, config, out, options.tokenIds);
   if (options.logits !== undefined && options.logits !== "exact" && options.logits !== "fast") {
     throw new Error(`${WHERE}: options.logits must be "exact" or "fast", got ${String(options.logits)}`);
   }
@@ -306,6 +412,25 @@ export function routeOnDevice(
     .u32(5, plan.splits)
     .u32(6, plan.stepsPerSplit);
   k.logits[plan.logits].launch(plan.logitsBlocks, 32 * WARPS_PER_BLOCK, 0, stream, k.logitsArgs);
+  if (r.hashRouted === true) {
+    const tid2eid = gate.tid2eid!; // checkOperands: present for a hash-routed config, as is tokenIds
+    k.selectHashArgs
+      .ptr(0, ws.ptr)
+      .u32(1, plan.splits)
+      .u32(2, tokens)
+      .u32(3, SCORING_CODES[r.scoring])
+      .ptr(4, tid2eid.ptr)
+      .ptr(5, options.tokenIds!.ptr)
+      .u32(6, tid2eid.shape[0]!)
+      .u32(7, topK)
+      .u32(8, r.renormalize ? 1 : 0)
+      .u64(9, doubleBits(r.routedScalingFactor))
+      .ptr(10, out.ids.ptr)
+      .ptr(11, out.weights.ptr)
+      .ptr(12, out.logits?.ptr ?? 0n);
+    k.selectHash.launch(plan.selectBlocks, 32 * WARPS_PER_BLOCK, 0, stream, k.selectHashArgs);
+    return;
+  }
   k.selectArgs
     .ptr(0, ws.ptr)
     .u32(1, plan.splits)
