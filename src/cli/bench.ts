@@ -239,6 +239,12 @@ function validate(opts: BenchOptions): void {
     ["--configs", opts.configs, ["fused", "fused,unfused"], "fused or fused,unfused"],
     ["--graph / --no-graph", opts.graph, ["unfused", "fused,unfused"], "unfused or fused,unfused"],
     ["--fp8-tflops", opts.fp8Tflops, ["fused", "unfused", "fused,unfused"], layers],
+    [
+      "--experts",
+      opts.experts,
+      ["fused", "unfused", "fused,unfused", "step"],
+      "fused, unfused, fused,unfused or step",
+    ],
   ] as const) {
     if (value !== undefined && !(impls as readonly string[]).includes(opts.impl)) {
       throw new UsageError(`${flag} applies to --impl ${which}, not ${opts.impl}`);
@@ -267,15 +273,12 @@ function validate(opts: BenchOptions): void {
   if (opts.layer !== undefined && opts.checkpoint === undefined)
     throw new Error("--layer needs --checkpoint");
   const experts = expertsFormat(opts.experts);
-  if (experts !== undefined && layerImpls(opts.impl) === null && opts.impl !== "step") {
-    throw new Error(`--experts applies to --impl fused, unfused, fused,unfused or step, not ${opts.impl}`);
-  }
   if (opts.impl !== "quant") {
     // Throws naming an unknown shape; then the pipelines must take the experts' format.
     const config = resolveConfig(opts.shape, experts === undefined ? {} : { expertFormat: experts });
     for (const impl of layerImpls(opts.impl) ?? (opts.impl === "step" ? (["fused"] as const) : [])) {
       const problem = opts.checkpoint === undefined ? expertFormatProblem(config, impl) : null;
-      if (problem !== null) throw new Error(problem);
+      if (problem !== null) throw new UsageError(problem);
     }
   }
   if (opts.plot !== undefined && layerImpls(opts.impl) === null) {

@@ -31,6 +31,7 @@ import { shortCudaReason } from "./gpu-reason.js";
 import { progressBar } from "./progress.js";
 import {
   checkCheckpointExperts,
+  checkPipelineExperts,
   checkPipelineFor,
   chooseBackend,
   describeLayerWeights,
@@ -91,6 +92,7 @@ export async function runCheck(opts: CheckOptions): Promise<void> {
   const shape =
     opts.checkpoint === undefined ? shapeConfig(opts.shape, opts.tokens, opts.experts) : undefined;
   gpuPipeline(opts.pipeline);
+  if (shape !== undefined) checkPipelineExperts(opts.backend, shape, opts.pipeline);
   const backend = chooseBackend(opts.backend);
   const pipeline = checkPipelineFor(backend, opts.pipeline);
   const weights =
@@ -186,7 +188,7 @@ export async function runCheck(opts: CheckOptions): Promise<void> {
   process.stdout.write(
     `${pc.bold("megamoe check")} ${config.name}, T=${opts.tokens}, seed ${opts.seed}, backend ${backend}${ranks > 1 ? `, ${ranks} expert-parallel ranks` : ""}\n`,
   );
-  process.stdout.write(`  ${pc.dim("weights".padEnd(36))} ${describeLayerWeights(config)}\n`);
+  process.stdout.write(`  ${pc.dim("weights:")} ${describeLayerWeights(config)}\n`);
   const width = Math.max(...comparisons.map((c) => c.comparison.length));
   process.stdout.write(
     pc.dim(
