@@ -40,6 +40,7 @@ import {
 import { InputError, MoELayer } from "../../src/layer.js";
 import { f32FromBf16Array, f32ToBf16Bits } from "../../src/numerics/bf16.js";
 import { FusedPipeline } from "../../src/pipeline/fused.js";
+import { layerErrors } from "../../src/reference/error-bounds.js";
 import { idealMoE } from "../../src/reference/moe.js";
 import {
   RENORMALIZE_EPSILON,
@@ -53,7 +54,7 @@ import { GeneratedWeights, generateActivations } from "../../src/weights/generat
 import { RandomV4Weights } from "../../src/weights/random-v4.js";
 import type { MoEWeightSource } from "../../src/weights/types.js";
 import { availability, gpuSkip, testDevice } from "../helpers/gpu.js";
-import { checkLayerErrors, layerErrors } from "../helpers/layer-errors.js";
+import { checkLayerErrors } from "../helpers/layer-errors.js";
 import { rng, testSeed } from "../helpers/random.js";
 import { tinyV4 } from "../helpers/v4-checkpoint.js";
 
