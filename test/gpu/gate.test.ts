@@ -24,7 +24,7 @@ import { DeviceTensor } from "../../src/cuda/index.js";
 import { defaultGateLogits, type GateLogits, planGate, routeOnDevice } from "../../src/kernels/gate/gate.js";
 import { f32FromBf16Array, f32ToBf16Bits } from "../../src/numerics/bf16.js";
 import { type Routing, routeTokens, scoreLogits, selectTopK } from "../../src/reference/router.js";
-import { availability, gpuSkip, testDevice } from "../helpers/gpu.js";
+import { availability, describeGpu, testDevice } from "../helpers/gpu.js";
 import { rng, testSeed } from "../helpers/random.js";
 
 const seed = testSeed("gate-gpu");
@@ -461,7 +461,7 @@ describe("MegaGate plan (no GPU needed)", () => {
   });
 });
 
-describe("MegaGate on a GPU", { skip: gpuSkip }, () => {
+describeGpu("MegaGate on a GPU", () => {
   test("CUDA is available", () => {
     assert.ok(availability.ok, availability.ok ? "" : availability.reason);
   });

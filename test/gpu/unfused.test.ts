@@ -43,12 +43,11 @@ import { type RandomRoutingOptions, type Routing, randomRouting } from "../../sr
 import { swiglu } from "../../src/reference/swiglu.js";
 import { DeviceMoEWeights } from "../../src/weights/device.js";
 import { GeneratedWeights, generateActivations } from "../../src/weights/generate.js";
-import { availability, gpuSkip, testDevice } from "../helpers/gpu.js";
+import { availability, describeGpu, testDevice } from "../helpers/gpu.js";
 import { checkLayerErrors, layerErrors } from "../helpers/layer-errors.js";
 import { rng, testSeed } from "../helpers/random.js";
 
 const seed = testSeed("unfused pipeline tests");
-const skip = gpuSkip;
 
 const random = rng(seed);
 const randomInt = (n: number) => Math.floor(random() * n);
@@ -249,7 +248,7 @@ describe("unfused pipeline: checks that need no GPU", () => {
   });
 });
 
-describe("unfused MoE pipeline on a GPU", { skip }, () => {
+describeGpu("unfused MoE pipeline on a GPU", () => {
   test("dispatch layout: counts, offsets, row_source and slot_row are mutual inverses", () => {
     const cases = [
       { tokens: 1, k: 1, experts: 1, hot: false },

@@ -9,7 +9,7 @@
  */
 
 import assert from "node:assert/strict";
-import { describe, test } from "node:test";
+import { test } from "node:test";
 import { type MoEConfig, PRESETS, sharedIntermediate } from "../../src/config/config.js";
 import type { DeviceTensor } from "../../src/cuda/index.js";
 import { RankWeights } from "../../src/parallel/expert-parallel.js";
@@ -26,12 +26,10 @@ import {
   generateSharedExpert,
 } from "../../src/weights/generate.js";
 import { type BlockQuantized, requireFp8Expert } from "../../src/weights/types.js";
-import { availability, gpuSkip, testDevice } from "../helpers/gpu.js";
+import { availability, describeGpu, testDevice } from "../helpers/gpu.js";
 import { testSeed } from "../helpers/random.js";
 
 const seed = testSeed("weightgen");
-
-const skip = gpuSkip;
 
 const device = testDevice;
 
@@ -150,7 +148,7 @@ function generatePoisoned(config: MoEConfig): DeviceMoEWeights {
   return w;
 }
 
-describe("device weight generator on a GPU", { skip }, () => {
+describeGpu("device weight generator on a GPU", () => {
   test("CUDA is available", () => {
     assert.ok(availability.ok, availability.ok ? "" : availability.reason);
     console.log(`device: ${device().describe()}`);
