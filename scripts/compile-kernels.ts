@@ -260,9 +260,9 @@ async function main(argv: readonly string[]): Promise<number> {
   const cached = results.filter((r) => r.cached).length;
   const failedJobs = results.filter((r) => problemsOf(r).length > 0).length;
   const summary =
-    `${results.length} variants of ${sources.length} kernels, ${failedJobs} failed, ` +
-    `${spilling} kernels spill or use a stack frame, ${cached} cached, ` +
-    `${results.length - cached} compiled (${parallel} at a time) in ${seconds} s`;
+    `${results.length} variants of ${sources.length} sources, ${failedJobs} failed, ` +
+    `${spilling} kernels with spills/stack; ${cached} cached, ${results.length - cached} compiled, ` +
+    `${parallel} jobs, ${seconds} s`;
   if (failures.length > 0) {
     if (!showTable) console.error(table(TABLE_HEADER, failedRows));
     for (const r of results) {
@@ -272,9 +272,7 @@ async function main(argv: readonly string[]): Promise<number> {
     console.error(`\nkernels:check FAILED: ${summary}\n  ${failures.join("\n  ")}`);
     return 1;
   }
-  console.log(
-    `kernels:check ok: ${summary}${showTable ? "" : " (--table or KERNELS_TABLE=1: ptxas's table)"}`,
-  );
+  console.log(`kernels:check ok: ${summary}${showTable ? "" : " (KERNELS_TABLE=1: table)"}`);
   return 0;
 }
 
