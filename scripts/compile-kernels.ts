@@ -1,11 +1,16 @@
 /**
  * CI check of every CUDA kernel: compiles each `src/kernels/**\/*.cu` with nvcc for sm_90a, once per
  * specialization its family lists (`<name>.variants.ts` beside the .cu, see src/kernels/variants.ts),
- * prints ptxas's resource report as a table, and exits non-zero when a compile fails, a kernel marked
+ * reads ptxas's resource report, and exits non-zero when a compile fails, a kernel marked
  * no-spill spills or uses a local stack frame, or ptxas serializes a kernel's wgmmas (C7518). Without
  * nvcc it prints SKIP and exits 0, so the check stays optional on machines without the CUDA toolkit.
  *
- * Run: `npm run kernels:check` (NVCC=/path/to/nvcc to pick the compiler; KERNELS_JOBS for parallelism).
+ * Prints one summary line; `--table` (or KERNELS_TABLE=1) adds ptxas's table of every kernel, and a
+ * failure always prints its rows and nvcc's log. Compiles nvcc accepted are cached by a hash of their
+ * inputs in `.cache/kernels/` (scripts/kernel-cache.ts); `--no-cache` (or KERNELS_CACHE=0) skips it.
+ *
+ * Run: `npm run kernels:check [-- --table]` (NVCC=/path/to/nvcc to pick the compiler; KERNELS_JOBS for
+ * parallelism, default: the CPU count).
  */
 import { execFile } from "node:child_process";
 import { existsSync, mkdtempSync, readdirSync, rmSync } from "node:fs";
@@ -15,6 +20,7 @@ import { fileURLToPath, pathToFileURL } from "node:url";
 import { promisify } from "node:util";
 import { defineOptions } from "../src/cuda/jit.js";
 import { describeDefines, type KernelVariant } from "../src/kernels/variants.js";
+import { CompileCache, compileKey } from "./kernel-cache.js";
 import { type FunctionReport, parsePtxasReport, ptxasProblems } from "./ptxas-report.js";
 
 const run = promisify(execFile);
@@ -23,6 +29,8 @@ const repoRoot = path.resolve(path.dirname(fileURLToPath(import.meta.url)), ".."
 const kernelsDir = path.join(repoRoot, "src", "kernels");
 const includeDir = path.join(repoRoot, "src", "include");
 const ARCH_FLAGS = ["-gencode=arch=compute_90a,code=sm_90a", "-std=c++17"];
+// Inside the checkout (git-ignored), never in $HOME: a fresh clone (CI) compiles every variant once.
+const cacheDir = path.join(repoRoot, ".cache", "kernels");
 const DEFAULT_VARIANT: KernelVariant = { defines: {}, noSpill: true };
 
 interface CompileJob {
@@ -36,6 +44,8 @@ interface CompileResult {
   functions: FunctionReport[];
   log: string;
   seconds: number;
+  /** Taken from the compile cache (ptxas's report of an earlier identical compile). */
+  cached: boolean;
 }
 
 function listCudaSources(dir: string): string[] {
@@ -72,35 +82,54 @@ async function variantsFor(source: string): Promise<readonly KernelVariant[]> {
   return list;
 }
 
-async function compile(nvcc: string, job: CompileJob, outDir: string, index: number): Promise<CompileResult> {
+async function compile(
+  nvcc: string,
+  compiler: string,
+  job: CompileJob,
+  outDir: string,
+  index: number,
+  cache: CompileCache | undefined,
+): Promise<CompileResult> {
   const cubin = path.join(outDir, `${index}-${path.basename(job.source, ".cu")}.cubin`);
-  const args = [
+  const flags = [
     ...ARCH_FLAGS,
     `-I${includeDir}`,
     ...defineOptions(job.variant.defines), // the JIT's own -D list, so CI compiles what it compiles
     "-Xptxas",
     "-v",
-    "-cubin",
-    "-o",
-    cubin,
-    path.join(repoRoot, job.source),
   ];
+  const source = path.join(repoRoot, job.source);
+  const key = cache
+    ? compileKey({
+        source,
+        includeDirs: [includeDir],
+        args: flags,
+        compiler,
+        env: process.env,
+        root: repoRoot,
+      })
+    : "";
+  const hit = cache?.get(key);
+  if (hit)
+    return { job, ok: true, functions: parsePtxasReport(hit.log), log: hit.log, seconds: 0, cached: true };
   const started = performance.now();
+  let ok: boolean;
+  let log: string;
   try {
-    const { stdout, stderr } = await run(nvcc, args, { cwd: repoRoot, maxBuffer: 16 << 20 });
-    const log = `${stdout}${stderr}`;
-    return {
-      job,
-      ok: true,
-      functions: parsePtxasReport(log),
-      log,
-      seconds: (performance.now() - started) / 1000,
-    };
+    const { stdout, stderr } = await run(nvcc, [...flags, "-cubin", "-o", cubin, source], {
+      cwd: repoRoot,
+      maxBuffer: 16 << 20,
+    });
+    ok = true;
+    log = `${stdout}${stderr}`;
   } catch (err) {
     const e = err as { stdout?: string; stderr?: string; message?: string };
-    const log = `${e.stdout ?? ""}${e.stderr ?? ""}` || (e.message ?? String(err));
-    return { job, ok: false, functions: [], log, seconds: (performance.now() - started) / 1000 };
+    ok = false;
+    log = `${e.stdout ?? ""}${e.stderr ?? ""}` || (e.message ?? String(err));
   }
+  const seconds = (performance.now() - started) / 1000;
+  cache?.put(key, ok, { log, seconds });
+  return { job, ok, functions: ok ? parsePtxasReport(log) : [], log, seconds, cached: false };
 }
 
 /** Runs `worker` over `items` with at most `limit` in flight, keeping the input order in the result. */
@@ -152,70 +181,99 @@ function problemsOf(result: CompileResult): string[] {
   return ptxasProblems(result.functions, result.job.variant.noSpill === true);
 }
 
-async function main(): Promise<number> {
+/** The table's rows of one compile: one per entry function (or a placeholder when there is none). */
+function rowsOf(r: CompileResult, status: string): string[][] {
+  const variant = describeDefines(r.job.variant.defines);
+  const seconds = r.cached ? "cached" : r.seconds.toFixed(2);
+  if (r.functions.length === 0) return [[r.job.source, variant, "-", "-", "-", "-", "-", seconds, status]];
+  return r.functions.map((f) => [
+    r.job.source,
+    variant,
+    f.name,
+    String(f.registers),
+    String(f.sharedBytes),
+    String(f.stackBytes),
+    `${f.spillStores}/${f.spillLoads}`,
+    seconds,
+    status,
+  ]);
+}
+
+const TABLE_HEADER = [
+  "source",
+  "variant",
+  "kernel",
+  "regs",
+  "smem B",
+  "stack B",
+  "spill st/ld B",
+  "s",
+  "status",
+];
+
+async function main(argv: readonly string[]): Promise<number> {
+  const showTable = argv.includes("--table") || process.env.KERNELS_TABLE === "1";
+  const useCache = !argv.includes("--no-cache") && process.env.KERNELS_CACHE !== "0";
   const nvcc = await findNvcc();
   if (nvcc === undefined) {
     console.log("SKIP kernels:check: nvcc not found (set NVCC or CUDA_HOME, or put nvcc on PATH)");
     return 0;
   }
+  const { stdout: nvccVersion } = await run(nvcc, ["--version"]);
   const sources = listCudaSources(kernelsDir);
   const jobs: CompileJob[] = [];
   for (const source of sources) {
     for (const variant of await variantsFor(source))
       jobs.push({ source: path.relative(repoRoot, source), variant });
   }
-  const parallel = Math.max(1, Number(process.env.KERNELS_JOBS ?? 2));
-  console.log(
-    `kernels:check: ${jobs.length} compiles of ${sources.length} sources with ${nvcc}, ${parallel} at a time`,
-  );
+  const parallel = Math.max(1, Number(process.env.KERNELS_JOBS ?? os.availableParallelism()));
+  const cache = useCache ? new CompileCache(cacheDir) : undefined;
 
   const outDir = mkdtempSync(path.join(os.tmpdir(), "megamoe-"));
   const started = performance.now();
   let results: CompileResult[];
   try {
-    results = await mapLimited(jobs, parallel, (job, i) => compile(nvcc, job, outDir, i));
+    results = await mapLimited(jobs, parallel, (job, i) =>
+      compile(nvcc, `${nvcc}\n${nvccVersion}`, job, outDir, i, cache),
+    );
   } finally {
     rmSync(outDir, { recursive: true, force: true });
   }
+  // Entries of sources or variants that no longer exist would only grow the folder.
+  cache?.prune();
 
-  const rows: string[][] = [];
   const failures: string[] = [];
+  const failedRows: string[][] = [];
+  const rows: string[][] = [];
+  let spilling = 0;
   for (const r of results) {
     const problems = problemsOf(r);
     const where = `${r.job.source} [${describeDefines(r.job.variant.defines)}]`;
     for (const p of problems) failures.push(`${where}: ${p}`);
     const status = problems.length === 0 ? "ok" : "FAIL";
-    if (r.functions.length === 0) {
-      rows.push([r.job.source, describeDefines(r.job.variant.defines), "-", "-", "-", "-", "-", "-", status]);
-    }
-    for (const f of r.functions) {
-      rows.push([
-        r.job.source,
-        describeDefines(r.job.variant.defines),
-        f.name,
-        String(f.registers),
-        String(f.sharedBytes),
-        String(f.stackBytes),
-        `${f.spillStores}/${f.spillLoads}`,
-        r.seconds.toFixed(2),
-        status,
-      ]);
-    }
+    rows.push(...rowsOf(r, status));
+    if (problems.length > 0) failedRows.push(...rowsOf(r, status));
+    spilling += r.functions.filter((f) => f.spillStores > 0 || f.spillLoads > 0 || f.stackBytes > 0).length;
   }
-  console.log(
-    table(["source", "variant", "kernel", "regs", "smem B", "stack B", "spill st/ld B", "s", "status"], rows),
-  );
-  for (const r of results) {
-    if (!r.ok)
-      console.error(`\n--- ${r.job.source} [${describeDefines(r.job.variant.defines)}] ---\n${r.log}`);
-  }
+  if (showTable) console.log(table(TABLE_HEADER, rows));
   const seconds = ((performance.now() - started) / 1000).toFixed(1);
+  const cached = results.filter((r) => r.cached).length;
+  const failedJobs = results.filter((r) => problemsOf(r).length > 0).length;
+  const summary =
+    `${results.length} variants of ${sources.length} sources, ${failedJobs} failed, ` +
+    `${spilling} kernels with spills/stack; ${cached} cached, ${results.length - cached} compiled, ` +
+    `${parallel} jobs, ${seconds} s`;
   if (failures.length > 0) {
-    console.error(`\nkernels:check FAILED (${seconds} s):\n  ${failures.join("\n  ")}`);
+    if (!showTable) console.error(table(TABLE_HEADER, failedRows));
+    for (const r of results) {
+      if (!r.ok)
+        console.error(`\n--- ${r.job.source} [${describeDefines(r.job.variant.defines)}] ---\n${r.log}`);
+    }
+    console.error(`\nkernels:check FAILED: ${summary}\n  ${failures.join("\n  ")}`);
     return 1;
   }
-  console.log(`kernels:check: ${results.length} compiles ok in ${seconds} s`);
+  console.log(`kernels:check ok: ${summary}${showTable ? "" : " (KERNELS_TABLE=1: table)"}`);
   return 0;
 }
 
-process.exitCode = await main();
+process.exitCode = await main(process.argv.slice(2));

@@ -7,7 +7,7 @@
 
 import assert from "node:assert/strict";
 import path from "node:path";
-import { describe, test } from "node:test";
+import { test } from "node:test";
 import {
   type CompiledKernel,
   CudaGraph,
@@ -22,7 +22,7 @@ import {
   TensorMapDataType,
   timeKernel,
 } from "../../src/cuda/index.js";
-import { availability, gpuSkip, testDevice } from "../helpers/gpu.js";
+import { availability, describeGpu, testDevice } from "../helpers/gpu.js";
 import { rng, testSeed } from "../helpers/random.js";
 
 const seed = testSeed("cuda-runtime");
@@ -41,8 +41,6 @@ function randomFloats(n: number, lo: number, hi: number): Float32Array {
   return out;
 }
 
-const skip = gpuSkip;
-
 const SCALE = 2;
 let cachedKernels: CompiledKernel | undefined;
 
@@ -56,7 +54,7 @@ function kernels(): CompiledKernel {
   return cachedKernels;
 }
 
-describe("CUDA runtime on a GPU", { skip }, () => {
+describeGpu("CUDA runtime on a GPU", () => {
   test("CUDA is available", () => {
     assert.ok(availability.ok, availability.ok ? "" : availability.reason);
   });

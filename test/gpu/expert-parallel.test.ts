@@ -7,7 +7,7 @@
  * routing each run; ranks with 0, 1 and odd token counts, masked tokens, a hot expert.
  */
 import assert from "node:assert/strict";
-import { describe, test } from "node:test";
+import { test } from "node:test";
 import { type MoEConfig, PRESETS } from "../../src/config/config.js";
 import type { GpuPipelineKind } from "../../src/layer.js";
 import { bf16BitsToF32 } from "../../src/numerics/bf16.js";
@@ -22,7 +22,7 @@ import { layerErrors } from "../../src/reference/error-bounds.js";
 import { idealMoE } from "../../src/reference/moe.js";
 import { randomRouting } from "../../src/reference/router.js";
 import { GeneratedWeights, generateActivations } from "../../src/weights/generate.js";
-import { gpuSkip, testDevice } from "../helpers/gpu.js";
+import { describeGpu, testDevice } from "../helpers/gpu.js";
 import { checkLayerErrors } from "../helpers/layer-errors.js";
 import { testSeed } from "../helpers/random.js";
 
@@ -81,7 +81,7 @@ function inputs(config: MoEConfig, tokens: number[], base: number): RankInput[] 
   });
 }
 
-describe("expert-parallel layer on a GPU (every rank on device 0)", { skip: gpuSkip }, () => {
+describeGpu("expert-parallel layer on a GPU (every rank on device 0)", () => {
   for (const c of CASES) {
     test(c.name, () => {
       const weights = new GeneratedWeights(c.config, seed);

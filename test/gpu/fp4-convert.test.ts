@@ -8,11 +8,11 @@
  * GPU tests skip with the reason when no GPU is usable; with MEGAMOE_REQUIRE_GPU=1 they fail instead.
  */
 import assert from "node:assert/strict";
-import { describe, test } from "node:test";
+import { test } from "node:test";
 import { DeviceTensor } from "../../src/cuda/index.js";
 import { convertFp4ToFp8, FP4_CONVERT_KERNELS } from "../../src/kernels/fp4/fp4_convert.js";
 import { type Mxfp4, mxfp4RowsToFp8 } from "../../src/numerics/fp4.js";
-import { availability, gpuSkip, testDevice } from "../helpers/gpu.js";
+import { availability, describeGpu, testDevice } from "../helpers/gpu.js";
 import { rngU32, testSeed } from "../helpers/random.js";
 
 const seed = testSeed("fp4-convert");
@@ -83,7 +83,7 @@ function runBoth(m: Mxfp4): string[] {
   return bad;
 }
 
-describe("FP4 → e4m3 conversion on a GPU", { skip: gpuSkip }, () => {
+describeGpu("FP4 → e4m3 conversion on a GPU", () => {
   test("CUDA is available", () => {
     assert.ok(availability.ok, availability.ok ? "" : availability.reason);
   });

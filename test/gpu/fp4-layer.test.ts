@@ -31,7 +31,7 @@ import { calcDiff } from "../../src/reference/metrics.js";
 import { idealMoE, referenceMoE } from "../../src/reference/moe.js";
 import { type RandomRoutingOptions, type Routing, randomRouting } from "../../src/reference/router.js";
 import { GeneratedWeights, generateActivations } from "../../src/weights/generate.js";
-import { gpuSkip, testDevice } from "../helpers/gpu.js";
+import { describeGpu, testDevice } from "../helpers/gpu.js";
 import { checkLayerErrors } from "../helpers/layer-errors.js";
 import { testSeed } from "../helpers/random.js";
 
@@ -247,7 +247,7 @@ describe("FP4 layer: checks that need no GPU", () => {
   });
 });
 
-describe("FP4 layer on a GPU (unfused pipeline, FP4 grouped GEMM)", { skip: gpuSkip }, () => {
+describeGpu("FP4 layer on a GPU (unfused pipeline, FP4 grouped GEMM)", () => {
   for (const scaleFormat of ["fp32", "ue8m0"] as ScaleFormat[]) {
     test(`tiny, ${scaleFormat} activation scales: against the CPU FP4 layer, beside FP8`, () => {
       const config4 = resolveConfig("tiny", { expertFormat: "fp4", scaleFormat });

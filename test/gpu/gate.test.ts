@@ -53,7 +53,7 @@ import {
 import { GeneratedWeights, generateActivations } from "../../src/weights/generate.js";
 import { RandomV4Weights } from "../../src/weights/random-v4.js";
 import type { MoEWeightSource } from "../../src/weights/types.js";
-import { availability, gpuSkip, testDevice } from "../helpers/gpu.js";
+import { availability, describeGpu, testDevice } from "../helpers/gpu.js";
 import { checkLayerErrors } from "../helpers/layer-errors.js";
 import { rng, testSeed } from "../helpers/random.js";
 import { tinyV4 } from "../helpers/v4-checkpoint.js";
@@ -492,7 +492,7 @@ describe("MegaGate plan (no GPU needed)", () => {
   });
 });
 
-describe("MegaGate on a GPU", { skip: gpuSkip }, () => {
+describeGpu("MegaGate on a GPU", () => {
   test("CUDA is available", () => {
     assert.ok(availability.ok, availability.ok ? "" : availability.reason);
   });
@@ -846,7 +846,7 @@ describe("MegaGate hash-routing checks (no GPU needed)", () => {
   });
 });
 
-describe("MegaGate hash routing on a GPU", { skip: gpuSkip }, () => {
+describeGpu("MegaGate hash routing on a GPU", () => {
   for (const { name, config, vocab, tokens: tokenCounts } of HASH_CASES) {
     test(`${name}: T ∈ {${tokenCounts.join(", ")}}, random data, fast and exact logits`, () => {
       const table = randomTable(vocab, config);
@@ -1024,7 +1024,7 @@ function withTable(base: GeneratedWeights, table: Int32Array): MoEWeightSource {
   };
 }
 
-describe("hash-routed MoELayer on a GPU", { skip: gpuSkip }, () => {
+describeGpu("hash-routed MoELayer on a GPU", () => {
   const sources: { name: string; source: () => MoEWeightSource; vocab: number }[] = [
     {
       // DeepSeek-V4's form: FP8 experts with power-of-two scales, UE8M0 activation scales, sqrtsoftplus.

@@ -48,7 +48,7 @@ import { describeDefines, SM90_SHARED_OPTIN_BYTES } from "../../src/kernels/vari
 import { bf16BitsToF32, f32ToBf16Bits } from "../../src/numerics/bf16.js";
 import { type Fp4AsFp8, mxfp4RowsToFp8 } from "../../src/numerics/fp4.js";
 import { E4M3_DECODE, encodeE4m3 } from "../../src/numerics/fp8.js";
-import { availability, gpuSkip, testDevice } from "../helpers/gpu.js";
+import { availability, describeGpu, testDevice } from "../helpers/gpu.js";
 import { rng, testSeed } from "../helpers/random.js";
 
 const seed = testSeed("grouped-gemm-fp4");
@@ -451,7 +451,7 @@ function sampleRows(p: Problem, limit: number): number[] {
   return [...rows].slice(0, Math.max(limit, 1)).sort((x, y) => x - y);
 }
 
-describe("FP4 grouped GEMM on a GPU", { skip: gpuSkip }, () => {
+describeGpu("FP4 grouped GEMM on a GPU", () => {
   test("CUDA is available", () => {
     assert.ok(availability.ok, availability.ok ? "" : availability.reason);
   });

@@ -44,7 +44,7 @@ import { formatGroupedGemmPlan, type GemmOutDtype, planGroupedGemm } from "../..
 import { describeDefines } from "../../src/kernels/variants.js";
 import { bf16BitsToF32, f32ToBf16Bits } from "../../src/numerics/bf16.js";
 import { E4M3_DECODE } from "../../src/numerics/fp8.js";
-import { availability, gpuSkip } from "../helpers/gpu.js";
+import { availability, describeGpu } from "../helpers/gpu.js";
 import { rng, testSeed } from "../helpers/random.js";
 
 const seed = testSeed("grouped-gemm");
@@ -414,8 +414,6 @@ describe("grouped GEMM plan and variants", () => {
 // ---------------------------------------------------------------------------------------------------
 // GPU
 
-const skip = gpuSkip;
-
 interface GpuCase {
   name: string;
   n: number;
@@ -518,7 +516,7 @@ const CASES: GpuCase[] = [
   },
 ];
 
-describe("grouped GEMM on a GPU", { skip }, () => {
+describeGpu("grouped GEMM on a GPU", () => {
   let device: Device;
 
   test("CUDA is available", () => {

@@ -8,7 +8,7 @@
  */
 
 import assert from "node:assert/strict";
-import { describe, test } from "node:test";
+import { test } from "node:test";
 import { QUANT_BLOCK, type ScaleFormat } from "../../src/config/config.js";
 import { DeviceTensor } from "../../src/cuda/index.js";
 import { type NormInput, rmsNormOnDevice } from "../../src/kernels/norm/norm.js";
@@ -16,7 +16,7 @@ import { allocQuantOutputs, quantizeOnDevice } from "../../src/kernels/quant/qua
 import { f32ToBf16Bits } from "../../src/numerics/bf16.js";
 import { quantizeActivations } from "../../src/numerics/quant.js";
 import { premixRmsNorm, rmsNorm } from "../../src/reference/norm.js";
-import { availability, gpuSkip, testDevice } from "../helpers/gpu.js";
+import { availability, describeGpu, testDevice } from "../helpers/gpu.js";
 import { rng, testSeed } from "../helpers/random.js";
 
 const seed = testSeed("norm-gpu");
@@ -173,7 +173,7 @@ function premixCase(tokens: number, hidden: number, n: number): Case {
   };
 }
 
-describe("boundary kernel (RMSNorm, pre-mix, FP8) on a GPU", { skip: gpuSkip }, () => {
+describeGpu("boundary kernel (RMSNorm, pre-mix, FP8) on a GPU", () => {
   test("CUDA is available", () => {
     assert.ok(availability.ok, availability.ok ? "" : availability.reason);
   });

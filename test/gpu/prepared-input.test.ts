@@ -6,7 +6,7 @@
  * Skips with the reason without a GPU; with MEGAMOE_REQUIRE_GPU=1 it fails instead.
  */
 import assert from "node:assert/strict";
-import { describe, test } from "node:test";
+import { test } from "node:test";
 import { resolveConfig } from "../../src/config/config.js";
 import { DeviceTensor } from "../../src/cuda/index.js";
 import { DeviceMoEWeights } from "../../src/kernels/device-weights.js";
@@ -16,15 +16,13 @@ import { f32ToBf16Bits } from "../../src/numerics/bf16.js";
 import { FusedPipeline } from "../../src/pipeline/fused.js";
 import type { InputTicket } from "../../src/pipeline/input-tag.js";
 import { GeneratedWeights, generateActivations } from "../../src/weights/generate.js";
-import { gpuSkip, testDevice } from "../helpers/gpu.js";
+import { describeGpu, testDevice } from "../helpers/gpu.js";
 import { rng, testSeed } from "../helpers/random.js";
 
 const seed = testSeed("prepared input tests");
 const EPS = 1e-6;
 
-describe("fused pipeline: FP8 rows and routing written by the kernels before the layer", {
-  skip: gpuSkip,
-}, () => {
+describeGpu("fused pipeline: FP8 rows and routing written by the kernels before the layer", () => {
   test("the prepared forward skips the pass with the quantizing forward's bits; every other case quantizes", () => {
     const d = testDevice();
     const config = resolveConfig("tiny");

@@ -28,7 +28,7 @@ import { quantDefines } from "../../src/kernels/quant/quant.variants.js";
 import { bf16BitsToF32, f32ToBf16Bits } from "../../src/numerics/bf16.js";
 import { encodeE4m3 } from "../../src/numerics/fp8.js";
 import { quantizeActivations } from "../../src/numerics/quant.js";
-import { availability, gpuSkip, testDevice } from "../helpers/gpu.js";
+import { availability, describeGpu, testDevice } from "../helpers/gpu.js";
 import { rng, testSeed } from "../helpers/random.js";
 
 const seed = testSeed("quant");
@@ -236,8 +236,6 @@ function assertSameQuant(
 // ---------------------------------------------------------------------------------------------------
 // GPU
 
-const skip = gpuSkip;
-
 const device = testDevice;
 
 /** Runs the launcher on poisoned outputs and returns them on the host. */
@@ -257,7 +255,7 @@ function runOnDevice(x: Uint16Array, tokens: number, hidden: number, format: Sca
   }
 }
 
-describe("activation quantization kernel on a GPU", { skip }, () => {
+describeGpu("activation quantization kernel on a GPU", () => {
   test("CUDA is available", () => {
     assert.ok(availability.ok, availability.ok ? "" : availability.reason);
     console.log(`device: ${device().describe()}`);

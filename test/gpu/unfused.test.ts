@@ -44,12 +44,11 @@ import { idealMoE, referenceMoE } from "../../src/reference/moe.js";
 import { type RandomRoutingOptions, type Routing, randomRouting } from "../../src/reference/router.js";
 import { swiglu } from "../../src/reference/swiglu.js";
 import { GeneratedWeights, generateActivations } from "../../src/weights/generate.js";
-import { availability, gpuSkip, testDevice } from "../helpers/gpu.js";
+import { availability, describeGpu, testDevice } from "../helpers/gpu.js";
 import { checkLayerErrors } from "../helpers/layer-errors.js";
 import { rng, testSeed } from "../helpers/random.js";
 
 const seed = testSeed("unfused pipeline tests");
-const skip = gpuSkip;
 
 const random = rng(seed);
 const randomInt = (n: number) => Math.floor(random() * n);
@@ -250,7 +249,7 @@ describe("unfused pipeline: checks that need no GPU", () => {
   });
 });
 
-describe("unfused MoE pipeline on a GPU", { skip }, () => {
+describeGpu("unfused MoE pipeline on a GPU", () => {
   test("dispatch layout: counts, offsets, row_source and slot_row are mutual inverses", () => {
     const cases = [
       { tokens: 1, k: 1, experts: 1, hot: false },

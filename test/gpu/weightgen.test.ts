@@ -14,7 +14,7 @@
  */
 
 import assert from "node:assert/strict";
-import { describe, test } from "node:test";
+import { test } from "node:test";
 import { expertFormatOf, type MoEConfig, PRESETS, sharedIntermediate } from "../../src/config/config.js";
 import { DeviceTensor } from "../../src/cuda/index.js";
 import {
@@ -35,12 +35,10 @@ import {
   generateSharedExpert,
 } from "../../src/weights/generate.js";
 import { type BlockQuantized, type Mxfp4Matrix, requireFp8Expert } from "../../src/weights/types.js";
-import { availability, gpuSkip, testDevice } from "../helpers/gpu.js";
+import { availability, describeGpu, testDevice } from "../helpers/gpu.js";
 import { testSeed } from "../helpers/random.js";
 
 const seed = testSeed("weightgen");
-
-const skip = gpuSkip;
 
 const device = testDevice;
 
@@ -193,7 +191,7 @@ function generatePoisoned(config: MoEConfig): DeviceMoEWeights {
   return w;
 }
 
-describe("device weight generator on a GPU", { skip }, () => {
+describeGpu("device weight generator on a GPU", () => {
   test("CUDA is available", () => {
     assert.ok(availability.ok, availability.ok ? "" : availability.reason);
     console.log(`device: ${device().describe()}`);
@@ -339,7 +337,7 @@ function fp4Config(name: string): MoEConfig {
   return { ...PRESETS[name]!, expertFormat: "fp4" };
 }
 
-describe("device weight generator on a GPU: FP4 (MXFP4) experts", { skip }, () => {
+describeGpu("device weight generator on a GPU: FP4 (MXFP4) experts", () => {
   // Small shapes with several 128-blocks each way, then flash's and pro's expert matrices.
   const matrices: [number, number][] = [
     [128, 128],
