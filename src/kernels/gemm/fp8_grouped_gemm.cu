@@ -308,6 +308,12 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
   const int scale_thread = math_thread & 127;
   const unsigned staging = base + kOffStaging + static_cast<unsigned>(math_thread / 32) * kStagingWarpBytes;
 
+  // A warp gives its stage back once every lane is done with it: under FP4 the lanes read the column scales
+  // with plain loads, so lane 0's arrive must come after all of theirs.
+  const auto release_stage = [&](int st) {
+    if constexpr (kBFp4) __syncwarp();
+    if (lane == 0) mbar_arrive(empty_bar + 8 * st);
+  };
   // FP4: this thread's first column scale of chunk c in stage st (fp32 per B-tile row, see the converters).
   const auto sw_columns = [&](int st, int c) {
     return base + kOffSwCols + st * kBScaleBytes + (wg_col0 + c * kMmaN + frag_col) * 4;
@@ -474,7 +480,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
           wgmma_wait<1>();  // block kb - 1 is done
           fence_registers(ready);
           promote_held(ready);
-          if (lane == 0) mbar_arrive(empty_bar + 8 * held_stage);
+          release_stage(held_stage);
         }
         held_stage = stage;
         held_lo = lo;
@@ -493,7 +499,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
       wgmma_wait<0>();
       fence_registers(last);
       promote_held(last);
-      if (lane == 0) mbar_arrive(empty_bar + 8 * held_stage);
+      release_stage(held_stage);
     } else {
       // One K block; kFirst (the tile's first, deferred epilogue only) also writes the pending tile.
       const auto k_block = [&](int kb, auto first) {
@@ -548,7 +554,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
           }
         }
         // This warp's wgmmas have completed (wait_group 0), so its reads of the stage are done.
-        if (lane == 0) mbar_arrive(empty_bar + 8 * stage);
+        release_stage(stage);
         if (++stage == kStages) {
           stage = 0;
           phase ^= 1u;
