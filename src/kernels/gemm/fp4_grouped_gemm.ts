@@ -36,8 +36,8 @@ import {
 import { E8M0_NAN, MXFP4_GROUP } from "../../numerics/fp4.js";
 import { encodeFp8RowsMap, encodeScaleColumnsMap } from "../tensor-maps.js";
 import { describeDefines } from "../variants.js";
-import { FP4_GEMM_TILE_NAMES, type GemmTileName } from "./fp8_grouped_gemm.variants.js";
-import { aScalesRows, GROUPED_GEMM_SOURCE, statusBuffer } from "./grouped_gemm.js";
+import { FP4_GEMM_TILE_NAMES } from "./fp8_grouped_gemm.variants.js";
+import { aScalesRows, GROUPED_GEMM_SOURCE, type GroupedGemmArgs, statusBuffer } from "./grouped_gemm.js";
 import { checkGroupedGemmProblem, type GemmOutDtype, type GroupedGemmPlan, planGroupedGemm } from "./plan.js";
 
 export const FP4_GROUPED_GEMM_KERNEL = "megamoe_fp4_grouped_gemm";
@@ -78,25 +78,12 @@ export function fp4GemmScaleWords(scales: Uint8Array, rows: number, k: number): 
 // ---------------------------------------------------------------------------------------------------
 // Arguments
 
-export interface GroupedGemmFp4Args<T extends TensorLike = DeviceTensor> {
-  a: T;
-  aScales: T;
-  /** uint8 [G·N, K/2] or [G, N, K/2]. */
-  b: T;
-  /** uint8 [K/128, G·N·4] (fp4GemmScaleWords). */
-  bScales: T;
-  groupOffsets: T;
-  out: T;
-  mTotal: number;
-  n: number;
-  k: number;
-  groups: number;
-  expectedRowsPerGroup?: number;
-  /** Force a tile shape (one of FP4_GEMM_TILE_NAMES). */
-  tile?: GemmTileName;
-  /** Cap on the persistent grid (1: one CTA walks every tile). */
-  maxCtas?: number;
-}
+/**
+ * The FP8 grouped GEMM's operands, with B as FP4: `b` uint8 [G·N, K/2] or [G, N, K/2] (packed e2m1, even
+ * element in the low nibble) and `bScales` uint8 [K/128, G·N·4] (fp4GemmScaleWords); `tile` one of
+ * FP4_GEMM_TILE_NAMES.
+ */
+export type GroupedGemmFp4Args<T extends TensorLike = DeviceTensor> = GroupedGemmArgs<T>;
 
 /** Checks dtypes and shapes; returns the output dtype. Pure: usable without a GPU. */
 export function validateGroupedGemmFp4Args(args: GroupedGemmFp4Args<TensorLike>): GemmOutDtype {
