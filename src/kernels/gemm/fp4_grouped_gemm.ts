@@ -15,13 +15,11 @@
  */
 
 import { QUANT_BLOCK } from "../../config/config.js";
-import { SM90_SHARED_OPTIN_BYTES } from "../../cuda/hardware.js";
 import {
   compileKernel,
   type Device,
   type DeviceTensor,
   encodeTensorMapTiled,
-  expectOnDevice,
   expectTensor,
   type Kernel,
   KernelArgs,
@@ -37,8 +35,16 @@ import { E8M0_NAN, MXFP4_GROUP } from "../../numerics/fp4.js";
 import { encodeFp8RowsMap, encodeScaleColumnsMap } from "../tensor-maps.js";
 import { describeDefines } from "../variants.js";
 import { FP4_GEMM_TILE_NAMES } from "./fp8_grouped_gemm.variants.js";
-import { aScalesRows, GROUPED_GEMM_SOURCE, type GroupedGemmArgs, statusBuffer } from "./grouped_gemm.js";
-import { checkGroupedGemmProblem, type GemmOutDtype, type GroupedGemmPlan, planGroupedGemm } from "./plan.js";
+import {
+  aScalesRows,
+  checkGemmOperandsOn,
+  GROUPED_GEMM_SOURCE,
+  type GroupedGemmArgs,
+  groupedGemmLaunchGrid,
+  planGroupedGemmOn,
+  statusBuffer,
+} from "./grouped_gemm.js";
+import { checkGroupedGemmProblem, type GemmOutDtype, type GroupedGemmPlan } from "./plan.js";
 
 export const FP4_GROUPED_GEMM_KERNEL = "megamoe_fp4_grouped_gemm";
 /** The CPU rule on CUDA cores (exact conversion, block sums in double): bit-identical to the CPU reference. */
@@ -177,31 +183,6 @@ function encodeMaps(entry: Fp4Kernel, plan: GroupedGemmPlan, args: GroupedGemmFp
   entry.mapsKey = mapsKey;
 }
 
-function planFor(device: Device, args: GroupedGemmFp4Args, outDtype: GemmOutDtype): GroupedGemmPlan {
-  return planGroupedGemm(
-    {
-      mTotal: args.mTotal,
-      n: args.n,
-      k: args.k,
-      groups: args.groups,
-      expectedRowsPerGroup: args.expectedRowsPerGroup,
-      outDtype,
-      weightFormat: "fp4",
-    },
-    {
-      smCount: device.smCount,
-      sharedBudgetBytes: Math.min(device.maxSharedMemoryPerBlockOptin, SM90_SHARED_OPTIN_BYTES),
-      tile: args.tile,
-    },
-  );
-}
-
-function checkDevices(device: Device, args: GroupedGemmFp4Args): void {
-  for (const what of ["a", "aScales", "b", "bScales", "groupOffsets", "out"] as const) {
-    expectOnDevice("groupedGemmFp4", what, args[what], device);
-  }
-}
-
 // ---------------------------------------------------------------------------------------------------
 // Launch
 
@@ -215,8 +196,8 @@ export function groupedGemmFp4(
   stream: Stream | null,
 ): GroupedGemmPlan {
   const outDtype = validateGroupedGemmFp4Args(args);
-  checkDevices(device, args);
-  const plan = planFor(device, args, outDtype);
+  checkGemmOperandsOn("groupedGemmFp4", device, args);
+  const plan = planGroupedGemmOn(device, args, outDtype, "fp4");
   if (args.mTotal === 0) return plan;
   const entry = kernelFor(device, plan);
   encodeMaps(entry, plan, args);
@@ -225,8 +206,13 @@ export function groupedGemmFp4(
     .ptr(5, args.out.ptr)
     .i32(6, args.mTotal)
     .ptr(7, statusBuffer(device));
-  const grid = Math.min(plan.grid, args.maxCtas ?? plan.grid);
-  entry.kernel.launch(grid, plan.threads, plan.sharedBytes, stream, entry.args);
+  entry.kernel.launch(
+    groupedGemmLaunchGrid(plan, args.maxCtas),
+    plan.threads,
+    plan.sharedBytes,
+    stream,
+    entry.args,
+  );
   return plan;
 }
 
@@ -241,9 +227,9 @@ export function groupedGemmFp4Reference(
   stream: Stream | null,
 ): void {
   const outDtype = validateGroupedGemmFp4Args(args);
-  checkDevices(device, args);
+  checkGemmOperandsOn("groupedGemmFp4", device, args);
   if (args.mTotal === 0) return;
-  const entry = kernelFor(device, planFor(device, args, outDtype));
+  const entry = kernelFor(device, planGroupedGemmOn(device, args, outDtype, "fp4"));
   entry.refArgs
     .ptr(0, args.a.ptr)
     .ptr(1, args.b.ptr)

@@ -35,7 +35,7 @@ import {
 } from "../../cuda/index.js";
 import { encodeFp8RowsMap, encodeScaleColumnsMap } from "../tensor-maps.js";
 import { describeDefines } from "../variants.js";
-import { GEMM_TILE_NAMES, type GemmTileName } from "./fp8_grouped_gemm.variants.js";
+import { GEMM_TILE_NAMES, type GemmTileName, type GemmWeightFormat } from "./fp8_grouped_gemm.variants.js";
 import { checkGroupedGemmProblem, type GemmOutDtype, type GroupedGemmPlan, planGroupedGemm } from "./plan.js";
 
 export type { TensorLike };
@@ -121,16 +121,11 @@ export function validateGroupedGemmArgs(args: GroupedGemmArgs<TensorLike>): Gemm
   return args.out.dtype === "bf16" ? "bf16" : "fp32";
 }
 
-function checkDevices(device: Device, args: GroupedGemmArgs): void {
-  const named: [string, DeviceTensor][] = [
-    ["a", args.a],
-    ["aScales", args.aScales],
-    ["b", args.b],
-    ["bScales", args.bScales],
-    ["groupOffsets", args.groupOffsets],
-    ["out", args.out],
-  ];
-  for (const [what, t] of named) expectOnDevice("groupedGemmFp8", what, t, device);
+/** Every operand of a grouped GEMM on `device` (`name`: the calling function, for the message). */
+export function checkGemmOperandsOn(name: string, device: Device, args: GroupedGemmArgs): void {
+  for (const what of ["a", "aScales", "b", "bScales", "groupOffsets", "out"] as const) {
+    expectOnDevice(name, what, args[what], device);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -188,7 +183,13 @@ function encodeMaps(entry: GemmKernel, plan: GroupedGemmPlan, args: GroupedGemmA
   entry.mapsKey = mapsKey;
 }
 
-function planFor(device: Device, args: GroupedGemmArgs, outDtype: GemmOutDtype): GroupedGemmPlan {
+/** The plan of a launch on `device`: its SM count and shared-memory budget, the args' forced tile. */
+export function planGroupedGemmOn(
+  device: Device,
+  args: GroupedGemmArgs,
+  outDtype: GemmOutDtype,
+  weightFormat: GemmWeightFormat = "fp8",
+): GroupedGemmPlan {
   return planGroupedGemm(
     {
       mTotal: args.mTotal,
@@ -197,6 +198,7 @@ function planFor(device: Device, args: GroupedGemmArgs, outDtype: GemmOutDtype):
       groups: args.groups,
       expectedRowsPerGroup: args.expectedRowsPerGroup,
       outDtype,
+      ...(weightFormat === "fp4" ? { weightFormat } : {}),
     },
     {
       smCount: device.smCount,
@@ -225,8 +227,8 @@ export function groupedGemmFp8(
   stream: Stream | null,
 ): GroupedGemmPlan {
   const outDtype = validateGroupedGemmArgs(args);
-  checkDevices(device, args);
-  const plan = planFor(device, args, outDtype);
+  checkGemmOperandsOn("groupedGemmFp8", device, args);
+  const plan = planGroupedGemmOn(device, args, outDtype);
   if (args.mTotal === 0) return plan;
   const entry = gemmKernelFor(device, plan);
   encodeMaps(entry, plan, args);
@@ -253,9 +255,9 @@ export function groupedGemmFp8(
  */
 export function groupedGemmFp8Reference(device: Device, args: GroupedGemmArgs, stream: Stream | null): void {
   const outDtype = validateGroupedGemmArgs(args);
-  checkDevices(device, args);
+  checkGemmOperandsOn("groupedGemmFp8", device, args);
   if (args.mTotal === 0) return;
-  const plan = planFor(device, args, outDtype);
+  const plan = planGroupedGemmOn(device, args, outDtype);
   const entry = gemmKernelFor(device, plan);
   entry.refArgs
     .ptr(0, args.a.ptr)
