@@ -23,7 +23,7 @@ function megamoe(args: readonly string[], env: NodeJS.ProcessEnv = {}) {
   return new Promise<{ code: number | null; stdout: string; stderr: string }>((resolve) => {
     const child = spawn(process.execPath, ["--import", "tsx", main, ...args], {
       cwd: root,
-      env: { ...process.env, ...env },
+      env: { ...process.env, NO_COLOR: "1", ...env },
       timeout: 120_000,
     });
     let stdout = "";

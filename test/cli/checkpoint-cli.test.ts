@@ -16,7 +16,12 @@ const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../..")
 const main = path.join(root, "src/cli/main.ts");
 
 function megamoe(...args: string[]) {
-  const r = spawnSync(process.execPath, ["--import", "tsx", main, ...args], { cwd: root, encoding: "utf8" });
+  // picocolors colours its output whenever CI is set; these tests match the plain text.
+  const r = spawnSync(process.execPath, ["--import", "tsx", main, ...args], {
+    cwd: root,
+    encoding: "utf8",
+    env: { ...process.env, NO_COLOR: "1" },
+  });
   return { code: r.status, stdout: r.stdout, stderr: r.stderr };
 }
 

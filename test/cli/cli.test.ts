@@ -28,8 +28,11 @@ const cli =
     : ["--import", "tsx", main];
 console.log(`cli tests run ${path.relative(root, cli.at(-1)!)}`);
 
+// picocolors colours its output whenever CI is set; these tests match the plain text.
+const plainEnv = { ...process.env, NO_COLOR: "1" };
+
 function megamoe(...args: string[]) {
-  const r = spawnSync(process.execPath, [...cli, ...args], { cwd: root, encoding: "utf8" });
+  const r = spawnSync(process.execPath, [...cli, ...args], { cwd: root, encoding: "utf8", env: plainEnv });
   return { code: r.status, stdout: r.stdout, stderr: r.stderr };
 }
 
