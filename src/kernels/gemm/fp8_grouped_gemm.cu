@@ -39,14 +39,14 @@
 // The TMA completes a stage's `loaded` barrier; warps 1..3 of the producer warpgroup then convert the
 // packed rows into the B tile (common/fp4.cuh, fast path: e4m3 codes relative to each row's reference
 // exponent, written in the 128-byte swizzle the TMA gives FP8 B) and each row's fp32 scale 2^ref, and
-// arrive on `full` (fp8_grouped_gemm_fp4.cuh). The converters are the producer warpgroup's idle warps, so the math warpgroups keep
+// arrive on `full` (common/fp4_stage.cuh). The converters are the producer warpgroup's idle warps, so the math warpgroups keep
 // every register and cycle for wgmma and promotion, and the conversion (about 1.5 instructions per
 // element) overlaps the wgmmas of earlier stages. The promotion multiplies each accumulator element by
 // its own scale: s = sa[r, kb] · sw[n, kb], then acc = acc + partial · s, each step one IEEE rounding
 // (mul_rn, add_rn: no FMA), the order of the CPU rule.
 
 #include "fp8_grouped_gemm_config.cuh"
-#include "fp8_grouped_gemm_fp4.cuh"
+#include "common/fp4_stage.cuh"
 
 namespace {
 
@@ -187,7 +187,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
             // `full` of this stage was last completed by this warp's previous pass, and the math warps
             // released the stage before the TMA (which waited for `empty`) refilled it: `loaded` orders both.
             mbar_wait(loaded_bar + 8 * stage, phase, status, kStatusProducerStalled, stage, iteration);
-            convert_fp4_stage(base + kOffPacked + stage * kPackedTileBytes, base + kOffBScales + stage * kBScaleBytes,
+            megamoe::fp4_stage::convert_tile<kBlockN, kConverterThreads>(base + kOffPacked + stage * kPackedTileBytes, base + kOffBScales + stage * kBScaleBytes,
                               base + kOffB + stage * kBTileBytes, base + kOffSwCols + stage * kBScaleBytes,
                               converter);
             // The wgmmas read the tile through the async proxy: order these generic writes before them.
@@ -411,7 +411,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
       float held_lo = 0.0f, held_hi = 0.0f;
       const auto promote_held = [&](float (&ready)[kAccum]) {
         if constexpr (kBFp4) {
-          promote_block_columns(promoted[0][0], ready, held_lo, held_hi, sw_columns(held_stage, 0));
+          megamoe::fp4_stage::promote_columns(promoted[0][0], ready, held_lo, held_hi, sw_columns(held_stage, 0));
         } else {
           promote_block(promoted[0][0], ready, held_lo, held_hi);
         }
@@ -468,7 +468,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
         // FP8: one block scale per chunk; FP4: a scale per column, read from the stage at promotion.
         const auto promote = [&](float (&acc)[kAccum], int w, int c) {
           if constexpr (kBFp4) {
-            promote_block_columns(acc, partial, sa_lo[w], sa_hi[w], sw_columns(stage, c));
+            megamoe::fp4_stage::promote_columns(acc, partial, sa_lo[w], sa_hi[w], sw_columns(stage, c));
           } else {
             promote_block(acc, partial, sa_lo[w] * sw[c], sa_hi[w] * sw[c]);
           }
