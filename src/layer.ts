@@ -4,7 +4,6 @@
  */
 import {
   describeValue,
-  expertFormatOf,
   isValidatedConfig,
   type MoEConfig,
   nearestName,
@@ -27,30 +26,10 @@ export type GpuPipelineKind = "fused" | "unfused";
 /**
  * The "cuda" backend's pipeline when none is asked for: the fused kernel (bit-identical to the unfused
  * pipeline in every GPU test on the H200, docs/decisions.md). Ask for { pipeline: "unfused" } for the
- * baseline; layers the fused kernel cannot run (some shapes, FP4 experts) take it anyway.
+ * baseline; layers the fused kernel cannot run (hidden not a multiple of 256) take it anyway. Both
+ * take FP8 and FP4 (MXFP4) routed experts.
  */
 export const DEFAULT_GPU_PIPELINE: GpuPipelineKind = "fused";
-
-/**
- * The GPU pipelines that take FP4 (MXFP4) routed experts (`DeviceMoEWeights.routedFp4`): the unfused
- * one (FP4 grouped GEMM for the routed L1 and L2; the fused kernel takes FP8 experts only). A "cuda"
- * layer with FP4 experts refuses the others up front; without a pipeline asked for, it takes the first
- * of these.
- */
-export const FP4_GPU_PIPELINES: readonly GpuPipelineKind[] = ["unfused"];
-
-/**
- * Why a "cuda" layer of `config` cannot run on pipeline `kind` because of its expert format, or null.
- * (Pure: callers check it before putting weights on the device.)
- */
-export function expertFormatProblem(config: MoEConfig, kind: GpuPipelineKind): string | null {
-  if (expertFormatOf(config) !== "fp4" || FP4_GPU_PIPELINES.includes(kind)) return null;
-  const others =
-    FP4_GPU_PIPELINES.length === 0
-      ? "no GPU pipeline uses them yet"
-      : `use the ${FP4_GPU_PIPELINES.join(" or ")} pipeline`;
-  return `layer ${config.name} has FP4 (MXFP4) routed experts: they need the FP4 kernels, and the ${kind} pipeline takes FP8 experts only (${others}); run it on the "cpu" backend, or with FP8 experts (expertFormat "fp8", --experts fp8)`;
-}
 
 export interface MoELayerOptions {
   /** "cpu" (default): the reference. "cuda": the GPU pipeline. */
@@ -60,8 +39,7 @@ export interface MoELayerOptions {
   /**
    * The GPU pipeline: "fused" (one persistent kernel after the quantization) or "unfused" (the
    * baseline: 11 launches); default DEFAULT_GPU_PIPELINE. A layer the fused kernel cannot run (hidden
-   * not a multiple of 256; FP4 routed experts, expertFormat "fp4") takes "unfused" by default and is an
-   * InputError when "fused" is asked for.
+   * not a multiple of 256) takes "unfused" by default and is an InputError when "fused" is asked for.
    */
   pipeline?: GpuPipelineKind;
 }
@@ -324,22 +302,11 @@ export class MoELayer {
           `unknown pipeline "${String(options.pipeline)}" (expected "fused" or "unfused")`,
         );
       }
-      if (options.pipeline !== undefined) {
-        const formatProblem = expertFormatProblem(this.config, options.pipeline);
-        if (formatProblem !== null) throw new InputError(formatProblem);
-      }
       const unfit = fusedLayerProblem(this.config);
       if (options.pipeline === "fused" && unfit !== null) {
         throw new InputError(`the fused pipeline cannot run this layer: ${unfit}`);
       }
-      const fp4 = expertFormatOf(this.config) === "fp4";
-      this.pipeline =
-        options.pipeline ??
-        (fp4 && !FP4_GPU_PIPELINES.includes(DEFAULT_GPU_PIPELINE)
-          ? FP4_GPU_PIPELINES[0]!
-          : unfit === null
-            ? DEFAULT_GPU_PIPELINE
-            : "unfused");
+      this.pipeline = options.pipeline ?? (unfit === null ? DEFAULT_GPU_PIPELINE : "unfused");
       const device = options.device ?? 0;
       if (typeof device === "number" && !(Number.isInteger(device) && device >= 0)) {
         throw new InputError(

@@ -24,7 +24,6 @@ import {
 import { DeviceMoEWeights, generateActivationsOnDevice } from "../kernels/device-weights.js";
 import { routeOnDevice } from "../kernels/gate/gate.js";
 import { rmsNormOnDevice } from "../kernels/norm/norm.js";
-import { expertFormatProblem } from "../layer.js";
 import { f32ToBf16Bits } from "../numerics/bf16.js";
 import { tensorKey, uniformSym } from "../numerics/counter-rng.js";
 import { FusedPipeline } from "../pipeline/fused.js";
@@ -69,8 +68,6 @@ export function benchmarkDecodeStep(device: Device, o: StepBenchOptions): Result
   const maxTokens = Math.max(...o.tokens);
   const overrides = o.expertFormat === undefined ? {} : { expertFormat: o.expertFormat };
   const config = resolveConfigForTokens(o.shape, maxTokens, overrides);
-  const problem = expertFormatProblem(config, "fused");
-  if (problem !== null) throw new Error(`benchmarkDecodeStep: ${problem}`);
   const H = config.hidden;
   const k = config.topK;
   const iters = o.iters ?? 30;

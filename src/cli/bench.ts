@@ -23,7 +23,6 @@ import {
 } from "../cuda/index.js";
 import { measureCopyCeiling, measureReadCeiling } from "../kernels/probe/probe.js";
 import { benchmarkQuant } from "../kernels/quant/quant.js";
-import { expertFormatProblem } from "../layer.js";
 import { checkpointLayer } from "./checkpoint.js";
 import { shortCudaReason } from "./gpu-reason.js";
 import { plotTitle, renderTimePlot, writePlot } from "./plot.js";
@@ -273,14 +272,9 @@ function validate(opts: BenchOptions): void {
   if (opts.layer !== undefined && opts.checkpoint === undefined)
     throw new Error("--layer needs --checkpoint");
   const experts = expertsFormat(opts.experts);
-  if (opts.impl !== "quant") {
-    // Throws naming an unknown shape; then the pipelines must take the experts' format.
-    const config = resolveConfig(opts.shape, experts === undefined ? {} : { expertFormat: experts });
-    for (const impl of layerImpls(opts.impl) ?? (opts.impl === "step" ? (["fused"] as const) : [])) {
-      const problem = opts.checkpoint === undefined ? expertFormatProblem(config, impl) : null;
-      if (problem !== null) throw new UsageError(problem);
-    }
-  }
+  // Throws naming an unknown shape.
+  if (opts.impl !== "quant")
+    resolveConfig(opts.shape, experts === undefined ? {} : { expertFormat: experts });
   if (opts.plot !== undefined && layerImpls(opts.impl) === null) {
     throw new UsageError(
       "--plot draws the layer's time against tokens: use it with --impl fused, unfused or fused,unfused",

@@ -31,7 +31,6 @@ import { shortCudaReason } from "./gpu-reason.js";
 import { progressBar } from "./progress.js";
 import {
   checkCheckpointExperts,
-  checkPipelineExperts,
   checkPipelineFor,
   chooseBackend,
   describeLayerWeights,
@@ -92,7 +91,6 @@ export async function runCheck(opts: CheckOptions): Promise<void> {
   const shape =
     opts.checkpoint === undefined ? shapeConfig(opts.shape, opts.tokens, opts.experts) : undefined;
   gpuPipeline(opts.pipeline);
-  if (shape !== undefined) checkPipelineExperts(opts.backend, shape, opts.pipeline);
   const backend = chooseBackend(opts.backend);
   const pipeline = checkPipelineFor(backend, opts.pipeline);
   const weights =

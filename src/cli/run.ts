@@ -14,7 +14,7 @@ import {
 } from "../config/config.js";
 import { cudaAvailability, makeDirectory } from "../cuda/index.js";
 import { DeviceMoEWeights } from "../kernels/device-weights.js";
-import { type Backend, expertFormatProblem, type GpuPipelineKind, MoELayer } from "../layer.js";
+import { type Backend, type GpuPipelineKind, MoELayer } from "../layer.js";
 import { bf16BitsToF32 } from "../numerics/bf16.js";
 import {
   ExpertParallelMoE,
@@ -80,18 +80,6 @@ export function checkCheckpointExperts(experts: string | undefined, config: MoEC
       `--experts ${format}: the checkpoint's layer holds ${expertFormatOf(config)} experts, and a checkpoint's experts keep their format (--experts applies to --shape)`,
     );
   }
-}
-
-/**
- * A --pipeline that cannot take the layer's routed experts (the fused one with FP4 experts) is refused
- * from the values alone, before the GPU is looked for; nothing is checked for --backend cpu, where
- * checkPipelineFor refuses any --pipeline.
- */
-export function checkPipelineExperts(backend: string, config: MoEConfig, pipeline: string | undefined): void {
-  const kind = gpuPipeline(pipeline);
-  if (backend === "cpu" || kind === undefined) return;
-  const problem = expertFormatProblem(config, kind);
-  if (problem !== null) throw new UsageError(problem);
 }
 
 /**
@@ -178,7 +166,6 @@ export async function runLayer(opts: RunOptions): Promise<void> {
     opts.checkpoint === undefined ? shapeConfig(opts.shape, opts.tokens, opts.experts) : undefined;
   routingKind(opts.routing);
   gpuPipeline(opts.pipeline);
-  if (shape !== undefined) checkPipelineExperts(opts.backend, shape, opts.pipeline);
   if (opts.weights !== undefined) checkInputFile("--weights", opts.weights);
   if (opts.saveWeights !== undefined) checkOutputFile("--save-weights", opts.saveWeights);
   const backend = chooseBackend(opts.backend);

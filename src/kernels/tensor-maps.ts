@@ -1,8 +1,8 @@
 /**
- * The two TMA descriptor shapes the wgmma kernels read (the grouped GEMM and the fused layer): FP8
+ * The TMA descriptor shapes the wgmma kernels read (the grouped GEMM and the fused layer): FP8
  * operand rows, K-major, in 128-wide boxes with the 128-byte swizzle that wgmma's shared-memory
- * descriptors expect; and per-128 scales stored transposed ([K/128, rows]), read one scale column at a
- * time in boxes of a tile's rows.
+ * descriptors expect; per-128 scales stored transposed ([K/128, rows]), read one scale column at a
+ * time in boxes of a tile's rows; and FP4 (MXFP4) weights, packed rows and their UE8M0 words.
  */
 
 import { QUANT_BLOCK } from "../config/config.js";
@@ -53,5 +53,47 @@ export function encodeScaleColumnsMap(
     globalDims: [paddedRows, width / QUANT_BLOCK],
     globalStridesBytes: [paddedRows * 4],
     boxDims: [boxRows, 1],
+  });
+}
+
+/**
+ * Packed FP4 rows uint8 [rows, K/2] at `address` (two e2m1 codes per byte), boxes of one 128-deep K block
+ * (64 bytes) × `boxRows`, unswizzled: the converters read them in 16-byte pieces.
+ */
+export function encodeFp4RowsMap(
+  map: Uint8Array,
+  address: bigint,
+  k: number,
+  rows: number,
+  boxRows: number,
+): void {
+  encodeTensorMapTiled(map, {
+    dataType: TensorMapDataType.UINT8,
+    globalAddress: address,
+    globalDims: [k / 2, rows],
+    globalStridesBytes: [k / 2],
+    boxDims: [QUANT_BLOCK / 2, boxRows],
+    l2Promotion: TensorMapL2Promotion.B256,
+  });
+}
+
+/**
+ * The UE8M0 words u32 [K/128, rows] at `address` (row n's four scale bytes of K block b at (b, n): the
+ * load-time transform fp4GemmScaleWords), boxes of one K block's words of `boxRows` rows.
+ */
+export function encodeFp4ScaleWordsMap(
+  map: Uint8Array,
+  address: bigint,
+  k: number,
+  rows: number,
+  boxRows: number,
+): void {
+  encodeTensorMapTiled(map, {
+    dataType: TensorMapDataType.UINT32,
+    globalAddress: address,
+    globalDims: [rows, k / QUANT_BLOCK],
+    globalStridesBytes: [rows * 4],
+    boxDims: [boxRows, 1],
+    swizzle: TensorMapSwizzle.NONE,
   });
 }

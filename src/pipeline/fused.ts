@@ -9,7 +9,7 @@
  * pass: one launch per layer instead of two. The buffer's tag (input-tag.ts) decides; every case it
  * does not vouch for takes the quantization pass.
  */
-import { expertFormatOf, type MoEConfig } from "../config/config.js";
+import type { MoEConfig } from "../config/config.js";
 import { type Device, DeviceTensor, type Stream } from "../cuda/index.js";
 import type { DeviceMoEWeights } from "../kernels/device-weights.js";
 import { FusedMoEKernel, fusedLayerProblem } from "../kernels/megamoe/megamoe.js";
@@ -48,18 +48,6 @@ export function canSkipQuantization(
   );
 }
 
-/**
- * Why the fused pipeline cannot run a layer of this config, or null: the fused kernel's own shape limits
- * (`fusedLayerProblem`), and FP4 routed experts, which only the unfused pipeline takes so far (its
- * grouped GEMMs have an FP4 build; the fused kernel has none). Pure, for the layer's backend selection.
- */
-export function fusedPipelineProblem(config: MoEConfig): string | null {
-  if (expertFormatOf(config) === "fp4") {
-    return `FP4 routed experts (expertFormat "fp4") run on the unfused pipeline only; the fused kernel takes FP8 experts`;
-  }
-  return fusedLayerProblem(config);
-}
-
 export class FusedPipeline implements MoEPipeline {
   readonly kind = "fused";
   readonly device: Device;
@@ -77,7 +65,7 @@ export class FusedPipeline implements MoEPipeline {
   private disposed = false;
 
   constructor(device: Device, weights: DeviceMoEWeights, maxTokens: number) {
-    const problem = fusedPipelineProblem(weights.config);
+    const problem = fusedLayerProblem(weights.config);
     if (problem !== null) throw new Error(`FusedPipeline: ${problem}`);
     this.device = device;
     this.config = weights.config;

@@ -284,16 +284,6 @@ const rows: Row[] = [
     /got "0"/,
   ),
   err(
-    "cuda fused with FP4 experts (the unfused pipeline takes them), before looking for a GPU",
-    () =>
-      new MoELayer(new GeneratedWeights({ ...tiny, expertFormat: "fp4" }, 1), {
-        backend: "cuda",
-        pipeline: "fused",
-      }),
-    InputError,
-    /layer tiny has FP4 \(MXFP4\) routed experts: they need the FP4 kernels, and the fused pipeline takes FP8 experts only \(use the unfused pipeline\)/,
-  ),
-  err(
     "MoELayer options null",
     () => new MoELayer(weights, null as never),
     InputError,

@@ -1,17 +1,20 @@
 /**
  * The MoE layer with FP4 (MXFP4) routed experts (config.expertFormat "fp4") on the GPU: the unfused
- * pipeline with the routed L1 and L2 through the FP4 grouped GEMM (the shared expert stays FP8), against
- * the CPU reference's FP4 layer (docs/numerics.md "FP4 experts") within the layer error policy of
- * test/helpers/layer-errors.ts, and the FP64 ideal from the exact FP4 weights:
+ * pipeline with the routed L1 and L2 through the FP4 grouped GEMM, and the fused kernel's FP4 build (the
+ * shared expert stays FP8 in both), bit-identical to each other, against the CPU reference's FP4 layer
+ * (docs/numerics.md "FP4 experts") within the layer error policy of test/helpers/layer-errors.ts, and
+ * the FP64 ideal from the exact FP4 weights:
  *
  * - tiny (both scale formats, shared on and off) and a flash-ep8 shape (shared on; the CPU side on a sample
  *   of tokens, as tokens are independent), T = 1, 7, 64, 129, with masked tokens, empty experts, a hot
  *   expert, and every token on one expert;
  * - every run twice, bit-identical, outputs and intermediate buffers poisoned with 0xFF (NaN) first;
+ * - the fused kernel at every block M (swap-AB 16 and 32, 64, 128) on 1, 3, 17 and all CTAs, and on
+ *   flash-ep8 at T = 1024 and 4096: the unfused pipeline's bits;
  * - beside each FP4 layer, the FP8 layer of the same seed (same generator matrices quantized to FP8) on
  *   the same inputs and routing: both distances to their FP64 ideals are printed;
- * - MoELayer on the cuda backend with FP4 experts: the unfused pipeline by default, the same bits as
- *   the pipeline run directly, and an InputError naming FP4 when the fused pipeline is asked for.
+ * - MoELayer on the cuda backend with FP4 experts: the fused pipeline by default, the same bits as the
+ *   pipelines run directly.
  *
  * Skips with the reason without a GPU; with MEGAMOE_REQUIRE_GPU=1 it fails instead. The checks at the top
  * need no GPU.
@@ -22,10 +25,12 @@ import { type MoEConfig, resolveConfig, type ScaleFormat } from "../../src/confi
 import { DeviceTensor, type DType, type HostArray } from "../../src/cuda/index.js";
 import { DeviceMoEWeights } from "../../src/kernels/device-weights.js";
 import { takeGroupedGemmStatus } from "../../src/kernels/gemm/grouped_gemm.js";
-import { DEFAULT_GPU_PIPELINE, InputError, MoELayer } from "../../src/layer.js";
+import { fusedLayerProblem } from "../../src/kernels/megamoe/megamoe.js";
+import { FUSED_BLOCK_MS, variants as fusedVariants } from "../../src/kernels/megamoe/megamoe.variants.js";
+import { DEFAULT_GPU_PIPELINE, MoELayer } from "../../src/layer.js";
 import { bf16BitsToF32 } from "../../src/numerics/bf16.js";
-import { fusedPipelineProblem } from "../../src/pipeline/fused.js";
-import { UnfusedPipeline } from "../../src/pipeline/unfused.js";
+import { FusedPipeline } from "../../src/pipeline/fused.js";
+import { type MoEPipeline, UnfusedPipeline } from "../../src/pipeline/unfused.js";
 import { layerErrors } from "../../src/reference/error-bounds.js";
 import { calcDiff } from "../../src/reference/metrics.js";
 import { idealMoE, referenceMoE } from "../../src/reference/moe.js";
@@ -57,12 +62,14 @@ class Tensors {
   }
 }
 
-/** One GPU layer: the CPU source of its weights (for the reference), the device weights, the pipeline. */
+/** One GPU layer: the CPU source of its weights (for the reference), the device weights, the pipelines. */
 interface GpuLayer {
   config: MoEConfig;
   source: GeneratedWeights;
   weights: DeviceMoEWeights;
   pipeline: UnfusedPipeline;
+  /** The fused kernel on the same weights (every shape here fits it). */
+  fused: FusedPipeline;
 }
 
 /**
@@ -82,9 +89,12 @@ function openLayer(
     how === "upload"
       ? DeviceMoEWeights.upload(device(), source)
       : DeviceMoEWeights.generate(device(), config, weightSeed);
+  let pipeline: UnfusedPipeline | null = null;
   try {
-    return { config, source, weights, pipeline: new UnfusedPipeline(device(), weights, maxTokens) };
+    pipeline = new UnfusedPipeline(device(), weights, maxTokens);
+    return { config, source, weights, pipeline, fused: new FusedPipeline(device(), weights, maxTokens) };
   } catch (e) {
+    pipeline?.dispose();
     weights.dispose();
     throw e;
   }
@@ -92,18 +102,23 @@ function openLayer(
 
 function closeLayer(l: GpuLayer | null): void {
   l?.pipeline.dispose();
+  l?.fused.dispose();
   l?.weights.dispose();
 }
 
-/** One poisoned forward (output and every intermediate buffer NaN first); returns the bf16 output. */
+/**
+ * One poisoned forward (output and every intermediate buffer NaN first) of the layer's unfused pipeline,
+ * or of `pipeline`; returns the bf16 output.
+ */
 function runLayer(
   l: GpuLayer,
   x: Uint16Array,
   tokens: number,
   routing: Routing,
   shared: boolean,
+  pipeline: MoEPipeline = l.pipeline,
 ): Uint16Array {
-  const { config, pipeline } = l;
+  const { config } = l;
   const ts = new Tensors();
   try {
     const xt = ts.from("bf16", [tokens, config.hidden], x);
@@ -172,6 +187,7 @@ function checkCase(
   const again = runLayer(fp4, x, tokens, routing, shared);
   const at = again.findIndex((v, i) => v !== out[i]);
   assert.equal(at, -1, `${label}: a repeated run differs at element ${at}`);
+  assertSameBits(runLayer(fp4, x, tokens, routing, shared, fp4.fused), out, `${label} T=${tokens}: fused`);
 
   const picked = sample ?? Array.from({ length: tokens }, (_, t) => t);
   const s = sample === null ? { x, routing } : sampleOf(fp4.config, x, routing, picked);
@@ -193,6 +209,12 @@ function checkCase(
       `fp8 ${diff8.toExponential(2)} (dequantized FP8 weights)`,
   );
   assert.ok(Number.isFinite(diff8), `${what}: the FP8 layer's calc_diff vs its ideal is ${diff8}`);
+}
+
+/** Requires `got` to equal the unfused pipeline's output `want` bit for bit. */
+function assertSameBits(got: Uint16Array, want: Uint16Array, what: string): void {
+  const at = got.findIndex((v, i) => v !== want[i]);
+  assert.equal(at, -1, `${what} differs from the unfused pipeline at element ${at}`);
 }
 
 /** A case of the sweep: tokens and the routing's edge cases. */
@@ -228,26 +250,21 @@ function oneExpertRouting(config: MoEConfig, tokens: number, e: number): Routing
 // ---------------------------------------------------------------------------------------------------
 
 describe("FP4 layer: checks that need no GPU", () => {
-  const tiny4 = resolveConfig("tiny", { expertFormat: "fp4" });
-
-  test("the fused pipeline refuses FP4 experts, saying why", () => {
-    assert.match(String(fusedPipelineProblem(tiny4)), /FP4 routed experts .* unfused pipeline only/);
-    assert.equal(fusedPipelineProblem(resolveConfig("tiny")), null);
-  });
-
-  test("MoELayer: pipeline fused with FP4 experts is an InputError naming FP4, GPU or not", () => {
-    assert.throws(
-      () => new MoELayer(new GeneratedWeights(tiny4, seed), { backend: "cuda", pipeline: "fused" }),
-      (e: unknown) =>
-        e instanceof InputError &&
-        /FP4 \(MXFP4\) routed experts.*the fused pipeline takes FP8 experts only \(use the unfused pipeline\)/.test(
-          e.message,
-        ),
-    );
+  test("the fused kernel takes FP4 experts: every preset and block M has an FP4 build, none may spill", () => {
+    assert.equal(fusedLayerProblem(resolveConfig("tiny", { expertFormat: "fp4" })), null);
+    const fp4Builds = fusedVariants.filter((v) => v.defines.B_FP4 === 1);
+    assert.equal(fp4Builds.length, fusedVariants.length / 2);
+    for (const blockM of FUSED_BLOCK_MS) {
+      assert.ok(
+        fp4Builds.some((v) => v.defines.BLOCK_M === blockM),
+        `no FP4 build at BLOCK_M ${blockM}`,
+      );
+    }
+    assert.ok(fp4Builds.every((v) => v.noSpill));
   });
 });
 
-describeGpu("FP4 layer on a GPU (unfused pipeline, FP4 grouped GEMM)", () => {
+describeGpu("FP4 layer on a GPU (unfused pipeline and fused kernel)", () => {
   for (const scaleFormat of ["fp32", "ue8m0"] as ScaleFormat[]) {
     test(`tiny, ${scaleFormat} activation scales: against the CPU FP4 layer, beside FP8`, () => {
       const config4 = resolveConfig("tiny", { expertFormat: "fp4", scaleFormat });
@@ -279,6 +296,28 @@ describeGpu("FP4 layer on a GPU (unfused pipeline, FP4 grouped GEMM)", () => {
             null,
           );
         }
+        // Every block M of the fused kernel and other scheduling orders: the unfused pipeline's bits.
+        const routing = randomRouting(seed + 31, tokens, config4, { maskedTokens: [4], emptyExperts: [1] });
+        for (const shared of [true, false]) {
+          const want = runLayer(fp4, x, tokens, routing, shared);
+          for (const blockM of FUSED_BLOCK_MS) {
+            for (const ctas of [1, 3, 17, device().smCount]) {
+              fp4.fused.kernel.blockM = blockM;
+              fp4.fused.kernel.ctas = ctas;
+              try {
+                const got = runLayer(fp4, x, tokens, routing, shared, fp4.fused);
+                assertSameBits(
+                  got,
+                  want,
+                  `tiny ${scaleFormat} BLOCK_M ${blockM}, ${ctas} CTAs, shared ${shared}`,
+                );
+              } finally {
+                fp4.fused.kernel.blockM = "auto";
+                fp4.fused.kernel.ctas = device().smCount;
+              }
+            }
+          }
+        }
       } finally {
         closeLayer(fp4);
         closeLayer(fp8);
@@ -287,14 +326,14 @@ describeGpu("FP4 layer on a GPU (unfused pipeline, FP4 grouped GEMM)", () => {
   }
 
   test("flash-ep8: against the CPU FP4 layer on sampled tokens, beside FP8 at T = 64", () => {
-    const config4 = resolveConfig("flash-ep8", { expertFormat: "fp4", maxTokens: 256 });
+    const config4 = resolveConfig("flash-ep8", { expertFormat: "fp4", maxTokens: 4096 });
     const config8 = resolveConfig("flash-ep8", { maxTokens: 256 });
     const weightSeed = seed + 3;
     let fp4: GpuLayer | null = null;
     let fp8: GpuLayer | null = null;
     try {
       const t0 = performance.now();
-      fp4 = openLayer(config4, weightSeed, 256, "generate", config4.numExperts);
+      fp4 = openLayer(config4, weightSeed, 4096, "generate", config4.numExperts);
       fp8 = openLayer(config8, weightSeed, 256, "generate", config8.topK);
       console.log(
         `  flash-ep8 layers made on the device in ${((performance.now() - t0) / 1000).toFixed(1)} s`,
@@ -315,19 +354,28 @@ describeGpu("FP4 layer on a GPU (unfused pipeline, FP4 grouped GEMM)", () => {
         );
         console.log(`  (T=${c.tokens}: ${((performance.now() - t1) / 1000).toFixed(1)} s with the CPU side)`);
       }
+      // Large T, GPU only: the fused kernel's 64- and 128-row tiles against the unfused pipeline.
+      for (const tokens of [1024, 4096]) {
+        const x = generateActivations(seed + 70 + tokens, tokens, config4.hidden);
+        const routing = randomRouting(seed + 71 + tokens, tokens, config4, { maskedTokens: [17] });
+        for (const shared of [true, false]) {
+          const want = runLayer(fp4, x, tokens, routing, shared);
+          assertSameBits(runLayer(fp4, x, tokens, routing, shared, fp4.fused), want, `flash-ep8 T=${tokens}`);
+        }
+      }
     } finally {
       closeLayer(fp4);
       closeLayer(fp8);
     }
   });
 
-  test("MoELayer cuda with FP4 experts: unfused by default, same bits as the pipeline", () => {
+  test("MoELayer cuda with FP4 experts: the default pipeline, same bits as both pipelines run directly", () => {
     const config = resolveConfig("tiny", { expertFormat: "fp4" });
     const source = new GeneratedWeights(config, seed + 60, { cachedExperts: config.numExperts });
     const layer = new MoELayer(source, { backend: "cuda" });
     let direct: GpuLayer | null = null;
     try {
-      assert.equal(layer.pipeline, "unfused", `default pipeline ${DEFAULT_GPU_PIPELINE} is not for FP4`);
+      assert.equal(layer.pipeline, DEFAULT_GPU_PIPELINE);
       const tokens = 65;
       const x = generateActivations(seed + 61, tokens, config.hidden);
       const got = layer.forward(x, tokens);
@@ -343,6 +391,11 @@ describeGpu("FP4 layer on a GPU (unfused pipeline, FP4 grouped GEMM)", () => {
         runLayer(direct, x, tokens, got.routing, true),
         got.out,
         "MoELayer differs from the unfused pipeline run directly",
+      );
+      assertSameBits(
+        runLayer(direct, x, tokens, got.routing, true, direct.fused),
+        got.out,
+        "the fused pipeline",
       );
       const unfused = new MoELayer(source, { backend: "cuda", pipeline: "unfused" });
       try {

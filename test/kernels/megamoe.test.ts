@@ -130,8 +130,8 @@ describe("fused MoE kernel: host-side facts", () => {
     );
   });
 
-  test("CI compiles one specialization per preset, scale format and block M, spills forbidden", () => {
-    assert.equal(variants.length, 2 * FUSED_BLOCK_MS.length * Object.keys(PRESETS).length);
+  test("CI compiles one specialization per preset, scale format, expert format and block M, spills forbidden", () => {
+    assert.equal(variants.length, 2 * 2 * FUSED_BLOCK_MS.length * Object.keys(PRESETS).length);
     assert.ok(variants.every((v) => v.noSpill));
     assert.deepEqual(
       { ...fusedDefines(resolveConfig("flash"), 128) },
@@ -148,5 +148,13 @@ describe("fused MoE kernel: host-side facts", () => {
       },
     );
     assert.equal(fusedStages(resolveConfig("flash"), 64), 5);
+    // FP4 experts: the B_FP4 build; a stage adds the packed rows, their words and scales (256 rows of
+    // 64 + 4 + 4 bytes), a barrier and a stage-kind word (the staging area's 16-byte alignment aside).
+    const flash4 = resolveConfig("flash", { expertFormat: "fp4" });
+    assert.equal(fusedDefines(flash4, 16).B_FP4, 1);
+    assert.equal(fusedDefines(resolveConfig("flash"), 16).B_FP4, undefined);
+    const extra = fusedSharedBytes(flash4, 3, 128) - fusedSharedBytes(resolveConfig("flash"), 3, 128);
+    assert.ok(Math.abs(extra - 3 * (256 * 72 + 8 + 4)) < 16, `FP4 adds ${extra} bytes`);
+    assert.equal(fusedStages(flash4, 16), 3);
   });
 });

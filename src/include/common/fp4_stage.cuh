@@ -57,19 +57,20 @@ __device__ __forceinline__ void convert_tile(unsigned packed, unsigned scales4, 
 // acc += partial · (sa · sw[column]) for an m64 × nN wgmma fragment whose weight rows are its columns,
 // the three steps rounded separately as the CPU rule does. sw_cols is the shared address of the fp32
 // scale of this thread's first column (frag_col of the chunk); element pair i covers columns
-// 8i + frag_col + {0, 1}, on rows frag_row (sa_lo) and + 8 (sa_hi).
-template <int kCount, int kAccCount>
+// 8i + frag_col + {0, 1}, on rows frag_row (sa_lo) and + 8 (sa_hi). kFirst as sm90::promote_block's.
+template <int kFirst = 0, int kCount, int kAccCount>
 __device__ __forceinline__ void promote_columns(float (&acc)[kAccCount], const float (&partial)[kCount], float sa_lo,
                                                 float sa_hi, unsigned sw_cols) {
-  static_assert(kCount <= kAccCount, "the accumulators must hold the block");
+  static_assert(kFirst + kCount <= kAccCount, "the accumulators must hold the block");
 #pragma unroll
   for (int i = 0; i < kCount / 4; ++i) {
     float w0, w1;
     asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(w0), "=f"(w1) : "r"(sw_cols + 32 * i));
-    acc[4 * i + 0] = add_rn(acc[4 * i + 0], mul_rn(partial[4 * i + 0], mul_rn(sa_lo, w0)));
-    acc[4 * i + 1] = add_rn(acc[4 * i + 1], mul_rn(partial[4 * i + 1], mul_rn(sa_lo, w1)));
-    acc[4 * i + 2] = add_rn(acc[4 * i + 2], mul_rn(partial[4 * i + 2], mul_rn(sa_hi, w0)));
-    acc[4 * i + 3] = add_rn(acc[4 * i + 3], mul_rn(partial[4 * i + 3], mul_rn(sa_hi, w1)));
+    float* const a = acc + kFirst + 4 * i;
+    a[0] = add_rn(a[0], mul_rn(partial[4 * i + 0], mul_rn(sa_lo, w0)));
+    a[1] = add_rn(a[1], mul_rn(partial[4 * i + 1], mul_rn(sa_lo, w1)));
+    a[2] = add_rn(a[2], mul_rn(partial[4 * i + 2], mul_rn(sa_hi, w0)));
+    a[3] = add_rn(a[3], mul_rn(partial[4 * i + 3], mul_rn(sa_hi, w1)));
   }
 }
 

@@ -282,17 +282,19 @@ __device__ __forceinline__ void wgmma_block_k128(float (&partial)[kCount], unsig
 
 // acc += partial · scale, the promotion of one K block into the fp32 accumulators: in the wgmma D
 // fragment, elements 4i, 4i+1 lie on the thread's upper row (scale_lo) and 4i+2, 4i+3 eight rows below
-// (scale_hi). acc may be longer than partial (a kernel sizing it for its widest chunk).
-template <int kCount, int kAccCount>
+// (scale_hi). acc may be longer than partial (a kernel sizing it for its widest chunk); kFirst places
+// the block's columns further along it (an n128 chunk promoted as two n64 halves: 0 and 32).
+template <int kFirst = 0, int kCount, int kAccCount>
 __device__ __forceinline__ void promote_block(float (&acc)[kAccCount], const float (&partial)[kCount],
                                               float scale_lo, float scale_hi) {
-  static_assert(kCount <= kAccCount, "the accumulators must hold the block");
+  static_assert(kFirst + kCount <= kAccCount, "the accumulators must hold the block");
 #pragma unroll
   for (int i = 0; i < kCount / 4; ++i) {
-    acc[4 * i + 0] = fmaf(partial[4 * i + 0], scale_lo, acc[4 * i + 0]);
-    acc[4 * i + 1] = fmaf(partial[4 * i + 1], scale_lo, acc[4 * i + 1]);
-    acc[4 * i + 2] = fmaf(partial[4 * i + 2], scale_hi, acc[4 * i + 2]);
-    acc[4 * i + 3] = fmaf(partial[4 * i + 3], scale_hi, acc[4 * i + 3]);
+    float* const a = acc + kFirst + 4 * i;
+    a[0] = fmaf(partial[4 * i + 0], scale_lo, a[0]);
+    a[1] = fmaf(partial[4 * i + 1], scale_lo, a[1]);
+    a[2] = fmaf(partial[4 * i + 2], scale_hi, a[2]);
+    a[3] = fmaf(partial[4 * i + 3], scale_hi, a[3]);
   }
 }
 
@@ -308,6 +310,12 @@ __device__ __forceinline__ float load_scale(const float* p) {
 __device__ __forceinline__ float load_shared_f32(unsigned address) {
   float v;
   asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v) : "r"(address));
+  return v;
+}
+
+__device__ __forceinline__ unsigned load_shared_u32(unsigned address) {
+  unsigned v;
+  asm volatile("ld.shared.b32 %0, [%1];" : "=r"(v) : "r"(address) : "memory");
   return v;
 }
 

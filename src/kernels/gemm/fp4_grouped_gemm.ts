@@ -19,7 +19,6 @@ import {
   compileKernel,
   type Device,
   type DeviceTensor,
-  encodeTensorMapTiled,
   expectTensor,
   type Kernel,
   KernelArgs,
@@ -27,12 +26,14 @@ import {
   perDeviceMemo,
   type Stream,
   type TensorLike,
-  TensorMapDataType,
-  TensorMapL2Promotion,
-  TensorMapSwizzle,
 } from "../../cuda/index.js";
 import { E8M0_NAN, MXFP4_GROUP } from "../../numerics/fp4.js";
-import { encodeFp8RowsMap, encodeScaleColumnsMap } from "../tensor-maps.js";
+import {
+  encodeFp4RowsMap,
+  encodeFp4ScaleWordsMap,
+  encodeFp8RowsMap,
+  encodeScaleColumnsMap,
+} from "../tensor-maps.js";
 import { describeDefines } from "../variants.js";
 import { FP4_GEMM_TILE_NAMES } from "./fp8_grouped_gemm.variants.js";
 import {
@@ -161,25 +162,9 @@ function encodeMaps(entry: Fp4Kernel, plan: GroupedGemmPlan, args: GroupedGemmFp
   const { blockM, blockN } = plan.tile;
   const rows = groups * n;
   encodeFp8RowsMap(entry.args.tensorMap(0), args.a.ptr, k, mTotal, blockM);
-  // Packed rows: one K block is 64 bytes; no swizzle (the converters read them in 16-byte pieces).
-  encodeTensorMapTiled(entry.args.tensorMap(1), {
-    dataType: TensorMapDataType.UINT8,
-    globalAddress: args.b.ptr,
-    globalDims: [k / 2, rows],
-    globalStridesBytes: [k / 2],
-    boxDims: [QUANT_BLOCK / 2, blockN],
-    l2Promotion: TensorMapL2Promotion.B256,
-  });
+  encodeFp4RowsMap(entry.args.tensorMap(1), args.b.ptr, k, rows, blockN);
   encodeScaleColumnsMap(entry.args.tensorMap(2), args.aScales.ptr, k, aScalesRows(mTotal), blockM + 4);
-  // Scale words [K/128, rows]: a box is one K block's words of a tile's rows.
-  encodeTensorMapTiled(entry.args.tensorMap(3), {
-    dataType: TensorMapDataType.UINT32,
-    globalAddress: args.bScales.ptr,
-    globalDims: [rows, k / QUANT_BLOCK],
-    globalStridesBytes: [rows * 4],
-    boxDims: [blockN, 1],
-    swizzle: TensorMapSwizzle.NONE,
-  });
+  encodeFp4ScaleWordsMap(entry.args.tensorMap(3), args.bScales.ptr, k, rows, blockN);
   entry.mapsKey = mapsKey;
 }
 

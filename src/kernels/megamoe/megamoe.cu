@@ -57,6 +57,10 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
                   const __grid_constant__ TensorMap map_w1, const __grid_constant__ TensorMap map_w1s,
                   const __grid_constant__ TensorMap map_pool_h, const __grid_constant__ TensorMap map_pool_h_scales,
                   const __grid_constant__ TensorMap map_w2, const __grid_constant__ TensorMap map_w2s,
+#if B_FP4
+                  // The routed experts' UE8M0 words (map_w1 and map_w2 are then their packed nibbles).
+                  const __grid_constant__ TensorMap map_w1_words, const __grid_constant__ TensorMap map_w2_words,
+#endif
                   const Operands op) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const unsigned raw = smem_u32(smem_raw);
@@ -70,6 +74,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
   const unsigned empty_bar = full_bar + 8 * kStages;
   const unsigned task_full_bar = empty_bar + 8 * kStages;
   const unsigned task_empty_bar = task_full_bar + 16;
+  const unsigned loaded_bar = task_empty_bar + 16;  // FP4 builds only
 
   int* const ws = op.workspace;
   int* const counts = ws + kCounterWords;
@@ -92,8 +97,10 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
   if (tid == 0) trace_time(op.trace, kTraceEntry);
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
-      mbar_init(full_bar + 8 * s, 1);
+      // FP4: the producer's arrive.expect_tx and one arrive per converter warp.
+      mbar_init(full_bar + 8 * s, kBFp4 ? 1 + kConverterWarps : 1);
       mbar_init(empty_bar + 8 * s, kMathWarps);
+      if constexpr (kBFp4) mbar_init(loaded_bar + 8 * s, 1);
     }
     for (int s = 0; s < 2; ++s) {
       mbar_init(task_full_bar + 8 * s, 1);
@@ -108,6 +115,10 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
     prefetch_tensor_map(&map_pool_h);
     prefetch_tensor_map(&map_pool_h_scales);
     prefetch_tensor_map(&map_w2);
+#if B_FP4
+    prefetch_tensor_map(&map_w1_words);
+    prefetch_tensor_map(&map_w2_words);
+#endif
   }
 
   // ---- 1. count
@@ -155,7 +166,36 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
   if (warp >= kMathWarps) {
     // ---------------- Producer: one thread claims tasks and streams their operands.
     registers_decrease<kProducerRegisters>();
-    if (tid != kMathThreads) return;
+    const unsigned stage_kinds = base + kOffStageKinds;  // FP4 builds: a StageKind per stage
+    if (tid != kMathThreads) {
+      const int converter = tid - kMathThreads - 32;
+      if (kBFp4 && converter >= 0) {
+        // ---------------- FP4 converters (warps 1..3): each routed stage's packed rows into the B tile,
+        // in ring order; a stage of FP8 weights (the shared expert) passes through untouched. (Inside
+        // this branch rather than before it: there ptxas spilled the producer thread's registers.)
+        int stage = 0;
+        unsigned phase = 0;
+        for (;;) {
+          wait_barrier(loaded_bar + 8 * stage, phase, op.status, kStatusConvertWait, stage);
+          const int kind = static_cast<int>(load_shared_u32(stage_kinds + 4 * stage));
+          if (kind == kStageStop) break;
+          if (kind == kStageFp4) {
+            megamoe::fp4_stage::convert_tile<kBlockN, kConverterThreads>(
+                base + kOffPacked + stage * kPackedStageBytes, base + kOffRowWords + stage * kRowWordsStageBytes,
+                base + kOffB + stage * kBTileBytes, base + kOffRowScales + stage * kRowWordsStageBytes, converter);
+            // The wgmmas read the tile through the async proxy: order these generic writes before them.
+            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+          }
+          __syncwarp();
+          if (lane == 0) mbar_arrive(full_bar + 8 * stage);
+          if (++stage == kStages) {
+            stage = 0;
+            phase ^= 1u;
+          }
+        }
+      }
+      return;
+    }
     int stage = 0;
     unsigned phase = 0;
     int slot = 0;
@@ -189,7 +229,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
         task.k_blocks = task.kind == kTaskL1 ? kHiddenBlocks : group_inter(task.group) / kQuant;
       }
       *reinterpret_cast<Task*>(smem + kOffTasks + slot * kTaskSlotBytes) = task;
-      if (task.kind != kTaskNone) {
+      // FP4 tasks carry no weight-scale rows: each B row's scale comes with its stage.
+      if (task.kind != kTaskNone && !(kBFp4 && task.group != kExperts)) {
         // The tile's two weight-scale rows, so the math warpgroups start the tile without a global load.
         float* sw = reinterpret_cast<float*>(smem + kOffTasks + slot * kTaskSlotBytes + 32);
         const float* rows = weight_scale_rows(op, task);
@@ -207,6 +248,12 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
       }
       if (task.kind == kTaskNone) {
         trace_time(op.trace, kTraceProducerDone);
+        if constexpr (kBFp4) {
+          // The converters leave through the next stage, once they have passed its previous use.
+          wait_barrier(empty_bar + 8 * stage, phase ^ 1u, op.status, kStatusStageEmptyWait, stage);
+          store_shared_u32(stage_kinds + 4 * stage, kStageStop);
+          mbar_arrive(loaded_bar + 8 * stage);
+        }
         break;
       }
 
@@ -218,10 +265,34 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
       const TensorMap* map_sa = l1 ? &map_pool_x_scales : &map_pool_h_scales;
       const TensorMap* map_b = l1 ? (shared ? &map_w1s : &map_w1) : (shared ? &map_w2s : &map_w2);
       const int expert = shared ? 0 : task.group;
+      // FP4 builds: the routed experts' B arrives packed (to `loaded`, for the converters), A to `full`.
+      const bool fp4 = kBFp4 && !shared;
       // The two 128-row B boxes: L1 gate rows n·128 and up rows I + n·128 of the expert's [2I, H];
       // L2 rows n·256 and n·256 + 128 of its [H, I].
       const int b_row0 = l1 ? expert * 2 * inter + task.n * kQuant : expert * kHidden + task.n * kBlockN;
       const int b_row1 = l1 ? b_row0 + inter : b_row0 + kQuant;
+      // FP4: a stage's packed rows and their UE8M0 words, to `loaded` (the converters complete `full`).
+      const auto load_fp4_weights = [&](int s, int kb) {
+#if B_FP4
+        const TensorMap* map_words = l1 ? &map_w1_words : &map_w2_words;
+        const unsigned bar = loaded_bar + 8 * s;
+        const unsigned packed = base + kOffPacked + s * kPackedStageBytes;
+        const unsigned words = base + kOffRowWords + s * kRowWordsStageBytes;
+        store_shared_u32(stage_kinds + 4 * s, kStageFp4);
+        mbar_arrive_expect_tx(bar, kFp4LoadedTxBytes);
+        tma_load_2d(packed, map_b, bar, kb * (kBlockK / 2), b_row0);
+        tma_load_2d(packed + kPackedHalfBytes, map_b, bar, kb * (kBlockK / 2), b_row1);
+        tma_load_2d(words, map_words, bar, b_row0, kb);
+        tma_load_2d(words + kRowWordsStageBytes / 2, map_words, bar, b_row1, kb);
+#endif
+      };
+      // FP4 builds, a stage of FP8 weights: the converters only pass it on to `full`.
+      const auto pass_fp8_weights = [&](int s) {
+        if constexpr (kBFp4) {
+          store_shared_u32(stage_kinds + 4 * s, kStageFp8);
+          mbar_arrive(loaded_bar + 8 * s);
+        }
+      };
       const int early = task.k_blocks < kStages ? task.k_blocks : kStages;
       const int first_stage = stage;
       for (int kb = 0; kb < task.k_blocks; ++kb) {
@@ -231,9 +302,14 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
         const unsigned bar = full_bar + 8 * stage;
         if (kb < early) {
           // Weights first: they do not depend on other CTAs.
-          mbar_arrive_expect_tx(bar, kStageTxBytes);
-          tma_load_2d(base + kOffB + stage * kBTileBytes, map_b, bar, kb * kBlockK, b_row0);
-          tma_load_2d(base + kOffB + stage * kBTileBytes + kBHalfBytes, map_b, bar, kb * kBlockK, b_row1);
+          if (fp4) {
+            load_fp4_weights(stage, kb);
+          } else {
+            mbar_arrive_expect_tx(bar, kStageTxBytes);
+            tma_load_2d(base + kOffB + stage * kBTileBytes, map_b, bar, kb * kBlockK, b_row0);
+            tma_load_2d(base + kOffB + stage * kBTileBytes + kBHalfBytes, map_b, bar, kb * kBlockK, b_row1);
+            pass_fp8_weights(stage);
+          }
         }
         if (kb == early - 1) {
           // Then the rows: arrived (L1) or produced by every L1 tile of the block (L2).
@@ -251,17 +327,22 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
           int s = first_stage;
           for (int k = 0; k < early; ++k) {
             const unsigned b = full_bar + 8 * s;
+            if (fp4) mbar_arrive_expect_tx(b, kFp4FullTxBytes);
             tma_load_2d(base + kOffA + s * kATileBytes, map_a, b, k * kBlockK, task.row0);
             tma_load_2d(base + kOffSa + s * kSaStride, map_sa, b, task.row0 & ~3, k);
             if (++s == kStages) s = 0;
           }
         }
         if (kb >= early) {
-          mbar_arrive_expect_tx(bar, kStageTxBytes);
+          if (fp4) load_fp4_weights(stage, kb);
+          mbar_arrive_expect_tx(bar, fp4 ? kFp4FullTxBytes : kStageTxBytes);
           tma_load_2d(base + kOffA + stage * kATileBytes, map_a, bar, kb * kBlockK, task.row0);
           tma_load_2d(base + kOffSa + stage * kSaStride, map_sa, bar, task.row0 & ~3, kb);
-          tma_load_2d(base + kOffB + stage * kBTileBytes, map_b, bar, kb * kBlockK, b_row0);
-          tma_load_2d(base + kOffB + stage * kBTileBytes + kBHalfBytes, map_b, bar, kb * kBlockK, b_row1);
+          if (!fp4) {
+            tma_load_2d(base + kOffB + stage * kBTileBytes, map_b, bar, kb * kBlockK, b_row0);
+            tma_load_2d(base + kOffB + stage * kBTileBytes + kBHalfBytes, map_b, bar, kb * kBlockK, b_row1);
+            pass_fp8_weights(stage);
+          }
         }
         if (++stage == kStages) {
           stage = 0;
@@ -281,6 +362,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
   const MathContext m{base + kOffA + static_cast<unsigned>(row_offset) * kBlockK,
                       base + kOffB,
                       base + kOffSa + (kSwapAB ? 0u : static_cast<unsigned>(row_offset + frag_row) * 4),
+                      base + kOffRowScales,
                       full_bar,
                       empty_bar,
                       base + kOffAmax,

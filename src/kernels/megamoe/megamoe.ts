@@ -6,7 +6,7 @@
  * for `maxTokens` once; its tensor maps are encoded once too. A launch is then one `cuLaunchKernel`
  * with no host work but the operand checks, so it can be captured in a CUDA graph.
  */
-import { type MoEConfig, QUANT_BLOCK, sharedIntermediate } from "../../config/config.js";
+import { expertFormatOf, type MoEConfig, QUANT_BLOCK, sharedIntermediate } from "../../config/config.js";
 import {
   compileKernel,
   type Device,
@@ -19,7 +19,12 @@ import {
 } from "../../cuda/index.js";
 import type { DeviceMoEWeights } from "../device-weights.js";
 import { aScalesRows } from "../gemm/grouped_gemm.js";
-import { encodeFp8RowsMap, encodeScaleColumnsMap } from "../tensor-maps.js";
+import {
+  encodeFp4RowsMap,
+  encodeFp4ScaleWordsMap,
+  encodeFp8RowsMap,
+  encodeScaleColumnsMap,
+} from "../tensor-maps.js";
 import { FUSED_BLOCK_MS, FUSED_BLOCK_N, FUSED_COUNTER_WORDS, type FusedBlockM } from "./megamoe.variants.js";
 import { type FusedPlan, fusedBlockMsUpTo, fusedLayerProblem, planFusedLaunch } from "./plan.js";
 
@@ -91,7 +96,8 @@ const isTraceTime = (field: (typeof FUSED_TRACE_FIELDS)[number]): boolean => !/N
 /** Words per CTA of the trace buffer (the kernel's kTraceWords; at least the fields). */
 export const FUSED_TRACE_WORDS = 24;
 export type FusedTraceRow = Record<(typeof FUSED_TRACE_FIELDS)[number], number>;
-const MAP_COUNT = 8;
+/** Tensor maps before the operands: 8, and 2 more (the routed experts' UE8M0 words) with FP4 experts. */
+const mapCount = (c: MoEConfig) => (expertFormatOf(c) === "fp4" ? 10 : 8);
 const WEIGHT_BOX_ROWS = FUSED_BLOCK_N / 2;
 
 /** One forward's operands on the kernel's device. */
@@ -200,14 +206,15 @@ export class FusedMoEKernel {
       this.status.fill(0);
       this.pools = { poolX, poolXScales, poolH, poolHScales };
 
-      const routed = weights.routed;
-      const shared = weights.shared ?? routed; // never read when the layer has no shared expert
+      // FP4 experts: the kernel reads the routed scales through tensor maps, not these pointers.
+      const routedScales = weights.routedFp4 === null ? weights.routed : null;
+      const shared = weights.shared ?? routedScales; // never read when the layer has no shared expert
       const v = this.operandsView;
       const fixed: [OperandPointer, bigint][] = [
-        ["w1_scales", routed.w1Scales.ptr],
-        ["w2_scales", routed.w2Scales.ptr],
-        ["w1s_scales", shared.w1Scales.ptr],
-        ["w2s_scales", shared.w2Scales.ptr],
+        ["w1_scales", routedScales?.w1Scales.ptr ?? 0n],
+        ["w2_scales", routedScales?.w2Scales.ptr ?? 0n],
+        ["w1s_scales", shared?.w1Scales.ptr ?? 0n],
+        ["w2s_scales", shared?.w2Scales.ptr ?? 0n],
         ["pool_x", poolX.ptr],
         ["pool_x_scales", poolXScales.ptr],
         ["pool_h", poolH.ptr],
@@ -239,28 +246,46 @@ export class FusedMoEKernel {
     const compiled = compileKernel({ source: FUSED_KERNEL_SOURCE, defines: plan.defines });
     const kernel = loadKernel(this.device, compiled, FUSED_KERNEL);
     kernel.setMaxDynamicSharedMemory(plan.sharedBytes);
-    const args = new KernelArgs(MAP_COUNT + 1, {
-      tensorMaps: [0, 1, 2, 3, 4, 5, 6, 7],
-      structs: { [MAP_COUNT]: OPERANDS_BYTES },
+    const maps = mapCount(c);
+    const args = new KernelArgs(maps + 1, {
+      tensorMaps: Array.from({ length: maps }, (_, i) => i),
+      structs: { [maps]: OPERANDS_BYTES },
     });
     const H = c.hidden;
     const E = c.numExperts;
+    const I = c.intermediate;
     const maxInter = Math.max(c.intermediate, sharedIntermediate(c));
     const { poolX, poolXScales, poolH, poolHScales } = this.pools;
-    const routed = this.weights.routed;
-    const shared = this.weights.shared ?? routed; // never read when the layer has no shared expert
+    const fp4 = this.weights.routedFp4;
+    // Never read when the layer has no shared expert: any weights of the right size stand in.
+    const shared = this.weights.shared ?? (fp4 === null ? this.weights.routed : null);
     const sharedInter = this.hasShared ? sharedIntermediate(c) : c.intermediate;
     const sharedExperts = this.hasShared ? 1 : E;
     // The row pools' boxes hold one tile's rows (BLOCK_M): a taller box would overrun the stage.
     // A weight box is one of a tile's two B boxes; an A box a tile's rows.
     encodeFp8RowsMap(args.tensorMap(0), poolX.ptr, H, poolX.shape[0]!, blockM);
     encodeScaleColumnsMap(args.tensorMap(1), poolXScales.ptr, H, this.rPad, blockM + 4);
-    encodeFp8RowsMap(args.tensorMap(2), routed.w1.ptr, H, E * 2 * c.intermediate, WEIGHT_BOX_ROWS);
-    encodeFp8RowsMap(args.tensorMap(3), shared.w1.ptr, H, sharedExperts * 2 * sharedInter, WEIGHT_BOX_ROWS);
     encodeFp8RowsMap(args.tensorMap(4), poolH.ptr, maxInter, poolH.shape[0]!, blockM);
     encodeScaleColumnsMap(args.tensorMap(5), poolHScales.ptr, maxInter, this.rPad, blockM + 4);
-    encodeFp8RowsMap(args.tensorMap(6), routed.w2.ptr, c.intermediate, E * H, WEIGHT_BOX_ROWS);
-    encodeFp8RowsMap(args.tensorMap(7), shared.w2.ptr, sharedInter, sharedExperts * H, WEIGHT_BOX_ROWS);
+    if (fp4 === null) {
+      const routed = this.weights.routed;
+      encodeFp8RowsMap(args.tensorMap(2), routed.w1.ptr, H, E * 2 * I, WEIGHT_BOX_ROWS);
+      encodeFp8RowsMap(args.tensorMap(6), routed.w2.ptr, I, E * H, WEIGHT_BOX_ROWS);
+    } else {
+      // MXFP4 routed experts: packed rows in maps 2 and 6, their UE8M0 words in 8 and 9.
+      encodeFp4RowsMap(args.tensorMap(2), fp4.w1.ptr, H, E * 2 * I, WEIGHT_BOX_ROWS);
+      encodeFp4RowsMap(args.tensorMap(6), fp4.w2.ptr, I, E * H, WEIGHT_BOX_ROWS);
+      encodeFp4ScaleWordsMap(args.tensorMap(8), fp4.w1Scales.ptr, H, E * 2 * I, WEIGHT_BOX_ROWS);
+      encodeFp4ScaleWordsMap(args.tensorMap(9), fp4.w2Scales.ptr, I, E * H, WEIGHT_BOX_ROWS);
+    }
+    if (shared !== null) {
+      encodeFp8RowsMap(args.tensorMap(3), shared.w1.ptr, H, sharedExperts * 2 * sharedInter, WEIGHT_BOX_ROWS);
+      encodeFp8RowsMap(args.tensorMap(7), shared.w2.ptr, sharedInter, sharedExperts * H, WEIGHT_BOX_ROWS);
+    } else {
+      // No shared expert and FP4 routed experts: maps 3 and 7 are never read; pool_x stands in.
+      encodeFp8RowsMap(args.tensorMap(3), poolX.ptr, H, poolX.shape[0]!, WEIGHT_BOX_ROWS);
+      encodeFp8RowsMap(args.tensorMap(7), poolX.ptr, H, poolX.shape[0]!, WEIGHT_BOX_ROWS);
+    }
     const spec = { plan, kernel, args };
     this.specializations.set(blockM, spec);
     return spec;
@@ -306,7 +331,7 @@ export class FusedMoEKernel {
     const plan = this.plan(tokens);
     const spec = this.specialization(plan.blockM);
     trace?.fill(0, stream);
-    spec.args.struct(MAP_COUNT, this.operands);
+    spec.args.struct(mapCount(c), this.operands);
     spec.kernel.launch(plan.ctas, plan.threads, plan.sharedBytes, stream, spec.args);
   }
 

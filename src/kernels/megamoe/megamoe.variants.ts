@@ -4,6 +4,8 @@
  * kernel's layout) and the deepest stage ring that fits. No CUDA here.
  */
 import {
+  EXPERT_FORMATS,
+  expertFormatOf,
   type MoEConfig,
   PRESETS,
   QUANT_BLOCK,
@@ -56,18 +58,24 @@ export function fusedShapeProblem(c: MoEConfig): string | null {
   return null;
 }
 
-/** Dynamic shared memory of one CTA, byte for byte megamoe.cu's layout (+1024 to align the base). */
+/**
+ * Dynamic shared memory of one CTA, byte for byte megamoe.cu's layout (+1024 to align the base). FP4
+ * experts add per stage the packed rows (64 bytes per B row), their UE8M0 words and the converted
+ * rows' fp32 scales (4 bytes per B row each), a `loaded` barrier and a stage-kind word.
+ */
 export function fusedSharedBytes(c: MoEConfig, stages: number, blockM: FusedBlockM): number {
+  const fp4 = expertFormatOf(c) === "fp4";
   const groups = c.numExperts / c.ranks + 1;
   const maxInter = Math.max(c.intermediate, sharedIntermediate(c));
   const maxKBlocks = Math.max(c.hidden / QUANT_BLOCK, maxInter / QUANT_BLOCK);
   const aTile = blockM * 128;
   const bTile = FUSED_BLOCK_N * 128;
   const saStride = aScaleStageBytes(blockM);
-  const offTasks = stages * (aTile + bTile + saStride);
+  const fp4Stage = fp4 ? FUSED_BLOCK_N * (64 + 4 + 4) : 0;
+  const offTasks = stages * (aTile + bTile + saStride + fp4Stage);
   const taskSlot = alignUp(32 + 2 * maxKBlocks * 4, 16); // the Task and its two weight-scale rows
   const offBars = alignUp(offTasks + 2 * taskSlot, 8);
-  const offAmax = offBars + 8 * (2 * stages + 4);
+  const offAmax = offBars + 8 * (2 * stages + 4 + (fp4 ? stages : 0)) + (fp4 ? 4 * stages : 0);
   // The L1 epilogue's amax exchange: [2][64] floats, or per math warp and row when swap-AB.
   const mathWarps = (FUSED_THREADS - 128) / 32;
   const offOffsets = offAmax + Math.max(2 * 64, fusedSwapAB(blockM) ? mathWarps * blockM : 0) * 4;
@@ -100,16 +108,19 @@ export function fusedDefines(
     TOP_K: c.topK,
     NUM_STAGES: stages,
     ...scaleFormatDefine(c.scaleFormat),
+    ...(expertFormatOf(c) === "fp4" ? { B_FP4: 1 } : {}),
     SHARED_BYTES: fusedSharedBytes(c, stages, blockM),
   };
 }
 
-/** Every preset in both scale formats and every block M (the layer's shapes). */
+/** Every preset in both scale formats, both expert formats and every block M (the layer's shapes). */
 export const variants: readonly KernelVariant[] = Object.values(PRESETS).flatMap((preset) =>
   SCALE_FORMATS.flatMap((scaleFormat) =>
-    FUSED_BLOCK_MS.map((blockM) => ({
-      defines: fusedDefines({ ...preset, scaleFormat }, blockM),
-      noSpill: true,
-    })),
+    EXPERT_FORMATS.flatMap((expertFormat) =>
+      FUSED_BLOCK_MS.map((blockM) => ({
+        defines: fusedDefines({ ...preset, scaleFormat, expertFormat }, blockM),
+        noSpill: true,
+      })),
+    ),
   ),
 );

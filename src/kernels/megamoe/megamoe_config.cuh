@@ -33,6 +33,9 @@
 #ifndef SCALE_UE8M0
 #define SCALE_UE8M0 0
 #endif
+#ifndef B_FP4
+#define B_FP4 0
+#endif
 #ifndef MEGAMOE_WATCHDOG_NS
 #define MEGAMOE_WATCHDOG_NS 2000000000ull
 #endif
@@ -52,6 +55,8 @@ constexpr int kExperts = NUM_EXPERTS;
 constexpr int kTopK = TOP_K;
 constexpr int kStages = NUM_STAGES;
 constexpr bool kUe8m0 = SCALE_UE8M0 != 0;
+// Routed experts' weights as MXFP4 (docs/numerics.md "FP4 experts"); the shared expert stays FP8.
+constexpr bool kBFp4 = B_FP4 != 0;
 constexpr unsigned long long kWatchdogNs = MEGAMOE_WATCHDOG_NS;
 
 constexpr int kQuant = 128;      // channels per activation scale; edge of a weight-scale block
@@ -64,6 +69,9 @@ constexpr int kBlockK = 128;
 constexpr int kMathThreads = 256;
 constexpr int kThreads = kMathThreads + 128;  // + the producer warpgroup
 constexpr int kMathWarps = kMathThreads / 32;
+// FP4: warps 1..3 of the producer warpgroup turn each routed stage's packed weights into the e4m3 tile.
+constexpr int kConverterWarps = 3;
+constexpr int kConverterThreads = 32 * kConverterWarps;
 constexpr int kAccum = 64;                   // fp32 accumulators per thread of one m64 × n128 chunk
 constexpr int kGroups = kExperts + 1;        // group kExperts: the shared expert
 constexpr int kMaxInter = kInter > kSharedInter ? kInter : kSharedInter;

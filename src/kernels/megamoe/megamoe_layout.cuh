@@ -4,6 +4,7 @@
 
 #pragma once
 
+#include "common/fp4_stage.cuh"
 #include "megamoe_config.cuh"
 
 namespace {
@@ -19,20 +20,34 @@ constexpr unsigned kSaBoxRows = kBlockM + 4;
 constexpr unsigned kSaBytes = kSaBoxRows * 4;
 constexpr unsigned kSaStride = align_up(kSaBytes, 128);
 constexpr unsigned kStageTxBytes = kATileBytes + kBTileBytes + kSaBytes;
+// FP4 stages (routed tasks of a B_FP4 build): the TMA brings the packed rows and their scale words to
+// `loaded`, A and its scales to `full`; the converters write the B tile and each B row's fp32 scale.
+constexpr unsigned kPackedStageBytes = kBFp4 ? kBlockN * megamoe::fp4_stage::kPackedRowBytes : 0u;
+constexpr unsigned kPackedHalfBytes = kPackedStageBytes / 2;  // one 128-row box
+constexpr unsigned kRowWordsStageBytes = kBFp4 ? kBlockN * megamoe::fp4_stage::kRowWordBytes : 0u;
+constexpr unsigned kFp4LoadedTxBytes = kPackedStageBytes + kRowWordsStageBytes;
+constexpr unsigned kFp4FullTxBytes = kATileBytes + kSaBytes;
 
 constexpr unsigned kOffA = 0;
 constexpr unsigned kOffB = kOffA + kStages * kATileBytes;
 constexpr unsigned kOffSa = kOffB + kStages * kBTileBytes;
+constexpr unsigned kOffPacked = kOffSa + kStages * kSaStride;                   // FP4 only
+constexpr unsigned kOffRowWords = kOffPacked + kStages * kPackedStageBytes;     // FP4: UE8M0 words
+constexpr unsigned kOffRowScales = kOffRowWords + kStages * kRowWordsStageBytes;  // FP4: fp32 2^ref
 // Task slots: the Task (32 bytes) and the tile's two weight-scale rows of up to kMaxKBlocks floats.
 constexpr unsigned kTaskSlotBytes = align_up(32 + 2 * kMaxKBlocks * 4, 16);
-constexpr unsigned kOffTasks = kOffSa + kStages * kSaStride;
+constexpr unsigned kOffTasks = kOffRowScales + kStages * kRowWordsStageBytes;
 constexpr unsigned kOffBars = align_up(kOffTasks + 2 * kTaskSlotBytes, 8);
-constexpr unsigned kBarCount = 2 * kStages + 4;  // full[S], empty[S], task_full[2], task_empty[2]
+// full[S], empty[S], task_full[2], task_empty[2], and FP4's loaded[S] (the TMA's bytes, before conversion).
+constexpr unsigned kBarCount = 2 * kStages + 4 + (kBFp4 ? kStages : 0);
+// FP4: what the producer put in each stage for the converters (StageKind), written before `loaded`.
+constexpr unsigned kOffStageKinds = kOffBars + 8 * kBarCount;
+constexpr unsigned kStageKindBytes = kBFp4 ? 4 * kStages : 0u;
 // Row amax exchange of the L1 epilogue: float[2][64] (BLOCK_M 64: per warpgroup and row) or, swap-AB,
 // float[kMathWarps][kBlockM] (per warp and row).
 constexpr unsigned kAmaxFloats = kSwapAB ? kMathWarps * kBlockM : 0;
 constexpr unsigned kAmaxBytes = (kAmaxFloats > 2 * 64 ? kAmaxFloats : 2 * 64) * 4;  // fusedSharedBytes: the same max
-constexpr unsigned kOffAmax = kOffBars + 8 * kBarCount;
+constexpr unsigned kOffAmax = kOffStageKinds + kStageKindBytes;
 constexpr unsigned kOffOffsets = kOffAmax + kAmaxBytes;  // int[kGroups + 1]: first pool row per group
 constexpr unsigned kOffBlocks = kOffOffsets + 4 * (kGroups + 1);  // int[kGroups + 1]: first block per group
 constexpr unsigned kOffHist = kOffBlocks + 4 * (kGroups + 1);     // int[kGroups]: a chunk's counts
@@ -47,6 +62,7 @@ constexpr unsigned kOffStaging = align_up(kOffBroadcast + 16, 16);
 constexpr unsigned kSmemBytes = kOffStaging + kMathWarps * kStagingWarpBytes;
 constexpr unsigned kSmemAlign = 1024;
 constexpr unsigned kDynamicSmemBytes = kSmemBytes + kSmemAlign;
+static_assert(kOffPacked % 128 == 0 && kOffRowWords % 16 == 0, "TMA destinations need 16-byte alignment");
 static_assert(kDynamicSmemBytes <= 232448, "shared memory above the 227 KB opt-in limit");
 #ifdef SHARED_BYTES
 // The launcher's mirror of this layout (megamoe.variants.ts: fusedSharedBytes) passes its figure: a
@@ -68,6 +84,10 @@ enum Counter : int {
 };
 
 enum TaskKind : int { kTaskNone = 0, kTaskL1 = 1, kTaskL2 = 2 };
+
+// FP4 builds: a stage's packed FP4 weights to convert, FP8 weights already in place (the shared
+// expert), or no stage: the producer is done and the converters leave.
+enum StageKind : int { kStageFp4 = 0, kStageFp8 = 1, kStageStop = 2 };
 
 // What the producer hands the math warpgroups (one 32-byte task slot).
 struct Task {

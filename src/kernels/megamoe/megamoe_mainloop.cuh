@@ -40,6 +40,7 @@ struct MathContext {
   unsigned a_smem;   // stage 0's A tile at this warpgroup's first row
   unsigned b_smem;   // stage 0's B tile
   unsigned sa_smem;  // stage 0's A scales, at this thread's fragment row (swap-AB: at row 0)
+  unsigned row_scales;  // FP4: stage 0's fp32 scale per B row (the converters write them)
   unsigned full_bar;
   unsigned empty_bar;
   unsigned amax_smem;  // the L1 epilogue's row amax exchange (see kAmaxBytes)
@@ -59,7 +60,9 @@ __device__ __forceinline__ void wait_stage_full(const MathContext& m, int stage,
 }
 
 // Hands the stage back to the producer (one arrive per math warp, its wgmmas done) and moves to the next.
+// FP4: the lanes read the stage's row scales with plain loads, so lane 0 arrives after all of them.
 __device__ __forceinline__ void release_stage(const MathContext& m, int& stage, unsigned& phase) {
+  if constexpr (kBFp4) __syncwarp();
   if (m.lane == 0) mbar_arrive(m.empty_bar + 8 * stage);
   if (++stage == kStages) {
     stage = 0;
@@ -67,21 +70,40 @@ __device__ __forceinline__ void release_stage(const MathContext& m, int& stage, 
   }
 }
 
+// FP4 builds with 128-row tiles promote each n128 chunk as two n64 halves (see tile_mainloop).
+constexpr bool kHalfChunks = kBFp4 && kBlockM == 128;
+
+// One n64 half of a chunk: B rows b_row .. b_row + 63 into the chunk's accumulators from kFirst on.
+// FP4 tasks: a scale per column from the stage (`scales`: at this thread's first column of B row 0).
+template <int kFirst>
+__device__ __forceinline__ void half_chunk(float (&acc)[kAccum], float (&half)[32], unsigned a_stage,
+                                           unsigned b_stage, int b_row, bool fp4, float sa_lo, float sa_hi,
+                                           float sw, unsigned scales) {
+  wgmma_block_k128(half, a_stage, b_stage + b_row * kBlockK);
+  if (fp4) {
+    megamoe::fp4_stage::promote_columns<kFirst>(acc, half, sa_lo, sa_hi, scales + b_row * 4);
+  } else {
+    promote_block<kFirst>(acc, half, sa_lo * sw, sa_hi * sw);
+  }
+}
+
 template <bool kL1>
 __device__ __forceinline__ void tile_mainloop(const MathContext& m, const Task& task, unsigned sw_rows,
                                               int& stage, unsigned& phase, float (&acc)[2][kAccum]) {
   using S = Split<kL1>;
-  float partial[S::kAcc];
+  float partial[kHalfChunks ? 1 : S::kAcc];
+  [[maybe_unused]] float half[32];
 #pragma unroll
   for (int c = 0; c < 2; ++c)
 #pragma unroll
     for (int i = 0; i < kAccum; ++i) acc[c][i] = 0.0f;
   const bool active = task.row0 + S::row_offset(m.warpgroup) < task.row_end;
+  const bool fp4 = kBFp4 && task.group != kExperts;
   for (int kb = 0; kb < task.k_blocks; ++kb) {
     float sw[S::kChunks];
 #pragma unroll
     for (int c = 0; c < S::kChunks; ++c) {
-      sw[c] = load_shared_f32(sw_rows + (S::sw_row(c, m.warpgroup) * kMaxKBlocks + kb) * 4);
+      sw[c] = fp4 ? 1.0f : load_shared_f32(sw_rows + (S::sw_row(c, m.warpgroup) * kMaxKBlocks + kb) * 4);
     }
     wait_stage_full(m, stage, phase);
     if (active) {
@@ -90,10 +112,29 @@ __device__ __forceinline__ void tile_mainloop(const MathContext& m, const Task& 
       const float sa_hi = load_shared_f32(sa + 8 * 4);
       const unsigned a_stage = m.a_smem + stage * kATileBytes;
       const unsigned b_stage = m.b_smem + stage * kBTileBytes;
+      if constexpr (kHalfChunks) {
+        // FP4 builds, 128-row tiles: each n128 chunk as two n64 wgmmas, so that the promotion's column
+        // scales fit beside the two chunks' accumulators (one n128 partial made ptxas spill).
+        const unsigned scales = m.row_scales + stage * kRowWordsStageBytes + 2 * (m.lane & 3) * 4;
 #pragma unroll
-      for (int c = 0; c < S::kChunks; ++c) {
-        wgmma_block_k128(partial, a_stage, b_stage + S::b_row(c, m.warpgroup) * kBlockK);
-        promote_block(acc[c], partial, sa_lo * sw[c], sa_hi * sw[c]);
+        for (int c = 0; c < S::kChunks; ++c) {
+          half_chunk<0>(acc[c], half, a_stage, b_stage, S::b_row(c, m.warpgroup), fp4, sa_lo, sa_hi, sw[c], scales);
+          half_chunk<32>(acc[c], half, a_stage, b_stage, S::b_row(c, m.warpgroup) + 64, fp4, sa_lo, sa_hi, sw[c],
+                         scales);
+        }
+      } else {
+#pragma unroll
+        for (int c = 0; c < S::kChunks; ++c) {
+          wgmma_block_k128(partial, a_stage, b_stage + S::b_row(c, m.warpgroup) * kBlockK);
+          if (fp4) {
+            // A scale per weight row, i.e. per accumulator column (the converters' 2^ref).
+            const int first_column = S::b_row(c, m.warpgroup) + 2 * (m.lane & 3);
+            megamoe::fp4_stage::promote_columns(acc[c], partial, sa_lo, sa_hi,
+                                                m.row_scales + stage * kRowWordsStageBytes + first_column * 4);
+          } else {
+            promote_block(acc[c], partial, sa_lo * sw[c], sa_hi * sw[c]);
+          }
+        }
       }
     }
     release_stage(m, stage, phase);
@@ -127,11 +168,12 @@ __device__ __forceinline__ void swap_mainloop(const MathContext& m, const Task& 
   for (int wave = 0; wave < 2; ++wave)
 #pragma unroll
     for (int i = 0; i < kSwapAcc; ++i) acc[wave][i] = 0.0f;
+  const bool fp4 = kBFp4 && task.group != kExperts;
   for (int kb = 0; kb < task.k_blocks; ++kb) {
     float sw[2];
 #pragma unroll
     for (int wave = 0; wave < 2; ++wave) {
-      sw[wave] = load_shared_f32(sw_rows + (S::sw_row(wave, m.warpgroup) * kMaxKBlocks + kb) * 4);
+      sw[wave] = fp4 ? 1.0f : load_shared_f32(sw_rows + (S::sw_row(wave, m.warpgroup) * kMaxKBlocks + kb) * 4);
     }
     wait_stage_full(m, stage, phase);
     const unsigned sa = m.sa_smem + stage * kSaStride + ((task.row0 & 3) + frag_col) * 4;
@@ -146,12 +188,28 @@ __device__ __forceinline__ void swap_mainloop(const MathContext& m, const Task& 
 #pragma unroll
     for (int wave = 0; wave < 2; ++wave) {
       wgmma_block_k128(partial, b_stage + S::b_row(wave, m.warpgroup) * kBlockK, a_stage);
+      if (fp4) {
+        // A scale per weight row, here the accumulator's rows frag_row and + 8; the CPU rule's three
+        // roundings (as fp4_stage::promote_columns).
+        const int row = S::b_row(wave, m.warpgroup) + ((threadIdx.x / 32) & 3) * 16 + m.lane / 4;
+        const unsigned scales = m.row_scales + stage * kRowWordsStageBytes;
+        const float sw_lo = load_shared_f32(scales + row * 4);
+        const float sw_hi = load_shared_f32(scales + (row + 8) * 4);
 #pragma unroll
-      for (int j = 0; j < kSwapColGroups; ++j)
+        for (int j = 0; j < kSwapColGroups; ++j)
 #pragma unroll
-        for (int i = 4 * j; i < 4 * j + 4; ++i) {
-          acc[wave][i] = fmaf(partial[i], sa_col[j][i & 1] * sw[wave], acc[wave][i]);
-        }
+          for (int i = 4 * j; i < 4 * j + 4; ++i) {
+            const float s = megamoe::mul_rn(sa_col[j][i & 1], (i & 2) != 0 ? sw_hi : sw_lo);
+            acc[wave][i] = megamoe::add_rn(acc[wave][i], megamoe::mul_rn(partial[i], s));
+          }
+      } else {
+#pragma unroll
+        for (int j = 0; j < kSwapColGroups; ++j)
+#pragma unroll
+          for (int i = 4 * j; i < 4 * j + 4; ++i) {
+            acc[wave][i] = fmaf(partial[i], sa_col[j][i & 1] * sw[wave], acc[wave][i]);
+          }
+      }
     }
     release_stage(m, stage, phase);
   }

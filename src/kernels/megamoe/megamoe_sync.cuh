@@ -17,6 +17,7 @@ enum StatusCode : int {
   kStatusTaskWait = 6,
   kStatusCombineWait = 7,
   kStatusSharedMemoryTooSmall = 8,
+  kStatusConvertWait = 9,  // FP4 converters: a stage's packed weights never landed
 };
 
 __device__ __forceinline__ int load_acquire(const int* p) {
