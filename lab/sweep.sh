@@ -9,6 +9,8 @@ usage: lab/sweep.sh [options]
   --shared 0|1|both shared expert off, on, or both (default both)
   --tokens LIST     token counts (default 1,2,4,...,8192)
   --impl LIST       our implementations (default fused,unfused)
+  --experts LIST    routed experts' formats, comma-separated (fp8, fp4; default the shape's): bench
+                    --experts, one sweep each, the format in the file names
   --configs         also time every block M of the fused kernel (bench --configs)
   --rounds N        split our timed runs into N interleaved rounds (bench --rounds; default 2)
   --iters N         timed runs per case (default 20)
@@ -25,7 +27,7 @@ HELP
 }
 source "$(dirname "$0")/lib.sh"
 shapes=flash-ep8 shared=both tokens=1,2,4,8,16,32,64,128,256,512,1024,2048,4096,8192 impl=fused,unfused
-configs="" rounds=2 iters=20 peer=1 peer_file="" seconds=200 baseline=""
+configs="" rounds=2 iters=20 peer=1 peer_file="" seconds=200 baseline="" experts=""
 while (($#)); do
   case $1 in
   -h | --help) usage; exit 0 ;;
@@ -33,6 +35,7 @@ while (($#)); do
   --shared) shared=$2; shift 2 ;;
   --tokens) tokens=$2; shift 2 ;;
   --impl) impl=$2; shift 2 ;;
+  --experts) experts=$2; shift 2 ;;
   --configs) configs=--configs; shift ;;
   --rounds) rounds=$2; shift 2 ;;
   --iters) iters=$2; shift 2 ;;
@@ -47,33 +50,39 @@ case $shared in both) shared="1 0" ;; 0 | 1) ;; *) lab_die "--shared 0, 1 or bot
 [[ -z $peer_file ]] || peer_file=$(cd "$(dirname "$peer_file")" && pwd)/$(basename "$peer_file")
 lab_setup
 rc=0
+formats=${experts//,/ }
 for shape in ${shapes//,/ }; do
   for s in $shared; do
-    name=$shape-shared$s
     peer_args=()
     if [[ -n $peer_file ]]; then
       peer_args=(--peer "$peer_file")
     elif ((peer)); then
       timeout 150 python3 "$LAB_ROOT/$PEER" --shape "$shape" --shared "$s" --tokens "$tokens" --iters "$iters" \
-        --out "$OUT_DIR/torch-$name.json" 2>&1 | tail -1
-      [[ -f $OUT_DIR/torch-$name.json ]] && peer_args=(--peer "$OUT_DIR/torch-$name.json")
+        --out "$OUT_DIR/torch-$shape-shared$s.json" 2>&1 | tail -1
+      [[ -f $OUT_DIR/torch-$shape-shared$s.json ]] && peer_args=(--peer "$OUT_DIR/torch-$shape-shared$s.json")
     fi
-    if [[ -z $baseline ]]; then
-      timeout "$seconds" node dist/cli/main.js bench --impl "$impl" $configs --shape "$shape" --shared "$s" \
-        --tokens "$tokens" --iters "$iters" --rounds "$rounds" "${peer_args[@]}" \
-        --out "$OUT_DIR/layers-$name$LAB_TAG.json" --plot "$OUT_DIR/layers-$name$LAB_TAG.svg" 2>&1 | lab_table
-      ((PIPESTATUS[0] == 0)) || rc=1
-      continue
-    fi
-    for ((r = 1; r <= rounds; r++)); do
-      for build in baseline this; do
-        dir=$PWD
-        [[ $build == baseline ]] && dir=$baseline
-        echo "== $name round $r: $build ($dir)"
-        (cd "$dir" && timeout "$seconds" node dist/cli/main.js bench --impl "$impl" $configs --shape "$shape" \
-          --shared "$s" --tokens "$tokens" --iters "$iters" "${peer_args[@]}" \
-          --out "$OUT_DIR/layers-$name-$build-r$r$LAB_TAG.json") 2>&1 | lab_table
+    # One sweep per experts' format ("shape": the shape's own, no --experts, no suffix in the names).
+    for fmt in ${formats:-shape}; do
+      name=$shape-shared$s
+      experts_args=()
+      [[ $fmt == shape ]] || { name=$name-$fmt; experts_args=(--experts "$fmt"); }
+      if [[ -z $baseline ]]; then
+        timeout "$seconds" node dist/cli/main.js bench --impl "$impl" $configs --shape "$shape" --shared "$s" \
+          "${experts_args[@]}" --tokens "$tokens" --iters "$iters" --rounds "$rounds" "${peer_args[@]}" \
+          --out "$OUT_DIR/layers-$name$LAB_TAG.json" --plot "$OUT_DIR/layers-$name$LAB_TAG.svg" 2>&1 | lab_table
         ((PIPESTATUS[0] == 0)) || rc=1
+        continue
+      fi
+      for ((r = 1; r <= rounds; r++)); do
+        for build in baseline this; do
+          dir=$PWD
+          [[ $build == baseline ]] && dir=$baseline
+          echo "== $name round $r: $build ($dir)"
+          (cd "$dir" && timeout "$seconds" node dist/cli/main.js bench --impl "$impl" $configs --shape "$shape" \
+            --shared "$s" "${experts_args[@]}" --tokens "$tokens" --iters "$iters" "${peer_args[@]}" \
+            --out "$OUT_DIR/layers-$name-$build-r$r$LAB_TAG.json") 2>&1 | lab_table
+          ((PIPESTATUS[0] == 0)) || rc=1
+        done
       done
     done
   done

@@ -7,6 +7,10 @@
  * Blocks: every scale byte 0..254 as the block maximum with spreads 0, 14, 15 and 30 below it (the
  * maximum in each group position; every code in every group), a spread sweep 0..254 at several
  * maxima, and seeded random blocks (bytes uniform over 0..254, and within windows of 0..20).
+ *
+ * Stages: test/fixtures/fp4_stage.cpp runs the converter threads' pass over whole stages
+ * (fp4_stage_convert, as common/fp4_stage.cuh calls it on the device) into the swizzled tile, on
+ * seeded random stages, against the exact path.
  */
 import assert from "node:assert/strict";
 import { spawnSync } from "node:child_process";
@@ -153,6 +157,23 @@ describe("fp4.cuh converts FP4 blocks as mxfp4RowsToFp8 does", { skip }, () => {
       }
     }
     check(blocks);
+  });
+
+  it(`whole stages through fp4_stage_convert, every thread's share, swizzled (seed ${seed})`, () => {
+    const stageExe = path.join(dir, "fp4stage");
+    const source = fileURLToPath(new URL("../fixtures/fp4_stage.cpp", import.meta.url));
+    const include = fileURLToPath(new URL("../../src/include", import.meta.url));
+    const build = spawnSync(
+      cxx!,
+      ["-std=c++17", "-O1", "-Wall", "-Werror", `-I${include}`, "-o", stageExe, source],
+      {
+        encoding: "utf8",
+      },
+    );
+    if (build.status !== 0) throw new Error(`${cxx} failed (${build.status}):\n${build.stderr}`);
+    const r = spawnSync(stageExe, [String(seed >>> 0)], { encoding: "utf8" });
+    assert.equal(r.status, 0, r.stdout + r.stderr);
+    assert.match(r.stdout, /^ok \d+/);
   });
 
   it(`random blocks (seed ${seed})`, () => {

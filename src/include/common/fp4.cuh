@@ -11,7 +11,8 @@
 // the TypeScript rule; test/gpu/fp4-convert.test.ts runs the device build of the fast one):
 //   exact: integer arithmetic on one element at a time (the definition, readable).
 //   fast:  per group an 8-entry magnitude table (two 32-bit words), then `prmt` looks up four elements
-//          at once and the sign bits are moved into place with shifts: ~1.5 instructions per element.
+//          at once and a second `prmt` puts each element's sign bit at bit 7 of its byte: 9
+//          instructions per 8 elements.
 // Everything is integer and bit manipulation and compiles as host code too (g++, nvcc host pass),
 // with no CUDA header, so NVRTC needs no include path. Scale bytes must not be 0xFF (NaN): the host
 // rejects those when it loads the weights (fp4.ts checkMxfp4Scales).
@@ -121,17 +122,29 @@ struct Fp4Table {
 
 // The magnitude table of a group whose offset is d (= b − 127 − ref ≤ 6). From d ≥ −5 every nonzero
 // magnitude is an e4m3 normal and the table is the e2m1 bits shifted into e4m3's exponent/mantissa
-// fields plus the exponent offset (d + 6) << 3 (e2m1 exponent bias 1, e4m3's 7); below, per entry.
+// fields plus the exponent offset (d + 6) << 3 (e2m1 exponent bias 1, e4m3's 7): fp4_table_fast of
+// e = d + 6, one multiply-add per word (no carries between bytes: every byte stays below 0x80).
+MEGAMOE_HD Fp4Table fp4_table_fast(unsigned int e) { return Fp4Table{e * 0x08080800u + 0x0c080000u, e * 0x08080808u + 0x1c181410u}; }
+
+// Below d = −5, per entry (rare: a group more than 11 binades under its block's largest). The loops stay
+// rolled on the device, where this is the converters' cold path.
 MEGAMOE_HD Fp4Table fp4_table(int d) {
-  if (d >= -5) {
-    const unsigned int base = static_cast<unsigned int>(d + 6) << 3;  // 0.5 · 2^d = 2^(d−1): E = d + 6
-    return Fp4Table{0x0c080000u + base * 0x01010100u, 0x1c181410u + base * 0x01010101u};
-  }
+  if (d >= -5) return fp4_table_fast(static_cast<unsigned int>(d + 6));
   unsigned int lo = 0;
   unsigned int hi = 0;
-  for (int m = 1; m < 4; m++) lo |= e2m1_to_e4m3_exact(static_cast<unsigned int>(m), d) << (8 * m);
-  for (int m = 0; m < 4; m++) hi |= e2m1_to_e4m3_exact(static_cast<unsigned int>(m + 4), d) << (8 * m);
+  for (int m = 1; m < 8; m++) {
+    const unsigned int code = e2m1_to_e4m3_exact(static_cast<unsigned int>(m), d);
+    if (m < 4) lo |= code << (8 * m);
+    else hi |= code << (8 * (m - 4));
+  }
   return Fp4Table{lo, hi};
+}
+
+// The table of a group of byte b in a block whose largest byte is `max`: d + 6 = b − max + 12, and the
+// fast form holds when b + 11 ≥ max.
+MEGAMOE_HD Fp4Table fp4_table_of_byte(unsigned int b, unsigned int max) {
+  if (b + 11u >= max) return fp4_table_fast(b + 12u - max);
+  return fp4_table(static_cast<int>(b) - static_cast<int>(max) + kFp4Top);
 }
 
 // PTX prmt.b32 (default mode): output byte i is byte (c >> 4i) & 7 of {b:a} (a = bytes 0..3), or that
@@ -158,23 +171,24 @@ MEGAMOE_HD unsigned int prmt(unsigned int a, unsigned int b, unsigned int c) {
 // of one group (table t): elements 0..3 in `lo` (element 0 in the lowest byte), 4..7 in `hi`.
 MEGAMOE_HD void fp4x8_to_e4m3(unsigned int w, Fp4Table t, unsigned int& lo, unsigned int& hi) {
   // Magnitudes: the low 16 bits of the selector are four nibbles, one element each; & 7 plain copy.
-  const unsigned int mag_lo = prmt(t.lo, t.hi, w & 0x7777u);
-  const unsigned int mag_hi = prmt(t.lo, t.hi, (w >> 16) & 0x7777u);
-  // Signs: duplicate each packed byte (b0 b0 b1 b1); an even element's sign is bit 3 of its byte, an
-  // odd one's bit 7, so bytes 0 and 2 take the copy shifted left by 4.
-  const unsigned int dup_lo = prmt(w, 0u, 0x1100u);
-  const unsigned int dup_hi = prmt(w, 0u, 0x3322u);
-  const unsigned int sgn_lo = (((dup_lo << 4) & 0x00ff00ffu) | (dup_lo & 0xff00ff00u)) & 0x80808080u;
-  const unsigned int sgn_hi = (((dup_hi << 4) & 0x00ff00ffu) | (dup_hi & 0xff00ff00u)) & 0x80808080u;
-  lo = mag_lo | sgn_lo;
-  hi = mag_hi | sgn_hi;
+  const unsigned int m = w & 0x77777777u;
+  const unsigned int mag_lo = prmt(t.lo, t.hi, m);
+  const unsigned int mag_hi = prmt(t.lo, t.hi, m >> 16);
+  // Signs: an odd element's sign is bit 7 of its packed byte already, an even one's is bit 3, which
+  // w << 4 moves to bit 7. One prmt per four elements picks, per output byte, that byte of w << 4
+  // (even element) or of w (odd): bytes {a0, w0, a1, w1} and {a2, w2, a3, w3}, a = w << 4.
+  const unsigned int w4 = w << 4;
+  const unsigned int sgn_lo = prmt(w4, w, 0x5140u);
+  const unsigned int sgn_hi = prmt(w4, w, 0x7362u);
+  lo = mag_lo | (sgn_lo & 0x80808080u);
+  hi = mag_hi | (sgn_hi & 0x80808080u);
 }
 
 // Fast form of fp4_block_to_e4m3_exact (same arguments, same results).
 MEGAMOE_HD int fp4_block_to_e4m3_fast(const unsigned char* packed, unsigned int scales4, unsigned char* out) {
-  const int ref = fp4_block_ref(scales4);
+  const unsigned int max = static_cast<unsigned int>(fp4_max_byte(scales4));
   for (int g = 0; g < kFp4GroupsPerBlock; g++) {
-    const Fp4Table t = fp4_table(static_cast<int>((scales4 >> (8 * g)) & 0xffu) - kE8m0Bias - ref);
+    const Fp4Table t = fp4_table_of_byte((scales4 >> (8 * g)) & 0xffu, max);
     for (int j = 0; j < kFp4Group / 8; j++) {
       const unsigned char* p = packed + g * (kFp4Group / 2) + 4 * j;
       const unsigned int w = p[0] | (p[1] << 8) | (p[2] << 16) | (static_cast<unsigned int>(p[3]) << 24);
@@ -188,7 +202,87 @@ MEGAMOE_HD int fp4_block_to_e4m3_fast(const unsigned char* packed, unsigned int 
       }
     }
   }
-  return ref;
+  return static_cast<int>(max) - kE8m0Bias - kFp4Top;
+}
+
+// ---- one converter thread's share of a weight stage ----
+
+// A stage holds kRows weight rows of one 128-deep K block: `packed` kRows × 64 bytes (row r at 64r),
+// `scales4` kRows u32 (row r's four UE8M0 bytes), and receives `b_tile` kRows × 128 e4m3 bytes in the
+// 128-byte swizzle the TMA gives an FP8 tile (row r's 16-byte chunk c at 128r + ((c ^ (r % 8)) << 4),
+// b_tile 128-aligned) and `sw` kRows fp32 bits of 2^ref. `Mem` reads and writes that memory:
+// ld32(a), ld128(a, w[4]), st128(a, w[4]), st32(a, v) on byte addresses (shared memory on the device,
+// an array in the host test).
+//
+// Items are (row, half): groups 2·half and 2·half + 1 of a row, 64 elements; item i is row i / 2, half
+// i % 2, and thread t converts items t + k·kThreads. As kThreads / 2 is a multiple of 8, a thread's half
+// and row % 8 are the same in all its items, so every address is a per-thread base plus a constant.
+// A thread's loads run kDepth items ahead of its conversions, so their latencies overlap the work and
+// each thread has kDepth independent conversions in flight. Shared-memory banks: each 16-byte store
+// of a quarter warp (four rows, both halves) meets eight distinct chunks of the swizzle; each 16-byte
+// load of a quarter warp reads 8 chunks of 256 contiguous bytes, 2 per bank group (a 2-way conflict on
+// 2 of the item's 6 accesses, cheaper than reordering the registers).
+template <int kRows, int kThreads, int kDepth, class Mem>
+MEGAMOE_HD void fp4_stage_convert(Mem& mem, unsigned int packed, unsigned int scales4, unsigned int b_tile,
+                                  unsigned int sw, int thread) {
+  static_assert(kThreads % 32 == 0, "converters come in whole warps");
+  static_assert(kRows % 8 == 0, "the swizzle repeats every 8 rows");
+  static_assert(kDepth >= 1, "at least one item in flight");
+  constexpr int kItems = 2 * kRows;
+  constexpr int kPerThread = (kItems + kThreads - 1) / kThreads;
+  constexpr unsigned int kStepIn = 32u * kThreads;    // packed bytes between a thread's items
+  constexpr unsigned int kStepRow = 2u * kThreads;    // scale / sw bytes between them (4 per row)
+  constexpr unsigned int kStepOut = 64u * kThreads;   // tile bytes between them (128 per row)
+  const unsigned int t = static_cast<unsigned int>(thread);
+  const unsigned int half = t & 1u;
+  const unsigned int in_at = packed + 32u * t;
+  const unsigned int row_at = 2u * (t & ~1u);  // 4 · row of the first item
+  // Chunk i (0..3) of the item is tile chunk 4·half + i, at ((4·half + i) ^ (row % 8)) << 4 =
+  // out0 ^ (i << 4): b_tile + 128 · row keeps bits 4..6 clear for the XOR.
+  const unsigned int out0 = b_tile + 64u * (t & ~1u) + (((4u * half) ^ ((t >> 1) & 7u)) << 4);
+  const unsigned int sel0 = 0x4440u | (2u * half);  // prmt selector of scale byte 2·half, zero-extended
+  // A rolling window: item k + kDepth is loaded right after item k is stored, into k's registers.
+  unsigned int s4[kDepth];
+  unsigned int in[kDepth][8];
+  const auto valid = [&](int k) { return k < kPerThread && (kItems % kThreads == 0 || thread + k * kThreads < kItems); };
+  const auto load = [&](int k) {
+    if (valid(k)) {
+      s4[k % kDepth] = mem.ld32(scales4 + row_at + k * kStepRow);
+      mem.ld128(in_at + k * kStepIn, in[k % kDepth]);
+      mem.ld128(in_at + k * kStepIn + 16u, in[k % kDepth] + 4);
+    }
+  };
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int k = 0; k < kDepth; ++k) load(k);
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int k = 0; k < kPerThread; ++k) {
+    if (valid(k)) {
+      const unsigned int s = s4[k % kDepth];
+      const unsigned int max = static_cast<unsigned int>(fp4_max_byte(s));
+      const unsigned int b0 = prmt(s, 0u, sel0);
+      const unsigned int b1 = prmt(s, 0u, sel0 + 1u);
+      Fp4Table t0;
+      Fp4Table t1;
+      if ((b0 < b1 ? b0 : b1) + 11u >= max) {  // both groups within 11 binades of the block's largest
+        t0 = fp4_table_fast(b0 + 12u - max);
+        t1 = fp4_table_fast(b1 + 12u - max);
+      } else {
+        t0 = fp4_table_of_byte(b0, max);
+        t1 = fp4_table_of_byte(b1, max);
+      }
+      const unsigned int* w = in[k % kDepth];
+      unsigned int q[16];
+      for (int j = 0; j < 4; ++j) fp4x8_to_e4m3(w[j], t0, q[2 * j], q[2 * j + 1]);
+      for (int j = 0; j < 4; ++j) fp4x8_to_e4m3(w[4 + j], t1, q[8 + 2 * j], q[9 + 2 * j]);
+      for (unsigned int i = 0; i < 4; ++i) mem.st128((out0 ^ (i << 4)) + k * kStepOut, q + 4 * i);
+      if (half == 0u) mem.st32(sw + row_at + k * kStepRow, fp32_pow2_bits(static_cast<int>(max) - kE8m0Bias - kFp4Top));
+    }
+    load(k + kDepth);
+  }
 }
 
 }  // namespace megamoe

@@ -15,43 +15,42 @@ namespace megamoe::fp4_stage {
 constexpr unsigned kPackedRowBytes = 64;  // 128 K elements, two per byte
 constexpr unsigned kRowWordBytes = 4;
 
+// Shared memory as fp4_stage_convert reads and writes it. The accesses are volatile asm and keep the
+// order the converter gives them (its loads ahead of its stores).
+struct SharedMem {
+  __device__ __forceinline__ unsigned ld32(unsigned address) const {
+    unsigned v;
+    asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(address));
+    return v;
+  }
+  __device__ __forceinline__ void ld128(unsigned address, unsigned* w) const {
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
+                 : "r"(address)
+                 : "memory");
+  }
+  __device__ __forceinline__ void st128(unsigned address, const unsigned* w) const {
+    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(address), "r"(w[0]), "r"(w[1]), "r"(w[2]),
+                 "r"(w[3])
+                 : "memory");
+  }
+  __device__ __forceinline__ void st32(unsigned address, unsigned v) const { store_shared_u32(address, v); }
+};
+
 // One converter thread's share of a stage of kRows weight rows, 128 deep in K:
 //   packed  kRows × 64 bytes, row r at packed + 64r (element 2j in the low nibble of byte j)
 //   scales4 kRows u32, row r's four UE8M0 bytes (group g in byte g)
 //   b_tile  kRows × 128 bytes of e4m3 in the 128-byte swizzle the TMA gives an FP8 tile (row r's 16-byte
 //           chunk c at r·128 + ((c ^ (r % 8)) << 4)), as one box or several stacked 8-row-aligned boxes
 //   sw      kRows fp32, row r's 2^ref
-// Items are (row, group) pairs, consecutive items on consecutive threads, so the 16-byte reads of the
-// packed rows and the 16-byte writes of the swizzled rows (two rows' eight chunks per quarter warp) meet
-// no bank twice.
-template <int kRows, int kThreads>
+// fp4.cuh fp4_stage_convert is the work (items, banks, the load window; the host test runs it too).
+// kDepth items per thread are loaded ahead: two hold 18 registers, within the 56 the producer warpgroup
+// keeps (three spill there).
+template <int kRows, int kThreads, int kDepth = 2>
 __device__ __forceinline__ void convert_tile(unsigned packed, unsigned scales4, unsigned b_tile, unsigned sw,
                                              int thread) {
-  using namespace megamoe::sm90;
-  for (int item = thread; item < kRows * 4; item += kThreads) {
-    const int row = item >> 2;
-    const int g = item & 3;
-    unsigned s4;
-    asm volatile("ld.shared.u32 %0, [%1];" : "=r"(s4) : "r"(scales4 + 4 * row));
-    const int ref = fp4_block_ref(s4);
-    const Fp4Table t = fp4_table(static_cast<int>((s4 >> (8 * g)) & 0xffu) - kE8m0Bias - ref);
-    const u32x4 in = load_shared_v4(packed + row * kPackedRowBytes + g * 16);
-    unsigned o[8];
-    fp4x8_to_e4m3(in.x, t, o[0], o[1]);
-    fp4x8_to_e4m3(in.y, t, o[2], o[3]);
-    fp4x8_to_e4m3(in.z, t, o[4], o[5]);
-    fp4x8_to_e4m3(in.w, t, o[6], o[7]);
-    // Row `row` of the tile, 16-byte chunks 2g and 2g + 1 (bytes 32g .. 32g + 31) at chunk ^ (row % 8).
-    const unsigned row_at = b_tile + row * 128;
-    const unsigned swz = static_cast<unsigned>(row & 7);
-    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(row_at + (((2u * g) ^ swz) << 4)), "r"(o[0]),
-                 "r"(o[1]), "r"(o[2]), "r"(o[3])
-                 : "memory");
-    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(row_at + (((2u * g + 1u) ^ swz) << 4)), "r"(o[4]),
-                 "r"(o[5]), "r"(o[6]), "r"(o[7])
-                 : "memory");
-    if (g == 0) store_shared_u32(sw + kRowWordBytes * row, fp32_pow2_bits(ref));
-  }
+  SharedMem mem;
+  fp4_stage_convert<kRows, kThreads, kDepth>(mem, packed, scales4, b_tile, sw, thread);
 }
 
 // acc += partial · (sa · sw[column]) for an m64 × nN wgmma fragment whose weight rows are its columns,

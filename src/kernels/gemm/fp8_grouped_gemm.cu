@@ -40,8 +40,8 @@
 // packed rows into the B tile (common/fp4.cuh, fast path: e4m3 codes relative to each row's reference
 // exponent, written in the 128-byte swizzle the TMA gives FP8 B) and each row's fp32 scale 2^ref, and
 // arrive on `full` (common/fp4_stage.cuh). The converters are the producer warpgroup's idle warps, so the math warpgroups keep
-// every register and cycle for wgmma and promotion, and the conversion (about 1.5 instructions per
-// element) overlaps the wgmmas of earlier stages. The promotion multiplies each accumulator element by
+// every register and cycle for wgmma and promotion, and the conversion (about 1.8 SASS instructions per
+// element, two items in flight per thread) overlaps the wgmmas of earlier stages. The promotion multiplies each accumulator element by
 // its own scale: s = sa[r, kb] · sw[n, kb], then acc = acc + partial · s, each step one IEEE rounding
 // (mul_rn, add_rn: no FMA), the order of the CPU rule.
 
