@@ -114,6 +114,7 @@ export {
   RankWeights,
   splitAmongRanks,
 } from "./parallel/expert-parallel.js";
+export { type JoinOptions, SymmetricHeap, SymmetricHeapError } from "./parallel/symmetric.js";
 export { FusedPipeline } from "./pipeline/fused.js";
 export { type MoEPipeline, type UnfusedForward, UnfusedPipeline } from "./pipeline/unfused.js";
 export { calcDiff, checksum, l2Norm, relativeError } from "./reference/metrics.js";

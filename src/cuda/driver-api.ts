@@ -24,11 +24,14 @@ export const FALLBACK_ERROR_NAMES: Record<number, string> = {
   200: "CUDA_ERROR_INVALID_IMAGE",
   201: "CUDA_ERROR_INVALID_CONTEXT",
   209: "CUDA_ERROR_NO_BINARY_FOR_GPU",
+  217: "CUDA_ERROR_PEER_ACCESS_UNSUPPORTED",
   400: "CUDA_ERROR_INVALID_HANDLE",
   500: "CUDA_ERROR_NOT_FOUND",
   700: "CUDA_ERROR_ILLEGAL_ADDRESS",
   701: "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES",
   719: "CUDA_ERROR_LAUNCH_FAILED",
+  800: "CUDA_ERROR_NOT_PERMITTED",
+  801: "CUDA_ERROR_NOT_SUPPORTED",
   999: "CUDA_ERROR_UNKNOWN",
 };
 
@@ -141,6 +144,23 @@ export interface DriverApi {
   cuGraphLaunch(exec: bigint, stream: bigint): number;
   cuGraphExecDestroy(exec: bigint): number;
   cuGraphDestroy(graph: bigint): number;
+  cuMemGetAllocationGranularity(out: BigUint64Array, prop: Uint8Array, option: number): number;
+  cuMemCreate(out: BigUint64Array, bytes: number, prop: Uint8Array, flags: bigint): number;
+  cuMemRelease(handle: bigint): number;
+  cuMemAddressReserve(
+    out: BigUint64Array,
+    bytes: number,
+    alignment: number,
+    addr: bigint,
+    flags: bigint,
+  ): number;
+  cuMemAddressFree(ptr: bigint, bytes: number): number;
+  cuMemMap(ptr: bigint, bytes: number, offset: number, handle: bigint, flags: bigint): number;
+  cuMemUnmap(ptr: bigint, bytes: number): number;
+  cuMemSetAccess(ptr: bigint, bytes: number, desc: Uint8Array, count: number): number;
+  cuMemExportToShareableHandle(out: Int32Array, handle: bigint, handleType: number, flags: bigint): number;
+  /** `osHandle` is the file descriptor itself, passed as a pointer-sized integer (cuda.h's `(void*)(uintptr_t)fd`). */
+  cuMemImportFromShareableHandle(out: BigUint64Array, osHandle: bigint, handleType: number): number;
   cuTensorMapEncodeTiled(
     map: Uint8Array,
     dataType: number,
@@ -221,6 +241,23 @@ const DRIVER_DECLARATIONS: Record<keyof DriverApi, string[]> = {
   cuGraphLaunch: ["int cuGraphLaunch(void *exec, void *stream)"],
   cuGraphExecDestroy: ["int cuGraphExecDestroy(void *exec)"],
   cuGraphDestroy: ["int cuGraphDestroy(void *graph)"],
+  // Virtual memory management (cuda.h maps none of these to versioned names in CUDA 13).
+  cuMemGetAllocationGranularity: ["int cuMemGetAllocationGranularity(void *out, void *prop, int option)"],
+  cuMemCreate: ["int cuMemCreate(void *out, size_t bytes, void *prop, uint64_t flags)"],
+  cuMemRelease: ["int cuMemRelease(uint64_t handle)"],
+  cuMemAddressReserve: [
+    "int cuMemAddressReserve(void *out, size_t bytes, size_t alignment, uint64_t addr, uint64_t flags)",
+  ],
+  cuMemAddressFree: ["int cuMemAddressFree(uint64_t ptr, size_t bytes)"],
+  cuMemMap: ["int cuMemMap(uint64_t ptr, size_t bytes, size_t offset, uint64_t handle, uint64_t flags)"],
+  cuMemUnmap: ["int cuMemUnmap(uint64_t ptr, size_t bytes)"],
+  cuMemSetAccess: ["int cuMemSetAccess(uint64_t ptr, size_t bytes, void *desc, size_t count)"],
+  cuMemExportToShareableHandle: [
+    "int cuMemExportToShareableHandle(void *out, uint64_t handle, int handleType, uint64_t flags)",
+  ],
+  cuMemImportFromShareableHandle: [
+    "int cuMemImportFromShareableHandle(void *out, uintptr_t osHandle, int handleType)",
+  ],
   cuTensorMapEncodeTiled: [
     "int cuTensorMapEncodeTiled(void *map, int dataType, uint32_t rank, void *globalAddress, void *globalDims, void *globalStrides, void *boxDims, void *elementStrides, int interleave, int swizzle, int l2Promotion, int oobFill)",
   ],

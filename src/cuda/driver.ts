@@ -22,6 +22,9 @@
  * - launch.ts: loaded modules, kernels and their launches;
  * - stream.ts: streams, events and captured graphs;
  * - tensor-map.ts: TMA tensor-map validation and encoding.
+ *
+ * The virtual-memory entry points (cuMemCreate, cuMemMap, ...) are bound here too; their one user is the
+ * symmetric heap of src/parallel/symmetric.ts, which calls them through `cu`.
  */
 
 export { Device, openDevice } from "./device.js";
@@ -39,6 +42,16 @@ export {
   FunctionAttribute,
   LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
   LAUNCH_CONFIG_LAYOUT,
+  MEM_ACCESS_DESC_LAYOUT,
+  MEM_ALLOCATION_PROP_LAYOUT,
+  MEM_LOCATION_SIZE,
+  MemAccessFlags,
+  MemAllocationType,
+  MemAllocGranularity,
+  MemHandleType,
+  MemLocationType,
+  memAccessDescs,
+  memAllocationProp,
   StreamCaptureMode,
   TensorMapDataType,
   TensorMapInterleave,

@@ -14,6 +14,14 @@ import {
   FunctionAttribute,
   LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
   LAUNCH_CONFIG_LAYOUT,
+  MEM_ACCESS_DESC_LAYOUT,
+  MEM_ALLOCATION_PROP_LAYOUT,
+  MEM_LOCATION_SIZE,
+  MemAccessFlags,
+  MemAllocationType,
+  MemAllocGranularity,
+  MemHandleType,
+  MemLocationType,
   StreamCaptureMode,
   TensorMapDataType,
   TensorMapInterleave,
@@ -52,6 +60,11 @@ function expectedConstants(): [string, number][] {
   add("CU_TENSOR_MAP_L2_PROMOTION_", TensorMapL2Promotion, (k) => (k === "NONE" ? k : `L2_${k.slice(1)}B`));
   add("CU_TENSOR_MAP_FLOAT_OOB_FILL_", TensorMapOobFill);
   add("CU_STREAM_CAPTURE_MODE_", StreamCaptureMode);
+  add("CU_MEM_ALLOCATION_TYPE_", MemAllocationType);
+  add("CU_MEM_LOCATION_TYPE_", MemLocationType);
+  add("CU_MEM_HANDLE_TYPE_", MemHandleType);
+  add("CU_MEM_ACCESS_FLAGS_", MemAccessFlags);
+  add("CU_MEM_ALLOC_GRANULARITY_", MemAllocGranularity);
   list.push(["CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION", LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION]);
   for (const [code, name] of Object.entries(FALLBACK_ERROR_NAMES)) list.push([name, Number(code)]);
   return list;
@@ -75,6 +88,31 @@ test("hard-coded CUDA constants and layouts match cuda.h", { skip }, () => {
     ["sizeof(CUtensorMap)", "CUtensorMap size", TENSOR_MAP_BYTES],
     ["_Alignof(CUtensorMap)", "CUtensorMap alignment", TENSOR_MAP_ALIGN],
     ["sizeof(CUdeviceptr)", "CUdeviceptr size", 8],
+    ["sizeof(CUmemGenericAllocationHandle)", "CUmemGenericAllocationHandle size", 8],
+    ["sizeof(CUmemLocation)", "CUmemLocation size", MEM_LOCATION_SIZE],
+    ["sizeof(CUmemAllocationProp)", "CUmemAllocationProp size", MEM_ALLOCATION_PROP_LAYOUT.size],
+    ["offsetof(CUmemAllocationProp, type)", "prop.type", MEM_ALLOCATION_PROP_LAYOUT.type],
+    [
+      "offsetof(CUmemAllocationProp, requestedHandleTypes)",
+      "prop.requestedHandleTypes",
+      MEM_ALLOCATION_PROP_LAYOUT.requestedHandleTypes,
+    ],
+    [
+      "offsetof(CUmemAllocationProp, location.type)",
+      "prop.location.type",
+      MEM_ALLOCATION_PROP_LAYOUT.locationType,
+    ],
+    ["offsetof(CUmemAllocationProp, location.id)", "prop.location.id", MEM_ALLOCATION_PROP_LAYOUT.locationId],
+    [
+      "offsetof(CUmemAllocationProp, win32HandleMetaData)",
+      "prop.win32HandleMetaData",
+      MEM_ALLOCATION_PROP_LAYOUT.win32HandleMetaData,
+    ],
+    ["offsetof(CUmemAllocationProp, allocFlags)", "prop.allocFlags", MEM_ALLOCATION_PROP_LAYOUT.allocFlags],
+    ["sizeof(CUmemAccessDesc)", "CUmemAccessDesc size", MEM_ACCESS_DESC_LAYOUT.size],
+    ["offsetof(CUmemAccessDesc, location.type)", "desc.location.type", MEM_ACCESS_DESC_LAYOUT.locationType],
+    ["offsetof(CUmemAccessDesc, location.id)", "desc.location.id", MEM_ACCESS_DESC_LAYOUT.locationId],
+    ["offsetof(CUmemAccessDesc, flags)", "desc.flags", MEM_ACCESS_DESC_LAYOUT.flags],
     ["sizeof(CUstream)", "handle size", 8],
   ];
   const lines = [
