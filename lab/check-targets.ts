@@ -2,7 +2,8 @@
  * The small runs lab/check.sh puts under compute-sanitizer, one target per process so a report names
  * what it covers:
  *
- *   fused BLOCK_M  the fused kernel forced to one block M on the tiny shape, T = 7 and 300, on 4 CTAs
+ *   fused BLOCK_M [fp8|fp4]  the fused kernel forced to one block M on the tiny shape (FP8 or FP4
+ *                  routed experts, default FP8), T = 7 and 300, on 4 CTAs
  *                  (more than one CTA, few enough that racecheck stays short), each output equal to
  *                  the unfused pipeline's bit for bit
  *   gate           the router (both logits paths) on tiny (E = 8, grouped sigmoid) and E = 64 softmax
@@ -15,7 +16,7 @@
  */
 import { pathToFileURL } from "node:url";
 import { forwardOperands } from "../src/bench/layer.js";
-import { type MoEConfig, resolveConfig } from "../src/config/config.js";
+import { EXPERT_FORMATS, type ExpertFormat, type MoEConfig, resolveConfig } from "../src/config/config.js";
 import { type Device, DeviceTensor, openDevice } from "../src/cuda/index.js";
 import { DeviceMoEWeights } from "../src/kernels/device-weights.js";
 import { routeOnDevice } from "../src/kernels/gate/gate.js";
@@ -32,8 +33,8 @@ export const CHECK_TARGETS = ["fused", "gate", "norm"] as const;
 const TOKENS = [7, 300];
 
 /** The fused kernel at one block M against the unfused pipeline; returns the failures. */
-function fused(device: Device, blockM: FusedBlockM): number {
-  const config = resolveConfig("tiny");
+function fused(device: Device, blockM: FusedBlockM, expertFormat: ExpertFormat): number {
+  const config = resolveConfig("tiny", { expertFormat });
   const weights = DeviceMoEWeights.upload(
     device,
     new GeneratedWeights(config, 5, { cachedExperts: config.numExperts }),
@@ -60,7 +61,7 @@ function fused(device: Device, blockM: FusedBlockM): number {
         const got = operands.out.toHost() as Uint16Array;
         const at = got.findIndex((v, i) => v !== want[i]);
         console.log(
-          `fused tiny T=${tokens} BLOCK_M ${blockM}: ${at === -1 ? "equal to the unfused pipeline" : `differs at ${at}`}`,
+          `fused tiny ${expertFormat} T=${tokens} BLOCK_M ${blockM}: ${at === -1 ? "equal to the unfused pipeline" : `differs at ${at}`}`,
         );
         if (at !== -1) failures++;
       } finally {
@@ -187,13 +188,14 @@ function norm(device: Device): number {
 }
 
 export const TARGETS_HELP = `node dist-test/lab/check-targets.js TARGET [ARG]: one small run for compute-sanitizer
-  fused BLOCK_M   the fused kernel at BLOCK_M (${FUSED_BLOCK_MS.join(", ")}) against the unfused pipeline
+  fused BLOCK_M [fp8|fp4]  the fused kernel at BLOCK_M (${FUSED_BLOCK_MS.join(", ")}) against the unfused
+                  pipeline, with FP8 (default) or FP4 routed experts
   gate            the router, both logits paths
   norm            RMSNorm with FP8 output, plain rows and the pre-mix
 Exit status 1 when an output is wrong, 2 for a usage error.`;
 
 function main(argv: string[]): number {
-  const [target, arg] = argv;
+  const [target, arg, format = "fp8"] = argv;
   if (target === undefined || target === "--help" || target === "-h") {
     console.log(TARGETS_HELP);
     return target === undefined ? 2 : 0;
@@ -206,7 +208,11 @@ function main(argv: string[]): number {
       console.error(`fused needs a block M, one of ${FUSED_BLOCK_MS.join(", ")}; got ${arg}`);
       return 2;
     }
-    failures = fused(device, blockM);
+    if (!EXPERT_FORMATS.includes(format as ExpertFormat)) {
+      console.error(`fused takes fp8 or fp4 experts; got ${format}`);
+      return 2;
+    }
+    failures = fused(device, blockM, format as ExpertFormat);
   } else if (target === "gate") failures = gate(device);
   else if (target === "norm") failures = norm(device);
   else {

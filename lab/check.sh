@@ -20,6 +20,7 @@ Options:
   --tools LIST            comma list of memcheck, racecheck, synccheck (default all three)
   --targets LIST          comma list of fused, gemm, gate, norm (default all four)
   --block-ms LIST         the fused kernel's block Ms, one sanitizer run each (default 16,32,64,128)
+  --experts LIST          the fused kernel's routed-expert formats, fp8 and/or fp4 (default fp8,fp4)
   --gemm-cases LIST       the grouped-GEMM test cases (substrings of their names, MEGAMOE_GEMM_CASE;
                           default "tiny,empty groups"), one sanitizer run each
   --tests-timeout S       seconds for the test phase (default 300)
@@ -41,6 +42,7 @@ out=${OUT:-lab-out/check}
 tools=memcheck,racecheck,synccheck
 targets=fused,gemm,gate,norm
 block_ms=16,32,64,128
+experts=fp8,fp4
 gemm_cases="tiny,empty groups"
 tests_timeout=300
 run_timeout=150
@@ -53,6 +55,7 @@ while (($#)); do
   --tools) tools=$2; shift ;;
   --targets) targets=$2; shift ;;
   --block-ms) block_ms=$2; shift ;;
+  --experts) experts=$2; shift ;;
   --gemm-cases) gemm_cases=$2; shift ;;
   --tests-timeout) tests_timeout=$2; shift ;;
   --run-timeout) run_timeout=$2; shift ;;
@@ -67,6 +70,9 @@ for t in ${tools//,/ }; do
 done
 for t in ${targets//,/ }; do
   [[ $t =~ ^(fused|gemm|gate|norm)$ ]] || { echo "lab/check.sh: unknown target $t" >&2; exit 2; }
+done
+for x in ${experts//,/ }; do
+  [[ $x =~ ^(fp8|fp4)$ ]] || { echo "lab/check.sh: unknown expert format $x" >&2; exit 2; }
 done
 
 # The GPU host has no Node of its own: the bundle's (bash ../shared/gpu-host/bundle.sh) when present.
@@ -126,8 +132,10 @@ if ((do_sanitizers)); then
     results=()
     for target in ${targets//,/ }; do
       case $target in
-      fused) for m in ${block_ms//,/ }; do
-        results+=("$(run "$tool" "fused:$m" "$file" node dist-test/lab/check-targets.js fused "$m")")
+      fused) for x in ${experts//,/ }; do
+        for m in ${block_ms//,/ }; do
+          results+=("$(run "$tool" "fused-$x:$m" "$file" node dist-test/lab/check-targets.js fused "$m" "$x")")
+        done
       done ;;
       gemm) for c in "${gemm_list[@]}"; do
         results+=("$(MEGAMOE_GEMM_CASE=$c run "$tool" "gemm:${c// /-}" "$file" node --test dist-test/test/gpu/grouped-gemm.test.js)")

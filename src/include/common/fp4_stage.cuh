@@ -34,7 +34,7 @@ struct SharedMem {
                  "r"(w[3])
                  : "memory");
   }
-  __device__ __forceinline__ void st32(unsigned address, unsigned v) const { store_shared_u32(address, v); }
+  __device__ __forceinline__ void st32(unsigned address, unsigned v) const { sm90::store_shared_u32(address, v); }
 };
 
 // One converter thread's share of a stage of kRows weight rows, 128 deep in K:

@@ -180,7 +180,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
           const int kind = static_cast<int>(load_shared_u32(stage_kinds + 4 * stage));
           if (kind == kStageStop) break;
           if (kind == kStageFp4) {
-            megamoe::fp4_stage::convert_tile<kBlockN, kConverterThreads>(
+            megamoe::fp4_stage::convert_tile<kBlockN, kConverterThreads, kConvertDepth>(
                 base + kOffPacked + stage * kPackedStageBytes, base + kOffRowWords + stage * kRowWordsStageBytes,
                 base + kOffB + stage * kBTileBytes, base + kOffRowScales + stage * kRowWordsStageBytes, converter);
             // The wgmmas read the tile through the async proxy: order these generic writes before them.
