@@ -72,9 +72,9 @@ constexpr int kMathWarps = kMathThreads / 32;
 // FP4: warps 1..3 of the producer warpgroup turn each routed stage's packed weights into the e4m3 tile.
 constexpr int kConverterWarps = 3;
 constexpr int kConverterThreads = 32 * kConverterWarps;
-// Items each converter loads ahead (fp4_stage::convert_tile): two made ptxas spill the producer
-// warpgroup's registers in the swap-AB builds.
-constexpr int kConvertDepth = BLOCK_M < 64 ? 1 : 2;
+// Items each converter loads ahead (fp4_stage::convert_tile): two made ptxas spill in the swap-AB builds
+// and in pro's 128-row build, so every fused build takes one.
+constexpr int kConvertDepth = 1;
 constexpr int kAccum = 64;                   // fp32 accumulators per thread of one m64 × n128 chunk
 constexpr int kGroups = kExperts + 1;        // group kExperts: the shared expert
 constexpr int kMaxInter = kInter > kSharedInter ? kInter : kSharedInter;
