@@ -199,6 +199,41 @@ function expertForward(
   return out;
 }
 
+/**
+ * One expert (routed, in either format, or shared) on rows already quantized: e4m3 codes q [rows, H] and
+ * their scales [rows, H/128] in, the L2 results rounded to bf16 out (bits, [rows, H]): per row exactly
+ * what `referenceMoE` computes for a slot of that expert, since no row's value depends on the others.
+ * For models of kernels that place rows themselves (test/helpers/ep-protocol.ts).
+ */
+export function expertOnQuantizedRows(
+  config: MoEConfig,
+  weights: RoutedExpertWeights,
+  q: Uint8Array,
+  scales: Float32Array,
+  rows: number,
+): Uint16Array {
+  const h = config.hidden;
+  const kb = h / QUANT_BLOCK;
+  if (q.length < rows * h || scales.length < rows * kb) {
+    throw new RangeError(
+      `expertOnQuantizedRows: ${rows} rows need ${rows * h} codes and ${rows * kb} scales`,
+    );
+  }
+  const decoded = new Float32Array(rows * h);
+  decodeE4m3Array(q.subarray(0, rows * h), decoded);
+  const y = expertForward(
+    config,
+    expertRows(weights, "expert"),
+    Array.from({ length: rows }, (_, r) => decoded.subarray(r * h, (r + 1) * h)),
+    Array.from({ length: rows }, (_, r) => scales.subarray(r * kb, (r + 1) * kb)),
+  );
+  const out = new Uint16Array(rows * h);
+  y.forEach((row, r) => {
+    for (let n = 0; n < h; n++) out[r * h + n] = f32ToBf16Bits(row[n]);
+  });
+  return out;
+}
+
 /** Rows (views of the decoded [T, H] values, decoded once per layer) and scales of the given tokens. */
 function quantizedTokenRows(x: QuantizedRows, decoded: Float32Array, tokens: number[], config: MoEConfig) {
   const h = config.hidden;
