@@ -2,12 +2,15 @@
 # with extra kernel defines, and archiving. Not a recipe itself.
 #
 # The recipes run on the GPU host from the project's root after, here:
-#   npm run build && npx tsc -p tsconfig.json && bash ../shared/gpu-host/bundle.sh
+#   npm run build:lab && bash ../shared/gpu-host/bundle.sh
 # with carry [".gpuhost", "dist", "dist-test"] (".fixtures" too for the large-shape GPU tests).
 
 set -uo pipefail
 if [[ -f .gpuhost/activate ]]; then source .gpuhost/activate; fi
 export MEGAMOE_CACHE_DIR=${MEGAMOE_CACHE_DIR:-/tmp/megamoe-jit} PYTHONUNBUFFERED=1 MEGAMOE_REQUIRE_GPU=1
+# The commit results files record: the host's copy of the tree has no reliable git state, so build:lab
+# writes the development machine's (with -dirty for uncommitted changes) beside the compiled tests.
+if [[ -z ${MEGAMOE_COMMIT:-} && -f dist-test/COMMIT ]]; then export MEGAMOE_COMMIT=$(<dist-test/COMMIT); fi
 LAB_ROOT=$(pwd)
 OUT_DIR=${OUT:-/tmp/megamoe-out}
 LAB_DEFINES=()
