@@ -47,7 +47,7 @@ lab_setup() {
   if [[ $LAB_ARCHIVE == 1 ]]; then LAB_FINAL=$OUT_DIR; OUT_DIR=$(mktemp -d); fi
   mkdir -p "$OUT_DIR"
   OUT_DIR=$(cd "$OUT_DIR" && pwd)
-  [[ -d dist && -d dist-test ]] || lab_die "no dist or dist-test: run npm run build && npx tsc -p tsconfig.json first"
+  [[ -d dist && -d dist-test ]] || lab_die "no dist or dist-test: run npm run build:lab first"
   if ((${#LAB_DEFINES[@]} > 0)); then
     local tag dir
     tag=$(printf '%s\n' "${LAB_DEFINES[@]}" | tr -c 'A-Za-z0-9\n' '_' | paste -sd- -)
