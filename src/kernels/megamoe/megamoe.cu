@@ -35,8 +35,9 @@
 //
 // Compile-time parameters (-D, from megamoe.variants.ts): HIDDEN, INTER (routed experts' intermediate),
 // SHARED_INTER (the shared expert's, 0: none), NUM_EXPERTS, TOP_K, BLOCK_M (128, 64, or 32 and 16 for the
-// swap-AB tiles of decode), NUM_STAGES, SCALE_UE8M0,
-// and SHARED_BYTES (the launcher's figure for the layout in megamoe_layout.cuh, checked against it).
+// swap-AB tiles of decode), NUM_STAGES, SCALE_UE8M0, B_FP4 (MXFP4 routed experts, converted on chip by
+// warps 1..3 of the producer warpgroup: docs/design.md "FP4 experts"), and SHARED_BYTES (the launcher's
+// figure for the layout in megamoe_layout.cuh, checked against it).
 //
 // The parts: megamoe_config.cuh (the parameters), megamoe_layout.cuh (shared memory, workspace,
 // operands), megamoe_sync.cuh (claims and the watchdog), megamoe_trace.cuh, megamoe_dispatch.cuh (phases
