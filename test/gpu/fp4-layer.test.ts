@@ -22,7 +22,6 @@
 import assert from "node:assert/strict";
 import { describe, test } from "node:test";
 import { type MoEConfig, resolveConfig, type ScaleFormat } from "../../src/config/config.js";
-import { DeviceTensor, type DType, type HostArray } from "../../src/cuda/index.js";
 import { DeviceMoEWeights } from "../../src/kernels/device-weights.js";
 import { takeGroupedGemmStatus } from "../../src/kernels/gemm/grouped_gemm.js";
 import { fusedLayerProblem } from "../../src/kernels/megamoe/megamoe.js";
@@ -36,31 +35,12 @@ import { calcDiff } from "../../src/reference/metrics.js";
 import { idealMoE, referenceMoE } from "../../src/reference/moe.js";
 import { type RandomRoutingOptions, type Routing, randomRouting } from "../../src/reference/router.js";
 import { GeneratedWeights, generateActivations } from "../../src/weights/generate.js";
-import { describeGpu, testDevice } from "../helpers/gpu.js";
+import { describeGpu, TestTensors, testDevice } from "../helpers/gpu.js";
 import { checkLayerErrors } from "../helpers/layer-errors.js";
 import { testSeed } from "../helpers/random.js";
 
 const seed = testSeed("fp4 layer tests");
 const device = testDevice;
-
-/** Owns the tensors a run makes; `dispose()` frees them all. */
-class Tensors {
-  private readonly all: DeviceTensor[] = [];
-  empty<D extends DType>(dtype: D, shape: number[], poison?: number): DeviceTensor<D> {
-    const t = DeviceTensor.empty(device(), dtype, shape);
-    this.all.push(t);
-    if (poison !== undefined) t.fill(poison);
-    return t;
-  }
-  from<D extends DType>(dtype: D, shape: number[], data: HostArray<D>): DeviceTensor<D> {
-    const t = DeviceTensor.fromHost(device(), dtype, shape, data);
-    this.all.push(t);
-    return t;
-  }
-  dispose(): void {
-    for (const t of this.all) t.dispose();
-  }
-}
 
 /** One GPU layer: the CPU source of its weights (for the reference), the device weights, the pipelines. */
 interface GpuLayer {
@@ -119,7 +99,7 @@ function runLayer(
   pipeline: MoEPipeline = l.pipeline,
 ): Uint16Array {
   const { config } = l;
-  const ts = new Tensors();
+  const ts = new TestTensors();
   try {
     const xt = ts.from("bf16", [tokens, config.hidden], x);
     const ids = ts.from("int32", [tokens, config.topK], routing.ids);

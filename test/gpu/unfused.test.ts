@@ -20,7 +20,7 @@ import fs from "node:fs";
 import path from "node:path";
 import { describe, test } from "node:test";
 import { type MoEConfig, QUANT_BLOCK, resolveConfig, type ScaleFormat } from "../../src/config/config.js";
-import { CudaGraph, DeviceTensor, type DType, type HostArray } from "../../src/cuda/index.js";
+import { CudaGraph } from "../../src/cuda/index.js";
 import { DeviceMoEWeights } from "../../src/kernels/device-weights.js";
 import { aScalesRows, takeGroupedGemmStatus } from "../../src/kernels/gemm/grouped_gemm.js";
 import { fusedLayerProblem } from "../../src/kernels/megamoe/megamoe.js";
@@ -44,7 +44,7 @@ import { idealMoE, referenceMoE } from "../../src/reference/moe.js";
 import { type RandomRoutingOptions, type Routing, randomRouting } from "../../src/reference/router.js";
 import { swiglu } from "../../src/reference/swiglu.js";
 import { GeneratedWeights, generateActivations } from "../../src/weights/generate.js";
-import { availability, describeGpu, testDevice } from "../helpers/gpu.js";
+import { availability, describeGpu, TestTensors, testDevice } from "../helpers/gpu.js";
 import { checkLayerErrors } from "../helpers/layer-errors.js";
 import { rng, testSeed } from "../helpers/random.js";
 
@@ -66,25 +66,6 @@ const custom = (overrides: Partial<MoEConfig> = {}) =>
   });
 
 const device = testDevice;
-
-/** Owns the tensors a test makes; `dispose()` frees them all. */
-class Tensors {
-  private readonly all: DeviceTensor[] = [];
-  empty<D extends DType>(dtype: D, shape: number[], poison?: number): DeviceTensor<D> {
-    const t = DeviceTensor.empty(device(), dtype, shape);
-    this.all.push(t);
-    if (poison !== undefined) t.fill(poison);
-    return t;
-  }
-  from<D extends DType>(dtype: D, shape: number[], data: HostArray<D>): DeviceTensor<D> {
-    const t = DeviceTensor.fromHost(device(), dtype, shape, data);
-    this.all.push(t);
-    return t;
-  }
-  dispose(): void {
-    for (const t of this.all) t.dispose();
-  }
-}
 
 /** Float bits, for exact comparisons that NaN poison cannot fool. */
 const bitsOf = (f: Float32Array) => new Uint32Array(f.buffer, f.byteOffset, f.length);
@@ -141,7 +122,7 @@ function runPipeline(
   routing: Routing,
   shared: boolean,
 ): Uint16Array {
-  const ts = new Tensors();
+  const ts = new TestTensors();
   try {
     const xt = ts.from("bf16", [tokens, config.hidden], x);
     const ids = ts.from("int32", [tokens, config.topK], routing.ids);
@@ -269,7 +250,7 @@ describeGpu("unfused MoE pipeline on a GPU", () => {
         else if (u < 0.12) ids[i] = [experts, experts + 5, -7][randomInt(3)];
         else ids[i] = hot && i % k === 0 ? 3 % experts : randomInt(experts);
       }
-      const ts = new Tensors();
+      const ts = new TestTensors();
       try {
         const groupOffsets = ts.empty("int32", [experts + 1], 0x7f);
         const rowSource = ts.empty("int32", [slots], 0x7f);
@@ -333,7 +314,7 @@ describeGpu("unfused MoE pipeline on a GPU", () => {
       const kb = hidden / QUANT_BLOCK;
       const config = custom({ hidden, numExperts: experts, topK: k });
       const routing = randomRouting(seed + hidden, tokens, config, { maskedTokens: [0, 17, 99] });
-      const ts = new Tensors();
+      const ts = new TestTensors();
       try {
         const x = ts.from("bf16", [tokens, hidden], randomBf16Rows(tokens, hidden));
         const q = allocQuantOutputs(device(), tokens, hidden);
@@ -445,7 +426,7 @@ describeGpu("unfused MoE pipeline on a GPU", () => {
           const m = 2 ** (randomInt(12) - 6); // 2^-6 .. 2^5: the clamp at 10 engages
           for (let c = 0; c < 2 * inter; c++) l1[r * 2 * inter + c] = Math.fround((random() * 2 - 1) * m * 4);
         }
-        const ts = new Tensors();
+        const ts = new TestTensors();
         try {
           const hq = ts.empty("fp8_e4m3", [rows, inter], 0xee);
           const hScales = ts.empty("fp32", [groups, pad], 0xff);
@@ -539,7 +520,7 @@ describeGpu("unfused MoE pipeline on a GPU", () => {
       random() < 0.15 || Math.floor(i / k) === 3 ? -1 : row,
     );
     const weights = Float32Array.from({ length: slots }, () => Math.fround(random() * 1.5));
-    const ts = new Tensors();
+    const ts = new TestTensors();
     try {
       const l2t = ts.from("bf16", [slots, hidden], l2);
       const slotRowT = ts.from("int32", [slots], slotRow);
@@ -657,7 +638,7 @@ describeGpu("unfused MoE pipeline on a GPU", () => {
 
         const d = device();
         const stream = d.createStream();
-        const ts = new Tensors();
+        const ts = new TestTensors();
         let graph: CudaGraph | undefined;
         try {
           pipeline.warmup(tokens, stream);
@@ -696,7 +677,7 @@ describeGpu("unfused MoE pipeline on a GPU", () => {
     const source = new GeneratedWeights(config, seed + 31, { cachedExperts: config.numExperts });
     const gpuLayer = new MoELayer(source, { backend: "cuda" });
     const cpuLayer = new MoELayer(source, { backend: "cpu" });
-    const ts = new Tensors();
+    const ts = new TestTensors();
     try {
       const tokens = 65;
       const H = config.hidden;

@@ -3,7 +3,14 @@
  * MEGAMOE_REQUIRE_GPU=1 (the GPU host's `npm run test:gpu`), and the device opened once.
  */
 import { describe, test } from "node:test";
-import { cudaAvailability, type Device, openDevice } from "../../src/cuda/index.js";
+import {
+  cudaAvailability,
+  type Device,
+  DeviceTensor,
+  type DType,
+  type HostArray,
+  openDevice,
+} from "../../src/cuda/index.js";
 
 export const availability = cudaAvailability();
 export const requireGpu = process.env.MEGAMOE_REQUIRE_GPU === "1";
@@ -35,4 +42,23 @@ let cachedDevice: Device | undefined;
 export function testDevice(): Device {
   cachedDevice ??= openDevice(0);
   return cachedDevice;
+}
+
+/** Owns the test device's tensors a run makes (optionally poisoned); `dispose()` frees them all. */
+export class TestTensors {
+  private readonly all: DeviceTensor[] = [];
+  empty<D extends DType>(dtype: D, shape: number[], poison?: number): DeviceTensor<D> {
+    const t = DeviceTensor.empty(testDevice(), dtype, shape);
+    this.all.push(t);
+    if (poison !== undefined) t.fill(poison);
+    return t;
+  }
+  from<D extends DType>(dtype: D, shape: number[], data: HostArray<D>): DeviceTensor<D> {
+    const t = DeviceTensor.fromHost(testDevice(), dtype, shape, data);
+    this.all.push(t);
+    return t;
+  }
+  dispose(): void {
+    for (const t of this.all) t.dispose();
+  }
 }

@@ -41,9 +41,8 @@ import {
   checkGemmOperandsOn,
   GROUPED_GEMM_SOURCE,
   type GroupedGemmArgs,
-  groupedGemmLaunchGrid,
+  launchGroupedGemm,
   planGroupedGemmOn,
-  statusBuffer,
 } from "./grouped_gemm.js";
 import { checkGroupedGemmProblem, type GemmOutDtype, type GroupedGemmPlan } from "./plan.js";
 
@@ -186,18 +185,7 @@ export function groupedGemmFp4(
   if (args.mTotal === 0) return plan;
   const entry = kernelFor(device, plan);
   encodeMaps(entry, plan, args);
-  entry.args
-    .ptr(4, args.groupOffsets.ptr)
-    .ptr(5, args.out.ptr)
-    .i32(6, args.mTotal)
-    .ptr(7, statusBuffer(device));
-  entry.kernel.launch(
-    groupedGemmLaunchGrid(plan, args.maxCtas),
-    plan.threads,
-    plan.sharedBytes,
-    stream,
-    entry.args,
-  );
+  launchGroupedGemm(device, entry.kernel, entry.args, plan, args, stream);
   return plan;
 }
 

@@ -232,20 +232,35 @@ export function groupedGemmFp8(
   if (args.mTotal === 0) return plan;
   const entry = gemmKernelFor(device, plan);
   encodeMaps(entry, plan, args);
-  entry.args
-    .ptr(3, args.bScales.ptr)
+  entry.args.ptr(3, args.bScales.ptr);
+  launchGroupedGemm(device, entry.kernel, entry.args, plan, args, stream);
+  return plan;
+}
+
+/**
+ * Fills the arguments both builds (FP8 and FP4 B) share after their tensor maps and B scales (group
+ * offsets, out, M, the status words: slots 4..7) and queues the launch on the plan's grid.
+ */
+export function launchGroupedGemm(
+  device: Device,
+  kernel: Kernel,
+  kernelArgs: KernelArgs,
+  plan: GroupedGemmPlan,
+  args: GroupedGemmArgs<TensorLike & { ptr: bigint }>,
+  stream: Stream | null,
+): void {
+  kernelArgs
     .ptr(4, args.groupOffsets.ptr)
     .ptr(5, args.out.ptr)
     .i32(6, args.mTotal)
     .ptr(7, statusBuffer(device));
-  entry.kernel.launch(
+  kernel.launch(
     groupedGemmLaunchGrid(plan, args.maxCtas),
     plan.threads,
     plan.sharedBytes,
     stream,
-    entry.args,
+    kernelArgs,
   );
-  return plan;
 }
 
 /**
