@@ -14,6 +14,7 @@ import {
   fusedLayerProblem,
 } from "../../src/kernels/megamoe/megamoe.js";
 import {
+  epVariants,
   FUSED_BLOCK_MS,
   FUSED_COUNTER_WORDS,
   FUSED_SWAP_MAX_STAGES,
@@ -131,7 +132,11 @@ describe("fused MoE kernel: host-side facts", () => {
   });
 
   test("CI compiles one specialization per preset, scale format, expert format and block M, spills forbidden", () => {
-    assert.equal(variants.length, 2 * 2 * FUSED_BLOCK_MS.length * Object.keys(PRESETS).length);
+    // Then the EP build's (test/parallel/fused-ep.test.ts).
+    assert.equal(
+      variants.length,
+      2 * 2 * FUSED_BLOCK_MS.length * Object.keys(PRESETS).length + epVariants.length,
+    );
     assert.ok(variants.every((v) => v.noSpill));
     assert.deepEqual(
       { ...fusedDefines(resolveConfig("flash"), 128) },

@@ -46,6 +46,7 @@
 // offsets, producer and math loops stay inline in it because moving them into functions changed the
 // SASS ptxas emits (the place phase and the workspace reset did not).
 #include "megamoe_combine.cuh"
+#include "megamoe_ep.cuh"
 #include "megamoe_epilogue.cuh"
 #include "megamoe_scheduler.cuh"
 
@@ -62,7 +63,12 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
                   // The routed experts' UE8M0 words (map_w1 and map_w2 are then their packed nibbles).
                   const __grid_constant__ TensorMap map_w1_words, const __grid_constant__ TensorMap map_w2_words,
 #endif
-                  const Operands op) {
+                  const Operands op
+#if EP_RANKS > 1
+                  // Expert parallelism (megamoe_ep.cuh): this launch is one rank; peers through the table.
+                  , const __grid_constant__ EpOperands ep
+#endif
+                  ) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const unsigned raw = smem_u32(smem_raw);
   const unsigned base = (raw + kSmemAlign - 1) & ~(kSmemAlign - 1);
@@ -122,6 +128,14 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
 #endif
   }
 
+#if EP_RANKS > 1
+  // ---- 1-3. count, describe, publish; offsets; place (megamoe_ep.cuh)
+  (void)slots;  // the EP count reads the routing per token
+  const unsigned epoch = ep_publish(op, ep, cta);
+  const int shared_rows = op.use_shared != 0 && kSharedInter > 0 ? op.tokens : 0;
+  ep_offsets(ep, cta, epoch, shared_rows);
+  ep_place(op, ep, work, cta, epoch, shared_rows);
+#else
   // ---- 1. count
   const int count_chunks = (slots + kCountChunkSlots - 1) / kCountChunkSlots;
   for (;;) {
@@ -153,6 +167,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
 
   const int place_chunks = place_rows(op, work, cta, shared_rows);
+#endif
 
   if (tid == 0) trace_time(op.trace, kTracePlaced);
 
@@ -428,6 +443,13 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
   }
   if (tid == 0) trace_time(op.trace, kTraceMathDone);
 
+#if EP_RANKS > 1
+  // ---- 5. push the results to the token owners, combine this rank's tokens, reset
+  ep_push(op, ep, cta, total_l2);
+  ep_combine(op, ep, cta, epoch, shared_rows);
+  zero_workspace_if_last(op, work, cta, total_blocks);
+  ep_reset_if_last(ep, cta, epoch);
+#else
   // ---- 5. combine
   if (tid == 0) {
     wait_at_least(ws + kPlaceDone, place_chunks, op.status, kStatusCombineWait, 0);
@@ -449,4 +471,5 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
   }
 
   zero_workspace_if_last(op, work, cta, total_blocks);
+#endif
 }

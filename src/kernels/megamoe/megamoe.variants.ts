@@ -113,8 +113,24 @@ export function fusedDefines(
   };
 }
 
+/**
+ * The expert-parallel build (megamoe_ep.cuh): one launch is one rank of `ranks`, its NUM_EXPERTS the
+ * rank's E / R local experts, the routing's ids global. The shared memory is the one-rank layout's (the
+ * EP phases borrow the epilogue staging area before the first tile).
+ */
+export function fusedEpDefines(c: MoEConfig, ranks: number, blockM: FusedBlockM): KernelDefines {
+  if (!Number.isInteger(ranks) || ranks < 2 || ranks > FUSED_EP_MAX_RANKS || c.numExperts % ranks !== 0) {
+    throw new RangeError(
+      `fusedEpDefines: ${c.numExperts} experts on ${ranks} ranks (2..${FUSED_EP_MAX_RANKS})`,
+    );
+  }
+  return { ...fusedDefines({ ...c, ranks }, blockM), EP_RANKS: ranks };
+}
+/** Ranks of the EP build (megamoe_ep.cuh: the address table and rank masks are sized for 8). */
+export const FUSED_EP_MAX_RANKS = 8;
+
 /** Every preset in both scale formats, both expert formats and every block M (the layer's shapes). */
-export const variants: readonly KernelVariant[] = Object.values(PRESETS).flatMap((preset) =>
+const oneRankVariants: readonly KernelVariant[] = Object.values(PRESETS).flatMap((preset) =>
   SCALE_FORMATS.flatMap((scaleFormat) =>
     EXPERT_FORMATS.flatMap((expertFormat) =>
       FUSED_BLOCK_MS.map((blockM) => ({
@@ -124,3 +140,15 @@ export const variants: readonly KernelVariant[] = Object.values(PRESETS).flatMap
     ),
   ),
 );
+/**
+ * The EP build, compiled by CI for no spills: tiny at 2, 4 and 8 ranks and flash at 8 (its 32 local
+ * experts, flash-ep8's shape), every block M, fp32 scales and FP8 experts.
+ */
+export const epVariants: readonly KernelVariant[] = [
+  ...[2, 4, 8].map((ranks) => ({ preset: PRESETS.tiny!, ranks })),
+  { preset: PRESETS.flash!, ranks: 8 },
+].flatMap(({ preset, ranks }) =>
+  FUSED_BLOCK_MS.map((blockM) => ({ defines: fusedEpDefines(preset, ranks, blockM), noSpill: true })),
+);
+
+export const variants: readonly KernelVariant[] = [...oneRankVariants, ...epVariants];
