@@ -602,6 +602,11 @@ function finish(p: Prepared, result: { cubin: Uint8Array; log: string }, ms: num
   };
 }
 
+/** The cache file compileKernel reads for `opts` (tests seed it with a stand-in image for a mock driver). */
+export function kernelCacheEntry(opts: CompileKernelOptions): string {
+  return prepare(opts).entry;
+}
+
 /**
  * Compile a kernel source to a cubin, or take it from the disk cache.
  * @throws KernelCompileError (with the compiler log and the source path) when compilation fails

@@ -194,3 +194,39 @@ export function describeFusedEpGiveUp(rank: number, g: FusedEpGiveUp): string {
   const also = g.gaveUp.length > 0 ? ` (${list(g.gaveUp)} gave up waiting on it)` : "";
   return `rank ${rank}: gave up waiting for ${what} from ${list(g.missing)}: ${list(g.blamed)} dead or not in step${also}`;
 }
+
+/** Bytes that cross ranks in one forward of the in-kernel protocol (design.md "Bytes across ranks"). */
+export interface FusedEpTraffic {
+  /** FP8 rows and fp32 scales pulled by owners: Σ rows_xd · (H + 4H/128). */
+  rows: number;
+  /** bf16 results pushed to the token owners, one per remote slot: Σ slots_xd · 2H. */
+  results: number;
+  /** Row descriptors and the row counts: Σ rows_xd · 4W + 4R(R − 1). */
+  descriptors: number;
+}
+
+/** The traffic of one forward, from each rank's global ids [T_s, k] (x ≠ d only: a rank's own are local). */
+export function fusedEpTraffic(layout: FusedEpLayout, ids: readonly Int32Array[]): FusedEpTraffic {
+  const { ranks: R, topK: k, hidden: H } = layout.shape;
+  if (ids.length !== R) throw new RangeError(`fusedEpTraffic: ${ids.length} routings for ${R} ranks`);
+  const L = layout.localExperts;
+  let rows = 0;
+  let slots = 0;
+  ids.forEach((rank, x) => {
+    for (let t = 0; t * k < rank.length; t++) {
+      let on = 0; // destination ranks of token t, a bit each
+      for (let j = 0; j < k; j++) {
+        const e = rank[t * k + j]!;
+        if (e < 0 || e >= layout.shape.numExperts || Math.floor(e / L) === x) continue;
+        slots++;
+        on |= 1 << Math.floor(e / L);
+      }
+      for (; on !== 0; on &= on - 1) rows++;
+    }
+  });
+  return {
+    rows: rows * (H + (4 * H) / QUANT_BLOCK),
+    results: slots * 2 * H,
+    descriptors: rows * 4 * layout.descriptorWords + 4 * R * (R - 1),
+  };
+}

@@ -14,8 +14,11 @@ import {
   FUSED_EP_REGIONS,
   fusedEpLayout,
   fusedEpOperandsBytes,
+  fusedEpTraffic,
 } from "../../src/parallel/fused-ep.js";
-import { protocolLayout } from "../helpers/ep-protocol.js";
+import { randomRouting } from "../../src/reference/router.js";
+import { GeneratedWeights, generateActivations } from "../../src/weights/generate.js";
+import { protocolLayout, runProtocol } from "../helpers/ep-protocol.js";
 
 describe("fusedEpLayout", () => {
   for (const [ranks, E, k, H, T] of [
@@ -136,5 +139,30 @@ describe("EP variants", () => {
     assert.throws(() => fusedEpDefines(tiny, 1, 32), /ranks/);
     assert.equal(epVariants.length, 16);
     assert.ok(epVariants.every((v) => v.noSpill && (v.defines.EP_RANKS as number) >= 2));
+  });
+});
+
+describe("fusedEpTraffic", () => {
+  test("the CPU model's bytes across ranks, from the routing alone", () => {
+    const config = { ...PRESETS.tiny!, numExperts: 16, topK: 4, maxTokens: 16 };
+    const weights = new GeneratedWeights(config, 5);
+    for (const ranks of [2, 4, 8]) {
+      const inputs = Array.from({ length: ranks }, (_, s) => {
+        const t = [5, 0, 9, 1, 7, 2, 11, 4][s]!;
+        const r = randomRouting(100 * ranks + s, t, config, { maskedTokens: t > 2 ? [1] : [] });
+        return { x: generateActivations(s, t, config.hidden), tokens: t, ...r };
+      });
+      const layout = fusedEpLayout({ ranks, numExperts: 16, topK: 4, hidden: config.hidden, maxTokens: 16 });
+      const { rows, results, descriptors } = runProtocol(weights, [inputs], { seed: ranks }).traffic[0]!;
+      assert.deepEqual(
+        fusedEpTraffic(
+          layout,
+          inputs.map((i) => i.ids),
+        ),
+        { rows, results, descriptors },
+        `${ranks} ranks`,
+      );
+      assert.ok(rows > 0 && results > 0);
+    }
   });
 });

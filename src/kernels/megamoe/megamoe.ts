@@ -17,6 +17,12 @@ import {
   loadKernel,
   type Stream,
 } from "../../cuda/index.js";
+import {
+  encodeFusedEpOperands,
+  FUSED_EP_COUNTER_WORDS,
+  type FusedEpLayout,
+  fusedEpOperandsBytes,
+} from "../../parallel/fused-ep.js";
 import type { DeviceMoEWeights } from "../device-weights.js";
 import { aScalesRows } from "../gemm/grouped_gemm.js";
 import {
@@ -25,8 +31,14 @@ import {
   encodeFp8RowsMap,
   encodeScaleColumnsMap,
 } from "../tensor-maps.js";
-import { FUSED_BLOCK_MS, FUSED_BLOCK_N, FUSED_COUNTER_WORDS, type FusedBlockM } from "./megamoe.variants.js";
-import { type FusedPlan, fusedBlockMsUpTo, fusedLayerProblem, planFusedLaunch } from "./plan.js";
+import {
+  FUSED_BLOCK_MS,
+  FUSED_BLOCK_N,
+  FUSED_COUNTER_WORDS,
+  type FusedBlockM,
+  fusedEpDefines,
+} from "./megamoe.variants.js";
+import { type FusedPlan, fusedBlockM, fusedBlockMsUpTo, fusedLayerProblem, planFusedLaunch } from "./plan.js";
 
 export { fusedLayerProblem } from "./plan.js";
 
@@ -116,6 +128,43 @@ export interface FusedLaunch {
   shared: boolean;
 }
 
+/**
+ * One rank of the EP build (megamoe_ep.cuh): the kernel's weights are the rank's E / R experts, and the
+ * launch also takes the EP operands (the peers' symmetric buffers, this rank's EP arrays).
+ */
+export interface FusedEpKernelOptions {
+  /** The symmetric buffer's layout; its shape's maxTokens is the kernel's. */
+  layout: FusedEpLayout;
+  rank: number;
+  /** Every rank's symmetric buffer, by rank (SymmetricHeap.addressTable()). */
+  peers: readonly bigint[];
+  /** Device address of 8 int32 of mapped pinned host memory: the watchdog's record, readable after a trap. */
+  hostStatus: bigint;
+}
+
+/** One EP forward's operands; the rank's FP8 rows and scales are already in its buffer's xq and xs. */
+export interface FusedEpLaunch {
+  /** int32 [T, k]: global expert ids (outside [0, E): not routed). */
+  ids: DeviceTensor;
+  /** fp32 [T, k]. */
+  weights: DeviceTensor;
+  /** bf16 [T, H], written. */
+  out: DeviceTensor;
+  /** 0 .. maxTokens: a rank with no tokens still serves its peers. */
+  tokens: number;
+  shared: boolean;
+}
+
+/** The rank's own EP arrays (megamoe_ep.cuh EpOperands), allocated with the kernel. */
+interface FusedEpArrays {
+  counters: DeviceTensor;
+  chunkCount: DeviceTensor;
+  chunkRows: DeviceTensor;
+  expect: DeviceTensor;
+  poolSource: DeviceTensor;
+  operands: Uint8Array;
+}
+
 export class FusedMoEKernelError extends Error {
   override name = "FusedMoEKernelError";
 }
@@ -137,10 +186,13 @@ interface FusedPools {
 
 export class FusedMoEKernel {
   readonly device: Device;
+  /** The launch's shape: with EP the whole layer's experts and top-k, `ranks` R (NUM_EXPERTS = E / R). */
   readonly config: MoEConfig;
   readonly maxTokens: number;
-  /** Pool rows: T·k routed + T for the shared expert. */
+  /** Pool rows: T·k routed + T for the shared expert (EP: the layout's R·T·min(k, E/R) + T). */
   readonly poolRows: number;
+  /** The EP build's rank, or null for the one-rank kernel. */
+  readonly ep: FusedEpKernelOptions | null;
   /** CTAs per launch: the SM count (one per SM). Tests lower it to change the scheduling order. */
   ctas: number;
   /** Rows per tile: "auto" (fusedBlockM's choice from the token count) or forced (tests, benchmarks). */
@@ -161,12 +213,17 @@ export class FusedMoEKernel {
   private readonly maxBlocks: number;
   private readonly rPad: number;
   private readonly hasShared: boolean;
+  private readonly epArrays: FusedEpArrays | null = null;
   private trace: DeviceTensor | null = null;
   private tracing = false;
   private disposed = false;
 
-  constructor(device: Device, weights: DeviceMoEWeights, maxTokens: number) {
-    const c = weights.config;
+  /**
+   * `ep`: build the rank `ep.rank` of the in-kernel expert-parallel layer; `weights` then hold that
+   * rank's experts (RankWeights' config: E / R experts) and `maxTokens` is the layout's.
+   */
+  constructor(device: Device, weights: DeviceMoEWeights, maxTokens: number, ep?: FusedEpKernelOptions) {
+    const c = ep === undefined ? weights.config : epKernelConfig(weights.config, maxTokens, ep);
     const problem = fusedLayerProblem(c);
     if (problem !== null) throw new FusedMoEKernelError(`the fused kernel cannot run this layer: ${problem}`);
     if (!Number.isInteger(maxTokens) || maxTokens < 1) {
@@ -175,11 +232,14 @@ export class FusedMoEKernel {
     this.device = device;
     this.config = c;
     this.maxTokens = maxTokens;
+    this.ep = ep === undefined ? null : { ...ep, peers: [...ep.peers] };
     this.hasShared = weights.shared !== null;
     const H = c.hidden;
-    const E = c.numExperts;
+    // The experts this kernel holds: the rank's E / R with EP (the one-rank path as it was).
+    const E = ep === undefined ? c.numExperts : ep.layout.localExperts;
     const maxInter = Math.max(c.intermediate, sharedIntermediate(c));
-    this.poolRows = maxTokens * c.topK + (this.hasShared ? maxTokens : 0);
+    this.poolRows =
+      ep === undefined ? maxTokens * c.topK + (this.hasShared ? maxTokens : 0) : ep.layout.poolRows;
     this.rPad = aScalesRows(this.poolRows);
     this.maxBlocks = Math.ceil(this.poolRows / Math.min(...FUSED_BLOCK_MS)) + E + 1;
     if (this.poolRows * Math.max(H, maxInter) >= 2 ** 31 * 16) {
@@ -205,6 +265,32 @@ export class FusedMoEKernel {
       this.workspace.fill(0);
       this.status.fill(0);
       this.pools = { poolX, poolXScales, poolH, poolHScales };
+      if (ep !== undefined) {
+        const w = ep.layout.workspace;
+        const counters = alloc("int32", [FUSED_EP_COUNTER_WORDS]);
+        const chunkCount = alloc("int32", [w.chunkCount]);
+        const chunkRows = alloc("int32", [w.chunkRows]);
+        const expect = alloc("int32", [w.expect]);
+        const poolSource = alloc("int32", [w.poolSource]);
+        // The counters must be zero before the first launch (the last CTA out re-zeroes them).
+        for (const t of [counters, chunkCount, chunkRows, expect]) t.fill(0);
+        poolSource.fill(0xff);
+        const operands = encodeFusedEpOperands(ep.layout, ep.rank, {
+          peers: ep.peers,
+          counters: counters.ptr,
+          chunkCount: chunkCount.ptr,
+          chunkRows: chunkRows.ptr,
+          expect: expect.ptr,
+          poolSource: poolSource.ptr,
+          hostStatus: ep.hostStatus,
+        });
+        this.epArrays = { counters, chunkCount, chunkRows, expect, poolSource, operands };
+        // The rank's rows are read from its buffer's xq and xs regions (op.xq names them for clarity).
+        const own = ep.peers[ep.rank]!;
+        const ov = this.operandsView;
+        ov.setBigUint64(pointerOffset("xq"), own + BigInt(ep.layout.regions.xq.offset), true);
+        ov.setBigUint64(pointerOffset("x_scales"), own + BigInt(ep.layout.regions.xs.offset), true);
+      }
 
       // FP4 experts: the kernel reads the routed scales through tensor maps, not these pointers.
       const routedScales = weights.routedFp4 === null ? weights.routed : null;
@@ -229,7 +315,7 @@ export class FusedMoEKernel {
       v.setInt32(OFF_MAX_BLOCKS, this.maxBlocks, true);
       v.setInt32(OFF_HAS_CLAMP, c.swigluClamp === null ? 0 : 1, true);
       v.setFloat32(OFF_CLAMP, c.swigluClamp ?? 0, true);
-      for (const blockM of fusedBlockMsUpTo(c, maxTokens)) this.specialization(blockM);
+      for (const blockM of fusedBlockMsUpTo(c, this.heuristicTokens(maxTokens))) this.specialization(blockM);
     } catch (e) {
       this.dispose();
       throw e;
@@ -243,16 +329,21 @@ export class FusedMoEKernel {
     const c = this.config;
     // The grid and token count are the launch's; a specialization holds what the block M fixes.
     const plan = planFusedLaunch(c, this.maxTokens, this.ctas, blockM);
-    const compiled = compileKernel({ source: FUSED_KERNEL_SOURCE, defines: plan.defines });
+    const ep = this.epArrays;
+    const defines = ep === null ? plan.defines : fusedEpDefines(c, c.ranks, blockM);
+    const compiled = compileKernel({ source: FUSED_KERNEL_SOURCE, defines });
     const kernel = loadKernel(this.device, compiled, FUSED_KERNEL);
     kernel.setMaxDynamicSharedMemory(plan.sharedBytes);
     const maps = mapCount(c);
-    const args = new KernelArgs(maps + 1, {
+    // The EP build takes its operands as a second struct after Operands (megamoe.cu's signature).
+    const args = new KernelArgs(maps + (ep === null ? 1 : 2), {
       tensorMaps: Array.from({ length: maps }, (_, i) => i),
-      structs: { [maps]: OPERANDS_BYTES },
+      structs:
+        ep === null ? { [maps]: OPERANDS_BYTES } : { [maps]: OPERANDS_BYTES, [maps + 1]: ep.operands.length },
     });
+    if (ep !== null) args.struct(maps + 1, ep.operands);
     const H = c.hidden;
-    const E = c.numExperts;
+    const E = this.ep === null ? c.numExperts : this.ep.layout.localExperts;
     const I = c.intermediate;
     const maxInter = Math.max(c.intermediate, sharedIntermediate(c));
     const { poolX, poolXScales, poolH, poolHScales } = this.pools;
@@ -291,14 +382,37 @@ export class FusedMoEKernel {
     return spec;
   }
 
+  /**
+   * The token count the block-M heuristic sees: with EP, every rank's T tokens spread over E experts
+   * land on this rank's E / R, so its experts average R·T·k / E rows, as one layer's of R·T tokens.
+   */
+  private heuristicTokens(tokens: number): number {
+    return tokens * this.config.ranks;
+  }
+
   /** The plan of a launch of `tokens` rows with this kernel's block M and CTA settings. */
   plan(tokens: number): FusedPlan {
-    return planFusedLaunch(this.config, tokens, this.ctas, this.blockM);
+    const blockM =
+      this.blockM === "auto" ? fusedBlockM(this.config, this.heuristicTokens(tokens)) : this.blockM;
+    return planFusedLaunch(this.config, tokens, this.ctas, blockM);
+  }
+
+  /**
+   * Compiles and loads, now, the specialization a launch of `tokens` would use: R ranks' launches on one
+   * device must not load a module between them (a load may wait for the device, and a launched rank
+   * waits for the ranks not launched yet).
+   */
+  prepare(tokens: number): FusedPlan {
+    const plan = this.plan(tokens);
+    this.specialization(plan.blockM);
+    return plan;
   }
 
   /** Checks the operands and queues one launch on `stream` (null: the legacy default stream). */
   launch(f: FusedLaunch, stream: Stream | null): void {
     if (this.disposed) throw new Error("FusedMoEKernel used after dispose()");
+    if (this.ep !== null)
+      throw new Error("FusedMoEKernel.launch: an EP rank's kernel launches with launchEp");
     const c = this.config;
     const { tokens } = f;
     if (!Number.isInteger(tokens) || tokens < 1 || tokens > this.maxTokens) {
@@ -319,20 +433,72 @@ export class FusedMoEKernel {
     v.setBigUint64(pointerOffset("ids"), f.ids.ptr, true);
     v.setBigUint64(pointerOffset("weights"), f.weights.ptr, true);
     v.setBigUint64(pointerOffset("out"), f.out.ptr, true);
-    const trace = this.tracing ? this.trace : null;
-    v.setBigUint64(pointerOffset("trace"), trace?.ptr ?? 0n, true);
+    v.setBigUint64(pointerOffset("trace"), this.tracing ? (this.trace?.ptr ?? 0n) : 0n, true);
     v.setInt32(OFF_TOKENS, tokens, true);
     v.setInt32(OFF_USE_SHARED, f.shared && this.hasShared ? 1 : 0, true);
+    this.queue(tokens, stream);
+  }
+
+  /** The CTA check, the plan and the launch of the operands set in `operands`. */
+  private queue(tokens: number, stream: Stream | null): void {
     if (!Number.isInteger(this.ctas) || this.ctas < 1 || this.ctas > this.device.smCount) {
       throw new RangeError(
         `FusedMoEKernel: ctas must be an integer in [1, ${this.device.smCount}], got ${this.ctas}`,
       );
     }
+    const trace = this.tracing ? this.trace : null;
     const plan = this.plan(tokens);
     const spec = this.specialization(plan.blockM);
     trace?.fill(0, stream);
-    spec.args.struct(mapCount(c), this.operands);
+    spec.args.struct(mapCount(this.config), this.operands);
     spec.kernel.launch(plan.ctas, plan.threads, plan.sharedBytes, stream, spec.args);
+  }
+
+  /**
+   * One EP rank's launch on `stream`: the rank's FP8 rows and scales must be in its buffer's xq and xs
+   * regions (queued before on the same stream), and every other rank must launch its part of the same
+   * forward within the watchdog's 2 s, with all ranks' CTAs resident at once.
+   */
+  launchEp(f: FusedEpLaunch, stream: Stream | null): void {
+    if (this.disposed) throw new Error("FusedMoEKernel used after dispose()");
+    if (this.ep === null) throw new Error("FusedMoEKernel.launchEp: this kernel was built without EP");
+    const c = this.config;
+    const { tokens } = f;
+    if (!Number.isInteger(tokens) || tokens < 0 || tokens > this.maxTokens) {
+      throw new RangeError(
+        `FusedMoEKernel.launchEp: tokens must be an integer in [0, ${this.maxTokens}], got ${tokens}`,
+      );
+    }
+    const where = "FusedMoEKernel.launchEp";
+    expectOperand(where, "ids", f.ids, "int32", [tokens, c.topK], this.device);
+    expectOperand(where, "weights", f.weights, "fp32", [tokens, c.topK], this.device);
+    expectOperand(where, "out", f.out, "bf16", [tokens, c.hidden], this.device);
+    const v = this.operandsView;
+    // A rank without tokens reads none of these; its views may have no address of their own.
+    v.setBigUint64(pointerOffset("ids"), tokens > 0 ? f.ids.ptr : 0n, true);
+    v.setBigUint64(pointerOffset("weights"), tokens > 0 ? f.weights.ptr : 0n, true);
+    v.setBigUint64(pointerOffset("out"), tokens > 0 ? f.out.ptr : 0n, true);
+    v.setBigUint64(pointerOffset("trace"), this.tracing ? (this.trace?.ptr ?? 0n) : 0n, true);
+    v.setInt32(OFF_TOKENS, tokens, true);
+    v.setInt32(OFF_USE_SHARED, f.shared && this.hasShared ? 1 : 0, true);
+    this.queue(tokens, stream);
+  }
+
+  /**
+   * The last EP launch's bookkeeping, for tests against the CPU model: the rank's slots per global
+   * expert (its count phase, summed over chunks, for `tokens` tokens) and the first `rows` pool rows'
+   * sources (source rank, t·k + j; −1 and t for the shared expert's rows). Waits for the device.
+   */
+  readEpState(tokens: number, rows: number): { slotsPerExpert: Int32Array; poolSource: Int32Array } {
+    const ep = this.epArrays;
+    if (ep === null || this.ep === null) throw new Error("FusedMoEKernel.readEpState: not an EP kernel");
+    const E = this.config.numExperts;
+    const chunks = Math.ceil(tokens / this.ep.layout.chunkTokens);
+    const all = ep.chunkCount.toHost() as Int32Array;
+    const slotsPerExpert = new Int32Array(E);
+    for (let ch = 0; ch < chunks; ch++) for (let e = 0; e < E; e++) slotsPerExpert[e]! += all[ch * E + e]!;
+    const poolSource = (ep.poolSource.toHost() as Int32Array).slice(0, 2 * rows);
+    return { slotsPerExpert, poolSource };
   }
 
   /**
@@ -387,8 +553,13 @@ export class FusedMoEKernel {
   /** For tests: every byte of the pools and the slot map set to `byte` (0xFF: NaN everywhere). */
   fillScratch(byte: number, stream: Stream | null = null): void {
     for (const t of this.owned) {
-      if (t !== this.workspace && t !== this.status) t.fill(byte, stream);
+      if (t !== this.workspace && t !== this.status && !this.isEpCounter(t)) t.fill(byte, stream);
     }
+  }
+
+  private isEpCounter(t: DeviceTensor): boolean {
+    const ep = this.epArrays;
+    return ep !== null && (t === ep.counters || t === ep.chunkCount || t === ep.chunkRows || t === ep.expect);
   }
 
   dispose(): void {
@@ -397,4 +568,17 @@ export class FusedMoEKernel {
     for (const t of this.owned) t.dispose();
     this.trace?.dispose();
   }
+}
+
+/** The EP kernel's shape: the rank's weights' layer with the whole layer's experts and top-k, split R ways. */
+function epKernelConfig(local: MoEConfig, maxTokens: number, ep: FusedEpKernelOptions): MoEConfig {
+  const { shape, localExperts } = ep.layout;
+  const why = (what: string) => new RangeError(`FusedMoEKernel (EP rank ${ep.rank}): ${what}`);
+  if (local.numExperts !== localExperts) {
+    throw why(`the weights hold ${local.numExperts} experts, the layout's rank ${localExperts}`);
+  }
+  if (local.hidden !== shape.hidden) throw why(`hidden ${local.hidden} ≠ the layout's ${shape.hidden}`);
+  if (maxTokens !== shape.maxTokens) throw why(`maxTokens ${maxTokens} ≠ the layout's ${shape.maxTokens}`);
+  if (ep.peers.length !== shape.ranks) throw why(`${ep.peers.length} peer buffers for ${shape.ranks} ranks`);
+  return { ...local, numExperts: shape.numExperts, topK: shape.topK, ranks: shape.ranks };
 }

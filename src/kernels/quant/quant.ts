@@ -191,6 +191,40 @@ export function quantizeOnDevice(
   k.kernel.launch(launch.blocks, launch.threads, 0, stream, k.args);
 }
 
+/**
+ * quantizeOnDevice into memory no DeviceTensor owns (an expert-parallel rank's rows in its symmetric
+ * buffer, src/parallel/fused-expert-parallel.ts): e4m3 [T, H] at `q` (8-byte aligned) and fp32 [T, H/128]
+ * at `scales` (4-byte aligned), both on x's device. The caller vouches for the sizes.
+ */
+export function quantizeIntoOnDevice(
+  x: DeviceTensor,
+  q: bigint,
+  scales: bigint,
+  format: ScaleFormat,
+  stream: Stream | null,
+): void {
+  const device = x.device;
+  if (x.dtype !== "bf16" || x.shape.length !== 2) {
+    throw new Error(
+      `quantizeIntoOnDevice: x must be bf16[tokens, hidden], got ${describeTensor(x.dtype, x.shape)}`,
+    );
+  }
+  if (q % 8n !== 0n || scales % 4n !== 0n) {
+    throw new Error("quantizeIntoOnDevice: q must be 8-byte and scales 4-byte aligned");
+  }
+  const [tokens, hidden] = x.shape as [number, number];
+  if (tokens === 0) return;
+  if (!SCALE_FORMATS.includes(format) || hidden % QUANT_BLOCK !== 0 || x.ptr % 16n !== 0n) {
+    throw new Error(
+      `quantizeIntoOnDevice: needs a scale format, hidden a multiple of ${QUANT_BLOCK} and x 16-byte aligned`,
+    );
+  }
+  const k = quantKernelFor(device, hidden, format);
+  const launch = quantLaunchConfig(tokens, hidden, device.smCount, k.registers);
+  k.args.ptr(0, x.ptr).ptr(1, q).ptr(2, scales).u32(3, tokens);
+  k.kernel.launch(launch.blocks, launch.threads, 0, stream, k.args);
+}
+
 // ---------------------------------------------------------------------------------------------------
 // Benchmark
 

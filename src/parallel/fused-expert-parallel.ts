@@ -1,0 +1,418 @@
+/**
+ * Expert parallelism inside the fused kernel (docs/design.md "The in-kernel protocol"): R ranks, rank d
+ * holding routed experts [d·E/R, (d+1)·E/R) and the shared expert, each rank one launch of the kernel's
+ * EP build (megamoe_ep.cuh) that counts, exchanges, computes and combines with its peers through a
+ * `SymmetricHeap`, the routing never leaving the GPUs. The numerics are ExpertParallelMoE's, bit for bit.
+ *
+ * One rank per GPU (`devices` distinct), or R virtual ranks on one GPU: then each rank's launch gets
+ * ⌊SMs / ranks on the device⌋ CTAs on its own stream, so that every rank's CTAs are resident at once
+ * (a rank waits on the others' publications; one still queued behind a full-size launch would be
+ * reported dead by the watchdog). A forward queues, per rank on its stream, the quantization of its
+ * rows into its buffer's xq/xs regions and its launch; `synchronize` waits and, when a wait on a peer
+ * gave up, throws naming the rank the kernel blamed (the record lives in pinned host memory, readable
+ * after the trap that ends the context).
+ */
+import { describeValue, type ValidatedConfig, validateConfig } from "../config/config.js";
+import {
+  type Device,
+  DeviceTensor,
+  expectOperand,
+  openDevice,
+  type PinnedBuffer,
+  type Stream,
+} from "../cuda/index.js";
+import { DeviceMoEWeights } from "../kernels/device-weights.js";
+import { FusedMoEKernel } from "../kernels/megamoe/megamoe.js";
+import { FUSED_EP_MAX_RANKS } from "../kernels/megamoe/megamoe.variants.js";
+import { quantizeIntoOnDevice } from "../kernels/quant/quant.js";
+import { checkOptions, InputError, validateInput } from "../layer.js";
+import { validateRouting } from "../reference/router.js";
+import { type MoEWeightSource, weightSourceProblem } from "../weights/types.js";
+import { type RankInput, RankWeights } from "./expert-parallel.js";
+import {
+  decodeFusedEpStatus,
+  describeFusedEpGiveUp,
+  type FusedEpGiveUp,
+  type FusedEpLayout,
+  fusedEpLayout,
+} from "./fused-ep.js";
+import { SymmetricHeap } from "./symmetric.js";
+
+export interface FusedExpertParallelOptions {
+  /** Ranks the routed experts are split among: 2 .. 8, dividing the experts. */
+  ranks: number;
+  /** Each rank's GPU, a Device or ordinal per rank, or one for all (default 0: R virtual ranks on GPU 0). */
+  devices?: readonly (Device | number)[] | Device | number;
+  /** Tokens a rank may bring to one forward (default: the config's maxTokens). */
+  maxTokens?: number;
+}
+
+/** One rank's operands of `forwardDevice`, all on the rank's device. */
+export interface FusedRankDeviceInput {
+  /** bf16 [tokens, hidden]. */
+  x: DeviceTensor;
+  /** int32 [tokens, topK], global expert ids (−1: unused slot). */
+  ids: DeviceTensor;
+  /** fp32 [tokens, topK]. */
+  weights: DeviceTensor;
+  /** bf16 [tokens, hidden], written. */
+  out: DeviceTensor;
+  /** 0 .. maxTokens: a rank without tokens still serves its peers. */
+  tokens: number;
+}
+
+export interface FusedForwardOptions {
+  /** Add the shared expert (default: when the config has one). */
+  shared?: boolean;
+  /** Tests: leave this rank's work out of the forward, as a rank that died before starting would. */
+  skipRank?: number;
+}
+
+/** A forward that failed; `records` are the watchdog records of the ranks that gave up, by rank. */
+export class FusedExpertParallelError extends Error {
+  override name = "FusedExpertParallelError";
+  constructor(
+    message: string,
+    readonly records: ReadonlyMap<number, FusedEpGiveUp>,
+    options?: { cause?: unknown },
+  ) {
+    super(message, options);
+  }
+}
+
+/** Status words per rank (megamoe_ep.cuh ep_give_up writes 6 of them). */
+const STATUS_WORDS = 8;
+
+/** What one rank owns, released in reverse order of the fields. */
+interface Rank {
+  device: Device;
+  status: PinnedBuffer;
+  weights: DeviceMoEWeights;
+  kernel: FusedMoEKernel;
+  stream: Stream;
+  /** The host path's staging: x, ids, weights, out. */
+  x: DeviceTensor;
+  ids: DeviceTensor;
+  routingWeights: DeviceTensor;
+  out: DeviceTensor;
+}
+
+export class FusedExpertParallel {
+  /** The whole layer's config (all experts). */
+  readonly config: ValidatedConfig;
+  readonly ranks: number;
+  /** Tokens a rank may bring to one forward. */
+  readonly maxTokens: number;
+  readonly layout: FusedEpLayout;
+  readonly heap: SymmetricHeap;
+  private readonly rankState: Rank[] = [];
+  private disposed = false;
+
+  constructor(source: MoEWeightSource, options: FusedExpertParallelOptions) {
+    const problem = weightSourceProblem(source);
+    if (problem !== null) throw new InputError(`FusedExpertParallel: ${problem}`);
+    if (options === undefined) throw new InputError("FusedExpertParallel needs options with ranks");
+    checkOptions("FusedExpertParallel options", options, ["ranks", "devices", "maxTokens"]);
+    this.config = validateConfig(source.config);
+    const { ranks } = options;
+    if (!Number.isInteger(ranks) || ranks < 2 || ranks > FUSED_EP_MAX_RANKS) {
+      throw new InputError(
+        `FusedExpertParallel: ranks must be an integer in [2, ${FUSED_EP_MAX_RANKS}], got ${describeValue(ranks)} (one rank: MoELayer)`,
+      );
+    }
+    if (this.config.numExperts % ranks !== 0) {
+      throw new InputError(`${this.config.numExperts} experts cannot be split evenly among ${ranks} ranks`);
+    }
+    this.ranks = ranks;
+    const maxTokens = options.maxTokens ?? this.config.maxTokens;
+    if (!Number.isInteger(maxTokens) || maxTokens < 1) {
+      throw new InputError(`maxTokens must be a positive integer, got ${describeValue(maxTokens)}`);
+    }
+    this.maxTokens = maxTokens;
+    const c = this.config;
+    this.layout = fusedEpLayout({
+      ranks,
+      numExperts: c.numExperts,
+      topK: c.topK,
+      hidden: c.hidden,
+      maxTokens,
+    });
+    const devices = resolveDevices(options.devices ?? 0, ranks);
+    this.heap = SymmetricHeap.create(devices, this.layout.bytes);
+    try {
+      this.heap.zero();
+      // Epochs start at 1 on a zeroed heap: a zero flag is never a publication.
+      for (let r = 0; r < ranks; r++) devices[r]!.copyHtoD(this.heap.address(r), Uint32Array.of(1, 0, 0, 0));
+      const peers = [...this.heap.addressTable()];
+      for (let r = 0; r < ranks; r++) this.rankState.push(this.makeRank(source, r, devices, peers));
+    } catch (e) {
+      this.dispose();
+      throw e;
+    }
+  }
+
+  /** Rank r's weights, kernel, stream, status words and staging; what was made is released on failure. */
+  private makeRank(source: MoEWeightSource, r: number, devices: Device[], peers: bigint[]): Rank {
+    const device = devices[r]!;
+    const c = this.config;
+    const T = this.maxTokens;
+    const made: (() => void)[] = [];
+    try {
+      const status = device.allocPinned(4 * STATUS_WORDS);
+      made.push(() => status.free());
+      status.u8.fill(0);
+      const local = new RankWeights(source, r, this.ranks, T);
+      const g = local.generated;
+      const weights =
+        g === undefined
+          ? DeviceMoEWeights.upload(device, local)
+          : DeviceMoEWeights.generate(device, local.config, g.seed, null, g.firstExpert);
+      made.push(() => weights.dispose());
+      // Pinned memory is mapped for every device at the same address under unified addressing (every
+      // sm_90 device): the kernel stores its record through status.ptr.
+      const kernel = new FusedMoEKernel(device, weights, T, {
+        layout: this.layout,
+        rank: r,
+        peers,
+        hostStatus: status.ptr,
+      });
+      made.push(() => kernel.dispose());
+      const sharing = devices.filter((d) => d === device).length;
+      kernel.ctas = Math.floor(device.smCount / sharing);
+      if (kernel.ctas < 1)
+        throw new InputError(`${sharing} ranks on ${device.smCount} SMs: fewer than one CTA each`);
+      const stream = device.createStream();
+      made.push(() => stream.destroy());
+      const tensor = <D extends "bf16" | "int32" | "fp32">(dtype: D, shape: number[]) => {
+        const t = DeviceTensor.empty(device, dtype, shape);
+        made.push(() => t.dispose());
+        return t;
+      };
+      return {
+        device,
+        status,
+        weights,
+        kernel,
+        stream,
+        x: tensor("bf16", [T, c.hidden]),
+        ids: tensor("int32", [T, c.topK]),
+        routingWeights: tensor("fp32", [T, c.topK]),
+        out: tensor("bf16", [T, c.hidden]),
+      };
+    } catch (e) {
+      for (const undo of made.reverse()) undo();
+      throw e;
+    }
+  }
+
+  /** The devices of the ranks, by rank. */
+  get devices(): Device[] {
+    return this.rankState.map((r) => r.device);
+  }
+
+  /** Each rank's kernel (tests: its plan, CTAs and EP state). */
+  get kernels(): FusedMoEKernel[] {
+    return this.rankState.map((r) => r.kernel);
+  }
+
+  /** Each rank's stream: its quantization and launch are queued there. */
+  get streams(): Stream[] {
+    return this.rankState.map((r) => r.stream);
+  }
+
+  /** Rank r's watchdog words (a live view of pinned memory: code, cta, blamed, missing, epoch, gave up). */
+  statusWords(r: number): Int32Array {
+    this.live();
+    const s = this.rankState[r];
+    if (s === undefined) throw new RangeError(`rank ${r} is not in [0, ${this.ranks})`);
+    return new Int32Array(s.status.u8.buffer, s.status.u8.byteOffset, STATUS_WORDS);
+  }
+
+  /**
+   * One forward from the host: each rank's x and routing uploaded to its device, the forward, each
+   * rank's output back (bf16 bits [tokens, hidden]). Throws FusedExpertParallelError when a rank fails.
+   */
+  forward(inputs: readonly RankInput[], options: FusedForwardOptions = {}): { out: Uint16Array[] } {
+    this.live();
+    this.checkHostInputs(inputs);
+    const { hidden: H, topK: k } = this.config;
+    const device = inputs.map((input, s) => {
+      const r = this.rankState[s]!;
+      const T = input.tokens;
+      const on = {
+        x: r.x.view([T, H]),
+        ids: r.ids.view([T, k]),
+        weights: r.routingWeights.view([T, k]),
+        out: r.out.view([T, H]),
+        tokens: T,
+      };
+      if (T > 0) {
+        on.x.copyFromHost(input.x, r.stream);
+        on.ids.copyFromHost(input.ids, r.stream);
+        on.weights.copyFromHost(input.weights, r.stream);
+      }
+      return on;
+    });
+    this.forwardDevice(device, options);
+    this.synchronize();
+    return {
+      out: device.map((d) => (d.tokens === 0 ? new Uint16Array(0) : (d.out.toHost() as Uint16Array))),
+    };
+  }
+
+  /**
+   * Queues one forward with every operand on the ranks' devices, without waiting: forwards may follow
+   * back to back (the kernel's epochs keep them apart); `synchronize` waits for them. The ids must be
+   * valid routing (in [−1, E), no expert twice in a token): the kernel does not check them.
+   */
+  forwardDevice(inputs: readonly FusedRankDeviceInput[], options: FusedForwardOptions = {}): void {
+    this.live();
+    checkOptions("forward options", options, ["shared", "skipRank"]);
+    if (!Array.isArray(inputs) || inputs.length !== this.ranks) {
+      throw new InputError(`expected one input per rank (${this.ranks}), got ${describeValue(inputs)}`);
+    }
+    const skip = options.skipRank;
+    if (skip !== undefined && (!Number.isInteger(skip) || skip < 0 || skip >= this.ranks)) {
+      throw new InputError(`skipRank must be a rank in [0, ${this.ranks}), got ${describeValue(skip)}`);
+    }
+    const { hidden: H, topK: k, scaleFormat } = this.config;
+    inputs.forEach((input, s) => {
+      const T = input.tokens;
+      if (!Number.isInteger(T) || T < 0 || T > this.maxTokens) {
+        throw new InputError(
+          `rank ${s}: tokens must be an integer in [0, ${this.maxTokens}], got ${describeValue(T)}`,
+        );
+      }
+      const device = this.rankState[s]!.device;
+      try {
+        expectOperand("forwardDevice", "x", input.x, "bf16", [T, H], device);
+        expectOperand("forwardDevice", "ids", input.ids, "int32", [T, k], device);
+        expectOperand("forwardDevice", "weights", input.weights, "fp32", [T, k], device);
+        expectOperand("forwardDevice", "out", input.out, "bf16", [T, H], device);
+      } catch (e) {
+        throw new InputError(`rank ${s}: ${(e as Error).message}`);
+      }
+    });
+    const shared = (options.shared ?? true) && this.config.numShared > 0;
+    // Every specialization is loaded before the first launch: a module load between the ranks'
+    // launches could wait for a launched rank, which waits for the ranks not launched yet.
+    inputs.forEach((input, s) => {
+      this.rankState[s]!.kernel.prepare(input.tokens);
+    });
+    const { xq, xs } = this.layout.regions;
+    inputs.forEach((input, s) => {
+      if (s === skip) return;
+      const r = this.rankState[s]!;
+      const own = this.heap.address(s);
+      // The rank's rows go where its peers pull them: its buffer's xq and xs regions.
+      quantizeIntoOnDevice(input.x, own + BigInt(xq.offset), own + BigInt(xs.offset), scaleFormat, r.stream);
+      r.kernel.launchEp(
+        { ids: input.ids, weights: input.weights, out: input.out, tokens: input.tokens, shared },
+        r.stream,
+      );
+    });
+  }
+
+  /**
+   * Waits for every rank's queued forwards. A failure reads every rank's watchdog record and throws a
+   * FusedExpertParallelError naming, per rank that gave up, the ranks it blamed; the CUDA context of a
+   * trapped launch is lost: dispose this object (recovery is a new one, in a new process for a real GPU).
+   */
+  synchronize(): void {
+    this.live();
+    const failures: string[] = [];
+    let cause: unknown;
+    for (const [s, r] of this.rankState.entries()) {
+      try {
+        r.stream.synchronize();
+      } catch (e) {
+        cause ??= e;
+        failures.push(`rank ${s}: ${(e as Error).message}`);
+      }
+    }
+    if (failures.length === 0) return;
+    const records = new Map<number, FusedEpGiveUp>();
+    const lines: string[] = [];
+    this.rankState.forEach((_, s) => {
+      const g = decodeFusedEpStatus(this.statusWords(s));
+      if (g === null) return;
+      records.set(s, g);
+      lines.push(describeFusedEpGiveUp(s, g));
+    });
+    const why =
+      lines.length > 0 ? lines.join("; ") : `no rank recorded a wait on its peers (${failures.join("; ")})`;
+    throw new FusedExpertParallelError(`the in-kernel expert-parallel forward failed: ${why}`, records, {
+      cause,
+    });
+  }
+
+  /**
+   * Frees everything, each rank's in reverse order of making (staging, stream, kernel, weights, status
+   * words), then the heap; carries on past a failing step and reports them all. Idempotent.
+   */
+  dispose(): void {
+    if (this.disposed) return;
+    this.disposed = true;
+    const errors: unknown[] = [];
+    const step = (f: () => void) => {
+      try {
+        f();
+      } catch (e) {
+        errors.push(e);
+      }
+    };
+    for (const r of this.rankState) step(() => r.stream.synchronize());
+    for (const r of this.rankState.reverse()) {
+      for (const t of [r.out, r.routingWeights, r.ids, r.x]) step(() => t.dispose());
+      step(() => r.stream.destroy());
+      step(() => r.kernel.dispose());
+      step(() => r.weights.dispose());
+      step(() => r.status.free());
+    }
+    this.rankState.length = 0;
+    step(() => this.heap.dispose());
+    if (errors.length === 1) throw errors[0];
+    if (errors.length > 1) {
+      throw new AggregateError(
+        errors,
+        `disposing FusedExpertParallel: ${errors.map((e) => (e as Error).message).join("; ")}`,
+      );
+    }
+  }
+
+  private live(): void {
+    if (this.disposed) throw new InputError("FusedExpertParallel used after dispose()");
+  }
+
+  /** ExpertParallelMoE.plan's checks, with this object's tokens per rank. */
+  private checkHostInputs(inputs: readonly RankInput[]): void {
+    if (!Array.isArray(inputs) || inputs.length !== this.ranks) {
+      throw new InputError(`expected one input per rank (${this.ranks}), got ${describeValue(inputs)}`);
+    }
+    const perRank = { ...this.config, maxTokens: this.maxTokens };
+    inputs.forEach((input, s) => {
+      if (typeof input !== "object" || input === null) {
+        throw new InputError(
+          `rank ${s}: input must be { x, tokens, ids, weights }, got ${describeValue(input)}`,
+        );
+      }
+      try {
+        if (!(input.tokens === 0 && input.x instanceof Uint16Array && input.x.length === 0)) {
+          validateInput(input.x, input.tokens, perRank);
+        }
+        validateRouting(input.ids, input.weights, input.tokens, this.config);
+      } catch (e) {
+        throw new InputError(`rank ${s}: ${(e as Error).message}`);
+      }
+    });
+  }
+}
+
+/** A Device per rank from the options' devices (ordinals opened). */
+function resolveDevices(devices: readonly (Device | number)[] | Device | number, ranks: number): Device[] {
+  const open = (d: Device | number) => (typeof d === "number" ? openDevice(d) : d);
+  if (!Array.isArray(devices)) return new Array<Device>(ranks).fill(open(devices as Device | number));
+  if (devices.length !== ranks)
+    throw new InputError(`devices lists ${devices.length} GPUs for ${ranks} ranks`);
+  return devices.map(open);
+}

@@ -1,0 +1,201 @@
+/**
+ * The in-kernel expert-parallel layer (src/parallel/fused-expert-parallel.ts, megamoe_ep.cuh) on one GPU:
+ * R = 2, 4, 8 virtual ranks, each an EP launch on its own stream. Outputs bit for bit against
+ * ExpertParallelMoE with the fused pipeline on the same GPU (the host-planned protocol, whose numerics
+ * define expert parallelism), with and without the shared expert, over the routing edge cases of
+ * test/parallel/ep-protocol.test.ts; every rank's count phase and pool order against the CPU model
+ * (runProtocol); forwards back to back with no host sync between them; and last (the trap ends the
+ * context) a rank left out of a forward, named in every other rank's error within seconds.
+ */
+import assert from "node:assert/strict";
+import { test } from "node:test";
+import { type MoEConfig, PRESETS } from "../../src/config/config.js";
+import { DeviceTensor } from "../../src/cuda/index.js";
+import { ExpertParallelMoE, type RankInput } from "../../src/parallel/expert-parallel.js";
+import { FusedExpertParallel, FusedExpertParallelError } from "../../src/parallel/fused-expert-parallel.js";
+import { randomRouting } from "../../src/reference/router.js";
+import { GeneratedWeights, generateActivations } from "../../src/weights/generate.js";
+import { runProtocol } from "../helpers/ep-protocol.js";
+import { describeGpu, testDevice } from "../helpers/gpu.js";
+import { rngU32, testSeed } from "../helpers/random.js";
+
+const seed = testSeed("fused expert parallel on a GPU");
+// 16 experts of top-4: 8 ranks hold 2 each (min(k, E/R) = 2 slots a rank).
+const config: MoEConfig = { ...PRESETS.tiny!, numExperts: 16, topK: 4, maxTokens: 16 };
+const weights = new GeneratedWeights(config, seed);
+const { hidden: H, numExperts: E } = config;
+const MAX_TOKENS = 16;
+
+function input(base: number, tokens: number, routing: { ids: Int32Array; weights: Float32Array }): RankInput {
+  return { x: generateActivations(base, tokens, H), tokens, ...routing };
+}
+const block = (ranks: number, d: number) => Array.from({ length: E / ranks }, (_, i) => d * (E / ranks) + i);
+
+/** test/parallel/ep-protocol.test.ts's routing edge cases, at this file's shape. */
+const CASES: Record<string, (ranks: number, base: number) => RankInput[]> = {
+  "random routing, uneven tokens, a rank without tokens": (ranks, base) =>
+    Array.from({ length: ranks }, (_, s) => {
+      const t = s === ranks - 1 ? 0 : [5, 1, 9, 3, 7, 2, 11, 4][s]!;
+      return input(base + s, t, randomRouting(base + 50 + s, t, config, { maskedTokens: t > 2 ? [1] : [] }));
+    }),
+  "tokens routed only to remote experts": (ranks, base) =>
+    Array.from({ length: ranks }, (_, s) =>
+      input(base + s, 4, randomRouting(base + 50 + s, 4, config, { emptyExperts: block(ranks, s) })),
+    ),
+  "empty experts: a rank that receives nothing": (ranks, base) =>
+    Array.from({ length: ranks }, (_, s) =>
+      input(base + s, 3, randomRouting(base + 50 + s, 3, config, { emptyExperts: block(ranks, ranks - 1) })),
+    ),
+  "masked slots and masked tokens": (ranks, base) =>
+    Array.from({ length: ranks }, (_, s) => {
+      const r = randomRouting(base + 50 + s, 6, config, { maskedTokens: [4] });
+      const random = rngU32(base + 90 + s);
+      for (let i = 0; i < r.ids.length; i++) if (random() % 3 === 0) r.ids[i] = -1;
+      return input(base + s, 6, r);
+    }),
+  "weights ±1 and ±2^20 (the combine's order shows)": (ranks, base) =>
+    Array.from({ length: ranks }, (_, s) => {
+      const r = randomRouting(base + 50 + s, 8, config);
+      const random = rngU32(base + 90 + s);
+      for (let i = 0; i < r.weights.length; i++) {
+        r.weights[i] = (random() % 2 === 0 ? 1 : -1) * (random() % 2 === 0 ? 2 ** 20 : 1);
+      }
+      return input(base + s, 8, r);
+    }),
+  "a hot expert, T = 1 and T = max": (ranks, base) =>
+    Array.from({ length: ranks }, (_, s) => {
+      const t = s % 2 === 0 ? 1 : MAX_TOKENS;
+      return input(base + s, t, randomRouting(base + 50 + s, t, config, { hotExpert: 6 }));
+    }),
+};
+
+const differing = (a: Uint16Array, b: Uint16Array) => {
+  let n = a.length === b.length ? 0 : Math.max(a.length, b.length);
+  for (let i = 0; i < Math.min(a.length, b.length); i++) if (a[i] !== b[i]) n++;
+  return n;
+};
+
+describeGpu("in-kernel expert parallelism on one GPU (virtual ranks)", () => {
+  for (const ranks of [2, 4, 8]) {
+    test(`${ranks} ranks: the host plan's outputs bit for bit, the model's counts and pool order`, () => {
+      const device = testDevice();
+      const host = new ExpertParallelMoE(weights, {
+        ranks,
+        backend: "cuda",
+        devices: device,
+        pipeline: "fused",
+      });
+      const ep = new FusedExpertParallel(weights, { ranks, devices: device, maxTokens: MAX_TOKENS });
+      const L = E / ranks;
+      try {
+        for (const [name, make] of Object.entries(CASES)) {
+          const inputs = make(ranks, seed + 1000 * ranks);
+          for (const shared of [true, false]) {
+            const label = `${name}, shared ${shared}`;
+            const want = host.forward(inputs, { shared }).out;
+            const got = ep.forward(inputs, { shared }).out;
+            got.forEach((o, s) => {
+              assert.equal(differing(o, want[s]!), 0, `${label}: rank ${s}'s output vs ExpertParallelMoE`);
+            });
+            const model = runProtocol(weights, [inputs], { seed, shared }).forwards[0]!;
+            const states = ep.kernels.map((k, d) =>
+              k.readEpState(inputs[d]!.tokens, (model[d]!.poolSource?.length ?? 0) / 2),
+            );
+            model.forEach((m, d) => {
+              // counts[s·L + e] on owner d: source s's count phase for global expert d·L + e.
+              const counts = Uint32Array.from({ length: ranks * L }, (_, i) => {
+                const s = Math.floor(i / L);
+                return states[s]!.slotsPerExpert[d * L + (i % L)]!;
+              });
+              assert.deepEqual([...counts], [...m.counts!], `${label}: rank ${d}'s counts`);
+              assert.deepEqual(
+                [...states[d]!.poolSource],
+                [...m.poolSource!],
+                `${label}: rank ${d}'s pool order`,
+              );
+            });
+          }
+        }
+      } finally {
+        ep.dispose();
+        host.dispose();
+      }
+    });
+  }
+
+  test("forwards back to back without a host sync: each the host plan's", () => {
+    const ranks = 4;
+    const device = testDevice();
+    const host = new ExpertParallelMoE(weights, {
+      ranks,
+      backend: "cuda",
+      devices: device,
+      pipeline: "fused",
+    });
+    const ep = new FusedExpertParallel(weights, { ranks, devices: device, maxTokens: MAX_TOKENS });
+    const owned: DeviceTensor[] = [];
+    const upload = <D extends "bf16" | "int32" | "fp32">(dtype: D, shape: number[], data: never) => {
+      const t = DeviceTensor.empty(device, dtype, [Math.max(1, shape[0]!), shape[1]!]);
+      owned.push(t);
+      const v = t.view(shape);
+      if (shape[0]! > 0) v.copyFromHost(data);
+      return v;
+    };
+    try {
+      const names = Object.keys(CASES);
+      const batches = [0, 1, 2, 3, 4].map((f) => CASES[names[f % names.length]!]!(ranks, seed + 77 * f));
+      const outs = batches.map((inputs) =>
+        inputs.map((i) => ({
+          x: upload("bf16", [i.tokens, H], i.x as never),
+          ids: upload("int32", [i.tokens, config.topK], i.ids as never),
+          weights: upload("fp32", [i.tokens, config.topK], i.weights as never),
+          out: upload("bf16", [i.tokens, H], undefined as never),
+          tokens: i.tokens,
+        })),
+      );
+      device.synchronize();
+      for (const o of outs) ep.forwardDevice(o);
+      ep.synchronize();
+      batches.forEach((inputs, f) => {
+        const want = host.forward(inputs).out;
+        outs[f]!.forEach((o, s) => {
+          const got = o.tokens === 0 ? new Uint16Array(0) : (o.out.toHost() as Uint16Array);
+          assert.equal(differing(got, want[s]!), 0, `forward ${f}, rank ${s}`);
+        });
+      });
+    } finally {
+      for (const t of owned) t.dispose();
+      ep.dispose();
+      host.dispose();
+    }
+  });
+
+  // Last: the watchdog's trap loses the CUDA context for every later test in this process.
+  test("a rank left out of a forward is named in every other rank's error within seconds", () => {
+    const ranks = 4;
+    const ep = new FusedExpertParallel(weights, { ranks, devices: testDevice(), maxTokens: MAX_TOKENS });
+    const inputs = CASES["random routing, uneven tokens, a rank without tokens"]!(ranks, seed);
+    const started = performance.now();
+    let err: unknown;
+    try {
+      ep.forward(inputs, { skipRank: 2 });
+    } catch (e) {
+      err = e;
+    }
+    const seconds = (performance.now() - started) / 1000;
+    assert.ok(
+      err instanceof FusedExpertParallelError,
+      `expected a FusedExpertParallelError, got ${String(err)}`,
+    );
+    assert.ok(seconds < 10, `the error came after ${seconds.toFixed(1)} s`);
+    for (const r of [0, 1, 3]) {
+      assert.deepEqual(err.records.get(r)?.blamed, [2], `rank ${r} blames rank 2: ${err.message}`);
+    }
+    assert.equal(err.records.has(2), false, "the skipped rank never ran");
+    try {
+      ep.dispose();
+    } catch {
+      // the context is gone: freeing fails; nothing else runs in this process
+    }
+  });
+});
