@@ -21,7 +21,6 @@ import {
   encodeFusedEpOperands,
   FUSED_EP_COUNTER_WORDS,
   type FusedEpLayout,
-  fusedEpOperandsBytes,
 } from "../../parallel/fused-ep.js";
 import type { DeviceMoEWeights } from "../device-weights.js";
 import { aScalesRows } from "../gemm/grouped_gemm.js";
