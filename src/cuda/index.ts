@@ -106,6 +106,7 @@ export {
 } from "./tensor.js";
 export {
   deviceSummary,
+  flushL2,
   gitCommit,
   median,
   type ResultRow,

@@ -67,6 +67,16 @@ function l2FlushBuffer(device: Device): { ptr: bigint; words: number } {
   return b;
 }
 
+/**
+ * Overwrites the device's L2 flush buffer (2 × L2 size) on `stream` (null: the legacy stream), as
+ * `timeKernel` does before each timed run: for timing what event pairs on one stream cannot bracket
+ * (work on several streams that the host waits for), cold L2 included.
+ */
+export function flushL2(device: Device, stream: Stream | null = null, value = 1): void {
+  const flush = l2FlushBuffer(device);
+  device.memsetD32(flush.ptr, value, flush.words, stream);
+}
+
 /** Free the L2 flush buffer of `device`, if one was made. */
 export function releaseL2FlushBuffer(device: Device): void {
   const b = flushBuffers.get(device);
