@@ -3,6 +3,16 @@ import path from "node:path";
 import Table from "cli-table3";
 import pc from "picocolors";
 import {
+  benchmarkExpertParallel,
+  EP_RANKS,
+  EP_SHAPE,
+  EP_TOKENS,
+  epNotes,
+  epRanksProblem,
+  epTable,
+  epTokensProblem,
+} from "../bench/ep.js";
+import {
   benchmarkGroupedGemm,
   GEMM_BENCH_CODES,
   type GemmBenchCodes,
@@ -32,7 +42,8 @@ import { checkInputFile, checkOutputFile, UsageError } from "./usage.js";
 
 export interface BenchOptions {
   impl: string;
-  shape: string;
+  /** Default: DEFAULT_BENCH_SHAPE, or EP_SHAPE for --impl ep (benchShape). */
+  shape?: string;
   /** fused/unfused: a DeepSeek-V4 checkpoint whose layer `layer` is timed instead of --shape's. */
   checkpoint?: string;
   layer?: string;
@@ -46,6 +57,8 @@ export interface BenchOptions {
   configs?: boolean;
   /** step: MoE blocks in the decode step. */
   layers?: number;
+  /** ep: virtual ranks, each a sweep of its own (default EP_RANKS). */
+  ranks?: number[];
   tokens?: number[];
   /** quant: hidden sizes (default 4096, 7168). */
   hidden?: number[];
@@ -67,7 +80,23 @@ export interface BenchOptions {
   verbose?: boolean;
 }
 
-export const BENCH_IMPLS = ["fused", "unfused", "fused,unfused", "step", "quant", "grouped-gemm"] as const;
+export const BENCH_IMPLS = [
+  "fused",
+  "unfused",
+  "fused,unfused",
+  "step",
+  "quant",
+  "grouped-gemm",
+  "ep",
+] as const;
+
+/** --shape when not given: one rank of an 8-way flash deployment (--impl ep: the whole flash layer, split R ways). */
+export const DEFAULT_BENCH_SHAPE = "flash-ep8";
+
+/** The shape an --impl benchmarks when --shape is not given. */
+export function benchShape(opts: Pick<BenchOptions, "impl" | "shape">): string {
+  return opts.shape ?? (opts.impl === "ep" ? EP_SHAPE : DEFAULT_BENCH_SHAPE);
+}
 
 /** 1, 2, 4, …, 8192. */
 export const LAYER_TOKENS = Array.from({ length: 14 }, (_, i) => 2 ** i);
@@ -228,16 +257,21 @@ function validate(opts: BenchOptions): void {
     throw new UsageError(`--format must be fp32 or ue8m0, got "${opts.format}"`);
   }
   // An option of another --impl would be ignored without a word: refuse it instead.
-  const layers = "fused, unfused or fused,unfused";
   for (const [flag, value, impls, which] of [
     ["--codes", opts.codes, ["grouped-gemm"], "grouped-gemm"],
     ["--warmup-ms", opts.warmupMs, ["grouped-gemm"], "grouped-gemm"],
     ["--hidden", opts.hidden, ["quant"], "quant"],
     ["--format", opts.format, ["quant"], "quant"],
     ["--layers", opts.layers, ["step"], "step"],
+    ["--ranks", opts.ranks, ["ep"], "ep"],
     ["--configs", opts.configs, ["fused", "fused,unfused"], "fused or fused,unfused"],
     ["--graph / --no-graph", opts.graph, ["unfused", "fused,unfused"], "unfused or fused,unfused"],
-    ["--fp8-tflops", opts.fp8Tflops, ["fused", "unfused", "fused,unfused"], layers],
+    [
+      "--fp8-tflops",
+      opts.fp8Tflops,
+      ["fused", "unfused", "fused,unfused", "ep"],
+      "fused, unfused, fused,unfused or ep",
+    ],
     [
       "--experts",
       opts.experts,
@@ -252,7 +286,7 @@ function validate(opts: BenchOptions): void {
   for (const h of opts.hidden ?? []) {
     if (h % QUANT_BLOCK !== 0) throw new UsageError(`--hidden ${h}: must be a multiple of ${QUANT_BLOCK}`);
   }
-  if (opts.tokens !== undefined && (layerImpls(opts.impl) !== null || opts.impl === "step")) {
+  if (opts.tokens !== undefined && (layerImpls(opts.impl) !== null || ["step", "ep"].includes(opts.impl))) {
     const over = opts.tokens.find((t) => t > MAX_TOKENS_LIMIT);
     if (over !== undefined) {
       throw new UsageError(`--tokens ${over}: the layer takes at most ${MAX_TOKENS_LIMIT} tokens`);
@@ -273,8 +307,11 @@ function validate(opts: BenchOptions): void {
     throw new Error("--layer needs --checkpoint");
   const experts = expertsFormat(opts.experts);
   // Throws naming an unknown shape.
-  if (opts.impl !== "quant")
-    resolveConfig(opts.shape, experts === undefined ? {} : { expertFormat: experts });
+  const config =
+    opts.impl === "quant"
+      ? undefined
+      : resolveConfig(benchShape(opts), experts === undefined ? {} : { expertFormat: experts });
+  if (opts.impl === "ep") validateEp(opts, config!.numExperts);
   if (opts.plot !== undefined && layerImpls(opts.impl) === null) {
     throw new UsageError(
       "--plot draws the layer's time against tokens: use it with --impl fused, unfused or fused,unfused",
@@ -287,12 +324,33 @@ function validate(opts: BenchOptions): void {
     throw new UsageError(`--iters must be at least 20 (medians of fewer runs are noise), got ${opts.iters}`);
   }
   if (opts.rounds !== undefined) {
-    if (layerImpls(opts.impl) === null) {
-      throw new UsageError(`--rounds applies to --impl fused, unfused or fused,unfused, not ${opts.impl}`);
+    if (layerImpls(opts.impl) === null && opts.impl !== "ep") {
+      throw new UsageError(
+        `--rounds applies to --impl fused, unfused, fused,unfused or ep, not ${opts.impl}`,
+      );
     }
     const iters = opts.iters ?? DEFAULT_LAYER_ITERS;
     if (opts.rounds > iters)
       throw new UsageError(`--rounds (${opts.rounds}) must not exceed --iters (${iters})`);
+  }
+}
+
+/** --impl ep's checks: every --ranks a split of the shape's experts, every --tokens within a rank's reach. */
+function validateEp(opts: BenchOptions, numExperts: number): void {
+  if (opts.peer !== undefined) {
+    throw new UsageError(
+      "--peer applies to the layer and kernel benchmarks, not ep (no peer times its paths)",
+    );
+  }
+  const ranks = opts.ranks ?? EP_RANKS;
+  for (const r of ranks) {
+    const problem = epRanksProblem(r, numExperts, benchShape(opts));
+    if (problem !== null) throw new UsageError(`--ranks ${r}: ${problem}`);
+  }
+  const tokens = Math.max(...(opts.tokens ?? EP_TOKENS));
+  for (const r of ranks) {
+    const problem = epTokensProblem(r, tokens);
+    if (problem !== null) throw new UsageError(`--tokens ${tokens}: ${problem}`);
   }
 }
 
@@ -354,9 +412,23 @@ function runCases(
   fp8Tflops: number,
   bar: Progress,
 ): ResultRow[] {
+  if (opts.impl === "ep") {
+    return benchmarkExpertParallel(device, {
+      shape: benchShape(opts),
+      ranks: opts.ranks ?? EP_RANKS,
+      tokens: opts.tokens ?? EP_TOKENS,
+      shared: opts.shared,
+      seed: opts.seed,
+      readTbps: ceilings.readTbps,
+      fp8Tflops,
+      iters: opts.iters,
+      rounds: opts.rounds,
+      onProgress: (d, t) => bar.update(d, t),
+    });
+  }
   if (opts.impl === "step") {
     return benchmarkDecodeStep(device, {
-      shape: opts.shape,
+      shape: benchShape(opts),
       layers: opts.layers ?? DEFAULT_STEP_LAYERS,
       tokens: opts.tokens ?? STEP_TOKENS,
       seed: opts.seed,
@@ -375,7 +447,7 @@ function runCases(
     if (source !== undefined) checkCheckpointExperts(opts.experts, source.config);
     return benchmarkLayer(device, {
       impls,
-      shape: opts.shape,
+      shape: benchShape(opts),
       expertFormat: opts.experts as ExpertFormat | undefined,
       source,
       tokens: opts.tokens ?? LAYER_TOKENS,
@@ -393,7 +465,7 @@ function runCases(
   const rows: ResultRow[] = [];
   if (opts.impl === "grouped-gemm") {
     const codes = opts.codes as GemmBenchCodes | undefined;
-    const cases = groupedGemmCases(opts.shape, opts.tokens ?? GROUPED_GEMM_M);
+    const cases = groupedGemmCases(benchShape(opts), opts.tokens ?? GROUPED_GEMM_M);
     cases.forEach((c, i) => {
       rows.push(
         ...benchmarkGroupedGemm(device, [{ ...c, codes }], {
@@ -424,6 +496,9 @@ export async function runBench(opts: BenchOptions): Promise<void> {
   if (!cuda.ok) {
     const short = shortCudaReason(cuda.reason);
     const why = opts.verbose || short === cuda.reason ? cuda.reason : `${short} (--verbose lists them)`;
+    if (opts.impl === "ep") {
+      throw new Error(`bench --impl ep needs a CUDA GPU (its ranks are virtual ranks on GPU 0): ${why}`);
+    }
     throw new Error(`bench needs a CUDA GPU: ${why}`);
   }
   const rate = chooseFp8Rate(opts.fp8Tflops, peer);
@@ -455,7 +530,10 @@ export async function runBench(opts: BenchOptions): Promise<void> {
       ...rows,
       ...(peer?.rows ?? []).filter((p) => p.config === rows[0]?.config && p.shared === opts.shared),
     ];
-    writePlot(opts.plot, renderTimePlot(plotted, { title: plotTitle(opts.shape, opts.shared, device.name) }));
+    writePlot(
+      opts.plot,
+      renderTimePlot(plotted, { title: plotTitle(benchShape(opts), opts.shared, device.name) }),
+    );
   }
   if (opts.json) {
     process.stdout.write(`${JSON.stringify(rows)}\n`);
@@ -464,8 +542,18 @@ export async function runBench(opts: BenchOptions): Promise<void> {
   process.stdout.write(
     `${pc.bold(`megamoe bench ${opts.impl}`)} on ${device.name}, read stream ${ceilings.readTbps.toFixed(2)} TB/s, copy ${ceilings.copyTbps.toFixed(2)} TB/s (read + write)\n`,
   );
-  process.stdout.write(`${opts.impl === "step" ? stepTable(rows) : resultsTable(rows, peerRows)}\n`);
-  if (layerImpls(opts.impl) !== null) {
+  const table =
+    opts.impl === "step"
+      ? stepTable(rows)
+      : opts.impl === "ep"
+        ? epTable(rows)
+        : resultsTable(rows, peerRows);
+  process.stdout.write(`${table}\n`);
+  if (opts.impl === "ep") {
+    for (const line of epNotes(rows, ceilings.readTbps, rate.tflops)) process.stdout.write(`  ${line}\n`);
+    // A failed in-kernel forward ends the sweep; its row says why, and the exit code says it failed.
+    if (rows.some((r) => typeof r.error === "string")) process.exitCode = 1;
+  } else if (layerImpls(opts.impl) !== null) {
     process.stdout.write(`  ${unfusedFloorLine(ceilings.readTbps, rate)}\n`);
     for (const line of configLines(rows)) process.stdout.write(`  ${line}\n`);
     const failed = rows.find((r) => typeof r.graph_error === "string");

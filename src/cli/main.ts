@@ -129,14 +129,14 @@ program
 program
   .command("bench")
   .description(
-    "time the layer's GPU pipelines (fused, unfused), a decode step or a kernel (quant, grouped-gemm) over a sweep on the GPU: table, results JSON, plot",
+    "time the layer's GPU pipelines (fused, unfused), a decode step or a kernel (quant, grouped-gemm) over a sweep on the GPU, or its two expert-parallel paths on virtual ranks (ep): table, results JSON, plot",
   )
   .option(
     "--impl <name>",
-    "fused,unfused (the layer's two GPU pipelines side by side), fused, unfused, step (a decode step of norm → gate → MoE blocks), quant (input quantization) or grouped-gemm",
+    "fused,unfused (the layer's two GPU pipelines side by side), fused, unfused, step (a decode step of norm → gate → MoE blocks), quant (input quantization), grouped-gemm or ep (the in-kernel expert-parallel path beside the host-planned one, R virtual ranks on one GPU)",
     "fused,unfused",
   )
-  .option("--shape <name>", shapeHelp, "flash-ep8")
+  .option("--shape <name>", `${shapeHelp} (default flash-ep8; ep: flash, split R ways)`)
   .addOption(sharedOption())
   .option(
     "--checkpoint <dir>",
@@ -150,14 +150,19 @@ program
   .option("--configs", "fused: also time every block M, and how far the heuristic's pick is from the best")
   .option("--layers <n>", "step: MoE blocks in the decode step (default 8)", positiveInt("layers"))
   .option(
+    "--ranks <list>",
+    "ep: virtual ranks on the one GPU, each 2 … 8 and dividing the shape's experts (default 2,4,8)",
+    parseList,
+  )
+  .option(
     "--tokens <list>",
-    "token counts (default 1,2,4,…,8192; quant: 1,7,129,1024,4096,8192; grouped-gemm: M per group 64,512,4096)",
+    "token counts (default 1,2,4,…,8192; quant: 1,7,129,1024,4096,8192; grouped-gemm: M per group 64,512,4096; ep: per rank 1,8,64,512,4096,8192)",
     parseList,
   )
   .option("--iters <n>", "timed runs per case (median; at least 20)", positiveInt("iters"))
   .option(
     "--rounds <n>",
-    "fused/unfused: split the runs into n rounds that each time every row in turn (drifts then hit all alike)",
+    "fused/unfused/ep: split the runs into n rounds that each time every row in turn (drifts then hit all alike; ep default 3)",
     positiveInt("rounds"),
   )
   .option(

@@ -172,7 +172,7 @@ const rows: Row[] = [
   row(
     ["bench", "--impl", "nope"],
     1,
-    /--impl must be one of fused, unfused, fused,unfused, step, quant, grouped-gemm, got "nope"/,
+    /--impl must be one of fused, unfused, fused,unfused, step, quant, grouped-gemm, ep, got "nope"/,
   ),
   row(["bench", "--shape", "huge"], 1, /unknown shape "huge"/),
   row(
@@ -202,7 +202,7 @@ const rows: Row[] = [
   row(
     ["bench", "--impl", "quant", "--fp8-tflops", "900"],
     1,
-    /--fp8-tflops applies to --impl fused, unfused or fused,unfused, not quant/,
+    /--fp8-tflops applies to --impl fused, unfused, fused,unfused or ep, not quant/,
   ),
   row(["bench", "--fp8-tflops", "inf"], 1, /argument 'inf' is invalid\. must be a positive number/),
   row(["bench", "--impl", "quant", "--plot", "x.svg"], 1, /--plot draws the layer's time against tokens/),
