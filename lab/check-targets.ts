@@ -8,6 +8,9 @@
  *                  the unfused pipeline's bit for bit
  *   gate           the router (both logits paths) on tiny (E = 8, grouped sigmoid) and E = 64 softmax
  *   norm           RMSNorm with FP8 output, plain rows and the 4-stream pre-mix, H = 256 and 384
+ *   ep RANKS [fp8|fp4]  expert parallelism inside the fused kernel: RANKS virtual ranks (one launch each,
+ *                  on its own stream) of tiny with 16 experts, uneven tokens, a masked token and a hot
+ *                  expert, each rank's output equal to the host-planned layer's bit for bit
  *
  * (The grouped GEMM runs through its own test file's small cases: MEGAMOE_GEMM_CASE.) Each prints one
  * line per sub-case and exits 1 when an output is wrong, so a sanitizer run also says whether the
@@ -24,12 +27,14 @@ import { FUSED_BLOCK_MS, type FusedBlockM } from "../src/kernels/megamoe/megamoe
 import { rmsNormOnDevice } from "../src/kernels/norm/norm.js";
 import { allocQuantOutputs } from "../src/kernels/quant/quant.js";
 import { f32ToBf16Bits } from "../src/numerics/bf16.js";
+import { ExpertParallelMoE, type RankInput } from "../src/parallel/expert-parallel.js";
+import { FusedExpertParallel } from "../src/parallel/fused-expert-parallel.js";
 import { FusedPipeline } from "../src/pipeline/fused.js";
 import { UnfusedPipeline } from "../src/pipeline/unfused.js";
 import { randomRouting } from "../src/reference/router.js";
 import { GeneratedWeights, generateActivations, generateGate } from "../src/weights/generate.js";
 
-export const CHECK_TARGETS = ["fused", "gate", "norm"] as const;
+export const CHECK_TARGETS = ["fused", "ep", "gate", "norm"] as const;
 const TOKENS = [7, 300];
 
 /** The fused kernel at one block M against the unfused pipeline; returns the failures. */
@@ -72,6 +77,44 @@ function fused(device: Device, blockM: FusedBlockM, expertFormat: ExpertFormat):
     f.dispose();
     u.dispose();
     weights.dispose();
+  }
+  return failures;
+}
+
+/** R virtual ranks of the EP build against the host-planned layer on the same GPU; returns the failures. */
+function ep(device: Device, ranks: number, expertFormat: ExpertFormat): number {
+  // 16 experts of top-4, so that 8 ranks still hold 2 each.
+  const config: MoEConfig = {
+    ...resolveConfig("tiny", { expertFormat }),
+    numExperts: 16,
+    topK: 4,
+    maxTokens: 16,
+  };
+  const weights = new GeneratedWeights(config, 11);
+  const inputs: RankInput[] = Array.from({ length: ranks }, (_, s) => {
+    const tokens = [5, 1, 9, 16, 3, 7, 2, 11][s]!;
+    const routing = randomRouting(60 + s, tokens, config, {
+      maskedTokens: tokens > 2 ? [1] : [],
+      hotExpert: 6,
+    });
+    return { x: generateActivations(40 + s, tokens, config.hidden), tokens, ...routing };
+  });
+  const host = new ExpertParallelMoE(weights, { ranks, backend: "cuda", devices: device, pipeline: "fused" });
+  const fused = new FusedExpertParallel(weights, { ranks, devices: device, maxTokens: 16 });
+  let failures = 0;
+  try {
+    const want = host.forward(inputs).out;
+    const got = fused.forward(inputs).out;
+    inputs.forEach((input, s) => {
+      const at = got[s]!.findIndex((v, i) => v !== want[s]![i]);
+      console.log(
+        `ep tiny ${expertFormat} ${ranks} ranks, rank ${s} T=${input.tokens}: ${at === -1 ? "equal to the host-planned layer" : `differs at ${at}`}`,
+      );
+      if (at !== -1) failures++;
+    });
+  } finally {
+    fused.dispose();
+    host.dispose();
   }
   return failures;
 }
@@ -190,6 +233,7 @@ function norm(device: Device): number {
 export const TARGETS_HELP = `node dist-test/lab/check-targets.js TARGET [ARG]: one small run for compute-sanitizer
   fused BLOCK_M [fp8|fp4]  the fused kernel at BLOCK_M (${FUSED_BLOCK_MS.join(", ")}) against the unfused
                   pipeline, with FP8 (default) or FP4 routed experts
+  ep RANKS [fp8|fp4]  RANKS (2..8) virtual ranks of the EP build against the host-planned layer
   gate            the router, both logits paths
   norm            RMSNorm with FP8 output, plain rows and the pre-mix
 Exit status 1 when an output is wrong, 2 for a usage error.`;
@@ -213,6 +257,17 @@ function main(argv: string[]): number {
       return 2;
     }
     failures = fused(device, blockM, format as ExpertFormat);
+  } else if (target === "ep") {
+    const ranks = Number(arg);
+    if (![2, 4, 8].includes(ranks)) {
+      console.error(`ep needs 2, 4 or 8 ranks; got ${arg}`);
+      return 2;
+    }
+    if (!EXPERT_FORMATS.includes(format as ExpertFormat)) {
+      console.error(`ep takes fp8 or fp4 experts; got ${format}`);
+      return 2;
+    }
+    failures = ep(device, ranks, format as ExpertFormat);
   } else if (target === "gate") failures = gate(device);
   else if (target === "norm") failures = norm(device);
   else {

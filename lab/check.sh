@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # lab/check: a version's correctness check on the GPU host. Every GPU test file (npm run test:gpu), then
 # compute-sanitizer memcheck, racecheck and synccheck on small runs of the fused kernel (every block M),
-# the grouped GEMM, the gate and the norm kernels. One results file per tool under the output folder,
+# expert parallelism inside it (virtual ranks), the grouped GEMM, the gate and the norm kernels. One results file per tool under the output folder,
 # and a summary line per tool.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -18,9 +18,10 @@ Phases (default: both; naming one runs only the named ones):
 Options:
   --out DIR               results folder (default $OUT, else ./lab-out/check)
   --tools LIST            comma list of memcheck, racecheck, synccheck (default all three)
-  --targets LIST          comma list of fused, gemm, gate, norm (default all four)
+  --targets LIST          comma list of fused, ep, gemm, gate, norm (default all five)
   --block-ms LIST         the fused kernel's block Ms, one sanitizer run each (default 16,32,64,128)
   --experts LIST          the fused kernel's routed-expert formats, fp8 and/or fp4 (default fp8,fp4)
+  --ep-ranks LIST         virtual rank counts of the ep target (2, 4, 8), one run each (default 2)
   --gemm-cases LIST       the grouped-GEMM test cases (substrings of their names, MEGAMOE_GEMM_CASE;
                           default "tiny,empty groups"), one sanitizer run each
   --tests-timeout S       seconds for the test phase (default 300)
@@ -28,7 +29,7 @@ Options:
   -h, --help              this text
 
 Each sanitizer run is one process: `compute-sanitizer --tool TOOL node dist-test/lab/check-targets.js
-TARGET` (fused, gate, norm) or the grouped-GEMM test file narrowed to one case, with kernels compiled
+TARGET` (fused, ep, gate, norm) or the grouped-GEMM test file narrowed to one case, with kernels compiled
 -lineinfo (MEGAMOE_JIT_LINEINFO=1) so reports name source lines. A run's errors are its ERROR SUMMARY
 (RACECHECK SUMMARY for racecheck); a timeout or a wrong output counts as a failed run.
 Exit status: 0 when the tests pass and no tool found an error, 1 otherwise, 2 for a usage error.
@@ -40,7 +41,8 @@ HELP
 
 out=${OUT:-lab-out/check}
 tools=memcheck,racecheck,synccheck
-targets=fused,gemm,gate,norm
+targets=fused,ep,gemm,gate,norm
+ep_ranks=2
 block_ms=16,32,64,128
 experts=fp8,fp4
 gemm_cases="tiny,empty groups"
@@ -56,6 +58,7 @@ while (($#)); do
   --targets) targets=$2; shift ;;
   --block-ms) block_ms=$2; shift ;;
   --experts) experts=$2; shift ;;
+  --ep-ranks) ep_ranks=$2; shift ;;
   --gemm-cases) gemm_cases=$2; shift ;;
   --tests-timeout) tests_timeout=$2; shift ;;
   --run-timeout) run_timeout=$2; shift ;;
@@ -69,7 +72,7 @@ for t in ${tools//,/ }; do
   [[ $t =~ ^(memcheck|racecheck|synccheck)$ ]] || { echo "lab/check.sh: unknown tool $t" >&2; exit 2; }
 done
 for t in ${targets//,/ }; do
-  [[ $t =~ ^(fused|gemm|gate|norm)$ ]] || { echo "lab/check.sh: unknown target $t" >&2; exit 2; }
+  [[ $t =~ ^(fused|ep|gemm|gate|norm)$ ]] || { echo "lab/check.sh: unknown target $t" >&2; exit 2; }
 done
 for x in ${experts//,/ }; do
   [[ $x =~ ^(fp8|fp4)$ ]] || { echo "lab/check.sh: unknown expert format $x" >&2; exit 2; }
@@ -135,6 +138,11 @@ if ((do_sanitizers)); then
       fused) for x in ${experts//,/ }; do
         for m in ${block_ms//,/ }; do
           results+=("$(run "$tool" "fused-$x:$m" "$file" node dist-test/lab/check-targets.js fused "$m" "$x")")
+        done
+      done ;;
+      ep) for x in ${experts//,/ }; do
+        for r in ${ep_ranks//,/ }; do
+          results+=("$(run "$tool" "ep-$x:$r" "$file" node dist-test/lab/check-targets.js ep "$r" "$x")")
         done
       done ;;
       gemm) for c in "${gemm_list[@]}"; do
