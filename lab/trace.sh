@@ -8,20 +8,22 @@ usage() {
 usage: lab/trace.sh [options]
   --shape NAME      preset (default flash-ep8)
   --tokens LIST     token counts (default 1,64,512,8192)
+  --experts FMT     the routed experts' format, fp8 or fp4 (default the shape's)
   --rounds N        repeat the whole timeline N times, one file each (default 1)
   --grep REGEX      print only the fields matching REGEX (the files keep all)
 $LAB_COMMON_HELP
 A/B of a kernel macro: run once plain and once with --define NAME=VALUE, into the same --out.
-Writes trace-SHAPE[-DEFINES]-R.txt.
+Writes trace-SHAPE[-FMT][-DEFINES]-R.txt.
 HELP
 }
 source "$(dirname "$0")/lib.sh"
-shape=flash-ep8 tokens=1,64,512,8192 rounds=1 pattern=""
+shape=flash-ep8 tokens=1,64,512,8192 rounds=1 pattern="" experts=""
 while (($#)); do
   case $1 in
   -h | --help) usage; exit 0 ;;
   --shape) shape=$2; shift 2 ;;
   --tokens) tokens=$2; shift 2 ;;
+  --experts) experts=$2; shift 2 ;;
   --rounds) rounds=$2; shift 2 ;;
   --grep) pattern=$2; shift 2 ;;
   *) lab_common_option "$@"; ((SHIFT)) || lab_die "unknown option $1 (--help)"; shift "$SHIFT" ;;
@@ -30,8 +32,8 @@ done
 lab_setup
 rc=0
 for round in $(seq 1 "$rounds"); do
-  file=$OUT_DIR/trace-$shape$LAB_TAG-$round.txt
-  timeout 150 node dist-test/lab/trace.js "$shape" "$tokens" >"$file" 2>&1 || rc=1
+  file=$OUT_DIR/trace-$shape${experts:+-$experts}$LAB_TAG-$round.txt
+  timeout 150 node dist-test/lab/trace.js "$shape" "$tokens" $experts >"$file" 2>&1 || rc=1
   if [[ -n $pattern ]]; then grep -E "forward|$pattern" "$file"; else cat "$file"; fi
 done
 lab_finish $rc

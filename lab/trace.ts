@@ -2,11 +2,11 @@
  * On the GPU host: the fused kernel's per-CTA timeline at a few token counts (where the time goes:
  * dispatch phases, waits on dependencies and stages, epilogues, the combine), printed as a table of
  * min / median / max over the CTAs. Lab helper, run by lab/trace.sh from dist-test:
- * node dist-test/lab/trace.js [shape] [T,T,...]
+ * node dist-test/lab/trace.js [shape] [T,T,...] [fp8|fp4]
  */
 
 import { forwardOperands } from "../src/bench/layer.js";
-import { resolveConfig } from "../src/config/config.js";
+import { EXPERT_FORMATS, type ExpertFormat, resolveConfig } from "../src/config/config.js";
 import { openDevice, timeKernel } from "../src/cuda/index.js";
 import { DeviceMoEWeights } from "../src/kernels/device-weights.js";
 import { FUSED_TRACE_FIELDS, type FusedTraceRow } from "../src/kernels/megamoe/megamoe.js";
@@ -15,9 +15,17 @@ import { randomRouting } from "../src/reference/router.js";
 
 const shape = process.argv[2] ?? "flash-ep8";
 const tokenList = (process.argv[3] ?? "1,64,8192").split(",").map(Number);
+const experts = process.argv[4] as ExpertFormat | undefined;
+if (experts !== undefined && !EXPERT_FORMATS.includes(experts)) {
+  console.error(`trace: the experts are fp8 or fp4, not ${experts}`);
+  process.exit(2);
+}
 const device = openDevice(0);
 const maxTokens = Math.max(...tokenList);
-const config = resolveConfig(shape, { maxTokens: Math.max(maxTokens, 8192) });
+const config = resolveConfig(shape, {
+  maxTokens: Math.max(maxTokens, 8192),
+  ...(experts === undefined ? {} : { expertFormat: experts }),
+});
 const weights = DeviceMoEWeights.generate(device, config, 7);
 const pipeline = new FusedPipeline(device, weights, maxTokens);
 
@@ -39,7 +47,7 @@ for (const tokens of tokenList) {
   const rows: FusedTraceRow[] = pipeline.kernel.readTrace();
   pipeline.checkStatus();
   console.log(
-    `\n${shape} T=${tokens}: forward ${t.usMedian.toFixed(1)} µs (untraced median); per-CTA µs min / median / max`,
+    `\n${shape}${experts === undefined ? "" : ` ${experts}`} T=${tokens}: forward ${t.usMedian.toFixed(1)} µs (untraced median); per-CTA µs min / median / max`,
   );
   for (const field of FUSED_TRACE_FIELDS) {
     const [lo, mid, hi] = stats(rows.map((r) => r[field]));
