@@ -17,11 +17,13 @@ import {
   epVariants,
   FUSED_BLOCK_MS,
   FUSED_COUNTER_WORDS,
+  FUSED_FP4_SWAP_MAX_STAGES,
   FUSED_SWAP_MAX_STAGES,
   fusedDefines,
+  fusedFp4Registers,
+  fusedMaxStages,
   fusedSharedBytes,
   fusedStages,
-  fusedSwapAB,
   variants,
 } from "../../src/kernels/megamoe/megamoe.variants.js";
 import {
@@ -43,7 +45,7 @@ describe("fused MoE kernel: host-side facts", () => {
         const what = `${preset.name} BLOCK_M ${blockM}`;
         assert.ok(stages >= 3, `${what}: ${stages} stages`);
         assert.ok(fusedSharedBytes(preset, stages, blockM) <= OPTIN, what);
-        const cap = fusedSwapAB(blockM) ? FUSED_SWAP_MAX_STAGES : 8;
+        const cap = fusedMaxStages(preset, blockM);
         if (stages < cap)
           assert.ok(fusedSharedBytes(preset, stages + 1, blockM) > OPTIN, `${what}: could use more`);
       }
@@ -160,6 +162,22 @@ describe("fused MoE kernel: host-side facts", () => {
     assert.equal(fusedDefines(resolveConfig("flash"), 16).B_FP4, undefined);
     const extra = fusedSharedBytes(flash4, 3, 128) - fusedSharedBytes(resolveConfig("flash"), 3, 128);
     assert.ok(Math.abs(extra - 3 * (256 * 72 + 8 + 4)) < 16, `FP4 adds ${extra} bytes`);
-    assert.equal(fusedStages(flash4, 16), 3);
+    assert.equal(fusedStages(flash4, 64), 3);
+    // Swap-AB FP4 tiles convert in registers: a stage is A, its scales, the packed rows and their words
+    // (16 + 1 KB), with no e4m3 tile, fp32 scales, `loaded` barrier or stage kind, so the ring runs to 8.
+    assert.equal(fusedMaxStages(flash4, 16), FUSED_FP4_SWAP_MAX_STAGES);
+    assert.equal(fusedMaxStages(resolveConfig("flash"), 16), FUSED_SWAP_MAX_STAGES);
+    assert.ok(fusedFp4Registers(flash4, 32) && !fusedFp4Registers(flash4, 64));
+    assert.ok(!fusedFp4Registers(resolveConfig("flash"), 16));
+    for (const blockM of [16, 32] as const) {
+      const stage = blockM * 128 + (blockM === 16 ? 128 : 256) + 256 * (64 + 4);
+      const step = fusedSharedBytes(flash4, 5, blockM) - fusedSharedBytes(flash4, 4, blockM);
+      assert.ok(
+        Math.abs(step - stage - 16) <= 1024,
+        `BLOCK_M ${blockM}: a stage adds ${step}, want ~${stage}`,
+      );
+      assert.equal(fusedStages(flash4, blockM), 8);
+      assert.ok(fusedSharedBytes(flash4, 8, blockM) <= OPTIN);
+    }
   });
 });

@@ -10,7 +10,9 @@
  *
  * Stages: test/fixtures/fp4_stage.cpp runs the converter threads' pass over whole stages
  * (fp4_stage_convert, as common/fp4_stage.cuh calls it on the device) into the swizzled tile, on
- * seeded random stages, against the exact path.
+ * seeded random stages, against the exact path. test/fixtures/fp4_frag.cpp runs the fused kernel's
+ * swap-AB register path (fp4_fragment_k128) for every thread of a warpgroup over 64B-swizzled stages
+ * and checks each A register byte against that tile at the wgmma fragment position.
  */
 import assert from "node:assert/strict";
 import { spawnSync } from "node:child_process";
@@ -172,6 +174,23 @@ describe("fp4.cuh converts FP4 blocks as mxfp4RowsToFp8 does", { skip }, () => {
     );
     if (build.status !== 0) throw new Error(`${cxx} failed (${build.status}):\n${build.stderr}`);
     const r = spawnSync(stageExe, [String(seed >>> 0)], { encoding: "utf8" });
+    assert.equal(r.status, 0, r.stdout + r.stderr);
+    assert.match(r.stdout, /^ok \d+/);
+  });
+
+  it(`swap-AB A fragments through fp4_fragment_k128, every thread and register byte (seed ${seed})`, () => {
+    const fragExe = path.join(dir, "fp4frag");
+    const source = fileURLToPath(new URL("../fixtures/fp4_frag.cpp", import.meta.url));
+    const include = fileURLToPath(new URL("../../src/include", import.meta.url));
+    const build = spawnSync(
+      cxx!,
+      ["-std=c++17", "-O1", "-Wall", "-Werror", `-I${include}`, "-o", fragExe, source],
+      {
+        encoding: "utf8",
+      },
+    );
+    if (build.status !== 0) throw new Error(`${cxx} failed (${build.status}):\n${build.stderr}`);
+    const r = spawnSync(fragExe, [String(seed >>> 0)], { encoding: "utf8" });
     assert.equal(r.status, 0, r.stdout + r.stderr);
     assert.match(r.stdout, /^ok \d+/);
   });

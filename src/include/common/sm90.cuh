@@ -249,6 +249,43 @@ __device__ __forceinline__ void wgmma_e4m3(float (&d)[128], unsigned long long d
       : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
 
+// wgmma_e4m3_rs (n = 16, 32): the same product with A from registers, `a` the thread's four .b32 of the
+// 8-bit A fragment (PTX ISA, wgmma .m64nNk32 A register fragment; common/fp4_frag.cuh spells it out).
+// The tensor cores read `a` after the instruction issues: keep it unchanged until a wgmma_wait covers
+// the group (fence_operands after the wait).
+__device__ __forceinline__ void wgmma_e4m3_rs(float (&d)[8], const unsigned (&a)[4], unsigned long long desc_b,
+                                              int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "setp.ne.b32 p, %13, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+}
+
+__device__ __forceinline__ void wgmma_e4m3_rs(float (&d)[16], const unsigned (&a)[4], unsigned long long desc_b,
+                                              int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "setp.ne.b32 p, %21, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 "
+      "{"
+      "%0, %1, %2, %3, %4, %5, %6, %7, "
+      "%8, %9, %10, %11, %12, %13, %14, %15 "
+      "}, {%16, %17, %18, %19}, %20, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+}
+
+// Pins A-fragment registers (see wgmma_e4m3_rs) at this point: they stay live and unchanged up to it.
+template <int kCount>
+__device__ __forceinline__ void fence_operands(unsigned (&r)[kCount]) {
+#pragma unroll
+  for (int i = 0; i < kCount; ++i) asm volatile("" : "+r"(r[i])::"memory");
+}
+
 // Waits until at most kPending committed wgmma groups of this warpgroup are still running.
 template <int kPending>
 __device__ __forceinline__ void wgmma_wait() {

@@ -81,7 +81,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
   const unsigned empty_bar = full_bar + 8 * kStages;
   const unsigned task_full_bar = empty_bar + 8 * kStages;
   const unsigned task_empty_bar = task_full_bar + 16;
-  const unsigned loaded_bar = task_empty_bar + 16;  // FP4 builds only
+  const unsigned loaded_bar = task_empty_bar + 16;  // FP4 builds with converters only
 
   int* const ws = op.workspace;
   int* const counts = ws + kCounterWords;
@@ -104,10 +104,10 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
   if (tid == 0) trace_time(op.trace, kTraceEntry);
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
-      // FP4: the producer's arrive.expect_tx and one arrive per converter warp.
-      mbar_init(full_bar + 8 * s, kBFp4 ? 1 + kConverterWarps : 1);
+      // FP4 with converters: the producer's arrive.expect_tx and one arrive per converter warp.
+      mbar_init(full_bar + 8 * s, kConverters ? 1 + kConverterWarps : 1);
       mbar_init(empty_bar + 8 * s, kMathWarps);
-      if constexpr (kBFp4) mbar_init(loaded_bar + 8 * s, 1);
+      if constexpr (kConverters) mbar_init(loaded_bar + 8 * s, 1);
     }
     for (int s = 0; s < 2; ++s) {
       mbar_init(task_full_bar + 8 * s, 1);
@@ -185,7 +185,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
     const unsigned stage_kinds = base + kOffStageKinds;  // FP4 builds: a StageKind per stage
     if (tid != kMathThreads) {
       const int converter = tid - kMathThreads - 32;
-      if (kBFp4 && converter >= 0) {
+      if (kConverters && converter >= 0) {
         // ---------------- FP4 converters (warps 1..3): each routed stage's packed rows into the B tile,
         // in ring order; a stage of FP8 weights (the shared expert) passes through untouched. (Inside
         // this branch rather than before it: there ptxas spilled the producer thread's registers.)
@@ -264,7 +264,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
       }
       if (task.kind == kTaskNone) {
         trace_time(op.trace, kTraceProducerDone);
-        if constexpr (kBFp4) {
+        if constexpr (kConverters) {
           // The converters leave through the next stage, once they have passed its previous use.
           wait_barrier(empty_bar + 8 * stage, phase ^ 1u, op.status, kStatusStageEmptyWait, stage);
           store_shared_u32(stage_kinds + 4 * stage, kStageStop);
@@ -304,11 +304,73 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
       };
       // FP4 builds, a stage of FP8 weights: the converters only pass it on to `full`.
       const auto pass_fp8_weights = [&](int s) {
-        if constexpr (kBFp4) {
+        if constexpr (kConverters) {
           store_shared_u32(stage_kinds + 4 * s, kStageFp8);
           mbar_arrive(loaded_bar + 8 * s);
         }
       };
+      if constexpr (kFp4Regs) {
+        // Swap-AB FP4 (the math threads convert): a routed K block is one stage, its packed rows and
+        // words (64-byte swizzle, fp4_frag.cuh), A and A scales, all to `full`. A shared-expert K block
+        // is two: step 2kb brings B box 0 with A, step 2kb + 1 box 1, each into the stage's packed area.
+        const int steps = fp4 ? task.k_blocks : 2 * task.k_blocks;
+        const int early = steps < kStages ? steps : kStages;
+        const int first_stage = stage;
+        const auto load_a = [&](int s, int step) {
+          const unsigned b = full_bar + 8 * s;
+          const int kb = fp4 ? step : step >> 1;
+          tma_load_2d(base + kOffA + s * kATileBytes, map_a, b, kb * kBlockK, task.row0);
+          tma_load_2d(base + kOffSa + s * kSaStride, map_sa, b, task.row0 & ~3, kb);
+        };
+        for (int step = 0; step < steps; ++step) {
+          const unsigned long long t_empty = trace_clock(op.trace);
+          wait_barrier(empty_bar + 8 * stage, phase ^ 1u, op.status, kStatusStageEmptyWait, stage);
+          trace_add(op.trace, kTraceStageEmptyWaitNs, trace_clock(op.trace) - t_empty);
+          const unsigned bar = full_bar + 8 * stage;
+          const unsigned weights = base + kOffPacked + stage * kPackedStageBytes;
+          const bool with_a = fp4 || (step & 1) == 0;
+          // Weights first (they do not depend on other CTAs); the rows' bytes are expected with them.
+          mbar_arrive_expect_tx(bar, fp4 ? kFp4RegsTxBytes : kBHalfBytes + (with_a ? kFp4FullTxBytes : 0u));
+          if (fp4) {
+#if B_FP4
+            const TensorMap* map_words = l1 ? &map_w1_words : &map_w2_words;
+            const unsigned words = base + kOffRowWords + stage * kRowWordsStageBytes;
+            tma_load_2d(weights, map_b, bar, step * (kBlockK / 2), b_row0);
+            tma_load_2d(weights + kPackedHalfBytes, map_b, bar, step * (kBlockK / 2), b_row1);
+            tma_load_2d(words, map_words, bar, b_row0, step);
+            tma_load_2d(words + kRowWordsStageBytes / 2, map_words, bar, b_row1, step);
+#endif
+          } else {
+            tma_load_2d(weights, map_b, bar, step / 2 * kBlockK, (step & 1) == 0 ? b_row0 : b_row1);
+          }
+          if (step == early - 1) {
+            // Then the rows: arrived (L1) or produced by every L1 tile of the block (L2).
+            const unsigned long long t_dep = trace_clock(op.trace);
+            if (l1) {
+              const int rows = min(kBlockM, task.row_end - task.row0);
+              wait_at_least(arrived + task.block, rows, op.status, kStatusArrivalWait, task.block);
+            } else {
+              wait_at_least(l1_done + task.block, inter / kQuant * kPublishesPerTile, op.status, kStatusL1Wait,
+                            task.block);
+            }
+            trace_add(op.trace, kTraceDependencyWaitNs, trace_clock(op.trace) - t_dep);
+            if (!l1) trace_time_once(op.trace, kTraceL2ReadyFirst);
+            fence_proxy_async_global();
+            int s = first_stage;
+            for (int k = 0; k < early; ++k) {
+              if (fp4 || (k & 1) == 0) load_a(s, k);
+              if (++s == kStages) s = 0;
+            }
+          } else if (step >= early && with_a) {
+            load_a(stage, step);
+          }
+          if (++stage == kStages) {
+            stage = 0;
+            phase ^= 1u;
+          }
+        }
+        continue;
+      }
       const int early = task.k_blocks < kStages ? task.k_blocks : kStages;
       const int first_stage = stage;
       for (int kb = 0; kb < task.k_blocks; ++kb) {
@@ -376,9 +438,9 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
   const int frag_col = 2 * (lane & 3);
   const int row_offset = warpgroup_row_offset(warpgroup);  // the same for both kinds
   const MathContext m{base + kOffA + static_cast<unsigned>(row_offset) * kBlockK,
-                      base + kOffB,
+                      base + (kFp4Regs ? kOffPacked : kOffB),
                       base + kOffSa + (kSwapAB ? 0u : static_cast<unsigned>(row_offset + frag_row) * 4),
-                      base + kOffRowScales,
+                      base + (kFp4Regs ? kOffRowWords : kOffRowScales),
                       full_bar,
                       empty_bar,
                       base + kOffAmax,

@@ -46,6 +46,16 @@ export const FUSED_MAX_STAGES = 8;
  * at 6 (flash-ep8, BLOCK_M 16) ptxas spilled the producer.
  */
 export const FUSED_SWAP_MAX_STAGES = 5;
+/**
+ * Swap-AB tiles with FP4 experts convert in the math threads' registers (megamoe.cu kFp4Regs): a stage
+ * holds no e4m3 tile, only 16 KB of packed weights and their words, so the ring runs to the kernel's
+ * 8-stage limit (128 KB of packed weights in flight per SM).
+ */
+export const FUSED_FP4_SWAP_MAX_STAGES = 8;
+/** Whether a layer and block M build the register path (megamoe.cu kFp4Regs). */
+export function fusedFp4Registers(c: MoEConfig, blockM: FusedBlockM): boolean {
+  return expertFormatOf(c) === "fp4" && fusedSwapAB(blockM);
+}
 /** Int32 words of the workspace before the per-group and per-block arrays (the kernel's Counter enum). */
 export const FUSED_COUNTER_WORDS = 8;
 
@@ -61,21 +71,26 @@ export function fusedShapeProblem(c: MoEConfig): string | null {
 /**
  * Dynamic shared memory of one CTA, byte for byte megamoe.cu's layout (+1024 to align the base). FP4
  * experts add per stage the packed rows (64 bytes per B row), their UE8M0 words and the converted
- * rows' fp32 scales (4 bytes per B row each), a `loaded` barrier and a stage-kind word.
+ * rows' fp32 scales (4 bytes per B row each), a `loaded` barrier and a stage-kind word. The register
+ * path (swap-AB FP4) has none of the e4m3 tile, the fp32 scales, `loaded` or the stage kinds, and
+ * starts the packed rows at a 1024-byte boundary.
  */
 export function fusedSharedBytes(c: MoEConfig, stages: number, blockM: FusedBlockM): number {
   const fp4 = expertFormatOf(c) === "fp4";
+  const regs = fusedFp4Registers(c, blockM);
+  const converters = fp4 && !regs;
   const groups = c.numExperts / c.ranks + 1;
   const maxInter = Math.max(c.intermediate, sharedIntermediate(c));
   const maxKBlocks = Math.max(c.hidden / QUANT_BLOCK, maxInter / QUANT_BLOCK);
   const aTile = blockM * 128;
-  const bTile = FUSED_BLOCK_N * 128;
+  const bTile = regs ? 0 : FUSED_BLOCK_N * 128;
   const saStride = aScaleStageBytes(blockM);
-  const fp4Stage = fp4 ? FUSED_BLOCK_N * (64 + 4 + 4) : 0;
-  const offTasks = stages * (aTile + bTile + saStride + fp4Stage);
+  const fp4Stage = fp4 ? FUSED_BLOCK_N * (64 + 4 + (regs ? 0 : 4)) : 0;
+  const offPacked = stages * (aTile + bTile + saStride);
+  const offTasks = (regs ? alignUp(offPacked, 1024) : offPacked) + stages * fp4Stage;
   const taskSlot = alignUp(32 + 2 * maxKBlocks * 4, 16); // the Task and its two weight-scale rows
   const offBars = alignUp(offTasks + 2 * taskSlot, 8);
-  const offAmax = offBars + 8 * (2 * stages + 4 + (fp4 ? stages : 0)) + (fp4 ? 4 * stages : 0);
+  const offAmax = offBars + 8 * (2 * stages + 4 + (converters ? stages : 0)) + (converters ? 4 * stages : 0);
   // The L1 epilogue's amax exchange: [2][64] floats, or per math warp and row when swap-AB.
   const mathWarps = (FUSED_THREADS - 128) / 32;
   const offOffsets = offAmax + Math.max(2 * 64, fusedSwapAB(blockM) ? mathWarps * blockM : 0) * 4;
@@ -85,9 +100,15 @@ export function fusedSharedBytes(c: MoEConfig, stages: number, blockM: FusedBloc
   return bytes + 1024;
 }
 
-/** The deepest stage ring (up to FUSED_MAX_STAGES, or FUSED_SWAP_MAX_STAGES) that fits `budget`; 0 when 2 do not. */
+/** The deepest ring a block M may use: FUSED_MAX_STAGES, or the swap-AB caps. */
+export function fusedMaxStages(c: MoEConfig, blockM: FusedBlockM): number {
+  if (!fusedSwapAB(blockM)) return FUSED_MAX_STAGES;
+  return fusedFp4Registers(c, blockM) ? FUSED_FP4_SWAP_MAX_STAGES : FUSED_SWAP_MAX_STAGES;
+}
+
+/** The deepest stage ring (up to fusedMaxStages) that fits `budget`; 0 when 2 do not. */
 export function fusedStages(c: MoEConfig, blockM: FusedBlockM, budget = SM90_SHARED_OPTIN_BYTES): number {
-  for (let s = fusedSwapAB(blockM) ? FUSED_SWAP_MAX_STAGES : FUSED_MAX_STAGES; s >= FUSED_MIN_STAGES; s--) {
+  for (let s = fusedMaxStages(c, blockM); s >= FUSED_MIN_STAGES; s--) {
     if (fusedSharedBytes(c, s, blockM) <= budget) return s;
   }
   return 0;

@@ -64,16 +64,20 @@ constexpr int kBlockM = BLOCK_M;  // pool rows per tile (Split / SwapSplit say h
 // BLOCK_M 16 or 32: swap-AB, the decode shape. The weights ride on the wgmma's M side and the tile's
 // few rows on its N side, so a tile costs the tensor cores kBlockM / 64 of a 64-row tile's work.
 constexpr bool kSwapAB = kBlockM < 64;
+// FP4 builds with swap-AB tiles: the math threads convert their own A fragments from the packed stage
+// (common/fp4_frag.cuh) and issue wgmma with A from registers; no converter warps, no e4m3 tile.
+constexpr bool kFp4Regs = kBFp4 && kSwapAB;
 constexpr int kBlockN = 256;     // L1: 128 gate + 128 up channels; L2: 256 output columns
 constexpr int kBlockK = 128;
 constexpr int kMathThreads = 256;
 constexpr int kThreads = kMathThreads + 128;  // + the producer warpgroup
 constexpr int kMathWarps = kMathThreads / 32;
-// FP4: warps 1..3 of the producer warpgroup turn each routed stage's packed weights into the e4m3 tile.
+// FP4, 64- and 128-row tiles: warps 1..3 of the producer warpgroup turn each routed stage's packed
+// weights into the e4m3 tile.
 constexpr int kConverterWarps = 3;
 constexpr int kConverterThreads = 32 * kConverterWarps;
-// Items each converter loads ahead (fp4_stage::convert_tile): two made ptxas spill in the swap-AB builds
-// and in pro's 128-row build, so every fused build takes one.
+// Items each converter loads ahead (fp4_stage::convert_tile; converters run in the 64- and 128-row
+// FP4 builds only): two made ptxas spill in pro's 128-row build, so every fused build takes one.
 constexpr int kConvertDepth = 1;
 constexpr int kAccum = 64;                   // fp32 accumulators per thread of one m64 × n128 chunk
 constexpr int kGroups = kExperts + 1;        // group kExperts: the shared expert
@@ -89,6 +93,7 @@ static_assert(kSharedInter % kQuant == 0, "SHARED_INTER must be a multiple of 12
 static_assert(kExperts >= 1 && kExperts <= 1024, "NUM_EXPERTS must be in 1..1024");
 static_assert(kTopK >= 1 && kTopK <= 32, "TOP_K must be in 1..32");
 static_assert(kStages >= 2 && kStages <= 8, "NUM_STAGES must be in 2..8");
+static_assert(!kFp4Regs || kBlockM == 16 || kBlockM == 32, "the register path has n16 and n32 wgmmas");
 
 
 // Registers: the producer warpgroup gives its share to the two math warpgroups. The three warpgroups

@@ -27,22 +27,33 @@ constexpr unsigned kPackedHalfBytes = kPackedStageBytes / 2;  // one 128-row box
 constexpr unsigned kRowWordsStageBytes = kBFp4 ? kBlockN * megamoe::fp4_stage::kRowWordBytes : 0u;
 constexpr unsigned kFp4LoadedTxBytes = kPackedStageBytes + kRowWordsStageBytes;
 constexpr unsigned kFp4FullTxBytes = kATileBytes + kSaBytes;
+// kFp4Regs (swap-AB FP4): no B tile and no fp32 scales (the math threads convert from the packed rows),
+// everything to `full`. The shared expert's FP8 K block takes two stages, one 128-row box (16 KB, the
+// size of a packed stage) in each stage's packed area; A and its scales ride with the first box.
+constexpr unsigned kBStageBytes = kFp4Regs ? 0u : kBTileBytes;
+constexpr unsigned kRowScalesStageBytes = kFp4Regs ? 0u : kRowWordsStageBytes;
+constexpr unsigned kFp4RegsTxBytes = kFp4LoadedTxBytes + kFp4FullTxBytes;
+static_assert(!kFp4Regs || kPackedStageBytes == kBHalfBytes, "a shared-expert box fills a packed stage");
 
 constexpr unsigned kOffA = 0;
 constexpr unsigned kOffB = kOffA + kStages * kATileBytes;
-constexpr unsigned kOffSa = kOffB + kStages * kBTileBytes;
-constexpr unsigned kOffPacked = kOffSa + kStages * kSaStride;                   // FP4 only
+constexpr unsigned kOffSa = kOffB + kStages * kBStageBytes;
+// FP4 only. kFp4Regs: 1024-aligned, for the 64-byte swizzle of the packed boxes and the 128-byte one of
+// the shared expert's FP8 boxes.
+constexpr unsigned kOffPacked = kFp4Regs ? align_up(kOffSa + kStages * kSaStride, 1024) : kOffSa + kStages * kSaStride;
 constexpr unsigned kOffRowWords = kOffPacked + kStages * kPackedStageBytes;     // FP4: UE8M0 words
-constexpr unsigned kOffRowScales = kOffRowWords + kStages * kRowWordsStageBytes;  // FP4: fp32 2^ref
+constexpr unsigned kOffRowScales = kOffRowWords + kStages * kRowWordsStageBytes;  // FP4 converters: fp32 2^ref
 // Task slots: the Task (32 bytes) and the tile's two weight-scale rows of up to kMaxKBlocks floats.
 constexpr unsigned kTaskSlotBytes = align_up(32 + 2 * kMaxKBlocks * 4, 16);
-constexpr unsigned kOffTasks = kOffRowScales + kStages * kRowWordsStageBytes;
+constexpr unsigned kOffTasks = kOffRowScales + kStages * kRowScalesStageBytes;
 constexpr unsigned kOffBars = align_up(kOffTasks + 2 * kTaskSlotBytes, 8);
-// full[S], empty[S], task_full[2], task_empty[2], and FP4's loaded[S] (the TMA's bytes, before conversion).
-constexpr unsigned kBarCount = 2 * kStages + 4 + (kBFp4 ? kStages : 0);
-// FP4: what the producer put in each stage for the converters (StageKind), written before `loaded`.
+// full[S], empty[S], task_full[2], task_empty[2], and the converters' loaded[S] (the TMA's bytes, before
+// conversion).
+constexpr bool kConverters = kBFp4 && !kFp4Regs;
+constexpr unsigned kBarCount = 2 * kStages + 4 + (kConverters ? kStages : 0);
+// Converters: what the producer put in each stage for them (StageKind), written before `loaded`.
 constexpr unsigned kOffStageKinds = kOffBars + 8 * kBarCount;
-constexpr unsigned kStageKindBytes = kBFp4 ? 4 * kStages : 0u;
+constexpr unsigned kStageKindBytes = kConverters ? 4 * kStages : 0u;
 // Row amax exchange of the L1 epilogue: float[2][64] (BLOCK_M 64: per warpgroup and row) or, swap-AB,
 // float[kMathWarps][kBlockM] (per warp and row).
 constexpr unsigned kAmaxFloats = kSwapAB ? kMathWarps * kBlockM : 0;

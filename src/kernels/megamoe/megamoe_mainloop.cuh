@@ -3,6 +3,7 @@
 
 #pragma once
 
+#include "common/fp4_frag.cuh"
 #include "megamoe_layout.cuh"
 #include "megamoe_sync.cuh"
 #include "megamoe_trace.cuh"
@@ -38,9 +39,9 @@ struct Split {
 
 struct MathContext {
   unsigned a_smem;   // stage 0's A tile at this warpgroup's first row
-  unsigned b_smem;   // stage 0's B tile
+  unsigned b_smem;   // stage 0's B tile (kFp4Regs: its packed area)
   unsigned sa_smem;  // stage 0's A scales, at this thread's fragment row (swap-AB: at row 0)
-  unsigned row_scales;  // FP4: stage 0's fp32 scale per B row (the converters write them)
+  unsigned row_scales;  // FP4: stage 0's fp32 scale per B row (the converters write them; kFp4Regs: the UE8M0 words)
   unsigned full_bar;
   unsigned empty_bar;
   unsigned amax_smem;  // the L1 epilogue's row amax exchange (see kAmaxBytes)
@@ -158,10 +159,118 @@ struct SwapSplit {
   __device__ static int sw_row(int wave, int w) { return kL1 ? wave : w; }
 };
 
+// kFp4Regs: swap_mainloop with each thread's A fragments converted from the stage's packed rows
+// (common/fp4_frag.cuh) and wgmma taking A from registers. Per K block both waves are converted first,
+// then issued as two groups; wave 0 is promoted while wave 1 runs. The conversion's rare slow-table
+// branch thus runs with no wgmma in flight. The shared expert (FP8) takes two stages per K block, B box
+// 0 (rows 0..127) with A, then box 1 (rows 128..255): one stage wait per loop step (a second wait site
+// in the loop made ptxas spill).
 template <bool kL1>
-__device__ __forceinline__ void swap_mainloop(const MathContext& m, const Task& task, unsigned sw_rows,
-                                              int& stage, unsigned& phase, float (&acc)[2][kAccum],
-                                              int frag_col) {
+__device__ __forceinline__ void swap_mainloop_regs(const MathContext& m, const Task& task, unsigned sw_rows,
+                                                   int& stage, unsigned& phase, float (&acc)[2][kAccum],
+                                                   int frag_col) {
+  using S = SwapSplit<kL1>;
+  float partial[2][kSwapAcc];
+#pragma unroll
+  for (int wave = 0; wave < 2; ++wave)
+#pragma unroll
+    for (int i = 0; i < kSwapAcc; ++i) acc[wave][i] = 0.0f;
+  const bool fp4 = task.group != kExperts;
+  const int steps = fp4 ? task.k_blocks : 2 * task.k_blocks;
+  const int thread = static_cast<int>(threadIdx.x % 128);
+  const megamoe::fp4_stage::SharedMem mem;
+  int first = stage;  // the stage with A (and the shared expert's box 0)
+  for (int step = 0; step < steps; ++step) {
+    wait_stage_full(m, stage, phase);
+    if (!fp4 && (step & 1) == 0) {  // the shared expert's box 0: its K block waits for box 1
+      first = stage;
+      if (++stage == kStages) {
+        stage = 0;
+        phase ^= 1u;
+      }
+      continue;
+    }
+    if (fp4) first = stage;
+    const unsigned sa = m.sa_smem + first * kSaStride + ((task.row0 & 3) + frag_col) * 4;
+    float sa_col[kSwapColGroups][2];
+#pragma unroll
+    for (int j = 0; j < kSwapColGroups; ++j) {
+      sa_col[j][0] = load_shared_f32(sa + 8 * j * 4);
+      sa_col[j][1] = load_shared_f32(sa + (8 * j + 1) * 4);
+    }
+    const unsigned a_stage = m.a_smem + first * kATileBytes;
+    if (fp4) {
+      unsigned frag[2][4][4];
+      unsigned sw_bits[2][2];
+#pragma unroll
+      for (int wave = 0; wave < 2; ++wave) {
+        const int b_row = S::b_row(wave, m.warpgroup);
+        megamoe::fp4_fragment_k128(mem, m.b_smem + stage * kPackedStageBytes + b_row * megamoe::fp4_stage::kPackedRowBytes,
+                                   m.row_scales + stage * kRowWordsStageBytes + b_row * 4, thread, frag[wave],
+                                   sw_bits[wave]);
+      }
+      // The fragments and the partials are final before the fence (wgmma reads both behind the compiler).
+#pragma unroll
+      for (int wave = 0; wave < 2; ++wave) {
+#pragma unroll
+        for (int k = 0; k < 4; ++k) fence_operands(frag[wave][k]);
+        fence_registers(partial[wave]);
+      }
+      wgmma_fence();
+#pragma unroll
+      for (int wave = 0; wave < 2; ++wave) {
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          wgmma_e4m3_rs(partial[wave], frag[wave][k], smem_descriptor(a_stage + k * 32), k > 0 ? 1 : 0);
+        }
+        wgmma_commit();
+      }
+#pragma unroll
+      for (int wave = 0; wave < 2; ++wave) {
+        if (wave == 0) wgmma_wait<1>();
+        else wgmma_wait<0>();
+        fence_registers(partial[wave]);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) fence_operands(frag[wave][k]);
+        // A scale per weight row (the accumulator's rows frag_row and + 8), the CPU rule's three roundings.
+        const float sw_lo = megamoe::fp32_from_bits(sw_bits[wave][0]);
+        const float sw_hi = megamoe::fp32_from_bits(sw_bits[wave][1]);
+#pragma unroll
+        for (int j = 0; j < kSwapColGroups; ++j)
+#pragma unroll
+          for (int i = 4 * j; i < 4 * j + 4; ++i) {
+            const float s = megamoe::mul_rn(sa_col[j][i & 1], (i & 2) != 0 ? sw_hi : sw_lo);
+            acc[wave][i] = megamoe::add_rn(acc[wave][i], megamoe::mul_rn(partial[wave][i], s));
+          }
+      }
+    } else {
+      const int kb = step >> 1;
+#pragma unroll
+      for (int wave = 0; wave < 2; ++wave) {
+        const float sw = load_shared_f32(sw_rows + (S::sw_row(wave, m.warpgroup) * kMaxKBlocks + kb) * 4);
+        const int b_row = S::b_row(wave, m.warpgroup);
+        const unsigned box = m.b_smem + (b_row < 128 ? first : stage) * kPackedStageBytes + (b_row % 128) * kBlockK;
+        wgmma_block_k128(partial[0], box, a_stage);
+#pragma unroll
+        for (int j = 0; j < kSwapColGroups; ++j)
+#pragma unroll
+          for (int i = 4 * j; i < 4 * j + 4; ++i) {
+            acc[wave][i] = fmaf(partial[0][i], sa_col[j][i & 1] * sw, acc[wave][i]);
+          }
+      }
+      // Box 0's stage back to the producer (release_stage below returns box 1's).
+      __syncwarp();
+      if (m.lane == 0) mbar_arrive(m.empty_bar + 8 * first);
+    }
+    release_stage(m, stage, phase);
+  }
+}
+
+// The other swap-AB builds: both operands from shared memory.
+template <bool kL1>
+__device__ __forceinline__ void swap_mainloop_smem(const MathContext& m, const Task& task, unsigned sw_rows,
+                                                   int& stage, unsigned& phase, float (&acc)[2][kAccum],
+                                                   int frag_col) {
   using S = SwapSplit<kL1>;
   float partial[kSwapAcc];
 #pragma unroll
@@ -213,6 +322,14 @@ __device__ __forceinline__ void swap_mainloop(const MathContext& m, const Task& 
     }
     release_stage(m, stage, phase);
   }
+}
+
+template <bool kL1>
+__device__ __forceinline__ void swap_mainloop(const MathContext& m, const Task& task, unsigned sw_rows,
+                                              int& stage, unsigned& phase, float (&acc)[2][kAccum],
+                                              int frag_col) {
+  if constexpr (kFp4Regs) swap_mainloop_regs<kL1>(m, task, sw_rows, stage, phase, acc, frag_col);
+  else swap_mainloop_smem<kL1>(m, task, sw_rows, stage, phase, acc, frag_col);
 }
 
 }  // namespace
