@@ -114,6 +114,13 @@ export {
   RankWeights,
   splitAmongRanks,
 } from "./parallel/expert-parallel.js";
+export {
+  FusedExpertParallel,
+  FusedExpertParallelError,
+  type FusedExpertParallelOptions,
+  type FusedForwardOptions,
+  type FusedRankDeviceInput,
+} from "./parallel/fused-expert-parallel.js";
 export { type JoinOptions, SymmetricHeap, SymmetricHeapError } from "./parallel/symmetric.js";
 export { FusedPipeline } from "./pipeline/fused.js";
 export { type MoEPipeline, type UnfusedForward, UnfusedPipeline } from "./pipeline/unfused.js";

@@ -163,11 +163,14 @@ const oneRankVariants: readonly KernelVariant[] = Object.values(PRESETS).flatMap
 );
 /**
  * The EP build, compiled by CI for no spills: tiny at 2, 4 and 8 ranks and flash at 8 (its 32 local
- * experts, flash-ep8's shape), every block M, fp32 scales and FP8 experts.
+ * experts, flash-ep8's shape) with FP8 experts, and flash at 8 with FP4 experts; every block M, fp32
+ * scales.
  */
 export const epVariants: readonly KernelVariant[] = [
   ...[2, 4, 8].map((ranks) => ({ preset: PRESETS.tiny!, ranks })),
   { preset: PRESETS.flash!, ranks: 8 },
+  // DeepSeek-V4's serving case: flash's FP4 experts over 8 GPUs.
+  { preset: { ...PRESETS.flash!, expertFormat: "fp4" as const }, ranks: 8 },
 ].flatMap(({ preset, ranks }) =>
   FUSED_BLOCK_MS.map((blockM) => ({ defines: fusedEpDefines(preset, ranks, blockM), noSpill: true })),
 );
