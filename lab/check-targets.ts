@@ -8,9 +8,10 @@
  *                  the unfused pipeline's bit for bit
  *   gate           the router (both logits paths) on tiny (E = 8, grouped sigmoid) and E = 64 softmax
  *   norm           RMSNorm with FP8 output, plain rows and the 4-stream pre-mix, H = 256 and 384
- *   ep RANKS [fp8|fp4]  expert parallelism inside the fused kernel: RANKS virtual ranks (one launch each,
- *                  on its own stream) of tiny with 16 experts, uneven tokens, a masked token and a hot
- *                  expert, each rank's output equal to the host-planned layer's bit for bit
+ *   ep RANKS [fp8|fp4] [BLOCK_M]  expert parallelism inside the fused kernel: RANKS virtual ranks (one
+ *                  launch each, on its own stream) of tiny with 16 experts, uneven tokens, a masked
+ *                  token and a hot expert, at BLOCK_M (default the heuristic's), each rank's output
+ *                  equal to the host-planned layer's bit for bit
  *
  * (The grouped GEMM runs through its own test file's small cases: MEGAMOE_GEMM_CASE.) Each prints one
  * line per sub-case and exits 1 when an output is wrong, so a sanitizer run also says whether the
@@ -82,7 +83,7 @@ function fused(device: Device, blockM: FusedBlockM, expertFormat: ExpertFormat):
 }
 
 /** R virtual ranks of the EP build against the host-planned layer on the same GPU; returns the failures. */
-function ep(device: Device, ranks: number, expertFormat: ExpertFormat): number {
+function ep(device: Device, ranks: number, expertFormat: ExpertFormat, blockM: "auto" | FusedBlockM): number {
   // 16 experts of top-4, so that 8 ranks still hold 2 each.
   const config: MoEConfig = {
     ...resolveConfig("tiny", { expertFormat }),
@@ -100,7 +101,7 @@ function ep(device: Device, ranks: number, expertFormat: ExpertFormat): number {
     return { x: generateActivations(40 + s, tokens, config.hidden), tokens, ...routing };
   });
   const host = new ExpertParallelMoE(weights, { ranks, backend: "cuda", devices: device, pipeline: "fused" });
-  const fused = new FusedExpertParallel(weights, { ranks, devices: device, maxTokens: 16 });
+  const fused = new FusedExpertParallel(weights, { ranks, devices: device, maxTokens: 16, blockM });
   let failures = 0;
   try {
     const want = host.forward(inputs).out;
@@ -108,7 +109,7 @@ function ep(device: Device, ranks: number, expertFormat: ExpertFormat): number {
     inputs.forEach((input, s) => {
       const at = got[s]!.findIndex((v, i) => v !== want[s]![i]);
       console.log(
-        `ep tiny ${expertFormat} ${ranks} ranks, rank ${s} T=${input.tokens}: ${at === -1 ? "equal to the host-planned layer" : `differs at ${at}`}`,
+        `ep tiny ${expertFormat} ${ranks} ranks, block M ${blockM}, rank ${s} T=${input.tokens}: ${at === -1 ? "equal to the host-planned layer" : `differs at ${at}`}`,
       );
       if (at !== -1) failures++;
     });
@@ -233,13 +234,14 @@ function norm(device: Device): number {
 export const TARGETS_HELP = `node dist-test/lab/check-targets.js TARGET [ARG]: one small run for compute-sanitizer
   fused BLOCK_M [fp8|fp4]  the fused kernel at BLOCK_M (${FUSED_BLOCK_MS.join(", ")}) against the unfused
                   pipeline, with FP8 (default) or FP4 routed experts
-  ep RANKS [fp8|fp4]  RANKS (2..8) virtual ranks of the EP build against the host-planned layer
+  ep RANKS [fp8|fp4] [BLOCK_M]  RANKS (2, 4, 8) virtual ranks of the EP build against the host-planned
+                  layer, at BLOCK_M (default the heuristic's)
   gate            the router, both logits paths
   norm            RMSNorm with FP8 output, plain rows and the pre-mix
 Exit status 1 when an output is wrong, 2 for a usage error.`;
 
 function main(argv: string[]): number {
-  const [target, arg, format = "fp8"] = argv;
+  const [target, arg, format = "fp8", epBlockM = "auto"] = argv;
   if (target === undefined || target === "--help" || target === "-h") {
     console.log(TARGETS_HELP);
     return target === undefined ? 2 : 0;
@@ -267,7 +269,12 @@ function main(argv: string[]): number {
       console.error(`ep takes fp8 or fp4 experts; got ${format}`);
       return 2;
     }
-    failures = ep(device, ranks, format as ExpertFormat);
+    const blockM = epBlockM === "auto" ? "auto" : (Number(epBlockM) as FusedBlockM);
+    if (blockM !== "auto" && !FUSED_BLOCK_MS.includes(blockM)) {
+      console.error(`ep takes a block M of ${FUSED_BLOCK_MS.join(", ")}; got ${epBlockM}`);
+      return 2;
+    }
+    failures = ep(device, ranks, format as ExpertFormat, blockM);
   } else if (target === "gate") failures = gate(device);
   else if (target === "norm") failures = norm(device);
   else {

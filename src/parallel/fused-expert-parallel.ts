@@ -23,7 +23,7 @@ import {
 } from "../cuda/index.js";
 import { DeviceMoEWeights } from "../kernels/device-weights.js";
 import { FusedMoEKernel } from "../kernels/megamoe/megamoe.js";
-import { FUSED_EP_MAX_RANKS } from "../kernels/megamoe/megamoe.variants.js";
+import { FUSED_BLOCK_MS, FUSED_EP_MAX_RANKS, type FusedBlockM } from "../kernels/megamoe/megamoe.variants.js";
 import { quantizeIntoOnDevice } from "../kernels/quant/quant.js";
 import { checkOptions, InputError, validateInput } from "../layer.js";
 import { validateRouting } from "../reference/router.js";
@@ -45,6 +45,8 @@ export interface FusedExpertParallelOptions {
   devices?: readonly (Device | number)[] | Device | number;
   /** Tokens a rank may bring to one forward (default: the config's maxTokens). */
   maxTokens?: number;
+  /** Every rank's tile height (tests and tuning; default "auto": the heuristic's for R·T tokens). */
+  blockM?: "auto" | FusedBlockM;
 }
 
 /** One rank's operands of `forwardDevice`, all on the rank's device. */
@@ -103,6 +105,8 @@ export class FusedExpertParallel {
   readonly ranks: number;
   /** Tokens a rank may bring to one forward. */
   readonly maxTokens: number;
+  /** Every rank's tile height ("auto": the heuristic's). */
+  readonly blockM: "auto" | FusedBlockM;
   readonly layout: FusedEpLayout;
   readonly heap: SymmetricHeap;
   private readonly rankState: Rank[] = [];
@@ -112,7 +116,7 @@ export class FusedExpertParallel {
     const problem = weightSourceProblem(source);
     if (problem !== null) throw new InputError(`FusedExpertParallel: ${problem}`);
     if (options === undefined) throw new InputError("FusedExpertParallel needs options with ranks");
-    checkOptions("FusedExpertParallel options", options, ["ranks", "devices", "maxTokens"]);
+    checkOptions("FusedExpertParallel options", options, ["ranks", "devices", "maxTokens", "blockM"]);
     this.config = validateConfig(source.config);
     const { ranks } = options;
     if (!Number.isInteger(ranks) || ranks < 2 || ranks > FUSED_EP_MAX_RANKS) {
@@ -129,6 +133,13 @@ export class FusedExpertParallel {
       throw new InputError(`maxTokens must be a positive integer, got ${describeValue(maxTokens)}`);
     }
     this.maxTokens = maxTokens;
+    const blockM = options.blockM ?? "auto";
+    if (blockM !== "auto" && !FUSED_BLOCK_MS.includes(blockM)) {
+      throw new InputError(
+        `FusedExpertParallel: blockM must be "auto" or one of ${FUSED_BLOCK_MS.join(", ")}, got ${describeValue(blockM)}`,
+      );
+    }
+    this.blockM = blockM;
     const c = this.config;
     this.layout = fusedEpLayout({
       ranks,
@@ -179,6 +190,7 @@ export class FusedExpertParallel {
       made.push(() => kernel.dispose());
       const sharing = devices.filter((d) => d === device).length;
       kernel.ctas = Math.floor(device.smCount / sharing);
+      kernel.blockM = this.blockM;
       if (kernel.ctas < 1)
         throw new InputError(`${sharing} ranks on ${device.smCount} SMs: fewer than one CTA each`);
       const stream = device.createStream();

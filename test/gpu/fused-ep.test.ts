@@ -4,7 +4,7 @@
  * ExpertParallelMoE with the fused pipeline on the same GPU (the host-planned protocol, whose numerics
  * define expert parallelism), with and without the shared expert, over the routing edge cases of
  * test/parallel/ep-protocol.test.ts; every rank's count phase and pool order against the CPU model
- * (runProtocol); FP4 routed experts at 4 ranks; forwards back to back with no host sync between them; and last (the trap ends the
+ * (runProtocol); FP4 routed experts at 4 ranks in both conversion paths; forwards back to back with no host sync between them; and last (the trap ends the
  * context) a rank left out of a forward, named in every other rank's error within seconds.
  */
 import assert from "node:assert/strict";
@@ -123,31 +123,34 @@ describeGpu("in-kernel expert parallelism on one GPU (virtual ranks)", () => {
     });
   }
 
-  test("FP4 routed experts, 4 ranks: the host plan's outputs bit for bit", () => {
-    const ranks = 4;
-    const device = testDevice();
-    const fp4 = new GeneratedWeights({ ...config, expertFormat: "fp4" }, seed + 5);
-    const host = new ExpertParallelMoE(fp4, { ranks, backend: "cuda", devices: device, pipeline: "fused" });
-    const ep = new FusedExpertParallel(fp4, { ranks, devices: device, maxTokens: MAX_TOKENS });
-    try {
-      for (const name of [
-        "random routing, uneven tokens, a rank without tokens",
-        "a hot expert, T = 1 and T = max",
-      ]) {
-        const inputs = CASES[name]!(ranks, seed + 3);
-        for (const shared of [true, false]) {
-          const want = host.forward(inputs, { shared }).out;
-          const got = ep.forward(inputs, { shared }).out;
-          got.forEach((o, s) => {
-            assert.equal(differing(o, want[s]!), 0, `${name}, shared ${shared}: rank ${s}'s output`);
-          });
+  // Block M 16 and 32 convert in the math threads, 64 and 128 in the converter warps.
+  for (const blockM of ["auto", 64, 128] as const) {
+    test(`FP4 routed experts, 4 ranks, block M ${blockM}: the host plan's outputs bit for bit`, () => {
+      const ranks = 4;
+      const device = testDevice();
+      const fp4 = new GeneratedWeights({ ...config, expertFormat: "fp4" }, seed + 5);
+      const host = new ExpertParallelMoE(fp4, { ranks, backend: "cuda", devices: device, pipeline: "fused" });
+      const ep = new FusedExpertParallel(fp4, { ranks, devices: device, maxTokens: MAX_TOKENS, blockM });
+      try {
+        for (const name of [
+          "random routing, uneven tokens, a rank without tokens",
+          "a hot expert, T = 1 and T = max",
+        ]) {
+          const inputs = CASES[name]!(ranks, seed + 3);
+          for (const shared of [true, false]) {
+            const want = host.forward(inputs, { shared }).out;
+            const got = ep.forward(inputs, { shared }).out;
+            got.forEach((o, s) => {
+              assert.equal(differing(o, want[s]!), 0, `${name}, shared ${shared}: rank ${s}'s output`);
+            });
+          }
         }
+      } finally {
+        ep.dispose();
+        host.dispose();
       }
-    } finally {
-      ep.dispose();
-      host.dispose();
-    }
-  });
+    });
+  }
 
   test("forwards back to back without a host sync: each the host plan's", () => {
     const ranks = 4;

@@ -317,6 +317,10 @@ describe("FusedExpertParallel against the mock libcuda", { skip }, () => {
       /8 experts cannot be split evenly among 3/,
     );
     assert.throws(() => new FusedExpertParallel(src, { ranks: 2, maxTokens: 0 }), /maxTokens/);
+    assert.throws(
+      () => new FusedExpertParallel(src, { ranks: 2, blockM: 48 as never }),
+      /blockM must be "auto" or one of 16, 32, 64, 128, got number 48/,
+    );
     assert.throws(() => new FusedExpertParallel(src, { ranks: 2, devices: [0] }), /1 GPUs for 2 ranks/);
     assert.throws(() => new FusedExpertParallel(src, { ranks: 2, bogus: 1 } as never), InputError);
     const ep = new FusedExpertParallel(src, { ranks: 2, devices: dev[0]!, maxTokens: 4 });

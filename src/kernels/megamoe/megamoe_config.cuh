@@ -100,13 +100,20 @@ static_assert(!kFp4Regs || kBlockM == 16 || kBlockM == 32, "the register path ha
 // hold 384 · 168 = 64512 registers from the launch and setmaxnreg only moves them (a sum above that leaves
 // setmaxnreg.inc waiting forever): 2·128·224 + 128·56 = 64512 (the math code needs more than 208, the
 // producer more than 40).
-constexpr int kProducerRegisters = 56;
+// The EP build's FP4 converter builds (BLOCK_M 64, 128) spill at 56 producer registers: 72 there, the
+// math warpgroups 216 (2·128·216 + 128·72 = 64512).
+#if defined(EP_RANKS) && EP_RANKS > 1
+constexpr bool kEpConverters = kBFp4 && !kFp4Regs;
+#else
+constexpr bool kEpConverters = false;
+#endif
+constexpr int kProducerRegisters = kEpConverters ? 72 : 56;
 // With BLOCK_M 128 each math warpgroup owns its 64 rows of a tile outright and publishes them itself, so
 // the two drift apart by up to the stage ring instead of meeting at the end of every tile; at 64 they
 // exchange the L1 rows' amax and publish together. A tile adds this many to its done counter.
 constexpr bool kWarpgroupPublish = kBlockM == 128;
 constexpr int kPublishesPerTile = kWarpgroupPublish ? 2 : 1;
-constexpr int kMathRegisters = 224;
+constexpr int kMathRegisters = kEpConverters ? 216 : 224;
 static_assert(2 * 128 * kMathRegisters + 128 * kProducerRegisters <= kThreads * 168, "setmaxnreg moves, never adds");
 
 }  // namespace
