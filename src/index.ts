@@ -117,6 +117,7 @@ export {
 export {
   FusedExpertParallel,
   FusedExpertParallelError,
+  type FusedExpertParallelJoinOptions,
   type FusedExpertParallelOptions,
   type FusedForwardOptions,
   type FusedRankDeviceInput,

@@ -4,7 +4,10 @@
  * EP build (megamoe_ep.cuh) that counts, exchanges, computes and combines with its peers through a
  * `SymmetricHeap`, the routing never leaving the GPUs. The numerics are ExpertParallelMoE's, bit for bit.
  *
- * One rank per GPU (`devices` distinct), or R virtual ranks on one GPU: then each rank's launch gets
+ * Every rank in this process (`new`): one rank per GPU (`devices` distinct), or R virtual ranks on one
+ * GPU. Or one rank per process (`FusedExpertParallel.join`, as serving engines run one process per
+ * GPU): the processes meet at a Unix socket, share their buffers through `SymmetricHeap.join`, and each
+ * forwards its own rank's tokens. Virtual ranks: each rank's launch gets
  * ⌊SMs / ranks on the device⌋ CTAs on its own stream, so that every rank's CTAs are resident at once
  * (a rank waits on the others' publications; one still queued behind a full-size launch would be
  * reported dead by the watchdog). A forward queues, per rank on its stream, the quantization of its
@@ -49,6 +52,24 @@ export interface FusedExpertParallelOptions {
   blockM?: "auto" | FusedBlockM;
 }
 
+/** One rank per process: `FusedExpertParallel.join`. */
+export interface FusedExpertParallelJoinOptions {
+  /** This process's rank, 0 … ranks − 1 (rank 0 listens at `socketPath`). */
+  rank: number;
+  /** Ranks the routed experts are split among: 2 .. 8, dividing the experts; one process each. */
+  ranks: number;
+  /** This process's GPU, a Device or ordinal (default 0); its launch takes every SM. */
+  device?: Device | number;
+  /** A filesystem path for the group's Unix socket (under 108 bytes), the same in every process. */
+  socketPath: string;
+  /** Tokens a rank may bring to one forward (default: the config's maxTokens); the same in every process. */
+  maxTokens?: number;
+  /** This rank's tile height (default "auto"). */
+  blockM?: "auto" | FusedBlockM;
+  /** How long to wait for the other processes at each step of joining (default 60 s). */
+  timeoutMs?: number;
+}
+
 /** One rank's operands of `forwardDevice`, all on the rank's device. */
 export interface FusedRankDeviceInput {
   /** bf16 [tokens, hidden]. */
@@ -66,7 +87,7 @@ export interface FusedRankDeviceInput {
 export interface FusedForwardOptions {
   /** Add the shared expert (default: when the config has one). */
   shared?: boolean;
-  /** Tests: leave this rank's work out of the forward, as a rank that died before starting would. */
+  /** Tests: leave this rank's work out of the forward, as a rank that died before starting would (a rank of this process). */
   skipRank?: number;
 }
 
@@ -87,6 +108,8 @@ const STATUS_WORDS = 8;
 
 /** What one rank owns, released in reverse order of the fields. */
 interface Rank {
+  /** The rank's index among all ranks. */
+  rank: number;
   device: Device;
   status: PinnedBuffer;
   weights: DeviceMoEWeights;
@@ -109,37 +132,35 @@ export class FusedExpertParallel {
   readonly blockM: "auto" | FusedBlockM;
   readonly layout: FusedEpLayout;
   readonly heap: SymmetricHeap;
+  /** This process's rank when each process drives one (`join`); undefined when every rank is here. */
+  readonly rank: number | undefined;
+  /** The ranks this process drives, in order: the order of `forward`'s inputs and outputs. */
+  readonly localRanks: readonly number[];
   private readonly rankState: Rank[] = [];
   private disposed = false;
 
-  constructor(source: MoEWeightSource, options: FusedExpertParallelOptions) {
+  /**
+   * Every rank in this process. (`joined` is `join`'s: one rank of a group whose heap is already
+   * joined.)
+   */
+  constructor(
+    source: MoEWeightSource,
+    options: FusedExpertParallelOptions,
+    joined?: { heap: SymmetricHeap; rank: number; device: Device },
+  ) {
     const problem = weightSourceProblem(source);
     if (problem !== null) throw new InputError(`FusedExpertParallel: ${problem}`);
     if (options === undefined) throw new InputError("FusedExpertParallel needs options with ranks");
-    checkOptions("FusedExpertParallel options", options, ["ranks", "devices", "maxTokens", "blockM"]);
+    if (joined === undefined) {
+      checkOptions("FusedExpertParallel options", options, ["ranks", "devices", "maxTokens", "blockM"]);
+    }
     this.config = validateConfig(source.config);
     const { ranks } = options;
-    if (!Number.isInteger(ranks) || ranks < 2 || ranks > FUSED_EP_MAX_RANKS) {
-      throw new InputError(
-        `FusedExpertParallel: ranks must be an integer in [2, ${FUSED_EP_MAX_RANKS}], got ${describeValue(ranks)} (one rank: MoELayer)`,
-      );
-    }
-    if (this.config.numExperts % ranks !== 0) {
-      throw new InputError(`${this.config.numExperts} experts cannot be split evenly among ${ranks} ranks`);
-    }
+    checkRanks(this.config, ranks);
     this.ranks = ranks;
-    const maxTokens = options.maxTokens ?? this.config.maxTokens;
-    if (!Number.isInteger(maxTokens) || maxTokens < 1) {
-      throw new InputError(`maxTokens must be a positive integer, got ${describeValue(maxTokens)}`);
-    }
+    const maxTokens = checkMaxTokens(options.maxTokens ?? this.config.maxTokens);
     this.maxTokens = maxTokens;
-    const blockM = options.blockM ?? "auto";
-    if (blockM !== "auto" && !FUSED_BLOCK_MS.includes(blockM)) {
-      throw new InputError(
-        `FusedExpertParallel: blockM must be "auto" or one of ${FUSED_BLOCK_MS.join(", ")}, got ${describeValue(blockM)}`,
-      );
-    }
-    this.blockM = blockM;
+    this.blockM = checkBlockM(options.blockM ?? "auto");
     const c = this.config;
     this.layout = fusedEpLayout({
       ranks,
@@ -148,23 +169,117 @@ export class FusedExpertParallel {
       hidden: c.hidden,
       maxTokens,
     });
-    const devices = resolveDevices(options.devices ?? 0, ranks);
-    this.heap = SymmetricHeap.create(devices, this.layout.bytes);
+    let devices: (Device | undefined)[];
+    if (joined === undefined) {
+      devices = resolveDevices(options.devices ?? 0, ranks);
+      this.heap = SymmetricHeap.create(devices as Device[], this.layout.bytes);
+      this.rank = undefined;
+      this.localRanks = devices.map((_, r) => r);
+    } else {
+      devices = Array.from({ length: ranks }, (_, r) => (r === joined.rank ? joined.device : undefined));
+      this.heap = joined.heap;
+      this.rank = joined.rank;
+      this.localRanks = [joined.rank];
+    }
     try {
+      // Each process zeroes the buffers it allocated; epochs start at 1 on a zeroed buffer, so a zero
+      // flag is never a publication.
       this.heap.zero();
-      // Epochs start at 1 on a zeroed heap: a zero flag is never a publication.
-      for (let r = 0; r < ranks; r++) devices[r]!.copyHtoD(this.heap.address(r), Uint32Array.of(1, 0, 0, 0));
+      for (const r of this.localRanks) devices[r]!.copyHtoD(this.heap.address(r), Uint32Array.of(1, 0, 0, 0));
       const peers = [...this.heap.addressTable()];
-      for (let r = 0; r < ranks; r++) this.rankState.push(this.makeRank(source, r, devices, peers));
+      for (const r of this.localRanks) {
+        const device = devices[r]!;
+        const sharing = devices.filter((d) => d === device).length;
+        this.rankState.push(this.makeRank(source, r, device, sharing, peers));
+      }
     } catch (e) {
       this.dispose();
       throw e;
     }
   }
 
+  /**
+   * One rank per process: resolves once every process of the group has joined, mapped every buffer
+   * and set up its rank (so no rank publishes into a buffer its owner has yet to zero). Every process
+   * passes the same weights' config, ranks, maxTokens and socketPath. A process that fails or does not
+   * arrive within `timeoutMs` fails the others' joins.
+   */
+  static async join(
+    source: MoEWeightSource,
+    options: FusedExpertParallelJoinOptions,
+  ): Promise<FusedExpertParallel> {
+    if (typeof options !== "object" || options === null) {
+      throw new InputError("FusedExpertParallel.join needs options with rank, ranks and socketPath");
+    }
+    checkOptions("FusedExpertParallel.join options", options, [
+      "rank",
+      "ranks",
+      "device",
+      "socketPath",
+      "maxTokens",
+      "blockM",
+      "timeoutMs",
+    ]);
+    const { rank, ranks, socketPath } = options;
+    if (!Number.isInteger(rank) || !Number.isInteger(ranks) || rank < 0 || rank >= ranks) {
+      throw new InputError(
+        `FusedExpertParallel.join: rank must be an integer in [0, ranks), got rank ${describeValue(rank)} of ${describeValue(ranks)}`,
+      );
+    }
+    if (typeof socketPath !== "string" || socketPath.length === 0) {
+      throw new InputError(
+        `FusedExpertParallel.join: socketPath must be a path, got ${describeValue(socketPath)}`,
+      );
+    }
+    const base = { ranks, maxTokens: options.maxTokens, blockM: options.blockM };
+    const problem = weightSourceProblem(source);
+    if (problem !== null) throw new InputError(`FusedExpertParallel: ${problem}`);
+    // The layout checks ranks, maxTokens and the config before any process waits on another.
+    const config = validateConfig(source.config);
+    checkRanks(config, ranks);
+    checkBlockM(options.blockM ?? "auto");
+    const layout = fusedEpLayout({
+      ranks,
+      numExperts: config.numExperts,
+      topK: config.topK,
+      hidden: config.hidden,
+      maxTokens: checkMaxTokens(options.maxTokens ?? config.maxTokens),
+    });
+    const device =
+      typeof options.device === "number" ? openDevice(options.device) : (options.device ?? openDevice(0));
+    const timeoutMs = options.timeoutMs ?? 60_000;
+    const heap = await SymmetricHeap.join({
+      device,
+      rank,
+      ranks,
+      bytes: layout.bytes,
+      socketPath,
+      timeoutMs,
+    });
+    let ep: FusedExpertParallel;
+    try {
+      ep = new FusedExpertParallel(source, base, { heap, rank, device });
+    } catch (e) {
+      heap.dispose();
+      throw e;
+    }
+    try {
+      await heap.barrier(timeoutMs);
+    } catch (e) {
+      ep.dispose();
+      throw e;
+    }
+    return ep;
+  }
+
   /** Rank r's weights, kernel, stream, status words and staging; what was made is released on failure. */
-  private makeRank(source: MoEWeightSource, r: number, devices: Device[], peers: bigint[]): Rank {
-    const device = devices[r]!;
+  private makeRank(
+    source: MoEWeightSource,
+    r: number,
+    device: Device,
+    sharing: number,
+    peers: bigint[],
+  ): Rank {
     const c = this.config;
     const T = this.maxTokens;
     const made: (() => void)[] = [];
@@ -188,7 +303,6 @@ export class FusedExpertParallel {
         hostStatus: status.ptr,
       });
       made.push(() => kernel.dispose());
-      const sharing = devices.filter((d) => d === device).length;
       kernel.ctas = Math.floor(device.smCount / sharing);
       kernel.blockM = this.blockM;
       if (kernel.ctas < 1)
@@ -201,6 +315,7 @@ export class FusedExpertParallel {
         return t;
       };
       return {
+        rank: r,
         device,
         status,
         weights,
@@ -217,17 +332,17 @@ export class FusedExpertParallel {
     }
   }
 
-  /** The devices of the ranks, by rank. */
+  /** The devices of this process's ranks, in `localRanks` order (every rank unless joined). */
   get devices(): Device[] {
     return this.rankState.map((r) => r.device);
   }
 
-  /** Each rank's kernel (tests: its plan, CTAs and EP state). */
+  /** Each local rank's kernel (tests: its plan, CTAs and EP state). */
   get kernels(): FusedMoEKernel[] {
     return this.rankState.map((r) => r.kernel);
   }
 
-  /** Each rank's stream: its quantization and launch are queued there. */
+  /** Each local rank's stream: its quantization and launch are queued there. */
   get streams(): Stream[] {
     return this.rankState.map((r) => r.stream);
   }
@@ -235,14 +350,19 @@ export class FusedExpertParallel {
   /** Rank r's watchdog words (a live view of pinned memory: code, cta, blamed, missing, epoch, gave up). */
   statusWords(r: number): Int32Array {
     this.live();
-    const s = this.rankState[r];
-    if (s === undefined) throw new RangeError(`rank ${r} is not in [0, ${this.ranks})`);
+    const s = this.rankState.find((x) => x.rank === r);
+    if (s === undefined) {
+      throw new RangeError(
+        `rank ${r} is not driven by this process (its ranks: ${this.localRanks.join(", ")})`,
+      );
+    }
     return new Int32Array(s.status.u8.buffer, s.status.u8.byteOffset, STATUS_WORDS);
   }
 
   /**
-   * One forward from the host: each rank's x and routing uploaded to its device, the forward, each
-   * rank's output back (bf16 bits [tokens, hidden]). Throws FusedExpertParallelError when a rank fails.
+   * One forward from the host: each local rank's x and routing uploaded to its device, the forward,
+   * each local rank's output back (bf16 bits [tokens, hidden]); one input per rank in `localRanks`
+   * order (one, this process's, when joined). Throws FusedExpertParallelError when a rank fails.
    */
   forward(inputs: readonly RankInput[], options: FusedForwardOptions = {}): { out: Uint16Array[] } {
     this.live();
@@ -280,19 +400,20 @@ export class FusedExpertParallel {
   forwardDevice(inputs: readonly FusedRankDeviceInput[], options: FusedForwardOptions = {}): void {
     this.live();
     checkOptions("forward options", options, ["shared", "skipRank"]);
-    if (!Array.isArray(inputs) || inputs.length !== this.ranks) {
-      throw new InputError(`expected one input per rank (${this.ranks}), got ${describeValue(inputs)}`);
-    }
-    const skip = options.skipRank;
-    if (skip !== undefined && (!Number.isInteger(skip) || skip < 0 || skip >= this.ranks)) {
-      throw new InputError(`skipRank must be a rank in [0, ${this.ranks}), got ${describeValue(skip)}`);
+    this.checkInputCount(inputs);
+    const skipRank = options.skipRank;
+    const skip = skipRank === undefined ? -1 : this.localRanks.indexOf(skipRank);
+    if (skipRank !== undefined && skip < 0) {
+      throw new InputError(
+        `skipRank must be a rank of this process (${this.localRanks.join(", ")}), got ${describeValue(skipRank)}`,
+      );
     }
     const { hidden: H, topK: k, scaleFormat } = this.config;
     inputs.forEach((input, s) => {
       const T = input.tokens;
       if (!Number.isInteger(T) || T < 0 || T > this.maxTokens) {
         throw new InputError(
-          `rank ${s}: tokens must be an integer in [0, ${this.maxTokens}], got ${describeValue(T)}`,
+          `rank ${this.localRanks[s]}: tokens must be an integer in [0, ${this.maxTokens}], got ${describeValue(T)}`,
         );
       }
       const device = this.rankState[s]!.device;
@@ -302,7 +423,7 @@ export class FusedExpertParallel {
         expectOperand("forwardDevice", "weights", input.weights, "fp32", [T, k], device);
         expectOperand("forwardDevice", "out", input.out, "bf16", [T, H], device);
       } catch (e) {
-        throw new InputError(`rank ${s}: ${(e as Error).message}`);
+        throw new InputError(`rank ${this.localRanks[s]}: ${(e as Error).message}`);
       }
     });
     const shared = (options.shared ?? true) && this.config.numShared > 0;
@@ -334,23 +455,23 @@ export class FusedExpertParallel {
     this.live();
     const failures: string[] = [];
     let cause: unknown;
-    for (const [s, r] of this.rankState.entries()) {
+    for (const r of this.rankState) {
       try {
         r.stream.synchronize();
       } catch (e) {
         cause ??= e;
-        failures.push(`rank ${s}: ${(e as Error).message}`);
+        failures.push(`rank ${r.rank}: ${(e as Error).message}`);
       }
     }
     if (failures.length === 0) return;
     const records = new Map<number, FusedEpGiveUp>();
     const lines: string[] = [];
-    this.rankState.forEach((_, s) => {
-      const g = decodeFusedEpStatus(this.statusWords(s));
-      if (g === null) return;
-      records.set(s, g);
-      lines.push(describeFusedEpGiveUp(s, g));
-    });
+    for (const { rank } of this.rankState) {
+      const g = decodeFusedEpStatus(this.statusWords(rank));
+      if (g === null) continue;
+      records.set(rank, g);
+      lines.push(describeFusedEpGiveUp(rank, g));
+    }
     const why =
       lines.length > 0 ? lines.join("; ") : `no rank recorded a wait on its peers (${failures.join("; ")})`;
     throw new FusedExpertParallelError(`the in-kernel expert-parallel forward failed: ${why}`, records, {
@@ -396,16 +517,25 @@ export class FusedExpertParallel {
     if (this.disposed) throw new InputError("FusedExpertParallel used after dispose()");
   }
 
+  private checkInputCount(inputs: readonly unknown[]): void {
+    const n = this.localRanks.length;
+    if (!Array.isArray(inputs) || inputs.length !== n) {
+      const what =
+        this.rank === undefined
+          ? `one input per rank (${n})`
+          : `one input (this process's rank ${this.rank})`;
+      throw new InputError(`expected ${what}, got ${describeValue(inputs)}`);
+    }
+  }
+
   /** ExpertParallelMoE.plan's checks, with this object's tokens per rank. */
   private checkHostInputs(inputs: readonly RankInput[]): void {
-    if (!Array.isArray(inputs) || inputs.length !== this.ranks) {
-      throw new InputError(`expected one input per rank (${this.ranks}), got ${describeValue(inputs)}`);
-    }
+    this.checkInputCount(inputs);
     const perRank = { ...this.config, maxTokens: this.maxTokens };
     inputs.forEach((input, s) => {
       if (typeof input !== "object" || input === null) {
         throw new InputError(
-          `rank ${s}: input must be { x, tokens, ids, weights }, got ${describeValue(input)}`,
+          `rank ${this.localRanks[s]}: input must be { x, tokens, ids, weights }, got ${describeValue(input)}`,
         );
       }
       try {
@@ -414,10 +544,37 @@ export class FusedExpertParallel {
         }
         validateRouting(input.ids, input.weights, input.tokens, this.config);
       } catch (e) {
-        throw new InputError(`rank ${s}: ${(e as Error).message}`);
+        throw new InputError(`rank ${this.localRanks[s]}: ${(e as Error).message}`);
       }
     });
   }
+}
+
+function checkRanks(config: ValidatedConfig, ranks: number): void {
+  if (!Number.isInteger(ranks) || ranks < 2 || ranks > FUSED_EP_MAX_RANKS) {
+    throw new InputError(
+      `FusedExpertParallel: ranks must be an integer in [2, ${FUSED_EP_MAX_RANKS}], got ${describeValue(ranks)} (one rank: MoELayer)`,
+    );
+  }
+  if (config.numExperts % ranks !== 0) {
+    throw new InputError(`${config.numExperts} experts cannot be split evenly among ${ranks} ranks`);
+  }
+}
+
+function checkMaxTokens(maxTokens: number): number {
+  if (!Number.isInteger(maxTokens) || maxTokens < 1) {
+    throw new InputError(`maxTokens must be a positive integer, got ${describeValue(maxTokens)}`);
+  }
+  return maxTokens;
+}
+
+function checkBlockM(blockM: "auto" | FusedBlockM): "auto" | FusedBlockM {
+  if (blockM !== "auto" && !FUSED_BLOCK_MS.includes(blockM)) {
+    throw new InputError(
+      `FusedExpertParallel: blockM must be "auto" or one of ${FUSED_BLOCK_MS.join(", ")}, got ${describeValue(blockM)}`,
+    );
+  }
+  return blockM;
 }
 
 /** A Device per rank from the options' devices (ordinals opened). */

@@ -358,12 +358,78 @@ describe("FusedExpertParallel against the mock libcuda", { skip }, () => {
         () => ep.forwardDevice([d[0]!, { ...d[1]!, ids: d[1]!.weights }]),
         /rank 1: .*ids must be int32/,
       );
-      assert.throws(() => ep.forwardDevice(d, { skipRank: 2 }), /skipRank must be a rank in \[0, 2\)/);
+      assert.throws(
+        () => ep.forwardDevice(d, { skipRank: 2 }),
+        /skipRank must be a rank of this process \(0, 1\), got number 2/,
+      );
       freeInputs();
     } finally {
       ep.dispose();
     }
     assert.throws(() => ep.forward([]), /used after dispose/);
+  });
+
+  test("one rank per process (join): each drives its own rank with every SM, through a joined heap", async () => {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), "megamoe-fused-ep-join-"));
+    const socketPath = path.join(dir, "ep.sock");
+    const joins = [2, 3].map((d, rank) =>
+      FusedExpertParallel.join(uploaded(weights), {
+        rank,
+        ranks: 2,
+        device: dev[d]!,
+        socketPath,
+        maxTokens: 8,
+      }),
+    );
+    const eps = await Promise.all(joins);
+    try {
+      eps.forEach((ep, rank) => {
+        assert.equal(ep.rank, rank);
+        assert.deepEqual(ep.localRanks, [rank]);
+        assert.equal(ep.heap.rank, rank);
+        assert.equal(ep.kernels.length, 1);
+        const k = ep.kernels[0]!;
+        assert.equal(k.ctas, MOCK_SMS, "the rank's launch takes every SM of its GPU");
+        assert.equal(k.ep?.rank, rank);
+        assert.deepEqual(k.ep?.peers, [...ep.heap.addressTable()]);
+        const header = new Uint32Array(4);
+        dev[2 + rank]!.copyDtoH(header, ep.heap.address(rank));
+        assert.deepEqual([...header], [1, 0, 0, 0], `rank ${rank}'s header: epoch 1`);
+        assert.throws(() => ep.statusWords(1 - rank), /rank \d is not driven by this process/);
+      });
+      const inputs = deviceInputs(eps[1]!, [3]);
+      assert.throws(
+        () => eps[1]!.forwardDevice([...inputs, ...inputs]),
+        /expected one input \(this process's rank 1\)/,
+      );
+      m.start();
+      eps[1]!.forwardDevice(inputs);
+      const launches = m.read().filter((l) => l.startsWith("launch megamoe_fused"));
+      m.stop();
+      assert.equal(launches.length, 1);
+      assert.match(launches[0]!, new RegExp(`grid=${MOCK_SMS} block=384 `));
+      eps[1]!.synchronize();
+    } finally {
+      freeInputs();
+      for (const ep of eps) ep.dispose();
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
+    await assert.rejects(
+      FusedExpertParallel.join(uploaded(weights), {
+        rank: 2,
+        ranks: 2,
+        socketPath: path.join(dir, "x.sock"),
+      }),
+      /rank must be an integer in \[0, ranks\), got rank number 2 of number 2/,
+    );
+    await assert.rejects(
+      FusedExpertParallel.join(uploaded(weights), {
+        rank: 0,
+        ranks: 3,
+        socketPath: path.join(dir, "x.sock"),
+      }),
+      /cannot be split evenly among 3 ranks/,
+    );
   });
 
   test("a failure part-way through construction releases what was made, in order", () => {
