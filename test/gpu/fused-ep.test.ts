@@ -11,13 +11,12 @@ import assert from "node:assert/strict";
 import { test } from "node:test";
 import { type MoEConfig, PRESETS } from "../../src/config/config.js";
 import { DeviceTensor } from "../../src/cuda/index.js";
-import { ExpertParallelMoE, type RankInput } from "../../src/parallel/expert-parallel.js";
+import { ExpertParallelMoE } from "../../src/parallel/expert-parallel.js";
 import { FusedExpertParallel, FusedExpertParallelError } from "../../src/parallel/fused-expert-parallel.js";
-import { randomRouting } from "../../src/reference/router.js";
-import { GeneratedWeights, generateActivations } from "../../src/weights/generate.js";
-import { runProtocol } from "../helpers/ep-protocol.js";
+import { GeneratedWeights } from "../../src/weights/generate.js";
+import { epRoutingCases, runProtocol } from "../helpers/ep-protocol.js";
 import { describeGpu, testDevice } from "../helpers/gpu.js";
-import { rngU32, testSeed } from "../helpers/random.js";
+import { testSeed } from "../helpers/random.js";
 
 const seed = testSeed("fused expert parallel on a GPU");
 // 16 experts of top-4: 8 ranks hold 2 each (min(k, E/R) = 2 slots a rank).
@@ -26,48 +25,8 @@ const weights = new GeneratedWeights(config, seed);
 const { hidden: H, numExperts: E } = config;
 const MAX_TOKENS = 16;
 
-function input(base: number, tokens: number, routing: { ids: Int32Array; weights: Float32Array }): RankInput {
-  return { x: generateActivations(base, tokens, H), tokens, ...routing };
-}
-const block = (ranks: number, d: number) => Array.from({ length: E / ranks }, (_, i) => d * (E / ranks) + i);
-
 /** test/parallel/ep-protocol.test.ts's routing edge cases, at this file's shape. */
-const CASES: Record<string, (ranks: number, base: number) => RankInput[]> = {
-  "random routing, uneven tokens, a rank without tokens": (ranks, base) =>
-    Array.from({ length: ranks }, (_, s) => {
-      const t = s === ranks - 1 ? 0 : [5, 1, 9, 3, 7, 2, 11, 4][s]!;
-      return input(base + s, t, randomRouting(base + 50 + s, t, config, { maskedTokens: t > 2 ? [1] : [] }));
-    }),
-  "tokens routed only to remote experts": (ranks, base) =>
-    Array.from({ length: ranks }, (_, s) =>
-      input(base + s, 4, randomRouting(base + 50 + s, 4, config, { emptyExperts: block(ranks, s) })),
-    ),
-  "empty experts: a rank that receives nothing": (ranks, base) =>
-    Array.from({ length: ranks }, (_, s) =>
-      input(base + s, 3, randomRouting(base + 50 + s, 3, config, { emptyExperts: block(ranks, ranks - 1) })),
-    ),
-  "masked slots and masked tokens": (ranks, base) =>
-    Array.from({ length: ranks }, (_, s) => {
-      const r = randomRouting(base + 50 + s, 6, config, { maskedTokens: [4] });
-      const random = rngU32(base + 90 + s);
-      for (let i = 0; i < r.ids.length; i++) if (random() % 3 === 0) r.ids[i] = -1;
-      return input(base + s, 6, r);
-    }),
-  "weights ±1 and ±2^20 (the combine's order shows)": (ranks, base) =>
-    Array.from({ length: ranks }, (_, s) => {
-      const r = randomRouting(base + 50 + s, 8, config);
-      const random = rngU32(base + 90 + s);
-      for (let i = 0; i < r.weights.length; i++) {
-        r.weights[i] = (random() % 2 === 0 ? 1 : -1) * (random() % 2 === 0 ? 2 ** 20 : 1);
-      }
-      return input(base + s, 8, r);
-    }),
-  "a hot expert, T = 1 and T = max": (ranks, base) =>
-    Array.from({ length: ranks }, (_, s) => {
-      const t = s % 2 === 0 ? 1 : MAX_TOKENS;
-      return input(base + s, t, randomRouting(base + 50 + s, t, config, { hotExpert: 6 }));
-    }),
-};
+const CASES = epRoutingCases(config, MAX_TOKENS);
 
 const differing = (a: Uint16Array, b: Uint16Array) => {
   let n = a.length === b.length ? 0 : Math.max(a.length, b.length);
@@ -133,8 +92,8 @@ describeGpu("in-kernel expert parallelism on one GPU (virtual ranks)", () => {
       const ep = new FusedExpertParallel(fp4, { ranks, devices: device, maxTokens: MAX_TOKENS, blockM });
       try {
         for (const name of [
-          "random routing, uneven tokens, a rank without tokens",
-          "a hot expert, T = 1 and T = max",
+          "random routing, uneven tokens per rank, a rank without tokens",
+          `a hot expert, T = 1 and ${MAX_TOKENS}`,
         ]) {
           const inputs = CASES[name]!(ranks, seed + 3);
           for (const shared of [true, false]) {
@@ -204,7 +163,7 @@ describeGpu("in-kernel expert parallelism on one GPU (virtual ranks)", () => {
   test("a rank left out of a forward is named in every other rank's error within seconds", () => {
     const ranks = 4;
     const ep = new FusedExpertParallel(weights, { ranks, devices: testDevice(), maxTokens: MAX_TOKENS });
-    const inputs = CASES["random routing, uneven tokens, a rank without tokens"]!(ranks, seed);
+    const inputs = CASES["random routing, uneven tokens per rank, a rank without tokens"]!(ranks, seed);
     const started = performance.now();
     let err: unknown;
     try {

@@ -23,8 +23,10 @@ import { bf16BitsToF32, f32ToBf16Bits } from "../../src/numerics/bf16.js";
 import { quantizeActivations } from "../../src/numerics/quant.js";
 import type { RankInput } from "../../src/parallel/expert-parallel.js";
 import { expertOnQuantizedRows } from "../../src/reference/moe.js";
+import { randomRouting } from "../../src/reference/router.js";
+import { generateActivations } from "../../src/weights/generate.js";
 import type { MoEWeightSource } from "../../src/weights/types.js";
-import { rng } from "./random.js";
+import { rng, rngU32 } from "./random.js";
 
 /** What sizes a rank's symmetric buffer. */
 export interface ProtocolShape {
@@ -861,4 +863,73 @@ function* ctaBody(world: World, launch: Launch): CtaBody {
   me.arrived.fill(0);
   me.counts.fill(0, parity * R * L, (parity + 1) * R * L);
   me.header[0] = (epoch + 1) >>> 0;
+}
+
+/** One forward's inputs for `ranks` ranks, made from a seed base. */
+export type EpCase = (ranks: number, base: number) => RankInput[];
+
+/**
+ * The routing edge cases of the expert-parallel tests (the CPU model's and the GPU kernel's), for a
+ * config of 16 experts: uneven tokens and a rank without tokens, tokens routed only to remote experts,
+ * a rank that receives nothing, masked slots and tokens, weights whose combine order shows, and a hot
+ * expert with T = 1 on every other rank and `longest` tokens on the rest.
+ */
+export function epRoutingCases(config: MoEConfig, longest: number): Record<string, EpCase> {
+  const { hidden: H, numExperts: E } = config;
+  const input = (
+    base: number,
+    tokens: number,
+    routing: { ids: Int32Array; weights: Float32Array },
+  ): RankInput => ({
+    x: generateActivations(base, tokens, H),
+    tokens,
+    ...routing,
+  });
+  const block = (ranks: number, d: number) =>
+    Array.from({ length: E / ranks }, (_, i) => d * (E / ranks) + i);
+  return {
+    "random routing, uneven tokens per rank, a rank without tokens": (ranks, base) =>
+      Array.from({ length: ranks }, (_, s) => {
+        const t = ranks > 1 && s === ranks - 1 ? 0 : [5, 1, 9, 3, 7, 2, 11, 4][s]!;
+        return input(
+          base + s,
+          t,
+          randomRouting(base + 50 + s, t, config, { maskedTokens: t > 2 ? [1] : [] }),
+        );
+      }),
+    "tokens routed only to remote experts": (ranks, base) =>
+      Array.from({ length: ranks }, (_, s) => {
+        const empty = ranks > 1 ? block(ranks, s) : [];
+        return input(base + s, 4, randomRouting(base + 50 + s, 4, config, { emptyExperts: empty }));
+      }),
+    "empty experts: a rank that receives nothing": (ranks, base) =>
+      Array.from({ length: ranks }, (_, s) => {
+        const empty = ranks > 1 ? block(ranks, ranks - 1) : [3, 7, 11];
+        return input(base + s, 3, randomRouting(base + 50 + s, 3, config, { emptyExperts: empty }));
+      }),
+    "masked slots and masked tokens": (ranks, base) =>
+      Array.from({ length: ranks }, (_, s) => {
+        const r = randomRouting(base + 50 + s, 6, config, { maskedTokens: [4] });
+        const random = rngU32(base + 90 + s);
+        for (let i = 0; i < r.ids.length; i++) if (random() % 3 === 0) r.ids[i] = -1;
+        return input(base + s, 6, r);
+      }),
+    // The combine's order shows only where fp32 sums round and the rounding survives the final bf16:
+    // partials of ±2^20 cancel where their bf16 values meet, and which ±1 partials survive then depends
+    // on the order they were added in.
+    "weights ±1 and ±2^20": (ranks, base) =>
+      Array.from({ length: ranks }, (_, s) => {
+        const r = randomRouting(base + 50 + s, 8, config);
+        const random = rngU32(base + 90 + s);
+        for (let i = 0; i < r.weights.length; i++) {
+          r.weights[i] = (random() % 2 === 0 ? 1 : -1) * (random() % 2 === 0 ? 2 ** 20 : 1);
+        }
+        return input(base + s, 8, r);
+      }),
+    [`a hot expert, T = 1 and ${longest}`]: (ranks, base) =>
+      Array.from({ length: ranks }, (_, s) => {
+        const t = s % 2 === 0 ? 1 : longest;
+        return input(base + s, t, randomRouting(base + 50 + s, t, config, { hotExpert: 6 }));
+      }),
+  };
 }

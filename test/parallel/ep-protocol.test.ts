@@ -12,15 +12,15 @@ import assert from "node:assert/strict";
 import { describe, test } from "node:test";
 import { type MoEConfig, PRESETS, QUANT_BLOCK } from "../../src/config/config.js";
 import { ExpertParallelMoE, type RankInput } from "../../src/parallel/expert-parallel.js";
-import { randomRouting } from "../../src/reference/router.js";
-import { GeneratedWeights, generateActivations } from "../../src/weights/generate.js";
+import { GeneratedWeights } from "../../src/weights/generate.js";
 import {
+  epRoutingCases,
   type ProtocolMutation,
   type ProtocolRun,
   protocolLayout,
   runProtocol,
 } from "../helpers/ep-protocol.js";
-import { rngU32, testSeed } from "../helpers/random.js";
+import { testSeed } from "../helpers/random.js";
 
 const seed = testSeed("ep-protocol");
 const config: MoEConfig = { ...PRESETS.tiny!, numExperts: 16, topK: 4, maxTokens: 64 };
@@ -28,59 +28,7 @@ const weights = new GeneratedWeights(config, seed);
 const { hidden: H, topK: k, numExperts: E } = config;
 const INTERLEAVINGS = 3;
 
-type Case = (ranks: number, base: number) => RankInput[];
-
-function input(base: number, tokens: number, routing: { ids: Int32Array; weights: Float32Array }): RankInput {
-  return { x: generateActivations(base, tokens, H), tokens, ...routing };
-}
-
-/** Experts of rank d's block. */
-const block = (ranks: number, d: number) => Array.from({ length: E / ranks }, (_, i) => d * (E / ranks) + i);
-
-const CASES: Record<string, Case> = {
-  "random routing, uneven tokens per rank, a rank without tokens": (ranks, base) =>
-    Array.from({ length: ranks }, (_, s) => {
-      const t = ranks > 1 && s === ranks - 1 ? 0 : [5, 1, 9, 3, 7, 2, 11, 4][s]!;
-      return input(base + s, t, randomRouting(base + 50 + s, t, config, { maskedTokens: t > 2 ? [1] : [] }));
-    }),
-  "tokens routed only to remote experts": (ranks, base) =>
-    Array.from({ length: ranks }, (_, s) => {
-      const empty = ranks > 1 ? block(ranks, s) : [];
-      return input(base + s, 4, randomRouting(base + 50 + s, 4, config, { emptyExperts: empty }));
-    }),
-  "empty experts: a rank that receives nothing": (ranks, base) =>
-    Array.from({ length: ranks }, (_, s) => {
-      const empty = ranks > 1 ? block(ranks, ranks - 1) : [3, 7, 11];
-      return input(base + s, 3, randomRouting(base + 50 + s, 3, config, { emptyExperts: empty }));
-    }),
-  "masked slots and masked tokens": (ranks, base) =>
-    Array.from({ length: ranks }, (_, s) => {
-      const r = randomRouting(base + 50 + s, 6, config, { maskedTokens: [4] });
-      const random = rngU32(base + 90 + s);
-      for (let i = 0; i < r.ids.length; i++) if (random() % 3 === 0) r.ids[i] = -1;
-      return input(base + s, 6, r);
-    }),
-  // The combine's order shows only where fp32 sums round and the rounding survives the final bf16:
-  // partials of ±2^20 cancel where their bf16 values meet, and which ±1 partials survive then depends
-  // on the order they were added in.
-  "weights ±1 and ±2^20": (ranks, base) =>
-    Array.from({ length: ranks }, (_, s) => {
-      const r = randomRouting(base + 50 + s, 8, config);
-      const random = rngU32(base + 90 + s);
-      for (let i = 0; i < r.weights.length; i++) {
-        r.weights[i] = (random() % 2 === 0 ? 1 : -1) * (random() % 2 === 0 ? 2 ** 20 : 1);
-      }
-      return input(base + s, 8, r);
-    }),
-  "a hot expert, and T = 1": (ranks, base) =>
-    Array.from({ length: ranks }, (_, s) =>
-      input(
-        base + s,
-        s % 2 === 0 ? 1 : 5,
-        randomRouting(base + 50 + s, s % 2 === 0 ? 1 : 5, config, { hotExpert: 6 }),
-      ),
-    ),
-};
+const CASES = epRoutingCases(config, 5);
 
 /** What the host plan implies for one forward: outputs, every owner's counts and pool order, traffic. */
 interface Expected {
@@ -221,7 +169,7 @@ describe("in-kernel EP protocol model: forwards back to back", () => {
 describe("in-kernel EP protocol model: a dead peer", () => {
   const ranks = 4;
   const inputs = [
-    CASES["a hot expert, and T = 1"]!(ranks, seed + 5),
+    CASES["a hot expert, T = 1 and 5"]!(ranks, seed + 5),
     CASES["masked slots and masked tokens"]!(ranks, seed + 6),
   ];
 
@@ -288,7 +236,7 @@ describe("in-kernel EP protocol model: broken orders are caught", () => {
   }
 
   test("rows placed in arrival order: same outputs, but the pool order check fails", () => {
-    const inputs = [CASES["a hot expert, and T = 1"]!(4, seed + 8)];
+    const inputs = [CASES["a hot expert, T = 1 and 5"]!(4, seed + 8)];
     const found = caught("arrival-placement", inputs, 20);
     assert.ok(found.length > 0, "no interleaving changed the pool order");
     assert.ok(
