@@ -6,7 +6,12 @@
 import assert from "node:assert/strict";
 import { describe, test } from "node:test";
 import { PRESETS } from "../../src/config/config.js";
-import { epVariants, fusedDefines, fusedEpDefines } from "../../src/kernels/megamoe/megamoe.variants.js";
+import {
+  epVariants,
+  FUSED_BLOCK_MS,
+  fusedDefines,
+  fusedEpDefines,
+} from "../../src/kernels/megamoe/megamoe.variants.js";
 import {
   decodeFusedEpStatus,
   describeFusedEpGiveUp,
@@ -137,7 +142,9 @@ describe("EP variants", () => {
     assert.equal((d as Record<string, number>).NUM_EXPERTS, 2);
     assert.throws(() => fusedEpDefines(tiny, 3, 32), /8 experts on 3 ranks/);
     assert.throws(() => fusedEpDefines(tiny, 1, 32), /ranks/);
-    assert.equal(epVariants.length, 16);
+    // tiny at 2, 4 and 8 ranks and flash at 8 with FP8 experts, flash at 8 with FP4: every block M.
+    assert.equal(epVariants.length, 5 * FUSED_BLOCK_MS.length);
+    assert.equal(epVariants.filter((v) => v.defines.B_FP4 === 1).length, FUSED_BLOCK_MS.length);
     assert.ok(epVariants.every((v) => v.noSpill && (v.defines.EP_RANKS as number) >= 2));
   });
 });
