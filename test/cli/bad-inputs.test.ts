@@ -6,37 +6,14 @@
  * looked for, so they run the same on any machine.
  */
 import assert from "node:assert/strict";
-import { spawn } from "node:child_process";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { after, describe, it } from "node:test";
-import { fileURLToPath } from "node:url";
 import { cudaAvailability } from "../../src/cuda/index.js";
+import { runCli } from "../helpers/cli.js";
 
-const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../..");
-const main = path.join(root, "src/cli/main.ts");
 const noGpu = !cudaAvailability().ok;
-
-/** The CLI in a child process (async, so rows run two at a time). */
-function megamoe(args: readonly string[], env: NodeJS.ProcessEnv = {}) {
-  return new Promise<{ code: number | null; stdout: string; stderr: string }>((resolve) => {
-    const child = spawn(process.execPath, ["--import", "tsx", main, ...args], {
-      cwd: root,
-      env: { ...process.env, NO_COLOR: "1", ...env },
-      timeout: 120_000,
-    });
-    let stdout = "";
-    let stderr = "";
-    child.stdout.setEncoding("utf8").on("data", (d: string) => {
-      stdout += d;
-    });
-    child.stderr.setEncoding("utf8").on("data", (d: string) => {
-      stderr += d;
-    });
-    child.on("close", (code) => resolve({ code, stdout, stderr }));
-  });
-}
 
 // Made at load time, so the rows (and the tests' names) hold the real paths.
 const dir = fs.mkdtempSync(path.join(os.tmpdir(), "megamoe-bad-inputs-"));
@@ -329,7 +306,7 @@ describe("bad command-line values: each row exits with its code and says what wa
     it(`row ${i + 1}: ${r.args().join(" ")}${r.env ? ` ${JSON.stringify(r.env)}` : ""}`, {
       skip: r.when === false,
     }, async () => {
-      const out = await megamoe(r.args(), r.env);
+      const out = await runCli(r.args(), r.env);
       census.tried++;
       assert.equal(out.code, r.code, `exit code; stderr: ${out.stderr}`);
       assert.doesNotMatch(out.stderr, /\n\s+at /, "a stack trace");

@@ -5,34 +5,11 @@
  * style. Each row spawns the CLI with NO_COLOR=1: the exit code and one line, never a stack trace.
  */
 import assert from "node:assert/strict";
-import { spawn } from "node:child_process";
-import path from "node:path";
 import { describe, it } from "node:test";
-import { fileURLToPath } from "node:url";
 import { cudaAvailability } from "../../src/cuda/index.js";
+import { runCli } from "../helpers/cli.js";
 
-const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../..");
-const main = path.join(root, "src/cli/main.ts");
 const noGpu = !cudaAvailability().ok;
-
-function megamoe(args: readonly string[]) {
-  return new Promise<{ code: number | null; stdout: string; stderr: string }>((resolve) => {
-    const child = spawn(process.execPath, ["--import", "tsx", main, ...args], {
-      cwd: root,
-      env: { ...process.env, NO_COLOR: "1" },
-      timeout: 120_000,
-    });
-    let stdout = "";
-    let stderr = "";
-    child.stdout.setEncoding("utf8").on("data", (d: string) => {
-      stdout += d;
-    });
-    child.stderr.setEncoding("utf8").on("data", (d: string) => {
-      stderr += d;
-    });
-    child.on("close", (code) => resolve({ code, stdout, stderr }));
-  });
-}
 
 const rows: { args: string[]; code: number; message: RegExp; when?: boolean }[] = [
   {
@@ -154,7 +131,7 @@ const rows: { args: string[]; code: number; message: RegExp; when?: boolean }[] 
 describe("bench --impl ep: usage errors before the GPU, the no-GPU message", { concurrency: 2 }, () => {
   for (const r of rows) {
     it(r.args.join(" "), { skip: r.when === false }, async () => {
-      const out = await megamoe(r.args);
+      const out = await runCli(r.args);
       assert.equal(out.code, r.code, `exit code; stderr: ${out.stderr}`);
       assert.doesNotMatch(out.stderr, /\n\s+at /, "a stack trace");
       assert.match(r.code === 0 ? out.stdout : out.stderr, r.message);
