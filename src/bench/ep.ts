@@ -1,5 +1,6 @@
 /**
- * The expert-parallel benchmark (issue 24): R virtual ranks of one layer on one GPU, rank d holding
+ * The expert-parallel benchmark (issues 24, 25): R virtual ranks of one layer on one GPU (or, with
+ * `gpus`, rank r on GPU r), rank d holding
  * routed experts [d·E/R, (d+1)·E/R) and the shared expert, each rank bringing T tokens. Two paths side by
  * side, same weights, inputs and routing:
  *
@@ -11,7 +12,8 @@
  * A forward is timed from the host, from an idle GPU with L2 flushed to the result being ready
  * (host-ep waits inside forwardDevice; fused-ep is queued on the ranks' streams, then synchronized): the
  * host plan is part of what the host-planned path costs, so no event pair on one stream can bracket it.
- * fused-ep also reports its GPU span, from an event before rank 0's first work to the last rank's end.
+ * fused-ep also reports its GPU span: the longest rank's, from an event before its first work to its
+ * end on its own stream (events of different GPUs cannot be compared).
  * Runs are split into rounds, each timing both paths in turn (rounds.ts).
  *
  * Beside the times: the floor of all R ranks' work on this one GPU (the layer floor of layer.ts over the
@@ -32,11 +34,13 @@ import {
   sharedIntermediate,
 } from "../config/config.js";
 import {
+  cudaAvailability,
   type Device,
   DeviceTensor,
   Event,
   flushL2,
   median,
+  openDevice,
   type ResultRow,
   summarizeSamples,
 } from "../cuda/index.js";
@@ -354,7 +358,10 @@ export function epTable(rows: readonly ResultRow[]): string {
       num(r.us_median, 1),
       num(r.gpu_us_median, 1),
       num(r.floor_us, 1),
-      percentCell(r.floor_us / r.us_median),
+      // One rank per GPU: each GPU's floor is its rank's.
+      percentCell(
+        Number(typeof r.gpus === "number" && r.gpus > 1 ? r.rank_floor_us : r.floor_us) / r.us_median,
+      ),
       num(r.rank_floor_us, 1),
       num(typeof r.bytes_across === "number" ? r.bytes_across / 1e6 : undefined, 3),
       ratio,
@@ -366,8 +373,8 @@ export function epTable(rows: readonly ResultRow[]): string {
 /** The lines under the table: what the floors are, then any output that differs and any failure. */
 export function epNotes(rows: readonly ResultRow[], readTbps: number, fp8Tflops: number): string[] {
   const lines = [
-    `µs: host time per forward, idle GPU and cold L2 to the result (host-ep plans on the host); GPU µs: fused-ep's first to last event`,
-    `floor = all R ranks' work on this GPU (layer floor over R·T tokens); rank floor = the slowest rank's experts over the rows routed to them + its shared expert (what R GPUs could reach); max(bytes / ${readTbps.toFixed(2)} TB/s, FLOPs / ${fp8Tflops.toFixed(0)} TFLOP/s)`,
+    `µs: host time per forward, idle GPUs and cold L2 to the result (host-ep plans on the host); GPU µs: fused-ep's longest rank, first to last event on its stream`,
+    `floor = all R ranks' work on one GPU (layer floor over R·T tokens); rank floor = the slowest rank's experts over the rows routed to them + its shared expert (what R GPUs could reach; floor/time uses it when the ranks are on R GPUs); max(bytes / ${readTbps.toFixed(2)} TB/s, FLOPs / ${fp8Tflops.toFixed(0)} TFLOP/s)`,
     `MB across: fused-ep FP8 rows + scales pulled, bf16 results per remote slot, descriptors; host-ep bf16 rows gathered + bf16 partials combined`,
   ];
   for (const r of rows) {
@@ -389,6 +396,8 @@ export interface EpBenchOptions {
   shape?: string;
   /** Virtual ranks, each 2 … FUSED_EP_MAX_RANKS dividing the experts (default EP_RANKS). */
   ranks?: readonly number[];
+  /** Rank r on GPU r instead of every rank on `device` (each ranks count at most the GPU count). */
+  gpus?: boolean;
   /** Tokens per rank (default EP_TOKENS). */
   tokens?: readonly number[];
   shared: boolean;
@@ -438,6 +447,17 @@ export function benchmarkExpertParallel(device: Device, o: EpBenchOptions): Resu
   const iters = o.iters ?? DEFAULT_LAYER_ITERS;
   const rounds = o.rounds ?? Math.min(3, iters);
   const fp8Tflops = o.fp8Tflops ?? DEFAULT_FP8_TFLOPS;
+  if (o.gpus === true) {
+    const available = cudaAvailability();
+    const count = available.ok ? available.deviceCount : 0;
+    for (const R of ranksList) {
+      if (R > count) {
+        throw new RangeError(
+          `benchmarkExpertParallel: ${R} ranks on one GPU each need ${R} GPUs; this machine has ${count}`,
+        );
+      }
+    }
+  }
   const source = new GeneratedWeights(config, o.seed);
   const rows: ResultRow[] = [];
   const total = ranksList.length * tokensList.length;
@@ -446,9 +466,14 @@ export function benchmarkExpertParallel(device: Device, o: EpBenchOptions): Resu
     let host: ExpertParallelMoE | undefined;
     let fused: FusedExpertParallel | undefined;
     let failed = false;
+    // Each rank's GPU, and the distinct ones: every input is made on each of them (ranks take views).
+    const rankDevices: Device[] = Array.from({ length: R }, (_, r) =>
+      o.gpus === true ? openDevice(r) : device,
+    );
+    const gpuList = [...new Set(rankDevices)];
     try {
-      host = new ExpertParallelMoE(source, { ranks: R, backend: "cuda", devices: device });
-      fused = new FusedExpertParallel(source, { ranks: R, devices: device, maxTokens });
+      host = new ExpertParallelMoE(source, { ranks: R, backend: "cuda", devices: rankDevices });
+      fused = new FusedExpertParallel(source, { ranks: R, devices: rankDevices, maxTokens });
       for (const T of tokensList) {
         const owned: DeviceTensor[] = [];
         const keep = <D extends DeviceTensor>(t: D) => {
@@ -461,32 +486,45 @@ export function benchmarkExpertParallel(device: Device, o: EpBenchOptions): Resu
         const model = epCaseModel(config, ids, o.shared, o.readTbps, fp8Tflops);
         let stage = "setup";
         try {
-          const x = keep(generateActivationsOnDevice(device, o.seed, n, H));
-          const idsDev = keep(DeviceTensor.fromHost(device, "int32", [n, k], routing.ids));
-          const wDev = keep(DeviceTensor.fromHost(device, "fp32", [n, k], routing.weights));
-          const outFused = keep(DeviceTensor.empty(device, "bf16", [n, H]));
-          const outHost = keep(DeviceTensor.empty(device, "bf16", [n, H]));
-          // Poisoned apart: a value neither path writes counts as mismatched.
-          outFused.fill(0xff);
-          outHost.fill(0);
-          const fusedInputs: FusedRankDeviceInput[] = ids.map((_, s) => ({
-            x: x.view([T, H], s * T * H),
-            ids: idsDev.view([T, k], s * T * k),
-            weights: wDev.view([T, k], s * T * k),
-            out: outFused.view([T, H], s * T * H),
-            tokens: T,
-          }));
-          const hostInputs: RankDeviceInput[] = ids.map((rankIds, s) => ({
-            x: x.view([T, H], s * T * H),
-            out: outHost.view([T, H], s * T * H),
-            tokens: T,
-            ids: rankIds,
-            weights: routing.weights.subarray(s * T * k, (s + 1) * T * k),
-          }));
-          device.synchronize();
+          const on = new Map(
+            gpuList.map((d) => {
+              const t = {
+                x: keep(generateActivationsOnDevice(d, o.seed, n, H)),
+                ids: keep(DeviceTensor.fromHost(d, "int32", [n, k], routing.ids)),
+                weights: keep(DeviceTensor.fromHost(d, "fp32", [n, k], routing.weights)),
+                outFused: keep(DeviceTensor.empty(d, "bf16", [n, H])),
+                outHost: keep(DeviceTensor.empty(d, "bf16", [n, H])),
+              };
+              // Poisoned apart: a value neither path writes counts as mismatched.
+              t.outFused.fill(0xff);
+              t.outHost.fill(0);
+              return [d, t];
+            }),
+          );
+          const fusedInputs: FusedRankDeviceInput[] = ids.map((_, s) => {
+            const t = on.get(rankDevices[s]!)!;
+            return {
+              x: t.x.view([T, H], s * T * H),
+              ids: t.ids.view([T, k], s * T * k),
+              weights: t.weights.view([T, k], s * T * k),
+              out: t.outFused.view([T, H], s * T * H),
+              tokens: T,
+            };
+          });
+          const hostInputs: RankDeviceInput[] = ids.map((rankIds, s) => {
+            const t = on.get(rankDevices[s]!)!;
+            return {
+              x: t.x.view([T, H], s * T * H),
+              out: t.outHost.view([T, H], s * T * H),
+              tokens: T,
+              ids: rankIds,
+              weights: routing.weights.subarray(s * T * k, (s + 1) * T * k),
+            };
+          });
+          for (const d of gpuList) d.synchronize();
           const streams = fused.streams;
-          const start = device.createEvent();
-          const ends = streams.map(() => device.createEvent());
+          const starts = streams.map((_, r) => rankDevices[r]!.createEvent());
+          const ends = streams.map((_, r) => rankDevices[r]!.createEvent());
           const f = fused;
           const h = host;
           const measurements: EpMeasurement[] = [
@@ -497,13 +535,15 @@ export function benchmarkExpertParallel(device: Device, o: EpBenchOptions): Resu
               samples: [],
               gpu: [],
               run: () => {
-                start.record(streams[0]!);
+                streams.forEach((s, r) => {
+                  starts[r]!.record(s);
+                });
                 f.forwardDevice(fusedInputs, { shared: o.shared });
                 streams.forEach((s, r) => {
                   ends[r]!.record(s);
                 });
                 f.synchronize();
-                return Math.max(...ends.map((e) => Event.elapsedMs(start, e))) * 1000;
+                return Math.max(...ends.map((e, r) => Event.elapsedMs(starts[r]!, e))) * 1000;
               },
             },
             {
@@ -536,8 +576,10 @@ export function benchmarkExpertParallel(device: Device, o: EpBenchOptions): Resu
               for (let i = 0; i < warmup; i++) m.run();
               const samples: number[] = [];
               for (let i = 0; i < runs; i++) {
-                flushL2(device, null, i + 1);
-                device.synchronize();
+                for (const d of gpuList) {
+                  flushL2(d, null, i + 1);
+                  d.synchronize();
+                }
                 const t0 = performance.now();
                 const gpu = m.run();
                 samples.push((performance.now() - t0) * 1000);
@@ -546,8 +588,7 @@ export function benchmarkExpertParallel(device: Device, o: EpBenchOptions): Resu
               return samples;
             });
           } finally {
-            start.destroy();
-            for (const e of ends) e.destroy();
+            for (const e of [...starts, ...ends]) e.destroy();
           }
           stage = "comparison";
           let mismatched = 0;
@@ -558,15 +599,16 @@ export function benchmarkExpertParallel(device: Device, o: EpBenchOptions): Resu
           }
           for (const m of measurements) {
             const t = summarizeSamples(m.samples);
-            rows.push(
-              epRow(model, {
+            rows.push({
+              ...epRow(model, {
                 impl: m.impl,
                 usMedian: t.usMedian,
                 usMin: t.usMin,
                 usMax: t.usMax,
                 ...(m.impl === "fused-ep" ? { gpuUsMedian: median(m.gpu), mismatched, compared: n * H } : {}),
               }),
-            );
+              gpus: gpuList.length,
+            });
           }
         } catch (e) {
           if (stage !== "fused-ep") throw e;
@@ -575,6 +617,7 @@ export function benchmarkExpertParallel(device: Device, o: EpBenchOptions): Resu
           const message = (e instanceof Error ? e.message : String(e)).split("\n")[0] ?? "";
           rows.push({
             ...epRow(model, { impl: "fused-ep", usMedian: Number.NaN, usMin: Number.NaN, usMax: Number.NaN }),
+            gpus: gpuList.length,
             error: message,
           });
           return rows;

@@ -59,6 +59,8 @@ export interface BenchOptions {
   layers?: number;
   /** ep: virtual ranks, each a sweep of its own (default EP_RANKS). */
   ranks?: number[];
+  /** ep: rank r on GPU r instead of every rank on GPU 0. */
+  gpus?: boolean;
   tokens?: number[];
   /** quant: hidden sizes (default 4096, 7168). */
   hidden?: number[];
@@ -264,6 +266,7 @@ function validate(opts: BenchOptions): void {
     ["--format", opts.format, ["quant"], "quant"],
     ["--layers", opts.layers, ["step"], "step"],
     ["--ranks", opts.ranks, ["ep"], "ep"],
+    ["--gpus", opts.gpus, ["ep"], "ep"],
     ["--configs", opts.configs, ["fused", "fused,unfused"], "fused or fused,unfused"],
     ["--graph / --no-graph", opts.graph, ["unfused", "fused,unfused"], "unfused or fused,unfused"],
     [
@@ -416,6 +419,7 @@ function runCases(
     return benchmarkExpertParallel(device, {
       shape: benchShape(opts),
       ranks: opts.ranks ?? EP_RANKS,
+      gpus: opts.gpus === true,
       tokens: opts.tokens ?? EP_TOKENS,
       shared: opts.shared,
       seed: opts.seed,

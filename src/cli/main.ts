@@ -155,6 +155,10 @@ program
     parseList,
   )
   .option(
+    "--gpus",
+    "ep: one rank per GPU (rank r on GPU r; each --ranks at most the GPU count) instead of virtual ranks on GPU 0",
+  )
+  .option(
     "--tokens <list>",
     "token counts (default 1,2,4,…,8192; quant: 1,7,129,1024,4096,8192; grouped-gemm: M per group 64,512,4096; ep: per rank 1,8,64,512,4096,8192)",
     parseList,

@@ -57,6 +57,11 @@ const rows: { args: string[]; code: number; message: RegExp; when?: boolean }[] 
     message: /^error: --ranks applies to --impl ep, not fused,unfused\n$/,
   },
   {
+    args: ["bench", "--gpus"],
+    code: 1,
+    message: /^error: --gpus applies to --impl ep, not fused,unfused\n$/,
+  },
+  {
     args: ["bench", "--impl", "step", "--ranks", "2"],
     code: 1,
     message: /--ranks applies to --impl ep, not step/,
