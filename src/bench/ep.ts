@@ -27,6 +27,7 @@
 import Table from "cli-table3";
 import pc from "picocolors";
 import {
+  type ExpertFormat,
   expertFormatOf,
   MAX_TOKENS_LIMIT,
   type MoEConfig,
@@ -228,6 +229,8 @@ export interface EpMeasured {
 /** The floors and traffic of one case, both paths' (pure: from the routing alone). */
 export interface EpCaseModel {
   config: string;
+  /** The routed experts' format. */
+  experts: ExpertFormat;
   ranks: number;
   tokens: number;
   shared: boolean;
@@ -268,6 +271,7 @@ export function epCaseModel(
   });
   return {
     config: config.name ?? "custom",
+    experts: expertFormatOf(config),
     ranks: R,
     tokens,
     shared,
@@ -282,6 +286,7 @@ export function epRow(model: EpCaseModel, m: EpMeasured): ResultRow {
   const traffic = model.traffic[m.impl];
   const row: ResultRow = {
     config: model.config,
+    experts: model.experts,
     tokens: model.tokens,
     shared: model.shared,
     impl: m.impl,
@@ -351,7 +356,7 @@ export function epTable(rows: readonly ResultRow[]): string {
       }
     }
     table.push([
-      String(r.config),
+      r.experts === "fp4" ? `${String(r.config)} fp4` : String(r.config),
       String(r.ranks),
       String(r.tokens),
       typeof r.error === "string" ? `${r.impl} ${pc.red("failed")}` : r.impl,
@@ -398,6 +403,8 @@ export interface EpBenchOptions {
   ranks?: readonly number[];
   /** Rank r on GPU r instead of every rank on `device` (each ranks count at most the GPU count). */
   gpus?: boolean;
+  /** The routed experts' format (default the shape's). */
+  expertFormat?: ExpertFormat;
   /** Tokens per rank (default EP_TOKENS). */
   tokens?: readonly number[];
   shared: boolean;
@@ -438,7 +445,11 @@ export function benchmarkExpertParallel(device: Device, o: EpBenchOptions): Resu
     throw new RangeError("benchmarkExpertParallel: no ranks or no token counts");
   }
   const maxTokens = Math.max(...tokensList);
-  const config = resolveConfigForTokens(o.shape ?? EP_SHAPE, maxTokens);
+  const config = resolveConfigForTokens(
+    o.shape ?? EP_SHAPE,
+    maxTokens,
+    o.expertFormat === undefined ? {} : { expertFormat: o.expertFormat },
+  );
   for (const R of ranksList) {
     const problem = epRanksProblem(R, config.numExperts) ?? epTokensProblem(R, maxTokens);
     if (problem !== null) throw new RangeError(`benchmarkExpertParallel: ${R} ranks: ${problem}`);

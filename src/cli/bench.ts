@@ -278,8 +278,8 @@ function validate(opts: BenchOptions): void {
     [
       "--experts",
       opts.experts,
-      ["fused", "unfused", "fused,unfused", "step"],
-      "fused, unfused, fused,unfused or step",
+      ["fused", "unfused", "fused,unfused", "step", "ep"],
+      "fused, unfused, fused,unfused, step or ep",
     ],
   ] as const) {
     if (value !== undefined && !(impls as readonly string[]).includes(opts.impl)) {
@@ -420,6 +420,7 @@ function runCases(
       shape: benchShape(opts),
       ranks: opts.ranks ?? EP_RANKS,
       gpus: opts.gpus === true,
+      expertFormat: expertsFormat(opts.experts),
       tokens: opts.tokens ?? EP_TOKENS,
       shared: opts.shared,
       seed: opts.seed,

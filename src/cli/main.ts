@@ -143,7 +143,10 @@ program
     "a DeepSeek-V4 checkpoint directory (or one .safetensors file) instead of --shape (fused/unfused)",
   )
   .option("--layer <L>", "with --checkpoint: the layer (a number, layers.L or mtp.0)")
-  .option("--experts <fmt>", "fused/unfused/step: routed experts' format, fp8 or fp4 (default the shape's)")
+  .option(
+    "--experts <fmt>",
+    "fused/unfused/step/ep: routed experts' format, fp8 or fp4 (default the shape's)",
+  )
   .option("--seed <n>", "seed of weights, inputs and routing", seedArg, 1)
   .option("--graph", "unfused: also time CUDA-graph replays (the default)")
   .option("--no-graph", "unfused: time eager launches only")

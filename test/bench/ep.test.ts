@@ -242,6 +242,22 @@ describe("a case's model, rows, table and notes", () => {
     assert.doesNotMatch(hostLine, /×/);
   });
 
+  it("FP4 experts and one rank per GPU: the format on the row and in the table, floor/time per rank", () => {
+    assert.equal(fusedRow.experts, "fp8");
+    const fp4 = epCaseModel({ ...tiny, expertFormat: "fp4" }, ids, true, 4, 1500);
+    assert.equal(fp4.experts, "fp4");
+    assert.ok(fp4.floor.bytes < model.floor.bytes, "FP4 experts stream fewer bytes");
+    const row = epRow(fp4, { impl: "fused-ep", usMedian: 100, usMin: 90, usMax: 110 });
+    assert.match(plain(epTable([row])), /tiny fp4/);
+    // On R GPUs floor/time is against the slowest rank's floor, not all ranks' work on one GPU.
+    const percent = (r: ResultRow) => plain(epTable([r])).match(/(\d+)%/)?.[1];
+    assert.equal(percent(fusedRow), String(Math.round((100 * model.floor.floorUs) / 100)));
+    assert.equal(
+      percent({ ...fusedRow, gpus: R }),
+      String(Math.round((100 * model.rankFloor.floorUs) / 100)),
+    );
+  });
+
   it("notes: the floors' rates, an output that differs, a failed forward", () => {
     const notes = (rows: ResultRow[]) => plain(epNotes(rows, 4.3, 1500).join("\n"));
     const clean = notes([fusedRow, hostRow]);

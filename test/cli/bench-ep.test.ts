@@ -67,9 +67,9 @@ const rows: { args: string[]; code: number; message: RegExp; when?: boolean }[] 
     message: /--ranks applies to --impl ep, not step/,
   },
   {
-    args: ["bench", "--impl", "ep", "--experts", "fp4"],
+    args: ["bench", "--impl", "ep", "--experts", "fp6"],
     code: 1,
-    message: /--experts applies to --impl fused, unfused, fused,unfused or step, not ep/,
+    message: /--experts/,
   },
   {
     args: ["bench", "--impl", "ep", "--configs"],

@@ -218,7 +218,7 @@ describe("megamoe CLI", () => {
       [["bench", "--impl", "fused", "--experts", "mxfp4"], /--experts mxfp4: expected fp4 or fp8/],
       [
         ["bench", "--impl", "quant", "--experts", "fp4"],
-        /--experts applies to --impl fused, unfused, fused,unfused or step, not quant/,
+        /--experts applies to --impl fused, unfused, fused,unfused, step or ep, not quant/,
       ],
     ];
     for (const [args, message] of cases) {
