@@ -154,6 +154,17 @@ export interface RankFloor {
   bound: "memory" | "compute";
 }
 
+/** Every rank's ids, rank after rank: the routing of one layer over all the ranks' tokens. */
+function allRanksIds(ids: readonly Int32Array[]): Int32Array {
+  const all = new Int32Array(ids.reduce((n, a) => n + a.length, 0));
+  let at = 0;
+  for (const a of ids) {
+    all.set(a, at);
+    at += a.length;
+  }
+  return all;
+}
+
 /**
  * The floor of each rank's expert work, layer.ts's model applied to one rank: its experts that the
  * ranks' routing touches (weights read once) and the rows routed to them, plus its shared expert over
@@ -175,13 +186,8 @@ export function rankExpertFloor(
   if (R < 1 || E % R !== 0)
     throw new RangeError(`rankExpertFloor: ${E} experts cannot be split among ${R} ranks`);
   const L = E / R;
-  const all = new Int32Array(ids.reduce((n, a) => n + a.length, 0));
+  const all = allRanksIds(ids);
   const local = new Int32Array(all.length);
-  let at = 0;
-  for (const a of ids) {
-    all.set(a, at);
-    at += a.length;
-  }
   const rows = all.length / k;
   const useShared = shared && config.numShared > 0;
   const SIH = sharedIntermediate(config);
@@ -257,11 +263,7 @@ export function epCaseModel(
   if (ids.some((a) => a.length !== tokens * k)) {
     throw new RangeError("epCaseModel: every rank must bring the same number of tokens");
   }
-  const all = new Int32Array(R * tokens * k);
-  ids.forEach((a, s) => {
-    all.set(a, s * tokens * k);
-  });
-  const f = layerFloor(config, R * tokens, { ids: all }, shared, readTbps, fp8Tflops);
+  const f = layerFloor(config, R * tokens, { ids: allRanksIds(ids) }, shared, readTbps, fp8Tflops);
   const layout = fusedEpLayout({
     ranks: R,
     numExperts: E,

@@ -21,7 +21,7 @@ import { ExpertParallelMoE } from "../../src/parallel/expert-parallel.js";
 import { FusedExpertParallel } from "../../src/parallel/fused-expert-parallel.js";
 import { GeneratedWeights } from "../../src/weights/generate.js";
 import { epRoutingCases } from "../helpers/ep-protocol.js";
-import { EP_GPU_CONFIG as config, EP_GPU_MAX_TOKENS as MAX_TOKENS } from "../helpers/fused-ep-gpus.js";
+import { EP_GPU_CONFIG as config, differing, EP_GPU_MAX_TOKENS as MAX_TOKENS } from "../helpers/fused-ep.js";
 import { availability, describeGpu, testDevice } from "../helpers/gpu.js";
 import { testSeed } from "../helpers/random.js";
 
@@ -30,12 +30,6 @@ const gpus = availability.ok ? availability.deviceCount : 0;
 const skip = gpus < 2 ? `needs two or more GPUs (this machine has ${gpus})` : false;
 const CASES = epRoutingCases(config, MAX_TOKENS);
 const CASE = "random routing, uneven tokens per rank, a rank without tokens";
-
-const differing = (a: Uint16Array, b: Uint16Array) => {
-  let n = a.length === b.length ? 0 : Math.max(a.length, b.length);
-  for (let i = 0; i < Math.min(a.length, b.length); i++) if (a[i] !== b[i]) n++;
-  return n;
-};
 
 /** The rank processes: each joins as its rank on its GPU (fused-ep-peer.ts); lines of stdout kept. */
 function spawnRanks(ranks: number, env: (rank: number) => Record<string, string>) {

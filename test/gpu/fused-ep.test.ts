@@ -9,30 +9,21 @@
  */
 import assert from "node:assert/strict";
 import { test } from "node:test";
-import { type MoEConfig, PRESETS } from "../../src/config/config.js";
 import { DeviceTensor } from "../../src/cuda/index.js";
 import { ExpertParallelMoE } from "../../src/parallel/expert-parallel.js";
 import { FusedExpertParallel, FusedExpertParallelError } from "../../src/parallel/fused-expert-parallel.js";
 import { GeneratedWeights } from "../../src/weights/generate.js";
 import { epRoutingCases, runProtocol } from "../helpers/ep-protocol.js";
+import { EP_GPU_CONFIG as config, differing, EP_GPU_MAX_TOKENS as MAX_TOKENS } from "../helpers/fused-ep.js";
 import { describeGpu, testDevice } from "../helpers/gpu.js";
 import { testSeed } from "../helpers/random.js";
 
 const seed = testSeed("fused expert parallel on a GPU");
-// 16 experts of top-4: 8 ranks hold 2 each (min(k, E/R) = 2 slots a rank).
-const config: MoEConfig = { ...PRESETS.tiny!, numExperts: 16, topK: 4, maxTokens: 16 };
 const weights = new GeneratedWeights(config, seed);
 const { hidden: H, numExperts: E } = config;
-const MAX_TOKENS = 16;
 
 /** test/parallel/ep-protocol.test.ts's routing edge cases, at this file's shape. */
 const CASES = epRoutingCases(config, MAX_TOKENS);
-
-const differing = (a: Uint16Array, b: Uint16Array) => {
-  let n = a.length === b.length ? 0 : Math.max(a.length, b.length);
-  for (let i = 0; i < Math.min(a.length, b.length); i++) if (a[i] !== b[i]) n++;
-  return n;
-};
 
 describeGpu("in-kernel expert parallelism on one GPU (virtual ranks)", () => {
   for (const ranks of [2, 4, 8]) {

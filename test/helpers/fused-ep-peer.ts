@@ -11,7 +11,7 @@ import { openDevice } from "../../src/cuda/index.js";
 import { FusedExpertParallel, FusedExpertParallelError } from "../../src/parallel/fused-expert-parallel.js";
 import { GeneratedWeights } from "../../src/weights/generate.js";
 import { type EpCase, epRoutingCases } from "./ep-protocol.js";
-import { EP_GPU_CONFIG, EP_GPU_MAX_TOKENS } from "./fused-ep-gpus.js";
+import { EP_GPU_CONFIG, EP_GPU_MAX_TOKENS } from "./fused-ep.js";
 
 const env = (name: string): string => {
   const v = process.env[name];

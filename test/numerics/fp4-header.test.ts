@@ -161,38 +161,30 @@ describe("fp4.cuh converts FP4 blocks as mxfp4RowsToFp8 does", { skip }, () => {
     check(blocks);
   });
 
-  it(`whole stages through fp4_stage_convert, every thread's share, swizzled (seed ${seed})`, () => {
-    const stageExe = path.join(dir, "fp4stage");
-    const source = fileURLToPath(new URL("../fixtures/fp4_stage.cpp", import.meta.url));
+  /** Builds test/fixtures/NAME.cpp against the device headers, runs it with the seed, expects "ok N". */
+  const runFixture = (name: string) => {
+    const exe = path.join(dir, name);
+    const source = fileURLToPath(new URL(`../fixtures/${name}.cpp`, import.meta.url));
     const include = fileURLToPath(new URL("../../src/include", import.meta.url));
     const build = spawnSync(
       cxx!,
-      ["-std=c++17", "-O1", "-Wall", "-Werror", `-I${include}`, "-o", stageExe, source],
+      ["-std=c++17", "-O1", "-Wall", "-Werror", `-I${include}`, "-o", exe, source],
       {
         encoding: "utf8",
       },
     );
     if (build.status !== 0) throw new Error(`${cxx} failed (${build.status}):\n${build.stderr}`);
-    const r = spawnSync(stageExe, [String(seed >>> 0)], { encoding: "utf8" });
+    const r = spawnSync(exe, [String(seed >>> 0)], { encoding: "utf8" });
     assert.equal(r.status, 0, r.stdout + r.stderr);
     assert.match(r.stdout, /^ok \d+/);
+  };
+
+  it(`whole stages through fp4_stage_convert, every thread's share, swizzled (seed ${seed})`, () => {
+    runFixture("fp4_stage");
   });
 
   it(`swap-AB A fragments through fp4_fragment_k128, every thread and register byte (seed ${seed})`, () => {
-    const fragExe = path.join(dir, "fp4frag");
-    const source = fileURLToPath(new URL("../fixtures/fp4_frag.cpp", import.meta.url));
-    const include = fileURLToPath(new URL("../../src/include", import.meta.url));
-    const build = spawnSync(
-      cxx!,
-      ["-std=c++17", "-O1", "-Wall", "-Werror", `-I${include}`, "-o", fragExe, source],
-      {
-        encoding: "utf8",
-      },
-    );
-    if (build.status !== 0) throw new Error(`${cxx} failed (${build.status}):\n${build.stderr}`);
-    const r = spawnSync(fragExe, [String(seed >>> 0)], { encoding: "utf8" });
-    assert.equal(r.status, 0, r.stdout + r.stderr);
-    assert.match(r.stdout, /^ok \d+/);
+    runFixture("fp4_frag");
   });
 
   it(`random blocks (seed ${seed})`, () => {
