@@ -9,6 +9,7 @@ usage: lab/profile.sh [options]
                     tile), torch-gemm (the peer's torch._scaled_grouped_mm) (default fused)
   --shape NAME      fused, unfused-gemm: preset (default flash-ep8, shared expert off)
   --tokens N        fused, unfused-gemm: token count (default 4096)
+  --experts FMT     fused, unfused-gemm: the routed experts' format, fp8 or fp4 (default the shape's)
   --m N             gemm, torch-gemm: rows per group (default 4096)
   --tiles SPEC      gemm: as lab/gemm.sh's (default plan)
   --what W          summary: speed of light, workload, warp state, scheduler, launch, tensor-pipe and
@@ -21,13 +22,14 @@ Writes ncu-KERNEL-WHAT.txt (or .csv; sass: also the .ncu-rep) and the command's 
 HELP
 }
 source "$(dirname "$0")/lib.sh"
-kernel=fused shape=flash-ep8 tokens=4096 m=4096 tiles=plan what=summary skip=0 count=""
+kernel=fused shape=flash-ep8 tokens=4096 experts=() m=4096 tiles=plan what=summary skip=0 count=""
 while (($#)); do
   case $1 in
   -h | --help) usage; exit 0 ;;
   --kernel) kernel=$2; shift 2 ;;
   --shape) shape=$2; shift 2 ;;
   --tokens) tokens=$2; shift 2 ;;
+  --experts) experts=(--experts "$2"); tag_experts=-$2; shift 2 ;;
   --m) m=$2; shift 2 ;;
   --tiles) tiles=$2; shift 2 ;;
   --what) what=$2; shift 2 ;;
@@ -38,15 +40,15 @@ while (($#)); do
 done
 lab_setup
 case $kernel in
-fused) filter=(-k megamoe_fused); cmd=(node dist/cli/main.js bench --impl fused --shape "$shape" --shared 0 --tokens "$tokens" --iters 20) ;;
-unfused-gemm) filter=(-k megamoe_fp8_grouped_gemm); cmd=(node dist/cli/main.js bench --impl unfused --shape "$shape" --shared 0 --tokens "$tokens" --iters 20) ;;
+fused) filter=(-k megamoe_fused); cmd=(node dist/cli/main.js bench --impl fused --shape "$shape" --shared 0 --tokens "$tokens" "${experts[@]}" --iters 20) ;;
+unfused-gemm) filter=(-k megamoe_fp8_grouped_gemm); cmd=(node dist/cli/main.js bench --impl unfused --shape "$shape" --shared 0 --tokens "$tokens" "${experts[@]}" --iters 20) ;;
 gemm) filter=(-k megamoe_fp8_grouped_gemm); cmd=(node dist-test/lab/gemm-tiles.js --tiles "$tiles" --m "$m") ;;
 torch-gemm) filter=(); cmd=(python3 "$LAB_ROOT/$PEER" --grouped-gemm-only --m-per-group "$m" --iters 20) ;;
 *) lab_die "--kernel fused, unfused-gemm, gemm or torch-gemm" ;;
 esac
 launches=(--launch-skip "$skip")
 [[ $what == clock && -z $count ]] || launches+=(--launch-count "${count:-1}")
-base=$OUT_DIR/ncu-$kernel$LAB_TAG-$what
+base=$OUT_DIR/ncu-$kernel${tag_experts:-}$LAB_TAG-$what
 case $what in
 summary)
   timeout 300 ncu --clock-control none "${filter[@]}" "${launches[@]}" --section SpeedOfLight \
