@@ -27,7 +27,7 @@ export {
 } from "./config/config.js";
 export * as cuda from "./cuda/index.js";
 export { DeviceMoEWeights } from "./kernels/device-weights.js";
-export { convertFp4ToFp8 } from "./kernels/fp4/fp4_convert.js";
+export { convertFp4ToFp8, orderFp4PackedOnDevice } from "./kernels/fp4/fp4_convert.js";
 export {
   defaultGateLogits,
   type GateLogits,
@@ -72,7 +72,9 @@ export {
   encodeE2m1,
   encodeE8m0,
   type Fp4AsFp8,
+  mxfp4DeviceOrder,
   mxfp4RowsToFp8,
+  mxfp4StoredOrder,
   mxfp4ToFp8Blocks,
   packE2m1,
   quantizeMxfp4,

@@ -6,7 +6,8 @@
  *
  * With FP4 (MXFP4) routed experts (config.expertFormat "fp4") the routed pair is `routedFp4` instead,
  * in the FP4 grouped GEMM's layout (src/kernels/gemm/fp4_grouped_gemm.ts): W1 uint8 [E, 2I, H/2] packed
- * e2m1 codes (element 2j in the low nibble of byte j) with UE8M0 scale bytes uint8 [H/128, E·2I·4]
+ * e2m1 codes in the kernels' device order (`orderFp4PackedOnDevice` of the stored bytes, element 2j in
+ * the low nibble of byte j; docs/numerics.md) with UE8M0 scale bytes uint8 [H/128, E·2I·4]
  * (`fp4GemmScaleWords` of the [E·2I, H/32] bytes: row n's four bytes of K block b at (b, 4n)), W2 uint8
  * [E, H, I/2] with [I/128, E·H·4]. The shared expert stays FP8. A flash layer is 6.4 GB with FP8 experts
  * and 3.4 GB with FP4 (`bytes`, `DeviceMoEWeights.bytesFor`).
@@ -38,6 +39,7 @@ import {
   type RoutedExpertWeights,
   weightSourceProblem,
 } from "../weights/types.js";
+import { orderFp4PackedOnDevice } from "./fp4/fp4_convert.js";
 import { fp4GemmScaleWords } from "./gemm/fp4_grouped_gemm.js";
 import {
   generateActivationsInto,
@@ -95,6 +97,12 @@ function allocPair(device: Device, experts: number, hidden: number, inter: numbe
     for (const t of made) t.dispose();
     throw e;
   }
+}
+
+/** The packed codes of a pair, written in the stored order, into the kernels' device order (in place). */
+function orderFp4Experts(device: Device, p: DeviceFp4ExpertPair, stream: Stream | null): void {
+  orderFp4PackedOnDevice(device, p.w1, stream);
+  orderFp4PackedOnDevice(device, p.w2, stream);
 }
 
 function allocFp4Pair(device: Device, experts: number, hidden: number, inter: number): DeviceFp4ExpertPair {
@@ -368,6 +376,7 @@ export class DeviceMoEWeights {
         stream,
       );
     }
+    if (fp4 !== null) orderFp4Experts(device, fp4, stream);
     const s = this.shared;
     if (s !== null) {
       const { w1, w2 } = sharedMatrixSpecs(c);
@@ -486,6 +495,7 @@ export class DeviceMoEWeights {
       // The staging buffers are refilled for the next chunk.
       stream?.synchronize();
     }
+    orderFp4Experts(device, r, stream);
   }
 
   /** Frees every tensor. Idempotent. */

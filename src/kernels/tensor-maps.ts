@@ -57,10 +57,9 @@ export function encodeScaleColumnsMap(
 }
 
 /**
- * Packed FP4 rows uint8 [rows, K/2] at `address` (two e2m1 codes per byte), boxes of one 128-deep K block
- * (64 bytes) × `boxRows`. Unswizzled for the converters, which read them in 16-byte pieces; with
- * `swizzle64` in the 64-byte swizzle for the fused kernel's register path (common/fp4_frag.cuh: it spreads
- * a warp's loads over the banks).
+ * Packed FP4 rows uint8 [rows, K/2] at `address`, in the device order (common/fp4.cuh), boxes of one
+ * 128-deep K block (64 bytes) × `boxRows`, in the 64-byte swizzle: it spreads the kernels' 16-byte
+ * (register path, common/fp4_frag.cuh) and 8-byte (converters, fp4_stage_convert) loads over the banks.
  */
 export function encodeFp4RowsMap(
   map: Uint8Array,
@@ -68,7 +67,6 @@ export function encodeFp4RowsMap(
   k: number,
   rows: number,
   boxRows: number,
-  swizzle64 = false,
 ): void {
   encodeTensorMapTiled(map, {
     dataType: TensorMapDataType.UINT8,
@@ -76,7 +74,7 @@ export function encodeFp4RowsMap(
     globalDims: [k / 2, rows],
     globalStridesBytes: [k / 2],
     boxDims: [QUANT_BLOCK / 2, boxRows],
-    ...(swizzle64 ? { swizzle: TensorMapSwizzle.B64 } : {}),
+    swizzle: TensorMapSwizzle.B64,
     l2Promotion: TensorMapL2Promotion.B256,
   });
 }

@@ -140,6 +140,54 @@ export function e2m1At(packed: Uint8Array, i: number): number {
   return i & 1 ? b >>> 4 : b & 0xf;
 }
 
+/**
+ * Packed bytes in the device order the FP4 kernels read (docs/numerics.md "FP4 experts", the device
+ * order; common/fp4.cuh fp4_order_word): each row's K block of 128 elements (64 bytes) becomes 16 little-
+ * endian words, word (q, s) at byte 16q + 4s holding L_v = element 32s + 4q + v and H_v = element
+ * 32s + 16 + 4q + v (v = 0..3): |L_v| at bit 4v, |H_v| at 16 + 4v, sign(L_v) at 8v + 7, sign(H_v) at
+ * 8v + 3. `packed` is row-major stored bytes whose rows are whole K blocks (length a multiple of 64).
+ */
+export function mxfp4DeviceOrder(packed: Uint8Array): Uint8Array {
+  return reorderMxfp4Blocks(packed, "mxfp4DeviceOrder", true);
+}
+
+/** The inverse of `mxfp4DeviceOrder`: device-order bytes back to the stored order. */
+export function mxfp4StoredOrder(device: Uint8Array): Uint8Array {
+  return reorderMxfp4Blocks(device, "mxfp4StoredOrder", false);
+}
+
+function reorderMxfp4Blocks(src: Uint8Array, where: string, toDevice: boolean): Uint8Array {
+  if (src.length % (QUANT_BLOCK / 2) !== 0) {
+    throw new RangeError(`${where}: ${src.length} bytes are not whole 128-element K blocks (64 bytes each)`);
+  }
+  const out = new Uint8Array(src.length);
+  for (let base = 0; base < src.length; base += QUANT_BLOCK / 2) {
+    for (let s = 0; s < 4; s++) {
+      for (let q = 0; q < 4; q++) {
+        const at = base + 16 * q + 4 * s;
+        for (let v = 0; v < 4; v++) {
+          const l = base * 2 + 32 * s + 4 * q + v; // element indices in the row-major stored buffer
+          const h = l + 16;
+          if (toDevice) {
+            const lc = e2m1At(src, l);
+            const hc = e2m1At(src, h);
+            // Each element's bits in word (q, s): magnitudes in nibbles v and 4 + v, signs at 8v + 7 / 8v + 3.
+            out[at + (v >> 1)] |= (lc & 7) << (4 * (v & 1));
+            out[at + 2 + (v >> 1)] |= (hc & 7) << (4 * (v & 1));
+            out[at + v] |= ((lc >> 3) << 7) | ((hc >> 3) << 3);
+          } else {
+            const lc = ((src[at + (v >> 1)] >> (4 * (v & 1))) & 7) | ((src[at + v] >> 7) << 3);
+            const hc = ((src[at + 2 + (v >> 1)] >> (4 * (v & 1))) & 7) | (((src[at + v] >> 3) & 1) << 3);
+            out[l >> 1] |= lc << (4 * (l & 1));
+            out[h >> 1] |= hc << (4 * (h & 1));
+          }
+        }
+      }
+    }
+  }
+  return out;
+}
+
 /** An MXFP4 matrix (the same shape as weights/types.ts's Mxfp4Matrix, restated to keep numerics standalone). */
 export interface Mxfp4 {
   packed: Uint8Array;

@@ -3,15 +3,21 @@
  * rule `mxfp4RowsToFp8`, byte for byte: e4m3 codes and the fp32 2^ref per row and K block, on every
  * maximum scale byte 0..254 with spreads 0, 14, 15 and 30, every code in every group, and seeded random
  * rows. The fast path's `prmt` is the one thing the host test (test/numerics/fp4-header.test.ts) can
- * only emulate. Outputs are poisoned first, so an element never written is caught.
+ * only emulate. Outputs are poisoned first, so an element never written is caught. The device order
+ * kernel (stored → the FP4 kernels' order, in place) against `mxfp4DeviceOrder`, over a part of a
+ * tensor (the bytes around it untouched) and with bad ranges refused.
  *
  * GPU tests skip with the reason when no GPU is usable; with MEGAMOE_REQUIRE_GPU=1 they fail instead.
  */
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import { DeviceTensor } from "../../src/cuda/index.js";
-import { convertFp4ToFp8, FP4_CONVERT_KERNELS } from "../../src/kernels/fp4/fp4_convert.js";
-import { type Mxfp4, mxfp4RowsToFp8 } from "../../src/numerics/fp4.js";
+import {
+  convertFp4ToFp8,
+  FP4_CONVERT_KERNELS,
+  orderFp4PackedOnDevice,
+} from "../../src/kernels/fp4/fp4_convert.js";
+import { type Mxfp4, mxfp4DeviceOrder, mxfp4RowsToFp8 } from "../../src/numerics/fp4.js";
 import { availability, describeGpu, testDevice } from "../helpers/gpu.js";
 import { rngU32, testSeed } from "../helpers/random.js";
 
@@ -118,5 +124,30 @@ describeGpu("FP4 → e4m3 conversion on a GPU", () => {
     );
     const bad = runBoth(m);
     assert.deepEqual(bad, [], bad.join("\n"));
+  });
+
+  test(`the device order in place, against mxfp4DeviceOrder; bad ranges refused (seed ${seed})`, () => {
+    const d = testDevice();
+    const next = rngU32(seed ^ 0x5a5a);
+    const bytes = new Uint8Array(64 * 1000);
+    for (let i = 0; i < bytes.length; i++) bytes[i] = next() & 0xff;
+    const t = DeviceTensor.fromHost(d, "uint8", [bytes.length], bytes);
+    try {
+      // Blocks 3 .. 996 only: the first three and the last three keep their stored bytes.
+      orderFp4PackedOnDevice(d, t, null, 64 * 3, 64 * 994);
+      const got = t.toHost() as Uint8Array;
+      const want = bytes.slice();
+      want.set(mxfp4DeviceOrder(bytes.subarray(64 * 3, 64 * 997)), 64 * 3);
+      const first = got.findIndex((b, i) => b !== want[i]);
+      assert.equal(
+        first,
+        -1,
+        `byte ${first}: 0x${got[first]?.toString(16)}, want 0x${want[first]?.toString(16)}`,
+      );
+      assert.throws(() => orderFp4PackedOnDevice(d, t, null, 32), /whole 64-byte K blocks/);
+      assert.throws(() => orderFp4PackedOnDevice(d, t, null, 0, 64 * 1001), /whole 64-byte K blocks/);
+    } finally {
+      t.dispose();
+    }
   });
 });

@@ -25,6 +25,7 @@ import {
 } from "../../src/kernels/device-weights.js";
 import { fp4GemmScaleWords } from "../../src/kernels/gemm/fp4_grouped_gemm.js";
 import { generateMxfp4OnDevice } from "../../src/kernels/weightgen/weightgen.js";
+import { mxfp4DeviceOrder } from "../../src/numerics/fp4.js";
 import { RankWeights } from "../../src/parallel/expert-parallel.js";
 import {
   GeneratedWeights,
@@ -122,7 +123,7 @@ function compareMxfp4Matrix(
 ) {
   const { rows, cols } = cpu;
   const packed = pair[which].view([rows, cols / 2], (index * rows * cols) / 2).toHost() as Uint8Array;
-  assertSameBits(`${what} packed codes`, packed, cpu.packed, cols / 2);
+  assertSameBits(`${what} packed codes (device order)`, packed, mxfp4DeviceOrder(cpu.packed), cols / 2);
   const scales = downloadScaleStrips(which === "w1" ? pair.w1Scales : pair.w2Scales, index * rows, rows);
   assertSameBits(`${what} scale words`, scales, fp4GemmScaleWords(cpu.scales, rows, cols), rows * 4);
 }

@@ -7,8 +7,10 @@ import {
   encodeE2m1,
   FP4_TO_FP8_EXACT_SPREAD,
   type Mxfp4,
+  mxfp4DeviceOrder,
   mxfp4RowsToFp8,
   mxfp4ScaleByte,
+  mxfp4StoredOrder,
   packE2m1,
   quantizeMxfp4,
   unpackE2m1,
@@ -34,6 +36,33 @@ describe("e2m1 packing", () => {
     assert.deepEqual(unpackE2m1(packed), codes);
     for (let i = 0; i < 512; i++) assert.equal(e2m1At(packed, i), codes[i]);
     assert.throws(() => packE2m1(Uint8Array.from([16, 0])), /exceeds 15/);
+  });
+});
+
+describe("the device order of packed rows", () => {
+  it("gives word (q, s) of each K block elements 32s + 4q + v and + 16, bits as docs/numerics.md states", () => {
+    const r = rng(seed ^ 0x0d0e);
+    const stored = Uint8Array.from({ length: 64 * 40 }, () => Math.floor(r() * 256));
+    const device = mxfp4DeviceOrder(stored);
+    const words = new DataView(device.buffer);
+    for (let e = 0; e < stored.length * 2; e++) {
+      const base = Math.floor(e / 128) * 64;
+      const k = e % 128;
+      const s = Math.floor(k / 32);
+      const high = k % 32 >= 16;
+      const q = Math.floor((k % 16) / 4);
+      const v = k % 4;
+      const w = words.getUint32(base + 16 * q + 4 * s, true);
+      const mag = (w >>> (high ? 16 + 4 * v : 4 * v)) & 7;
+      const sign = (w >>> (high ? 8 * v + 3 : 8 * v + 7)) & 1;
+      assert.equal((sign << 3) | mag, e2m1At(stored, e), `element ${e}`);
+    }
+    assert.deepEqual(mxfp4StoredOrder(device), stored);
+  });
+
+  it("refuses bytes that are not whole 128-element K blocks", () => {
+    assert.throws(() => mxfp4DeviceOrder(new Uint8Array(96)), /not whole 128-element K blocks/);
+    assert.throws(() => mxfp4StoredOrder(new Uint8Array(32)), /not whole 128-element K blocks/);
   });
 });
 

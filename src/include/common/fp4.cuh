@@ -10,9 +10,11 @@
 // Two paths, equal on every input (test/numerics/fp4-header.test.ts runs both on the host against
 // the TypeScript rule; test/gpu/fp4-convert.test.ts runs the device build of the fast one):
 //   exact: integer arithmetic on one element at a time (the definition, readable).
-//   fast:  per group an 8-entry magnitude table (two 32-bit words), then `prmt` looks up four elements
-//          at once and a second `prmt` puts each element's sign bit at bit 7 of its byte: 9
-//          instructions per 8 elements.
+//   fast:  the kernels' path. On the device the packed rows are kept in the device order (below), whose
+//          32-bit words each hold the eight elements one lane needs for a wgmma k32 step; per group an
+//          8-entry magnitude table (two 32-bit words), and per word two `prmt` lookups of four
+//          magnitudes each, the signs already where the e4m3 bytes want them: 7 instructions per 8
+//          elements.
 // Everything is integer and bit manipulation and compiles as host code too (g++, nvcc host pass),
 // with no CUDA header, so NVRTC needs no include path. Scale bytes must not be 0xFF (NaN): the host
 // rejects those when it loads the weights (fp4.ts checkMxfp4Scales).
@@ -167,38 +169,80 @@ MEGAMOE_HD unsigned int prmt(unsigned int a, unsigned int b, unsigned int c) {
 #endif
 }
 
-// Four packed bytes (eight elements, element 2j in the low nibble of byte j) → eight e4m3 codes, all
-// of one group (table t): elements 0..3 in `lo` (element 0 in the lowest byte), 4..7 in `hi`.
-MEGAMOE_HD void fp4x8_to_e4m3(unsigned int w, Fp4Table t, unsigned int& lo, unsigned int& hi) {
-  // Magnitudes: the low 16 bits of the selector are four nibbles, one element each; & 7 plain copy.
-  const unsigned int m = w & 0x77777777u;
-  const unsigned int mag_lo = prmt(t.lo, t.hi, m);
-  const unsigned int mag_hi = prmt(t.lo, t.hi, m >> 16);
-  // Signs: an odd element's sign is bit 7 of its packed byte already, an even one's is bit 3, which
-  // w << 4 moves to bit 7. One prmt per four elements picks, per output byte, that byte of w << 4
-  // (even element) or of w (odd): bytes {a0, w0, a1, w1} and {a2, w2, a3, w3}, a = w << 4.
-  const unsigned int w4 = w << 4;
-  const unsigned int sgn_lo = prmt(w4, w, 0x5140u);
-  const unsigned int sgn_hi = prmt(w4, w, 0x7362u);
-  lo = mag_lo | (sgn_lo & 0x80808080u);
-  hi = mag_hi | (sgn_hi & 0x80808080u);
+// ---- the device order of packed rows ----
+//
+// Per row and 128-deep K block the 64 packed bytes are 16 words; word (q, s) at byte 16q + 4s (q, s =
+// 0..3) holds the elements L_v = 32s + 4q + v and H_v = 32s + 16 + 4q + v (v = 0..3): what lane quad q
+// of a warpgroup holds of a weight row in k32 step s of wgmma's A fragment (bytes v of registers rh and
+// 2 + rh), all of group s. Bits: |L_v| at 4v, |H_v| at 16 + 4v (three each), sign(L_v) at 8v + 7,
+// sign(H_v) at 8v + 3. So one 16-byte load gives a lane a row's block, the low 16 bits are the
+// magnitude selectors of L for `prmt` and the high 16 those of H, and the signs sit at bit 7 of each
+// byte (L) or move there with one shift (H). docs/numerics.md states the order; src/numerics/fp4.ts
+// mxfp4DeviceOrder is its host form and fp4_convert.cu's megamoe_fp4_device_order puts weights in it.
+
+// Element e's 4-bit code in a row's K block of 64 bytes in the stored order (element 2j in the low
+// nibble of byte j).
+MEGAMOE_HD unsigned int fp4_stored_code(const unsigned char* block, int e) {
+  const unsigned int byte = block[e >> 1];
+  return (e & 1) != 0 ? byte >> 4 : byte & 0xfu;
 }
 
-// Fast form of fp4_block_to_e4m3_exact (same arguments, same results).
+// Word (q, s) of the device order, from a K block in the stored order.
+MEGAMOE_HD unsigned int fp4_order_word(const unsigned char* block, int q, int s) {
+  unsigned int w = 0;
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int v = 0; v < 4; v++) {
+    const unsigned int l = fp4_stored_code(block, 32 * s + 4 * q + v);
+    const unsigned int h = fp4_stored_code(block, 32 * s + 16 + 4 * q + v);
+    w |= (l & 7u) << (4 * v) | (h & 7u) << (16 + 4 * v) | (l >> 3) << (8 * v + 7) | (h >> 3) << (8 * v + 3);
+  }
+  return w;
+}
+
+// Element e's 4-bit code in a K block of 64 bytes in the device order (the inverse of fp4_order_word).
+MEGAMOE_HD unsigned int fp4_ordered_code(const unsigned char* block, int e) {
+  const int s = e / 32;
+  const int high = (e % 32) / 16;
+  const int q = (e % 16) / 4;
+  const int v = e % 4;
+  const unsigned char* p = block + 16 * q + 4 * s;
+  const unsigned int w = p[0] | (p[1] << 8) | (p[2] << 16) | (static_cast<unsigned int>(p[3]) << 24);
+  const unsigned int mag = (w >> (high != 0 ? 16 + 4 * v : 4 * v)) & 7u;
+  const unsigned int sign = (w >> (high != 0 ? 8 * v + 3 : 8 * v + 7)) & 1u;
+  return sign << 3 | mag;
+}
+
+// One device-order word of a group (table t) → e4m3 codes: L_0..L_3 in `lo` (L_v in byte v), H_0..H_3
+// in `hi`. The selector's bit 3 of each nibble must be clear (set, prmt replicates a sign), hence the mask.
+MEGAMOE_HD void fp4x8_to_e4m3(unsigned int w, Fp4Table t, unsigned int& lo, unsigned int& hi) {
+  const unsigned int m = w & 0x77777777u;
+  lo = prmt(t.lo, t.hi, m) | (w & 0x80808080u);
+  hi = prmt(t.lo, t.hi, m >> 16) | ((w << 4) & 0x80808080u);
+}
+
+// Fast form of fp4_block_to_e4m3_exact (same arguments, stored order, same results).
 MEGAMOE_HD int fp4_block_to_e4m3_fast(const unsigned char* packed, unsigned int scales4, unsigned char* out) {
   const unsigned int max = static_cast<unsigned int>(fp4_max_byte(scales4));
-  for (int g = 0; g < kFp4GroupsPerBlock; g++) {
-    const Fp4Table t = fp4_table_of_byte((scales4 >> (8 * g)) & 0xffu, max);
-    for (int j = 0; j < kFp4Group / 8; j++) {
-      const unsigned char* p = packed + g * (kFp4Group / 2) + 4 * j;
-      const unsigned int w = p[0] | (p[1] << 8) | (p[2] << 16) | (static_cast<unsigned int>(p[3]) << 24);
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int s = 0; s < kFp4GroupsPerBlock; s++) {
+    const Fp4Table t = fp4_table_of_byte((scales4 >> (8 * s)) & 0xffu, max);
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+    for (int q = 0; q < 4; q++) {
       unsigned int lo;
       unsigned int hi;
-      fp4x8_to_e4m3(w, t, lo, hi);
-      unsigned char* o = out + g * kFp4Group + 8 * j;
-      for (int i = 0; i < 4; i++) {
-        o[i] = static_cast<unsigned char>(lo >> (8 * i));
-        o[4 + i] = static_cast<unsigned char>(hi >> (8 * i));
+      fp4x8_to_e4m3(fp4_order_word(packed, q, s), t, lo, hi);
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+      for (int v = 0; v < 4; v++) {
+        out[32 * s + 4 * q + v] = static_cast<unsigned char>(lo >> (8 * v));
+        out[32 * s + 16 + 4 * q + v] = static_cast<unsigned char>(hi >> (8 * v));
       }
     }
   }
@@ -207,21 +251,23 @@ MEGAMOE_HD int fp4_block_to_e4m3_fast(const unsigned char* packed, unsigned int 
 
 // ---- one converter thread's share of a weight stage ----
 
-// A stage holds kRows weight rows of one 128-deep K block: `packed` kRows × 64 bytes (row r at 64r),
-// `scales4` kRows u32 (row r's four UE8M0 bytes), and receives `b_tile` kRows × 128 e4m3 bytes in the
-// 128-byte swizzle the TMA gives an FP8 tile (row r's 16-byte chunk c at 128r + ((c ^ (r % 8)) << 4),
-// b_tile 128-aligned) and `sw` kRows fp32 bits of 2^ref. `Mem` reads and writes that memory:
-// ld32(a), ld128(a, w[4]), st128(a, w[4]), st32(a, v) on byte addresses (shared memory on the device,
-// an array in the host test).
+// A stage holds kRows weight rows of one 128-deep K block: `packed` kRows × 64 bytes in the device
+// order as the TMA writes it with the 64-byte swizzle from a 512-aligned base (row r's chunk q, its
+// words (q, 0..3), at 64r + 16·(q ^ ((r >> 1) & 3))), `scales4` kRows u32 (row r's four UE8M0 bytes),
+// and receives `b_tile` kRows × 128 e4m3 bytes in the 128-byte swizzle the TMA gives an FP8 tile (row
+// r's 16-byte chunk c at 128r + ((c ^ (r % 8)) << 4), b_tile 128-aligned) and `sw` kRows fp32 bits of
+// 2^ref. `Mem` reads and writes that memory: ld32(a), ld64(a, w[2]), st128(a, w[4]), st32(a, v) on byte
+// addresses (shared memory on the device, an array in the host test).
 //
 // Items are (row, half): groups 2·half and 2·half + 1 of a row, 64 elements; item i is row i / 2, half
 // i % 2, and thread t converts items t + k·kThreads. As kThreads / 2 is a multiple of 8, a thread's half
 // and row % 8 are the same in all its items, so every address is a per-thread base plus a constant.
+// An item is words (q, 2·half) and (q, 2·half + 1) of the four chunks q, one 8-byte load each, and
+// becomes tile chunks 4·half .. 4·half + 3 (chunk 2s holds L of words (0..3, s), chunk 2s + 1 their H).
 // A thread's loads run kDepth items ahead of its conversions, so their latencies overlap the work and
 // each thread has kDepth independent conversions in flight. Shared-memory banks: each 16-byte store
-// of a quarter warp (four rows, both halves) meets eight distinct chunks of the swizzle; each 16-byte
-// load of a quarter warp reads 8 chunks of 256 contiguous bytes, 2 per bank group (a 2-way conflict on
-// 2 of the item's 6 accesses, cheaper than reordering the registers).
+// of a quarter warp (four rows, both halves) meets eight distinct chunks of the swizzle; the 8-byte loads
+// of a warp (16 rows, both halves, one q) meet every bank twice, thanks to the 64-byte swizzle.
 template <int kRows, int kThreads, int kDepth, class Mem>
 MEGAMOE_HD void fp4_stage_convert(Mem& mem, unsigned int packed, unsigned int scales4, unsigned int b_tile,
                                   unsigned int sw, int thread) {
@@ -235,7 +281,9 @@ MEGAMOE_HD void fp4_stage_convert(Mem& mem, unsigned int packed, unsigned int sc
   constexpr unsigned int kStepOut = 64u * kThreads;   // tile bytes between them (128 per row)
   const unsigned int t = static_cast<unsigned int>(thread);
   const unsigned int half = t & 1u;
-  const unsigned int in_at = packed + 32u * t;
+  // Row t / 2's words (c, 2·half), c = 0..3, at in0 ^ (c << 4): the 64-byte swizzle puts chunk c at
+  // c ^ ((row >> 1) & 3), and packed + 64 · row keeps bits 4..5 clear for the XOR (as out0 below).
+  const unsigned int in0 = packed + 64u * (t >> 1) + (((t >> 2) & 3u) << 4) + 8u * half;
   const unsigned int row_at = 2u * (t & ~1u);  // 4 · row of the first item
   // Chunk i (0..3) of the item is tile chunk 4·half + i, at ((4·half + i) ^ (row % 8)) << 4 =
   // out0 ^ (i << 4): b_tile + 128 · row keeps bits 4..6 clear for the XOR.
@@ -248,8 +296,7 @@ MEGAMOE_HD void fp4_stage_convert(Mem& mem, unsigned int packed, unsigned int sc
   const auto load = [&](int k) {
     if (valid(k)) {
       s4[k % kDepth] = mem.ld32(scales4 + row_at + k * kStepRow);
-      mem.ld128(in_at + k * kStepIn, in[k % kDepth]);
-      mem.ld128(in_at + k * kStepIn + 16u, in[k % kDepth] + 4);
+      for (unsigned int c = 0; c < 4u; ++c) mem.ld64((in0 ^ (c << 4)) + k * kStepIn, in[k % kDepth] + 2 * c);
     }
   };
 #if defined(__CUDA_ARCH__)
@@ -274,10 +321,10 @@ MEGAMOE_HD void fp4_stage_convert(Mem& mem, unsigned int packed, unsigned int sc
         t0 = fp4_table_of_byte(b0, max);
         t1 = fp4_table_of_byte(b1, max);
       }
-      const unsigned int* w = in[k % kDepth];
-      unsigned int q[16];
-      for (int j = 0; j < 4; ++j) fp4x8_to_e4m3(w[j], t0, q[2 * j], q[2 * j + 1]);
-      for (int j = 0; j < 4; ++j) fp4x8_to_e4m3(w[4 + j], t1, q[8 + 2 * j], q[9 + 2 * j]);
+      const unsigned int* w = in[k % kDepth];  // w[2c + j]: word (c, 2·half + j)
+      unsigned int q[16];                      // tile chunk 4·half + i in q[4i .. 4i + 3]
+      for (int c = 0; c < 4; ++c) fp4x8_to_e4m3(w[2 * c], t0, q[c], q[4 + c]);
+      for (int c = 0; c < 4; ++c) fp4x8_to_e4m3(w[2 * c + 1], t1, q[8 + c], q[12 + c]);
       for (unsigned int i = 0; i < 4; ++i) mem.st128((out0 ^ (i << 4)) + k * kStepOut, q + 4 * i);
       if (half == 0u) mem.st32(sw + row_at + k * kStepRow, fp32_pow2_bits(static_cast<int>(max) - kE8m0Bias - kFp4Top));
     }

@@ -23,6 +23,9 @@ struct SharedMem {
     asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(address));
     return v;
   }
+  __device__ __forceinline__ void ld64(unsigned address, unsigned* w) const {
+    asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(w[0]), "=r"(w[1]) : "r"(address) : "memory");
+  }
   __device__ __forceinline__ void ld128(unsigned address, unsigned* w) const {
     asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
                  : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
@@ -38,7 +41,7 @@ struct SharedMem {
 };
 
 // One converter thread's share of a stage of kRows weight rows, 128 deep in K:
-//   packed  kRows × 64 bytes, row r at packed + 64r (element 2j in the low nibble of byte j)
+//   packed  kRows × 64 bytes in the device order (fp4.cuh), 64B-swizzled from a 512-aligned base
 //   scales4 kRows u32, row r's four UE8M0 bytes (group g in byte g)
 //   b_tile  kRows × 128 bytes of e4m3 in the 128-byte swizzle the TMA gives an FP8 tile (row r's 16-byte
 //           chunk c at r·128 + ((c ^ (r % 8)) << 4)), as one box or several stacked 8-row-aligned boxes

@@ -2,7 +2,8 @@
 // the conversion of common/fp4.cuh over a whole [rows, K] matrix. The grouped GEMM converts its
 // weight tiles in shared memory instead; this kernel is what test/gpu/fp4-convert.test.ts compares with
 // the CPU rule (the fast path, and the exact path as a second entry point), and a way to materialize
-// the FP8 form of FP4 weights on the device.
+// the FP8 form of FP4 weights on the device. A third entry point puts packed weights into the device
+// order the FP4 kernels read (fp4.cuh), in place.
 //
 //   packed  uint8 [rows, K/2]     element 2j in the low nibble of byte j
 //   scales  uint8 [rows, K/32]    UE8M0, none 0xFF (checked on the host)
@@ -58,4 +59,22 @@ extern "C" __global__ void __launch_bounds__(128) megamoe_fp4_to_e4m3_exact(cons
     q[128ull * i + k] = static_cast<unsigned char>(megamoe::e2m1_to_e4m3_exact((k & 1) != 0 ? byte >> 4 : byte & 0xfu, d));
   }
   sw[i] = megamoe::fp4_block_scale(s);
+}
+
+// Stored order → device order (fp4.cuh), in place: `packed` [blocks, 64 bytes] as stored (element 2j in
+// the low nibble of byte j of its row's K block). One thread per K block of a row: four 16-byte loads,
+// four 16-byte stores of the words (q, 0..3).
+extern "C" __global__ void __launch_bounds__(128) megamoe_fp4_device_order(unsigned char* __restrict__ packed,
+                                                                           unsigned int blocks) {
+  const unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= blocks) return;
+  alignas(16) unsigned char in[64];
+  uint4* p = reinterpret_cast<uint4*>(packed + 64ull * i);
+#pragma unroll
+  for (int j = 0; j < 4; j++) reinterpret_cast<uint4*>(in)[j] = p[j];
+#pragma unroll
+  for (int q = 0; q < 4; q++) {
+    p[q] = make_uint4(megamoe::fp4_order_word(in, q, 0), megamoe::fp4_order_word(in, q, 1),
+                      megamoe::fp4_order_word(in, q, 2), megamoe::fp4_order_word(in, q, 3));
+  }
 }

@@ -10,6 +10,7 @@ import {
   compileKernel,
   type Device,
   type DeviceTensor,
+  expectOnDevice,
   expectOperand,
   KernelArgs,
   loadKernel,
@@ -23,6 +24,8 @@ export const FP4_CONVERT_KERNELS = {
   fast: "megamoe_fp4_to_e4m3",
   exact: "megamoe_fp4_to_e4m3_exact",
 } as const;
+/** Stored order → the FP4 kernels' device order, in place. */
+export const FP4_DEVICE_ORDER_KERNEL = "megamoe_fp4_device_order";
 const THREADS = 128;
 
 export interface Fp4ConvertArgs {
@@ -70,4 +73,42 @@ export function convertFp4ToFp8(
     .ptr(3, args.sw.ptr)
     .u32(4, blocks);
   kernel.launch(Math.ceil(blocks / THREADS), THREADS, 0, stream, launchArgs);
+}
+
+/**
+ * Puts packed MXFP4 weights (uint8, row-major, rows of whole 128-element K blocks, in the stored order:
+ * element 2j in the low nibble of byte j) into the device order the FP4 kernels read (docs/numerics.md,
+ * "the device order"; `mxfp4DeviceOrder` is the host form), in place on `stream`. `bytes` (default all
+ * of `packed`) from byte `offset` (default 0), both multiples of 64. Applying it twice scrambles the
+ * weights: it is the load-time step between the stored bytes and the kernels.
+ */
+export function orderFp4PackedOnDevice(
+  device: Device,
+  packed: DeviceTensor,
+  stream: Stream | null,
+  offset = 0,
+  bytes = packed.numel - offset,
+): void {
+  const where = "orderFp4PackedOnDevice";
+  if (packed.dtype !== "uint8") throw new TypeError(`${where}: packed must be uint8, got ${packed.dtype}`);
+  expectOnDevice(where, "packed", packed, device);
+  const block = QUANT_BLOCK / 2;
+  if (
+    !Number.isInteger(offset) ||
+    !Number.isInteger(bytes) ||
+    offset < 0 ||
+    bytes < 0 ||
+    offset % block !== 0 ||
+    bytes % block !== 0 ||
+    offset + bytes > packed.numel
+  ) {
+    throw new RangeError(
+      `${where}: bytes ${bytes} from offset ${offset} must be whole 64-byte K blocks within the tensor's ${packed.numel}`,
+    );
+  }
+  const blocks = bytes / block;
+  if (blocks === 0) return;
+  const kernel = loadKernel(device, compileKernel({ source: FP4_CONVERT_SOURCE }), FP4_DEVICE_ORDER_KERNEL);
+  const args = new KernelArgs(2).ptr(0, packed.ptr + BigInt(offset)).u32(1, blocks);
+  kernel.launch(Math.ceil(blocks / THREADS), THREADS, 0, stream, args);
 }

@@ -8,7 +8,9 @@
  * for every row r of group g, P_b the block's sum of e4m3 products (tensor cores, fp32).
  *
  * Layouts (row-major): a e4m3 [M, K] and aScales fp32 [K/128, M_pad] as for FP8; b uint8 [G·N, K/2]
- * (or [G, N, K/2]), the packed e2m1 codes as stored (element 2j in the low nibble of byte j); bScales
+ * (or [G, N, K/2]), the packed e2m1 codes in the device order (the load-time transform of the stored
+ * bytes, element 2j in the low nibble of byte j: `mxfp4DeviceOrder` on the host or
+ * `orderFp4PackedOnDevice` in place; docs/numerics.md); bScales
  * uint8 [K/128, G·N·4]: the load-time transform of the UE8M0 bytes [G·N, K/32] (`fp4GemmScaleWords`):
  * row n's four bytes of K block b, contiguous, at (b, 4n), so that a K block's scales of a tile's rows are
  * one TMA box; groupOffsets int32 [G+1]; out fp32 or bf16 [M, N].
@@ -85,8 +87,9 @@ export function fp4GemmScaleWords(scales: Uint8Array, rows: number, k: number): 
 // Arguments
 
 /**
- * The FP8 grouped GEMM's operands, with B as FP4: `b` uint8 [G·N, K/2] or [G, N, K/2] (packed e2m1, even
- * element in the low nibble) and `bScales` uint8 [K/128, G·N·4] (fp4GemmScaleWords); `tile` one of
+ * The FP8 grouped GEMM's operands, with B as FP4: `b` uint8 [G·N, K/2] or [G, N, K/2] (packed e2m1 in
+ * the device order: mxfp4DeviceOrder / orderFp4PackedOnDevice) and `bScales` uint8 [K/128, G·N·4]
+ * (fp4GemmScaleWords); `tile` one of
  * FP4_GEMM_TILE_NAMES.
  */
 export type GroupedGemmFp4Args<T extends TensorLike = DeviceTensor> = GroupedGemmArgs<T>;

@@ -32,8 +32,8 @@
 //   N (output columns), K, NUM_GROUPS, OUT_BF16 0|1, B_FP4 0|1.
 //
 // FP4 weights (B_FP4 1, kernel megamoe_fp4_grouped_gemm; docs/numerics.md "FP4 experts (MXFP4)"):
-//   B    uint8 [G·N, K/2]         packed e2m1 (element 2j in the low nibble of byte j); TMA map, box
-//                                 {64, BLOCK_N}, no swizzle: half the bytes of FP8 B
+//   B    uint8 [G·N, K/2]         packed e2m1 in the device order (common/fp4.cuh); TMA map, box
+//                                 {64, BLOCK_N}, 64-byte swizzle: half the bytes of FP8 B
 //   bs   u32 [K/128, G·N]         the four UE8M0 bytes of each row's K block (group g in byte g): the
 //                                 host's load-time transform of [G·N, K/32]; TMA map, box {BLOCK_N, 1}
 // The TMA completes a stage's `loaded` barrier; warps 1..3 of the producer warpgroup then convert the
@@ -654,9 +654,10 @@ extern "C" __global__ void __launch_bounds__(256)
     for (int k = kb * kBlockK; k < (kb + 1) * kBlockK; k += 2) {
       const int d = static_cast<int>((s4 >> (8 * ((k % kBlockK) / megamoe::kFp4Group))) & 0xffu) -
                     megamoe::kE8m0Bias - ref;
-      const unsigned byte = b_row[k / 2];
-      const unsigned short w2 = static_cast<unsigned short>(megamoe::e2m1_to_e4m3_exact(byte & 0xfu, d) |
-                                                            (megamoe::e2m1_to_e4m3_exact(byte >> 4, d) << 8));
+      const unsigned char* block = b_row + kb * (kBlockK / 2);  // in the device order
+      const unsigned short w2 = static_cast<unsigned short>(
+          megamoe::e2m1_to_e4m3_exact(megamoe::fp4_ordered_code(block, k % kBlockK), d) |
+          (megamoe::e2m1_to_e4m3_exact(megamoe::fp4_ordered_code(block, k % kBlockK + 1), d) << 8));
       const unsigned short a2 = *reinterpret_cast<const unsigned short*>(a_row + k);
       unsigned a_half2, b_half2;  // e4m3x2 → f16x2 is exact
       asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(a_half2) : "h"(a2));

@@ -152,7 +152,8 @@ constexpr unsigned kBTileBytes = kBlockN * kBlockK;
 constexpr unsigned kSaBoxRows = kBlockM + 4;
 constexpr unsigned kSaBytes = kSaBoxRows * 4;
 constexpr unsigned kSaStride = align_up(kSaBytes, 128);
-// FP4 B, per stage: the packed nibbles (TMA, BLOCK_N rows of 64 bytes, no swizzle), the four UE8M0 bytes
+// FP4 B, per stage: the packed nibbles (TMA, BLOCK_N rows of 64 bytes in the device order, 64-byte
+// swizzle), the four UE8M0 bytes
 // of each row (TMA of one u32 per row from the [K/128, G·N] layout the host prepares) and the converted
 // rows' fp32 scales 2^ref (written by the converters, read by the promotion). The B tile then holds the
 // converted e4m3 codes in the layout the TMA gives FP8 B.
@@ -164,7 +165,8 @@ constexpr unsigned kStageTxBytes =
 constexpr unsigned kOffA = 0;
 constexpr unsigned kOffB = kOffA + kStages * kATileBytes;
 constexpr unsigned kOffSa = kOffB + kStages * kBTileBytes;
-constexpr unsigned kOffPacked = kOffSa + kStages * kSaStride;  // FP4 only (0 bytes otherwise), 1024-aligned
+// FP4 only (0 bytes otherwise): 1024-aligned, for the packed rows' 64-byte swizzle.
+constexpr unsigned kOffPacked = kBFp4 ? align_up(kOffSa + kStages * kSaStride, 1024) : kOffSa + kStages * kSaStride;
 constexpr unsigned kOffBScales = kOffPacked + (kBFp4 ? kStages * kPackedTileBytes : 0u);  // u32 per row
 constexpr unsigned kOffSwCols = kOffBScales + (kBFp4 ? kStages * kBScaleBytes : 0u);     // fp32 per row
 constexpr unsigned kOffSw = kOffSwCols + (kBFp4 ? kStages * kBScaleBytes : 0u);
@@ -186,7 +188,7 @@ constexpr unsigned kSmemBytes = kOffStaging + kMathWarps * kStagingWarpBytes;
 constexpr unsigned kSmemAlign = 1024;  // the 128-byte swizzle pattern repeats every 1024 bytes
 constexpr unsigned kDynamicSmemBytes = kSmemBytes + kSmemAlign;  // + slack to align the base
 static_assert(kATileBytes % 1024 == 0 && kBTileBytes % 1024 == 0, "tiles must keep 1024-byte alignment");
-static_assert(kSaStride % 128 == 0 && kPackedTileBytes % 128 == 0, "FP4 stage areas must keep 16-byte alignment");
+static_assert(kSaStride % 128 == 0 && kPackedTileBytes % 512 == 0, "FP4 packed stages must keep their swizzle's alignment");
 static_assert(kDynamicSmemBytes <= 232448, "shared memory above the 227 KB opt-in limit");
 
 // Status codes written to status[0] (status[1..3]: block, stage, k-block iteration).

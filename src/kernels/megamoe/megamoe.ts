@@ -36,7 +36,6 @@ import {
   FUSED_COUNTER_WORDS,
   type FusedBlockM,
   fusedEpDefines,
-  fusedFp4Registers,
 } from "./megamoe.variants.js";
 import { type FusedPlan, fusedBlockM, fusedBlockMsUpTo, fusedLayerProblem, planFusedLaunch } from "./plan.js";
 
@@ -363,11 +362,9 @@ export class FusedMoEKernel {
       encodeFp8RowsMap(args.tensorMap(2), routed.w1.ptr, H, E * 2 * I, WEIGHT_BOX_ROWS);
       encodeFp8RowsMap(args.tensorMap(6), routed.w2.ptr, I, E * H, WEIGHT_BOX_ROWS);
     } else {
-      // MXFP4 routed experts: packed rows in maps 2 and 6, their UE8M0 words in 8 and 9. The swap-AB
-      // tiles read the packed rows into registers, 64B-swizzled (fusedFp4Registers).
-      const swizzle64 = fusedFp4Registers(c, blockM);
-      encodeFp4RowsMap(args.tensorMap(2), fp4.w1.ptr, H, E * 2 * I, WEIGHT_BOX_ROWS, swizzle64);
-      encodeFp4RowsMap(args.tensorMap(6), fp4.w2.ptr, I, E * H, WEIGHT_BOX_ROWS, swizzle64);
+      // MXFP4 routed experts: packed rows (device order) in maps 2 and 6, their UE8M0 words in 8 and 9.
+      encodeFp4RowsMap(args.tensorMap(2), fp4.w1.ptr, H, E * 2 * I, WEIGHT_BOX_ROWS);
+      encodeFp4RowsMap(args.tensorMap(6), fp4.w2.ptr, I, E * H, WEIGHT_BOX_ROWS);
       encodeFp4ScaleWordsMap(args.tensorMap(8), fp4.w1Scales.ptr, H, E * 2 * I, WEIGHT_BOX_ROWS);
       encodeFp4ScaleWordsMap(args.tensorMap(9), fp4.w2Scales.ptr, I, E * H, WEIGHT_BOX_ROWS);
     }

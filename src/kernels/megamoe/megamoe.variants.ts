@@ -72,8 +72,8 @@ export function fusedShapeProblem(c: MoEConfig): string | null {
  * Dynamic shared memory of one CTA, byte for byte megamoe.cu's layout (+1024 to align the base). FP4
  * experts add per stage the packed rows (64 bytes per B row), their UE8M0 words and the converted
  * rows' fp32 scales (4 bytes per B row each), a `loaded` barrier and a stage-kind word. The register
- * path (swap-AB FP4) has none of the e4m3 tile, the fp32 scales, `loaded` or the stage kinds, and
- * starts the packed rows at a 1024-byte boundary.
+ * path (swap-AB FP4) has none of the e4m3 tile, the fp32 scales, `loaded` or the stage kinds. The
+ * packed rows start at a 1024-byte boundary (their 64-byte swizzle).
  */
 export function fusedSharedBytes(c: MoEConfig, stages: number, blockM: FusedBlockM): number {
   const fp4 = expertFormatOf(c) === "fp4";
@@ -87,7 +87,7 @@ export function fusedSharedBytes(c: MoEConfig, stages: number, blockM: FusedBloc
   const saStride = aScaleStageBytes(blockM);
   const fp4Stage = fp4 ? FUSED_BLOCK_N * (64 + 4 + (regs ? 0 : 4)) : 0;
   const offPacked = stages * (aTile + bTile + saStride);
-  const offTasks = (regs ? alignUp(offPacked, 1024) : offPacked) + stages * fp4Stage;
+  const offTasks = (fp4 ? alignUp(offPacked, 1024) : offPacked) + stages * fp4Stage;
   const taskSlot = alignUp(32 + 2 * maxKBlocks * 4, 16); // the Task and its two weight-scale rows
   const offBars = alignUp(offTasks + 2 * taskSlot, 8);
   const offAmax = offBars + 8 * (2 * stages + 4 + (converters ? stages : 0)) + (converters ? 4 * stages : 0);

@@ -38,9 +38,9 @@ static_assert(!kFp4Regs || kPackedStageBytes == kBHalfBytes, "a shared-expert bo
 constexpr unsigned kOffA = 0;
 constexpr unsigned kOffB = kOffA + kStages * kATileBytes;
 constexpr unsigned kOffSa = kOffB + kStages * kBStageBytes;
-// FP4 only. kFp4Regs: 1024-aligned, for the 64-byte swizzle of the packed boxes and the 128-byte one of
-// the shared expert's FP8 boxes.
-constexpr unsigned kOffPacked = kFp4Regs ? align_up(kOffSa + kStages * kSaStride, 1024) : kOffSa + kStages * kSaStride;
+// FP4 only: 1024-aligned, for the 64-byte swizzle of the packed boxes (and, kFp4Regs, the 128-byte one of
+// the shared expert's FP8 boxes).
+constexpr unsigned kOffPacked = kBFp4 ? align_up(kOffSa + kStages * kSaStride, 1024) : kOffSa + kStages * kSaStride;
 constexpr unsigned kOffRowWords = kOffPacked + kStages * kPackedStageBytes;     // FP4: UE8M0 words
 constexpr unsigned kOffRowScales = kOffRowWords + kStages * kRowWordsStageBytes;  // FP4 converters: fp32 2^ref
 // Task slots: the Task (32 bytes) and the tile's two weight-scale rows of up to kMaxKBlocks floats.
@@ -73,7 +73,8 @@ constexpr unsigned kOffStaging = align_up(kOffBroadcast + 16, 16);
 constexpr unsigned kSmemBytes = kOffStaging + kMathWarps * kStagingWarpBytes;
 constexpr unsigned kSmemAlign = 1024;
 constexpr unsigned kDynamicSmemBytes = kSmemBytes + kSmemAlign;
-static_assert(kOffPacked % 128 == 0 && kOffRowWords % 16 == 0, "TMA destinations need 16-byte alignment");
+static_assert((!kBFp4 || (kOffPacked % 1024 == 0 && kPackedHalfBytes % 512 == 0)) && kOffRowWords % 16 == 0,
+              "the packed boxes keep their 64-byte swizzle's alignment; TMA destinations need 16 bytes");
 static_assert(kDynamicSmemBytes <= 232448, "shared memory above the 227 KB opt-in limit");
 #ifdef SHARED_BYTES
 // The launcher's mirror of this layout (megamoe.variants.ts: fusedSharedBytes) passes its figure: a
