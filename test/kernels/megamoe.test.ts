@@ -53,7 +53,7 @@ describe("fused MoE kernel: host-side facts", () => {
     }
   });
 
-  test("block M: swap-AB 16 up to 6 rows per routed expert, 32 up to 16, 64 below 64, else 128", () => {
+  test("block M: swap-AB 16 up to 6 rows per routed expert (FP4: 12), 32 up to 16 (32), 64 below 64, else 128", () => {
     const ep8 = resolveConfig("flash-ep8"); // 32 experts, top-6
     assert.equal(fusedBlockM(ep8, 1), 16);
     assert.equal(fusedBlockM(ep8, 32), 16); // 6 rows per expert
@@ -70,6 +70,14 @@ describe("fused MoE kernel: host-side facts", () => {
     assert.deepEqual(fusedBlockMsUpTo(ep8, 32), [16]);
     assert.deepEqual(fusedBlockMsUpTo(ep8, 8192), [16, 32, 64, 128]);
     assert.deepEqual(fusedBlockMsUpTo(resolveConfig("flash"), 1000), [16, 32, 64]);
+    // FP4 experts: 16 up to 12 rows, 32 up to 32.
+    const ep8fp4 = resolveConfig("flash-ep8", { expertFormat: "fp4" });
+    assert.equal(fusedBlockM(ep8fp4, 64), 16); // 12 rows per expert
+    assert.equal(fusedBlockM(ep8fp4, 65), 32);
+    assert.equal(fusedBlockM(ep8fp4, 170), 32); // 31.9
+    assert.equal(fusedBlockM(ep8fp4, 171), 64); // 32.06
+    assert.equal(fusedBlockM(ep8fp4, 341), 64);
+    assert.equal(fusedBlockM(resolveConfig("pro", { expertFormat: "fp4" }), 4096), 128);
   });
 
   test("the host's mirrors of the kernel's trace and counter enums match its headers", () => {
@@ -156,12 +164,13 @@ describe("fused MoE kernel: host-side facts", () => {
     );
     assert.equal(fusedStages(resolveConfig("flash"), 64), 5);
     // FP4 experts: the B_FP4 build; a stage adds the packed rows, their words and scales (256 rows of
-    // 64 + 4 + 4 bytes), a barrier and a stage-kind word (the staging area's 16-byte alignment aside).
+    // 64 + 4 + 4 bytes), a barrier and a stage-kind word (the packed rows' 1024-byte alignment and the
+    // staging area's 16-byte one aside).
     const flash4 = resolveConfig("flash", { expertFormat: "fp4" });
     assert.equal(fusedDefines(flash4, 16).B_FP4, 1);
     assert.equal(fusedDefines(resolveConfig("flash"), 16).B_FP4, undefined);
     const extra = fusedSharedBytes(flash4, 3, 128) - fusedSharedBytes(resolveConfig("flash"), 3, 128);
-    assert.ok(Math.abs(extra - 3 * (256 * 72 + 8 + 4)) < 16, `FP4 adds ${extra} bytes`);
+    assert.ok(Math.abs(extra - 3 * (256 * 72 + 8 + 4)) < 1024 + 16, `FP4 adds ${extra} bytes`);
     assert.equal(fusedStages(flash4, 64), 3);
     // Swap-AB FP4 tiles convert in registers: a stage is A, its scales, the packed rows and their words
     // (16 + 1 KB), with no e4m3 tile, fp32 scales, `loaded` barrier or stage kind, so the ring runs to 8.

@@ -4,7 +4,7 @@
  * -D defines of the specialization. The launcher (megamoe.ts) only executes a plan; `describeFusedPlan`
  * prints one for logs and benchmarks. No CUDA here.
  */
-import type { MoEConfig } from "../../config/config.js";
+import { expertFormatOf, type MoEConfig } from "../../config/config.js";
 import type { KernelDefines } from "../variants.js";
 import {
   FUSED_BLOCK_MS,
@@ -44,12 +44,15 @@ export function fusedLayerProblem(config: MoEConfig): string | null {
  * The block M for a launch, from the rows a routed expert averages (λ = T·k / E): swap-AB 16 while λ ≤ 6
  * and 32 while λ ≤ 16 (an expert's rows then rarely pass one block: a second block streams the expert's
  * weights again), 64 below 64 (the A tile would be mostly padding at 128), else 128 (twice the rows per
- * B tile streamed: half the weight traffic per row).
+ * B tile streamed: half the weight traffic per row). FP4 experts keep the swap-AB tiles longer, 16 while
+ * λ ≤ 12 and 32 while λ ≤ 32: their math threads convert the weights faster than the 64-row tiles'
+ * converter warps do, which outweighs converting an expert's weights once per block (docs/decisions.md).
  */
 export function fusedBlockM(c: MoEConfig, tokens: number): FusedBlockM {
   const rows = (tokens * c.topK) / c.numExperts;
-  if (rows <= 6) return 16;
-  if (rows <= 16) return 32;
+  const fp4 = expertFormatOf(c) === "fp4";
+  if (rows <= (fp4 ? 12 : 6)) return 16;
+  if (rows <= (fp4 ? 32 : 16)) return 32;
   // At exactly 64 rows 128 won on the H200 (pro, T = 4096: 7705 vs 8230 µs, docs/decisions.md).
   return rows < 64 ? 64 : 128;
 }
