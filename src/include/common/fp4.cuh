@@ -264,8 +264,9 @@ MEGAMOE_HD int fp4_block_to_e4m3_fast(const unsigned char* packed, unsigned int 
 // and row % 8 are the same in all its items, so every address is a per-thread base plus a constant.
 // An item is words (q, 2·half) and (q, 2·half + 1) of the four chunks q, one 8-byte load each, and
 // becomes tile chunks 4·half .. 4·half + 3 (chunk 2s holds L of words (0..3, s), chunk 2s + 1 their H).
-// A thread's loads run kDepth items ahead of its conversions, so their latencies overlap the work and
-// each thread has kDepth independent conversions in flight. Shared-memory banks: each 16-byte store
+// A thread's loads run kDepth items ahead of its conversions, so their latencies overlap the work, and
+// the pass has no data-dependent branch (the rare exact tables come in a second pass over marked items),
+// so the compiler can interleave a thread's items. Shared-memory banks: each 16-byte store
 // of a quarter warp (four rows, both halves) meets eight distinct chunks of the swizzle; the 8-byte loads
 // of a warp (16 rows, both halves, one q) meet every bank twice, thanks to the 64-byte swizzle.
 template <int kRows, int kThreads, int kDepth, class Mem>
@@ -292,43 +293,58 @@ MEGAMOE_HD void fp4_stage_convert(Mem& mem, unsigned int packed, unsigned int sc
   // A rolling window: item k + kDepth is loaded right after item k is stored, into k's registers.
   unsigned int s4[kDepth];
   unsigned int in[kDepth][8];
-  const auto valid = [&](int k) { return k < kPerThread && (kItems % kThreads == 0 || thread + k * kThreads < kItems); };
+  // Items k < kFull exist for every thread (known at compile time, so the unrolled loop has no branch there).
+  constexpr int kFull = kItems / kThreads;
+  const auto valid = [&](int k) { return k < kPerThread && (k < kFull || thread + k * kThreads < kItems); };
   const auto load = [&](int k) {
     if (valid(k)) {
       s4[k % kDepth] = mem.ld32(scales4 + row_at + k * kStepRow);
       for (unsigned int c = 0; c < 4u; ++c) mem.ld64((in0 ^ (c << 4)) + k * kStepIn, in[k % kDepth] + 2 * c);
     }
   };
+  // Item k's conversion and stores from its scale word s and words w (w[2c + j]: word (c, 2·half + j)).
+  const auto convert = [&](int k, unsigned int s, const unsigned int* w, bool exact_tables) {
+    const unsigned int max = static_cast<unsigned int>(fp4_max_byte(s));
+    const unsigned int b0 = prmt(s, 0u, sel0);
+    const unsigned int b1 = prmt(s, 0u, sel0 + 1u);
+    const Fp4Table t0 = exact_tables ? fp4_table_of_byte(b0, max) : fp4_table_fast(b0 + 12u - max);
+    const Fp4Table t1 = exact_tables ? fp4_table_of_byte(b1, max) : fp4_table_fast(b1 + 12u - max);
+    unsigned int q[16];  // tile chunk 4·half + i in q[4i .. 4i + 3]
+    for (int c = 0; c < 4; ++c) fp4x8_to_e4m3(w[2 * c], t0, q[c], q[4 + c]);
+    for (int c = 0; c < 4; ++c) fp4x8_to_e4m3(w[2 * c + 1], t1, q[8 + c], q[12 + c]);
+    for (unsigned int i = 0; i < 4; ++i) mem.st128((out0 ^ (i << 4)) + k * kStepOut, q + 4 * i);
+    if (half == 0u) mem.st32(sw + row_at + k * kStepRow, fp32_pow2_bits(static_cast<int>(max) - kE8m0Bias - kFp4Top));
+  };
 #if defined(__CUDA_ARCH__)
 #pragma unroll
 #endif
   for (int k = 0; k < kDepth; ++k) load(k);
+  // The main pass takes the fast tables without a branch, so the unrolled items can interleave; an item
+  // with a group more than 11 binades under its block's largest (rare) is marked and converted again,
+  // with the exact tables, after the pass: its stores land before the caller's arrive.
+  unsigned int redo = 0;
 #if defined(__CUDA_ARCH__)
 #pragma unroll
 #endif
   for (int k = 0; k < kPerThread; ++k) {
     if (valid(k)) {
       const unsigned int s = s4[k % kDepth];
-      const unsigned int max = static_cast<unsigned int>(fp4_max_byte(s));
       const unsigned int b0 = prmt(s, 0u, sel0);
       const unsigned int b1 = prmt(s, 0u, sel0 + 1u);
-      Fp4Table t0;
-      Fp4Table t1;
-      if ((b0 < b1 ? b0 : b1) + 11u >= max) {  // both groups within 11 binades of the block's largest
-        t0 = fp4_table_fast(b0 + 12u - max);
-        t1 = fp4_table_fast(b1 + 12u - max);
-      } else {
-        t0 = fp4_table_of_byte(b0, max);
-        t1 = fp4_table_of_byte(b1, max);
-      }
-      const unsigned int* w = in[k % kDepth];  // w[2c + j]: word (c, 2·half + j)
-      unsigned int q[16];                      // tile chunk 4·half + i in q[4i .. 4i + 3]
-      for (int c = 0; c < 4; ++c) fp4x8_to_e4m3(w[2 * c], t0, q[c], q[4 + c]);
-      for (int c = 0; c < 4; ++c) fp4x8_to_e4m3(w[2 * c + 1], t1, q[8 + c], q[12 + c]);
-      for (unsigned int i = 0; i < 4; ++i) mem.st128((out0 ^ (i << 4)) + k * kStepOut, q + 4 * i);
-      if (half == 0u) mem.st32(sw + row_at + k * kStepRow, fp32_pow2_bits(static_cast<int>(max) - kE8m0Bias - kFp4Top));
+      if ((b0 < b1 ? b0 : b1) + 11u < static_cast<unsigned int>(fp4_max_byte(s))) redo |= 1u << k;
+      convert(k, s, in[k % kDepth], false);
     }
     load(k + kDepth);
+  }
+#if defined(__CUDA_ARCH__)
+#pragma unroll 1
+#endif
+  for (int k = 0; redo != 0u; ++k, redo >>= 1) {
+    if ((redo & 1u) != 0u) {
+      unsigned int w[8];
+      for (unsigned int c = 0; c < 4u; ++c) mem.ld64((in0 ^ (c << 4)) + k * kStepIn, w + 2 * c);
+      convert(k, mem.ld32(scales4 + row_at + k * kStepRow), w, true);
+    }
   }
 }
 
