@@ -135,10 +135,11 @@ constexpr int kConverterThreads = 32 * kConverterWarps;
 
 // Registers: with three warpgroups the entry cap is 65536 / 384 → 168; the producer gives most of its
 // share to the math warpgroups (2 · 128 · 232 + 128 · 40 = 64512 ≤ 65536). Two warpgroups fit 255 each.
-// The FP4 converters need more than the TMA thread alone: 2 · 128 · 224 + 128 · 56 = 64512.
+// The FP4 converters need more than the TMA thread alone (two items in flight, interleaved: 56 spilled
+// at the 128-row tiles): 2 · 128 · 216 + 128 · 72 = 64512, the fused kernel's EP converter split.
 constexpr bool kReconfigureRegisters = kMathWarpgroups == 2;
-constexpr int kProducerRegisters = kBFp4 ? 56 : 40;
-constexpr int kMathRegisters = kBFp4 ? 224 : 232;
+constexpr int kProducerRegisters = kBFp4 ? 72 : 40;
+constexpr int kMathRegisters = kBFp4 ? 216 : 232;
 
 // ---------------------------------------------------------------------------------------------------
 // Shared memory layout (byte offsets from a 1024-aligned base; fp8_grouped_gemm.variants.ts: gemmSharedBytes
