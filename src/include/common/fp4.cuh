@@ -322,6 +322,7 @@ MEGAMOE_HD void fp4_stage_convert(Mem& mem, unsigned int packed, unsigned int sc
   // The main pass takes the fast tables without a branch, so the unrolled items can interleave; an item
   // with a group more than 11 binades under its block's largest (rare) is marked and converted again,
   // with the exact tables, after the pass: its stores land before the caller's arrive.
+  static_assert(kPerThread <= 32, "one bit per item in the redo mask");
   unsigned int redo = 0;
 #if defined(__CUDA_ARCH__)
 #pragma unroll
