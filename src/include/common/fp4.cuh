@@ -25,6 +25,14 @@
 #else
 #define MEGAMOE_HD inline
 #endif
+// Loop unrolling on the device only: the host build (tests) keeps its loops.
+#if defined(__CUDA_ARCH__)
+#define MEGAMOE_UNROLL _Pragma("unroll")
+#define MEGAMOE_NO_UNROLL _Pragma("unroll 1")
+#else
+#define MEGAMOE_UNROLL
+#define MEGAMOE_NO_UNROLL
+#endif
 
 namespace megamoe {
 
@@ -99,6 +107,13 @@ MEGAMOE_HD unsigned int e2m1_to_e4m3_exact(unsigned int code, int d) {
   return sign | (E << 3) | m;
 }
 
+// Element e's 4-bit code in a row's K block of 64 bytes in the stored order (element 2j in the low
+// nibble of byte j).
+MEGAMOE_HD unsigned int fp4_stored_code(const unsigned char* block, int e) {
+  const unsigned int byte = block[e >> 1];
+  return (e & 1) != 0 ? byte >> 4 : byte & 0xfu;
+}
+
 // One row's 128-deep K block: `packed` 64 bytes (element 2j low nibble of byte j), `scales4` the four
 // UE8M0 bytes (group g in byte g), `out` 128 e4m3 codes. Returns ref (sw = 2^ref).
 MEGAMOE_HD int fp4_block_to_e4m3_exact(const unsigned char* packed, unsigned int scales4, unsigned char* out) {
@@ -107,9 +122,7 @@ MEGAMOE_HD int fp4_block_to_e4m3_exact(const unsigned char* packed, unsigned int
     const int d = static_cast<int>((scales4 >> (8 * g)) & 0xffu) - kE8m0Bias - ref;
     for (int j = 0; j < kFp4Group; j++) {
       const int k = g * kFp4Group + j;
-      const unsigned int byte = packed[k >> 1];
-      const unsigned int code = (k & 1) != 0 ? byte >> 4 : byte & 0xfu;
-      out[k] = static_cast<unsigned char>(e2m1_to_e4m3_exact(code, d));
+      out[k] = static_cast<unsigned char>(e2m1_to_e4m3_exact(fp4_stored_code(packed, k), d));
     }
   }
   return ref;
@@ -180,19 +193,10 @@ MEGAMOE_HD unsigned int prmt(unsigned int a, unsigned int b, unsigned int c) {
 // byte (L) or move there with one shift (H). docs/numerics.md states the order; src/numerics/fp4.ts
 // mxfp4DeviceOrder is its host form and fp4_convert.cu's megamoe_fp4_device_order puts weights in it.
 
-// Element e's 4-bit code in a row's K block of 64 bytes in the stored order (element 2j in the low
-// nibble of byte j).
-MEGAMOE_HD unsigned int fp4_stored_code(const unsigned char* block, int e) {
-  const unsigned int byte = block[e >> 1];
-  return (e & 1) != 0 ? byte >> 4 : byte & 0xfu;
-}
-
 // Word (q, s) of the device order, from a K block in the stored order.
 MEGAMOE_HD unsigned int fp4_order_word(const unsigned char* block, int q, int s) {
   unsigned int w = 0;
-#if defined(__CUDA_ARCH__)
-#pragma unroll
-#endif
+  MEGAMOE_UNROLL
   for (int v = 0; v < 4; v++) {
     const unsigned int l = fp4_stored_code(block, 32 * s + 4 * q + v);
     const unsigned int h = fp4_stored_code(block, 32 * s + 16 + 4 * q + v);
@@ -225,21 +229,15 @@ MEGAMOE_HD void fp4x8_to_e4m3(unsigned int w, Fp4Table t, unsigned int& lo, unsi
 // Fast form of fp4_block_to_e4m3_exact (same arguments, stored order, same results).
 MEGAMOE_HD int fp4_block_to_e4m3_fast(const unsigned char* packed, unsigned int scales4, unsigned char* out) {
   const unsigned int max = static_cast<unsigned int>(fp4_max_byte(scales4));
-#if defined(__CUDA_ARCH__)
-#pragma unroll
-#endif
+  MEGAMOE_UNROLL
   for (int s = 0; s < kFp4GroupsPerBlock; s++) {
     const Fp4Table t = fp4_table_of_byte((scales4 >> (8 * s)) & 0xffu, max);
-#if defined(__CUDA_ARCH__)
-#pragma unroll
-#endif
+    MEGAMOE_UNROLL
     for (int q = 0; q < 4; q++) {
       unsigned int lo;
       unsigned int hi;
       fp4x8_to_e4m3(fp4_order_word(packed, q, s), t, lo, hi);
-#if defined(__CUDA_ARCH__)
-#pragma unroll
-#endif
+      MEGAMOE_UNROLL
       for (int v = 0; v < 4; v++) {
         out[32 * s + 4 * q + v] = static_cast<unsigned char>(lo >> (8 * v));
         out[32 * s + 16 + 4 * q + v] = static_cast<unsigned char>(hi >> (8 * v));
@@ -303,6 +301,8 @@ MEGAMOE_HD void fp4_stage_convert(Mem& mem, unsigned int packed, unsigned int sc
     }
   };
   // Item k's conversion and stores from its scale word s and words w (w[2c + j]: word (c, 2·half + j)).
+  // Returns whether a group lies more than 11 binades under the block's largest: the fast tables are
+  // then wrong for it and the item needs the exact ones.
   const auto convert = [&](int k, unsigned int s, const unsigned int* w, bool exact_tables) {
     const unsigned int max = static_cast<unsigned int>(fp4_max_byte(s));
     const unsigned int b0 = prmt(s, 0u, sel0);
@@ -314,19 +314,16 @@ MEGAMOE_HD void fp4_stage_convert(Mem& mem, unsigned int packed, unsigned int sc
     for (int c = 0; c < 4; ++c) fp4x8_to_e4m3(w[2 * c + 1], t1, q[8 + c], q[12 + c]);
     for (unsigned int i = 0; i < 4; ++i) mem.st128((out0 ^ (i << 4)) + k * kStepOut, q + 4 * i);
     if (half == 0u) mem.st32(sw + row_at + k * kStepRow, fp32_pow2_bits(static_cast<int>(max) - kE8m0Bias - kFp4Top));
+    return (b0 < b1 ? b0 : b1) + 11u < max;
   };
-#if defined(__CUDA_ARCH__)
-#pragma unroll
-#endif
+  MEGAMOE_UNROLL
   for (int k = 0; k < kDepth; ++k) load(k);
   // The main pass takes the fast tables without a branch, so the unrolled items can interleave; an item
   // with a group more than 11 binades under its block's largest (rare) is marked and converted again,
   // with the exact tables, after the pass: its stores land before the caller's arrive.
   static_assert(kPerThread <= 32, "one bit per item in the redo mask");
   unsigned int redo = 0;
-#if defined(__CUDA_ARCH__)
-#pragma unroll
-#endif
+  MEGAMOE_UNROLL
   for (int k = 0; k < kPerThread; ++k) {
     if (valid(k)) {
       const unsigned int s = s4[k % kDepth];
@@ -337,9 +334,7 @@ MEGAMOE_HD void fp4_stage_convert(Mem& mem, unsigned int packed, unsigned int sc
     }
     load(k + kDepth);
   }
-#if defined(__CUDA_ARCH__)
-#pragma unroll 1
-#endif
+  MEGAMOE_NO_UNROLL
   for (int k = 0; redo != 0u; ++k, redo >>= 1) {
     if ((redo & 1u) != 0u) {
       unsigned int w[8];

@@ -55,9 +55,7 @@ MEGAMOE_HD void fp4_fragment_k128(const Mem& mem, unsigned packed, unsigned word
   unsigned s4[2];
   unsigned w[2][4];
   // Every load first, so that their latencies overlap.
-#if defined(__CUDA_ARCH__)
-#pragma unroll
-#endif
+  MEGAMOE_UNROLL
   for (int rh = 0; rh < 2; ++rh) {
     const unsigned r = fp4_frag_row(thread, rh);
     s4[rh] = mem.ld32(words + 4u * r);
@@ -66,15 +64,11 @@ MEGAMOE_HD void fp4_fragment_k128(const Mem& mem, unsigned packed, unsigned word
   unsigned max[2];
   unsigned b[2][4];
   bool fast = true;
-#if defined(__CUDA_ARCH__)
-#pragma unroll
-#endif
+  MEGAMOE_UNROLL
   for (int rh = 0; rh < 2; ++rh) {
     const unsigned s = s4[rh];
     max[rh] = static_cast<unsigned>(fp4_max_byte(s));
-#if defined(__CUDA_ARCH__)
-#pragma unroll
-#endif
+    MEGAMOE_UNROLL
     for (int g = 0; g < 4; ++g) {
       b[rh][g] = (s >> (8 * g)) & 0xffu;
       fast = fast && b[rh][g] + 11u >= max[rh];  // the group within 11 binades of the block's largest
@@ -85,31 +79,19 @@ MEGAMOE_HD void fp4_fragment_k128(const Mem& mem, unsigned packed, unsigned word
   // lane when any lane needs them, so the branch never diverges.
   Fp4Table t[2][4];
   if (fp4_warp_all(fast)) {
-#if defined(__CUDA_ARCH__)
-#pragma unroll
-#endif
+    MEGAMOE_UNROLL
     for (int rh = 0; rh < 2; ++rh)
-#if defined(__CUDA_ARCH__)
-#pragma unroll
-#endif
+      MEGAMOE_UNROLL
       for (int g = 0; g < 4; ++g) t[rh][g] = fp4_table_fast(b[rh][g] + 12u - max[rh]);
   } else {
-#if defined(__CUDA_ARCH__)
-#pragma unroll
-#endif
+    MEGAMOE_UNROLL
     for (int rh = 0; rh < 2; ++rh)
-#if defined(__CUDA_ARCH__)
-#pragma unroll
-#endif
+      MEGAMOE_UNROLL
       for (int g = 0; g < 4; ++g) t[rh][g] = fp4_table_of_byte(b[rh][g], max[rh]);
   }
-#if defined(__CUDA_ARCH__)
-#pragma unroll
-#endif
+  MEGAMOE_UNROLL
   for (int rh = 0; rh < 2; ++rh)
-#if defined(__CUDA_ARCH__)
-#pragma unroll
-#endif
+    MEGAMOE_UNROLL
     for (int s = 0; s < 4; ++s) fp4x8_to_e4m3(w[rh][s], t[rh][s], a[s][rh], a[s][2 + rh]);
 }
 

@@ -55,8 +55,7 @@ extern "C" __global__ void __launch_bounds__(128) megamoe_fp4_to_e4m3_exact(cons
   const int ref = megamoe::fp4_block_ref(s);
   for (int k = 0; k < 128; k++) {
     const int d = static_cast<int>((s >> (8 * (k / megamoe::kFp4Group))) & 0xffu) - megamoe::kE8m0Bias - ref;
-    const unsigned int byte = packed[64ull * i + (k >> 1)];
-    q[128ull * i + k] = static_cast<unsigned char>(megamoe::e2m1_to_e4m3_exact((k & 1) != 0 ? byte >> 4 : byte & 0xfu, d));
+    q[128ull * i + k] = static_cast<unsigned char>(megamoe::e2m1_to_e4m3_exact(megamoe::fp4_stored_code(packed + 64ull * i, k), d));
   }
   sw[i] = megamoe::fp4_block_scale(s);
 }
