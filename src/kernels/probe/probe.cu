@@ -59,16 +59,18 @@ extern "C" __global__ void __launch_bounds__(512, 2) probe_read(const int4* __re
 
 // Weight tiles streamed through a TMA stage ring with no math: how fast the fused kernel's producer could
 // feed its math warps at decode, where each CTA streams one tile of weights (tile_rows rows × k_blocks
-// 128-byte K blocks, box_rows rows per TMA box). The map's layout decides what a box covers:
-// row-major [rows, K] (128 bytes out of each of box_rows rows K bytes apart, the layer's weights today)
-// or K-block-major [K/128][rows][128] (box_rows × 128 contiguous bytes), with box coordinate
-// (kb·128, row) or (0, kb·total_rows + row). Thread 0 loads, thread 32 frees each stage once it lands.
+// K blocks of piece_bytes per row: 128 for FP8, 64 for packed FP4; box_rows rows per TMA box). The map's
+// layout decides what a box covers: row-major [rows, K] (piece_bytes out of each of box_rows rows,
+// the layer's weights today) or K-block-major [K blocks][rows][piece_bytes] (box_rows × piece_bytes
+// contiguous bytes), with box coordinate (kb·piece_bytes, row) or (0, kb·total_rows + row). Thread 0
+// loads, thread 32 frees each stage once it lands.
 extern "C" __global__ void __launch_bounds__(64, 1) probe_tma_stream(const __grid_constant__ TensorMap map, int tile_rows,
                                                                      int box_rows, int total_rows, int k_blocks,
-                                                                     int kblock_major, int stages, int* stalled) {
+                                                                     int kblock_major, int stages, int piece_bytes,
+                                                                     int* stalled) {
   extern __shared__ __align__(1024) unsigned char smem[];
   const unsigned base = align_up(smem_u32(smem), 1024);
-  const unsigned stage_bytes = static_cast<unsigned>(tile_rows) * 128;
+  const unsigned stage_bytes = static_cast<unsigned>(tile_rows * piece_bytes);
   const unsigned full_bar = base + stages * stage_bytes;
   const unsigned empty_bar = full_bar + 8 * stages;
   const int tid = threadIdx.x;
@@ -88,11 +90,11 @@ extern "C" __global__ void __launch_bounds__(64, 1) probe_tma_stream(const __gri
       if (kb >= stages) mbar_wait_bounded(empty_bar + 8 * s, ((kb / stages) - 1) & 1, 1000000000ull, on_stall);
       mbar_arrive_expect_tx(full_bar + 8 * s, stage_bytes);
       for (int r = 0; r < tile_rows; r += box_rows) {
-        const unsigned dst = base + s * stage_bytes + r * 128;
+        const unsigned dst = base + s * stage_bytes + r * piece_bytes;
         if (kblock_major != 0) {
           tma_load_2d(dst, &map, full_bar + 8 * s, 0, kb * total_rows + row0 + r);
         } else {
-          tma_load_2d(dst, &map, full_bar + 8 * s, kb * 128, row0 + r);
+          tma_load_2d(dst, &map, full_bar + 8 * s, kb * piece_bytes, row0 + r);
         }
       }
     }

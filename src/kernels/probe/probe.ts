@@ -14,7 +14,7 @@ import {
   perDeviceOnce,
   timeKernel,
 } from "../../cuda/index.js";
-import { encodeFp8RowsMap } from "../tensor-maps.js";
+import { encodeFp4RowsMap, encodeFp8RowsMap } from "../tensor-maps.js";
 
 export interface Ceilings {
   /** Read stream, bytes read per second (nothing written), in TB/s. */
@@ -119,14 +119,19 @@ export type WeightLayout = "row-major" | "kblock-major";
 export interface WeightStreamOptions {
   /** CTAs, one tile each (the layer at decode: one L1 tile per busy SM). */
   ctas: number;
-  /** Rows per tile (a stage holds tileRows × 128 bytes). */
+  /** Rows per tile (a stage holds tileRows × pieceBytes). */
   tileRows: number;
   /** Rows per TMA box (at most 256). */
   boxRows: number;
-  /** 128-byte K blocks per tile row (K / 128). */
+  /** 128-deep K blocks per tile row (K / 128). */
   kBlocks: number;
   layout: WeightLayout;
   stages: number;
+  /**
+   * Bytes of a row per K block: 128 (FP8, the 128-byte swizzle; the default) or 64 (packed FP4, the
+   * 64-byte swizzle), the boxes the fused kernel loads for either format.
+   */
+  pieceBytes?: 64 | 128;
 }
 
 /**
@@ -139,31 +144,36 @@ export function measureWeightStream(
   options: WeightStreamOptions,
 ): { tbps: number; us: number } {
   const { ctas, tileRows, boxRows, kBlocks, layout, stages } = options;
+  const piece = options.pieceBytes ?? 128;
   if (tileRows % boxRows !== 0 || boxRows > 256)
     throw new RangeError("weight stream: boxRows must divide tileRows and be ≤ 256");
+  if (piece !== 64 && piece !== 128) throw new RangeError("weight stream: pieceBytes must be 64 or 128");
   const { tmaStream } = probeKernels(device);
   const rows = ctas * tileRows;
-  const bytes = rows * kBlocks * 128;
-  const shared = stages * tileRows * 128 + 1024 + 16 * stages;
+  const bytes = rows * kBlocks * piece;
+  const shared = stages * tileRows * piece + 1024 + 16 * stages;
   tmaStream.setMaxDynamicSharedMemory(shared);
   const src = device.alloc(bytes);
   const stalled = device.alloc(4);
   try {
     device.memsetD32(src, 0x3c003c00, bytes / 4, device.nullStream);
     device.memsetD32(stalled, 0, 1, device.nullStream);
-    const args = new KernelArgs(8, { tensorMaps: [0] });
+    const args = new KernelArgs(9, { tensorMaps: [0] });
     const rowMajor = layout === "row-major";
-    // The layer's operand map; K-block-major is the same map over rows of one 128-byte K block.
-    if (rowMajor) encodeFp8RowsMap(args.tensorMap(0), src, kBlocks * 128, rows, boxRows);
-    else encodeFp8RowsMap(args.tensorMap(0), src, 128, rows * kBlocks, boxRows);
+    // The layer's operand map (FP8 rows or packed FP4 rows, either encoder taking K = 128 per K block);
+    // K-block-major is the same map over rows of one K block.
+    const encode = piece === 128 ? encodeFp8RowsMap : encodeFp4RowsMap;
+    if (rowMajor) encode(args.tensorMap(0), src, kBlocks * 128, rows, boxRows);
+    else encode(args.tensorMap(0), src, 128, rows * kBlocks, boxRows);
     args
       .i32(1, tileRows)
       .i32(2, boxRows)
       .i32(3, rows)
       .i32(4, kBlocks)
       .i32(5, rowMajor ? 0 : 1)
-      .i32(6, stages);
-    args.ptr(7, stalled);
+      .i32(6, stages)
+      .i32(7, piece);
+    args.ptr(8, stalled);
     const t = timeKernel(device, (s) => tmaStream.launch(ctas, 64, shared, s, args), {
       warmup: 3,
       iters: 20,
