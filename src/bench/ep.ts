@@ -47,7 +47,7 @@ import {
 } from "../cuda/index.js";
 import { generateActivationsOnDevice } from "../kernels/device-weights.js";
 import { FUSED_EP_MAX_RANKS } from "../kernels/megamoe/megamoe.variants.js";
-import { ExpertParallelMoE, type RankDeviceInput } from "../parallel/expert-parallel.js";
+import { ExpertParallelMoE, joinRankArrays, type RankDeviceInput } from "../parallel/expert-parallel.js";
 import { type FusedEpTraffic, fusedEpLayout, fusedEpTraffic } from "../parallel/fused-ep.js";
 import { FusedExpertParallel, type FusedRankDeviceInput } from "../parallel/fused-expert-parallel.js";
 import { randomRouting } from "../reference/router.js";
@@ -156,13 +156,7 @@ export interface RankFloor {
 
 /** Every rank's ids, rank after rank: the routing of one layer over all the ranks' tokens. */
 function allRanksIds(ids: readonly Int32Array[]): Int32Array {
-  const all = new Int32Array(ids.reduce((n, a) => n + a.length, 0));
-  let at = 0;
-  for (const a of ids) {
-    all.set(a, at);
-    at += a.length;
-  }
-  return all;
+  return joinRankArrays(ids, (n) => new Int32Array(n));
 }
 
 /**

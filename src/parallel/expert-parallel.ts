@@ -197,15 +197,23 @@ export function splitAmongRanks(
   });
 }
 
-/** The ranks' outputs one after another: the batch `splitAmongRanks` dealt out, back in one piece. */
-export function joinRankOutputs(outs: readonly Uint16Array[]): Uint16Array {
-  const joined = new Uint16Array(outs.reduce((n, o) => n + o.length, 0));
+/** The ranks' arrays one after another, in rank order, in a new array made by `make(total length)`. */
+export function joinRankArrays<T extends Uint16Array | Int32Array>(
+  parts: readonly T[],
+  make: (length: number) => T,
+): T {
+  const joined = make(parts.reduce((n, p) => n + p.length, 0));
   let at = 0;
-  for (const o of outs) {
-    joined.set(o, at);
-    at += o.length;
+  for (const p of parts) {
+    joined.set(p, at);
+    at += p.length;
   }
   return joined;
+}
+
+/** The ranks' outputs one after another: the batch `splitAmongRanks` dealt out, back in one piece. */
+export function joinRankOutputs(outs: readonly Uint16Array[]): Uint16Array {
+  return joinRankArrays(outs, (n) => new Uint16Array(n));
 }
 
 /** The rows a rank received, bf16 [rows.count, hidden], gathered from the sources' x on the host. */

@@ -650,11 +650,11 @@ extern "C" __global__ void __launch_bounds__(256)
   for (int kb = 0; kb < kKBlocks; ++kb) {
     const unsigned s4 = b_scales4[static_cast<long long>(kb) * kGroups * kShapeN + b_row_index];
     const int ref = megamoe::fp4_block_ref(s4);
+    const unsigned char* block = b_row + kb * (kBlockK / 2);  // in the device order
     double block_sum = 0.0;
     for (int k = kb * kBlockK; k < (kb + 1) * kBlockK; k += 2) {
       const int d = static_cast<int>((s4 >> (8 * ((k % kBlockK) / megamoe::kFp4Group))) & 0xffu) -
                     megamoe::kE8m0Bias - ref;
-      const unsigned char* block = b_row + kb * (kBlockK / 2);  // in the device order
       const unsigned short w2 = static_cast<unsigned short>(
           megamoe::e2m1_to_e4m3_exact(megamoe::fp4_ordered_code(block, k % kBlockK), d) |
           (megamoe::e2m1_to_e4m3_exact(megamoe::fp4_ordered_code(block, k % kBlockK + 1), d) << 8));
