@@ -113,8 +113,13 @@ export function measureCopyCeiling(device: Device, bytes = 2 ** 31): { tbps: num
   }
 }
 
-/** How weights lie in memory for `measureWeightStream`. */
-export type WeightLayout = "row-major" | "kblock-major";
+/**
+ * How weights lie in memory for `measureWeightStream`, and how a box is loaded: row-major or
+ * K-block-major through a tensor map, or K-block-major as plain bulk copies ("kblock-bulk").
+ */
+export type WeightLayout = "row-major" | "kblock-major" | "kblock-bulk";
+/** The probe's `layout` argument per layout. */
+const LAYOUT_CODES: Record<WeightLayout, number> = { "row-major": 0, "kblock-major": 1, "kblock-bulk": 2 };
 
 export interface WeightStreamOptions {
   /** CTAs, one tile each (the layer at decode: one L1 tile per busy SM). */
@@ -158,7 +163,7 @@ export function measureWeightStream(
   try {
     device.memsetD32(src, 0x3c003c00, bytes / 4, device.nullStream);
     device.memsetD32(stalled, 0, 1, device.nullStream);
-    const args = new KernelArgs(9, { tensorMaps: [0] });
+    const args = new KernelArgs(10, { tensorMaps: [0] });
     const rowMajor = layout === "row-major";
     // The layer's operand map (FP8 rows or packed FP4 rows, either encoder taking K = 128 per K block);
     // K-block-major is the same map over rows of one K block.
@@ -170,10 +175,10 @@ export function measureWeightStream(
       .i32(2, boxRows)
       .i32(3, rows)
       .i32(4, kBlocks)
-      .i32(5, rowMajor ? 0 : 1)
+      .i32(5, LAYOUT_CODES[layout])
       .i32(6, stages)
       .i32(7, piece);
-    args.ptr(8, stalled);
+    args.ptr(8, stalled).ptr(9, src);
     const t = timeKernel(device, (s) => tmaStream.launch(ctas, 64, shared, s, args), {
       warmup: 3,
       iters: 20,
