@@ -63,8 +63,9 @@ extern "C" __global__ void __launch_bounds__(512, 2) probe_read(const int4* __re
 // layout decides what a box covers: row-major [rows, K] (piece_bytes out of each of box_rows rows) or
 // K-block-major [K blocks][rows][piece_bytes] (box_rows × piece_bytes contiguous bytes), with box
 // coordinate (kb·piece_bytes, row) or (0, kb·total_rows + row); `layout` 2 copies the K-block-major
-// boxes as plain bulk copies from `src` instead (no tensor map, no swizzle: what a layout stored already
-// swizzled would load). Thread 0 loads, thread 32 frees each stage once it lands.
+// boxes as plain bulk copies from `src` instead, and 3 through a map of rows twice as wide, unswizzled,
+// coordinate (0, (kb·total_rows + row) / 2) (both what a layout stored already swizzled would load).
+// Thread 0 loads, thread 32 frees each stage once it lands.
 extern "C" __global__ void __launch_bounds__(64, 1) probe_tma_stream(const __grid_constant__ TensorMap map, int tile_rows,
                                                                      int box_rows, int total_rows, int k_blocks,
                                                                      int layout, int stages, int piece_bytes,
@@ -97,6 +98,8 @@ extern "C" __global__ void __launch_bounds__(64, 1) probe_tma_stream(const __gri
           bulk_load(dst, src + row * piece_bytes, static_cast<unsigned>(box_rows * piece_bytes), full_bar + 8 * s);
         } else if (layout == 1) {
           tma_load_2d(dst, &map, full_bar + 8 * s, 0, kb * total_rows + row0 + r);
+        } else if (layout == 3) {
+          tma_load_2d(dst, &map, full_bar + 8 * s, 0, (kb * total_rows + row0 + r) / 2);
         } else {
           tma_load_2d(dst, &map, full_bar + 8 * s, kb * piece_bytes, row0 + r);
         }
