@@ -19,6 +19,7 @@ import { openForReading, readExactly } from "./safetensors.js";
 import {
   type BlockQuantized,
   type ExpertWeights,
+  emptyMxfp4Matrix,
   type Fp4ExpertWeights,
   type GateWeights,
   type MoEWeightSource,
@@ -171,14 +172,8 @@ export class CheckpointLayer implements MoEWeightSource {
 
   private readFp4(name: (w: V4Projection, p: "weight" | "scale") => string, inter: number): Fp4ExpertWeights {
     const h = this.config.hidden;
-    const matrix = (rows: number, cols: number): Mxfp4Matrix => ({
-      packed: new Uint8Array((rows * cols) / 2),
-      scales: new Uint8Array((rows * cols) / MXFP4_GROUP),
-      rows,
-      cols,
-    });
-    const w1 = matrix(2 * inter, h);
-    const w2 = matrix(h, inter);
+    const w1 = emptyMxfp4Matrix(2 * inter, h);
+    const w2 = emptyMxfp4Matrix(h, inter);
     const part = (w: V4Projection, m: Mxfp4Matrix, r0: number, rows: number) => {
       this.read(name(w, "weight"), m.packed.subarray((r0 * m.cols) / 2, ((r0 + rows) * m.cols) / 2));
       const groups = m.cols / MXFP4_GROUP;

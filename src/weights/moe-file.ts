@@ -29,6 +29,7 @@ import {
 import {
   type BlockQuantized,
   type ExpertWeights,
+  emptyMxfp4Matrix,
   type Fp4ExpertWeights,
   type GateWeights,
   type MoEWeightSource,
@@ -364,14 +365,8 @@ class SafetensorsWeights implements MoEWeightSource {
   /** The MXFP4 counterpart of readMlp: gate and up rows into one W1 [2I, H], down into W2 [H, I]. */
   private readMlpFp4(mlp: string, inter: number): Fp4ExpertWeights {
     const h = this.config.hidden;
-    const make = (rows: number, cols: number): Mxfp4Matrix => ({
-      packed: new Uint8Array((rows * cols) / 2),
-      scales: new Uint8Array((rows * cols) / MXFP4_GROUP),
-      rows,
-      cols,
-    });
-    const w1 = make(2 * inter, h);
-    const w2 = make(h, inter);
+    const w1 = emptyMxfp4Matrix(2 * inter, h);
+    const w2 = emptyMxfp4Matrix(h, inter);
     const targets: Record<Projection, { q: Uint8Array; scales: Uint8Array }> = {
       gate_proj: mxRowSlice(w1, 0, inter),
       up_proj: mxRowSlice(w1, inter, 2 * inter),

@@ -2,6 +2,7 @@
  * The weight layouts every backend reads. See docs/weights.md for the layouts and checkpoint names.
  */
 import { describeValue, type ValidatedConfig } from "../config/config.js";
+import { MXFP4_GROUP } from "../numerics/fp4.js";
 
 /** An FP8 e4m3 matrix [rows, cols] (row-major) with one fp32 scale per 128×128 block. */
 export interface BlockQuantized {
@@ -13,7 +14,7 @@ export interface BlockQuantized {
 }
 
 /** Elements per MXFP4 scale: one UE8M0 byte per 32 consecutive elements along K of a row. */
-export { MXFP4_GROUP } from "../numerics/fp4.js";
+export { MXFP4_GROUP };
 
 /**
  * An MXFP4 matrix [rows, cols] (row-major, cols along K), DeepSeek-V4's routed-expert format: element
@@ -26,6 +27,16 @@ export interface Mxfp4Matrix {
   scales: Uint8Array;
   rows: number;
   cols: number;
+}
+
+/** A zero-filled [rows, cols] MXFP4 matrix for a reader to fill (codes and scale bytes). */
+export function emptyMxfp4Matrix(rows: number, cols: number): Mxfp4Matrix {
+  return {
+    packed: new Uint8Array((rows * cols) / 2),
+    scales: new Uint8Array((rows * cols) / MXFP4_GROUP),
+    rows,
+    cols,
+  };
 }
 
 /** One FP8 expert MLP (routed, or the fused shared experts). */
