@@ -12,7 +12,13 @@
 import { parseArgs } from "node:util";
 import { SM90_SHARED_OPTIN_BYTES } from "../src/cuda/hardware.js";
 import { deviceSummary, openDevice, writeResults } from "../src/cuda/index.js";
-import { measureReadCeiling, measureWeightStream, type WeightLayout } from "../src/kernels/probe/probe.js";
+import {
+  measureReadCeiling,
+  measureWeightStream,
+  WEIGHT_LAYOUTS,
+  type WeightLayout,
+  weightStreamSharedBytes,
+} from "../src/kernels/probe/probe.js";
 
 const { values: args } = parseArgs({
   options: {
@@ -36,9 +42,8 @@ const list = (name: string, text: string): number[] => {
 const pieces = list("pieces", args.pieces);
 if (pieces.some((p) => p !== 64 && p !== 128)) throw new Error(`--pieces: 64 or 128, not ${args.pieces}`);
 const layouts = args.layouts.split(",") as WeightLayout[];
-const LAYOUTS: readonly string[] = ["row-major", "kblock-major", "kblock-wide", "kblock-bulk"];
-if (layouts.some((l) => !LAYOUTS.includes(l)))
-  throw new Error(`--layouts: ${LAYOUTS.join(", ")}, not ${args.layouts}`);
+if (layouts.some((l) => !WEIGHT_LAYOUTS.includes(l)))
+  throw new Error(`--layouts: ${WEIGHT_LAYOUTS.join(", ")}, not ${args.layouts}`);
 
 const device = openDevice(0);
 const read = measureReadCeiling(device);
@@ -53,7 +58,7 @@ for (let round = 1; round <= Number(args.rounds); round++) {
             for (const layout of layouts)
               for (const stages of list("stages", args.stages)) {
                 const o = { ctas, tileRows, boxRows, kBlocks, pieceBytes, layout, stages };
-                if (stages * tileRows * pieceBytes + 1024 + 16 * stages > SM90_SHARED_OPTIN_BYTES) {
+                if (weightStreamSharedBytes(o) > SM90_SHARED_OPTIN_BYTES) {
                   if (round === 1) console.log(`skipped (shared memory): ${JSON.stringify(o)}`);
                   continue;
                 }

@@ -154,11 +154,6 @@ export interface RankFloor {
   bound: "memory" | "compute";
 }
 
-/** Every rank's ids, rank after rank: the routing of one layer over all the ranks' tokens. */
-function allRanksIds(ids: readonly Int32Array[]): Int32Array {
-  return joinRankArrays(ids, (n) => new Int32Array(n));
-}
-
 /**
  * The floor of each rank's expert work, layer.ts's model applied to one rank: its experts that the
  * ranks' routing touches (weights read once) and the rows routed to them, plus its shared expert over
@@ -180,7 +175,7 @@ export function rankExpertFloor(
   if (R < 1 || E % R !== 0)
     throw new RangeError(`rankExpertFloor: ${E} experts cannot be split among ${R} ranks`);
   const L = E / R;
-  const all = allRanksIds(ids);
+  const all = joinRankArrays(ids, Int32Array); // every rank's ids, rank after rank
   const local = new Int32Array(all.length);
   const rows = all.length / k;
   const useShared = shared && config.numShared > 0;
@@ -257,7 +252,14 @@ export function epCaseModel(
   if (ids.some((a) => a.length !== tokens * k)) {
     throw new RangeError("epCaseModel: every rank must bring the same number of tokens");
   }
-  const f = layerFloor(config, R * tokens, { ids: allRanksIds(ids) }, shared, readTbps, fp8Tflops);
+  const f = layerFloor(
+    config,
+    R * tokens,
+    { ids: joinRankArrays(ids, Int32Array) },
+    shared,
+    readTbps,
+    fp8Tflops,
+  );
   const layout = fusedEpLayout({
     ranks: R,
     numExperts: E,

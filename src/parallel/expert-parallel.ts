@@ -197,12 +197,12 @@ export function splitAmongRanks(
   });
 }
 
-/** The ranks' arrays one after another, in rank order, in a new array made by `make(total length)`. */
+/** The ranks' arrays one after another, in rank order, in a new array of type `Type`. */
 export function joinRankArrays<T extends Uint16Array | Int32Array>(
   parts: readonly T[],
-  make: (length: number) => T,
+  Type: new (length: number) => T,
 ): T {
-  const joined = make(parts.reduce((n, p) => n + p.length, 0));
+  const joined = new Type(parts.reduce((n, p) => n + p.length, 0));
   let at = 0;
   for (const p of parts) {
     joined.set(p, at);
@@ -213,7 +213,7 @@ export function joinRankArrays<T extends Uint16Array | Int32Array>(
 
 /** The ranks' outputs one after another: the batch `splitAmongRanks` dealt out, back in one piece. */
 export function joinRankOutputs(outs: readonly Uint16Array[]): Uint16Array {
-  return joinRankArrays(outs, (n) => new Uint16Array(n));
+  return joinRankArrays(outs, Uint16Array);
 }
 
 /** The rows a rank received, bf16 [rows.count, hidden], gathered from the sources' x on the host. */

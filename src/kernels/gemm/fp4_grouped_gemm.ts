@@ -21,7 +21,6 @@ import {
   type Device,
   type DeviceTensor,
   expectTensor,
-  perDeviceMemo,
   type Stream,
   type TensorLike,
 } from "../../cuda/index.js";
@@ -124,17 +123,8 @@ export function validateGroupedGemmFp4Args(args: GroupedGemmFp4Args<TensorLike>)
 // ---------------------------------------------------------------------------------------------------
 // Kernels
 
-const fp4Kernels = perDeviceMemo<string, GemmKernel>();
-
 function kernelFor(device: Device, plan: GroupedGemmPlan): GemmKernel {
-  return loadGemmKernel(
-    fp4Kernels,
-    device,
-    plan,
-    FP4_GROUPED_GEMM_KERNEL,
-    FP4_GROUPED_GEMM_REFERENCE_KERNEL,
-    4,
-  );
+  return loadGemmKernel(device, plan, FP4_GROUPED_GEMM_KERNEL, FP4_GROUPED_GEMM_REFERENCE_KERNEL);
 }
 
 function encodeMaps(entry: GemmKernel, plan: GroupedGemmPlan, args: GroupedGemmFp4Args): void {

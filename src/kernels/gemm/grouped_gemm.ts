@@ -147,26 +147,28 @@ export interface GemmKernel {
   mapsKey: string;
 }
 
+const gemmKernels = perDeviceMemo<string, GemmKernel>();
+
 /**
- * The build of `plan` (once per device and specialization, in `memo`): entry points `name` and
- * `referenceName`, the first `maps` arguments of the fast kernel tensor maps.
+ * The build of `plan` (once per device and specialization: FP8 and FP4 builds differ by B_FP4, so one
+ * memo serves both), entry points `name` and `referenceName`; the fast kernel's first arguments are its
+ * tensor maps, the FP4 build's B scales one more.
  */
 export function loadGemmKernel(
-  memo: ReturnType<typeof perDeviceMemo<string, GemmKernel>>,
   device: Device,
   plan: GroupedGemmPlan,
   name: string,
   referenceName: string,
-  maps: number,
 ): GemmKernel {
-  return memo(device, describeDefines(plan.defines), () => {
+  return gemmKernels(device, describeDefines(plan.defines), () => {
     const compiled = compileKernel({ source: GROUPED_GEMM_SOURCE, defines: plan.defines });
     const kernel = loadKernel(device, compiled, name);
     if (plan.sharedBytes > 48 * 1024) kernel.setMaxDynamicSharedMemory(plan.sharedBytes);
+    const maps = plan.defines.B_FP4 === undefined ? [0, 1, 2] : [0, 1, 2, 3];
     return {
       kernel,
       reference: loadKernel(device, compiled, referenceName),
-      args: new KernelArgs(ARG_COUNT, { tensorMaps: Array.from({ length: maps }, (_, i) => i) }),
+      args: new KernelArgs(ARG_COUNT, { tensorMaps: maps }),
       refArgs: new KernelArgs(REF_ARG_COUNT),
       mapsKey: "",
     };
@@ -188,7 +190,6 @@ export function launchGemmReference(entry: GemmKernel, args: GroupedGemmArgs, st
   entry.reference.launch(blocks, REFERENCE_BLOCK, 0, stream, entry.refArgs);
 }
 
-const gemmKernels = perDeviceMemo<string, GemmKernel>();
 const statusBuffers = perDeviceOnce<bigint>();
 
 /** The device's watchdog status word (int32[4], zeroed once; the kernels write it only on a stall; FP4 shares it). */
@@ -201,7 +202,7 @@ export function statusBuffer(device: Device): bigint {
 }
 
 function gemmKernelFor(device: Device, plan: GroupedGemmPlan): GemmKernel {
-  return loadGemmKernel(gemmKernels, device, plan, GROUPED_GEMM_KERNEL, GROUPED_GEMM_REFERENCE_KERNEL, 3);
+  return loadGemmKernel(device, plan, GROUPED_GEMM_KERNEL, GROUPED_GEMM_REFERENCE_KERNEL);
 }
 
 function encodeMaps(entry: GemmKernel, plan: GroupedGemmPlan, args: GroupedGemmArgs): void {

@@ -131,6 +131,8 @@ const LAYOUT_CODES: Record<WeightLayout, number> = {
   "kblock-bulk": 2,
   "kblock-wide": 3,
 };
+/** Every layout `measureWeightStream` takes. */
+export const WEIGHT_LAYOUTS = Object.keys(LAYOUT_CODES) as readonly WeightLayout[];
 
 export interface WeightStreamOptions {
   /** CTAs, one tile each (the layer at decode: one L1 tile per busy SM). */
@@ -150,6 +152,13 @@ export interface WeightStreamOptions {
   pieceBytes?: 64 | 128;
 }
 
+/** Dynamic shared memory of a weight-stream launch: the ring, alignment slack and its barriers. */
+export function weightStreamSharedBytes(
+  o: Pick<WeightStreamOptions, "tileRows" | "stages" | "pieceBytes">,
+): number {
+  return o.stages * o.tileRows * (o.pieceBytes ?? 128) + 1024 + 16 * o.stages;
+}
+
 /**
  * Bytes per second with which `options.ctas` CTAs stream one weight tile each through a TMA stage ring
  * and no math (`probe_tma_stream`): the rate the layer's producer can reach at decode, for either weight
@@ -167,7 +176,7 @@ export function measureWeightStream(
   const { tmaStream } = probeKernels(device);
   const rows = ctas * tileRows;
   const bytes = rows * kBlocks * piece;
-  const shared = stages * tileRows * piece + 1024 + 16 * stages;
+  const shared = weightStreamSharedBytes(options);
   tmaStream.setMaxDynamicSharedMemory(shared);
   const src = device.alloc(bytes);
   const stalled = device.alloc(4);
