@@ -1,7 +1,7 @@
 /**
  * The weight layouts every backend reads. See docs/weights.md for the layouts and checkpoint names.
  */
-import { describeValue, type ValidatedConfig } from "../config/config.js";
+import { describeValue, type ExpertFormat, QUANT_BLOCK, type ValidatedConfig } from "../config/config.js";
 import { MXFP4_GROUP } from "../numerics/fp4.js";
 
 /** An FP8 e4m3 matrix [rows, cols] (row-major) with one fp32 scale per 128×128 block. */
@@ -119,4 +119,65 @@ export function weightSourceProblem(source: unknown): string | null {
     }
   }
   return null;
+}
+
+/** Why `m` is not an FP8 block-quantized [rows, cols] matrix (kinds, lengths, scales), or null. */
+function blockQuantizedProblem(what: string, m: unknown, rows: number, cols: number): string | null {
+  if (typeof m !== "object" || m === null)
+    return `${what} must be { q, scales, rows, cols }, got ${describeValue(m)}`;
+  const b = m as Partial<BlockQuantized>;
+  if (b.rows !== rows || b.cols !== cols) {
+    return `${what} is [${String(b.rows)}, ${String(b.cols)}], expected [${rows}, ${cols}]`;
+  }
+  if (!(b.q instanceof Uint8Array) || b.q.length !== rows * cols) {
+    return `${what}.q must be a Uint8Array of ${rows * cols} e4m3 codes, got ${describeValue(b.q)}${b.q instanceof Uint8Array ? ` of ${b.q.length}` : ""}`;
+  }
+  const blocks = (rows / QUANT_BLOCK) * (cols / QUANT_BLOCK);
+  if (!(b.scales instanceof Float32Array) || b.scales.length !== blocks) {
+    return `${what}.scales must be a Float32Array of ${blocks} block scales, got ${describeValue(b.scales)}${b.scales instanceof Float32Array ? ` of ${b.scales.length}` : ""}`;
+  }
+  // A NaN, zero or negative scale would come out later as a "non-finite value" in the intermediate.
+  const bad = b.scales.findIndex((v) => !(v > 0 && v < Number.POSITIVE_INFINITY));
+  if (bad >= 0) return `${what}.scales[${bad}] = ${b.scales[bad]} is not a positive finite scale`;
+  return null;
+}
+
+/** Why `m` is not an MXFP4 [rows, cols] matrix (kinds and lengths; 0xFF scales are refused where read), or null. */
+function mxfp4Problem(what: string, m: unknown, rows: number, cols: number): string | null {
+  if (typeof m !== "object" || m === null)
+    return `${what} must be { packed, scales, rows, cols }, got ${describeValue(m)}`;
+  const x = m as Partial<Mxfp4Matrix>;
+  if (x.rows !== rows || x.cols !== cols) {
+    return `${what} is [${String(x.rows)}, ${String(x.cols)}], expected [${rows}, ${cols}]`;
+  }
+  if (!(x.packed instanceof Uint8Array) || x.packed.length !== (rows * cols) / 2) {
+    return `${what}.packed must be a Uint8Array of ${(rows * cols) / 2} bytes, got ${describeValue(x.packed)}${x.packed instanceof Uint8Array ? ` of ${x.packed.length}` : ""}`;
+  }
+  if (!(x.scales instanceof Uint8Array) || x.scales.length !== (rows * cols) / MXFP4_GROUP) {
+    return `${what}.scales must be a Uint8Array of ${(rows * cols) / MXFP4_GROUP} UE8M0 bytes, got ${describeValue(x.scales)}${x.scales instanceof Uint8Array ? ` of ${x.scales.length}` : ""}`;
+  }
+  return null;
+}
+
+/**
+ * Why `w`, which a weight source returned as `what` ("expert 3", "the shared expert"), is not an expert of
+ * `format` (routed: the config's expertFormat; shared: fp8) with W1 [2·inter, hidden] and W2 [hidden,
+ * inter], or null: the CPU reference reads whatever it is given, so a wrong shape or format would
+ * otherwise give a wrong output, not an error.
+ */
+export function expertWeightsProblem(
+  w: unknown,
+  what: string,
+  format: ExpertFormat,
+  hidden: number,
+  inter: number,
+): string | null {
+  if (typeof w !== "object" || w === null) {
+    return `${what} must be an object with w1 and w2, got ${describeValue(w)}`;
+  }
+  const e = w as Partial<RoutedExpertWeights>;
+  const got: ExpertFormat = e.format === "fp4" ? "fp4" : "fp8";
+  if (got !== format) return `${what} is ${got}, expected ${format}`;
+  const matrix = format === "fp4" ? mxfp4Problem : blockQuantizedProblem;
+  return matrix(`${what} W1`, e.w1, 2 * inter, hidden) ?? matrix(`${what} W2`, e.w2, hidden, inter);
 }
