@@ -121,42 +121,58 @@ export function weightSourceProblem(source: unknown): string | null {
   return null;
 }
 
+/** Why `m` is not an object of [rows, cols] with `fields` (named in the message), or null. */
+function matrixShapeProblem(
+  what: string,
+  m: unknown,
+  fields: string,
+  rows: number,
+  cols: number,
+): string | null {
+  if (typeof m !== "object" || m === null)
+    return `${what} must be { ${fields}, rows, cols }, got ${describeValue(m)}`;
+  const x = m as { rows?: unknown; cols?: unknown };
+  if (x.rows !== rows || x.cols !== cols) {
+    return `${what} is [${String(x.rows)}, ${String(x.cols)}], expected [${rows}, ${cols}]`;
+  }
+  return null;
+}
+
+/** Why `a` is not a `Type` of `n` elements (`unit` names them), or null. */
+function typedArrayProblem(
+  what: string,
+  a: unknown,
+  Type: Uint8ArrayConstructor | Float32ArrayConstructor,
+  n: number,
+  unit: string,
+): string | null {
+  if (a instanceof Type && a.length === n) return null;
+  return `${what} must be a ${Type.name} of ${n} ${unit}, got ${describeValue(a)}${a instanceof Type ? ` of ${a.length}` : ""}`;
+}
+
 /** Why `m` is not an FP8 block-quantized [rows, cols] matrix (kinds, lengths, scales), or null. */
 function blockQuantizedProblem(what: string, m: unknown, rows: number, cols: number): string | null {
-  if (typeof m !== "object" || m === null)
-    return `${what} must be { q, scales, rows, cols }, got ${describeValue(m)}`;
-  const b = m as Partial<BlockQuantized>;
-  if (b.rows !== rows || b.cols !== cols) {
-    return `${what} is [${String(b.rows)}, ${String(b.cols)}], expected [${rows}, ${cols}]`;
-  }
-  if (!(b.q instanceof Uint8Array) || b.q.length !== rows * cols) {
-    return `${what}.q must be a Uint8Array of ${rows * cols} e4m3 codes, got ${describeValue(b.q)}${b.q instanceof Uint8Array ? ` of ${b.q.length}` : ""}`;
-  }
   const blocks = (rows / QUANT_BLOCK) * (cols / QUANT_BLOCK);
-  if (!(b.scales instanceof Float32Array) || b.scales.length !== blocks) {
-    return `${what}.scales must be a Float32Array of ${blocks} block scales, got ${describeValue(b.scales)}${b.scales instanceof Float32Array ? ` of ${b.scales.length}` : ""}`;
-  }
+  const b = m as Partial<BlockQuantized>;
+  const problem =
+    matrixShapeProblem(what, m, "q, scales", rows, cols) ??
+    typedArrayProblem(`${what}.q`, b.q, Uint8Array, rows * cols, "e4m3 codes") ??
+    typedArrayProblem(`${what}.scales`, b.scales, Float32Array, blocks, "block scales");
+  if (problem !== null) return problem;
   // A NaN, zero or negative scale would come out later as a "non-finite value" in the intermediate.
-  const bad = b.scales.findIndex((v) => !(v > 0 && v < Number.POSITIVE_INFINITY));
-  if (bad >= 0) return `${what}.scales[${bad}] = ${b.scales[bad]} is not a positive finite scale`;
-  return null;
+  const scales = b.scales as Float32Array;
+  const bad = scales.findIndex((v) => !(v > 0 && v < Number.POSITIVE_INFINITY));
+  return bad < 0 ? null : `${what}.scales[${bad}] = ${scales[bad]} is not a positive finite scale`;
 }
 
 /** Why `m` is not an MXFP4 [rows, cols] matrix (kinds and lengths; 0xFF scales are refused where read), or null. */
 function mxfp4Problem(what: string, m: unknown, rows: number, cols: number): string | null {
-  if (typeof m !== "object" || m === null)
-    return `${what} must be { packed, scales, rows, cols }, got ${describeValue(m)}`;
   const x = m as Partial<Mxfp4Matrix>;
-  if (x.rows !== rows || x.cols !== cols) {
-    return `${what} is [${String(x.rows)}, ${String(x.cols)}], expected [${rows}, ${cols}]`;
-  }
-  if (!(x.packed instanceof Uint8Array) || x.packed.length !== (rows * cols) / 2) {
-    return `${what}.packed must be a Uint8Array of ${(rows * cols) / 2} bytes, got ${describeValue(x.packed)}${x.packed instanceof Uint8Array ? ` of ${x.packed.length}` : ""}`;
-  }
-  if (!(x.scales instanceof Uint8Array) || x.scales.length !== (rows * cols) / MXFP4_GROUP) {
-    return `${what}.scales must be a Uint8Array of ${(rows * cols) / MXFP4_GROUP} UE8M0 bytes, got ${describeValue(x.scales)}${x.scales instanceof Uint8Array ? ` of ${x.scales.length}` : ""}`;
-  }
-  return null;
+  return (
+    matrixShapeProblem(what, m, "packed, scales", rows, cols) ??
+    typedArrayProblem(`${what}.packed`, x.packed, Uint8Array, (rows * cols) / 2, "bytes") ??
+    typedArrayProblem(`${what}.scales`, x.scales, Uint8Array, (rows * cols) / MXFP4_GROUP, "UE8M0 bytes")
+  );
 }
 
 /**
