@@ -15,6 +15,7 @@ import {
   calcDiff,
   checksum,
   DeviceMoEWeights,
+  DispatchError,
   decodeE4m3,
   dequantizeActivations,
   dequantizeWeightBlocks,
@@ -31,6 +32,7 @@ import {
   loadMoEWeights,
   type MoEConfig,
   MoELayer,
+  planDispatch,
   quantizeActivations,
   quantizeWeightBlocks,
   RankWeights,
@@ -42,6 +44,7 @@ import {
   routeTokens,
   SafetensorsError,
   saveMoEWeights,
+  sentRows,
   splitAmongRanks,
   validateConfig,
   validateRouting,
@@ -452,6 +455,18 @@ const rows: Row[] = [
   ),
   err("x of the wrong length", () => layer.forward(x.subarray(1), T), InputError, /x has 511 elements/),
   err(
+    "tokenIds on a gate-routed layer",
+    () => layer.forward(x, T, { tokenIds: new Int32Array(T) }),
+    InputError,
+    /tokenIds apply to hash-routed layers \(router\.hashRouted\); layer tiny routes with its gate/,
+  ),
+  err(
+    "tokenIds beside routing",
+    () => layer.forward(x, T, { routing, tokenIds: new Int32Array(T) }),
+    InputError,
+    /give routing or tokenIds, not both/,
+  ),
+  err(
     "x holding a bf16 NaN",
     () =>
       layer.forward(
@@ -696,6 +711,35 @@ const rows: Row[] = [
     () => ep.forward(rankInputs(), { share: false } as never),
     InputError,
     /unknown ExpertParallelMoE forward options field share \(did you mean shared\?\)/,
+  ),
+  err(
+    "planDispatch(null)",
+    () => planDispatch(null as never, 8, 2),
+    DispatchError,
+    /planDispatch: routing must be an array of one routing per rank, got null/,
+  ),
+  err(
+    "sentRows(null, 0)",
+    () => sentRows(null as never, 0),
+    DispatchError,
+    /sentRows: plan must be a planDispatch result, got null/,
+  ),
+  err(
+    "sentRows of rank 2 of 2",
+    () =>
+      sentRows(
+        planDispatch(
+          [
+            { ...routing, tokens: T },
+            { ...routing, tokens: T },
+          ],
+          8,
+          2,
+        ),
+        2,
+      ),
+    DispatchError,
+    /sentRows: rank must be an integer in \[0, 2\), got number 2/,
   ),
   err(
     "joinRankOutputs(null)",
