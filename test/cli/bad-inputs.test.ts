@@ -26,6 +26,11 @@ const write = (name: string, text: string) => {
 const files = {
   notJson: write("not.json", "not json"),
   noRows: write("empty.json", '{"rows": []}'),
+  // JSON.parse reads 1e400 as Infinity, which JSON.stringify would print as null.
+  hugeTime: write(
+    "huge.json",
+    '{"rows": [{"config": "tiny", "impl": "fused", "tokens": 1, "us_median": 1e400, "us_min": 1, "us_max": 1}]}',
+  ),
   notSafetensors: write("weights.safetensors", "a text file, not safetensors\n"),
   plainFile: write("plain", "x"),
   fp4Weights: path.join(dir, "fp4.safetensors"),
@@ -262,6 +267,11 @@ const rows: Row[] = [
     args: () => ["plot", files.noRows, "--out", path.join(dir, "p.svg")],
     code: 1,
     message: /plot: \S+empty\.json holds no rows/,
+  },
+  {
+    args: () => ["plot", files.hugeTime, "--out", path.join(dir, "p.svg")],
+    code: 1,
+    message: /"us_median" must be a finite number, got number Infinity/,
   },
   {
     args: () => ["plot", files.noRows, "--out", "/proc/p.svg"],
