@@ -192,8 +192,9 @@ export interface ForwardOptions {
   shared?: boolean;
   /**
    * int32 [tokens] token ids, each in [0, vocab) of the layer's tid2eid: required by hash-routed layers
-   * (config.router.hashRouted) without routing, refused elsewhere and beside routing; checked on the
-   * host (InputError) on both backends.
+   * (config.router.hashRouted) without routing; checked on the host (InputError) on both backends.
+   * Gate-routed layers, and any layer given routing, do not read them, so that one loop over a model's
+   * layers can pass the same ids to each.
    */
   tokenIds?: Int32Array;
   onProgress?: (done: number, total: number) => void;
@@ -393,14 +394,6 @@ export class MoELayer {
     if (routing !== undefined && (typeof routing !== "object" || routing === null)) {
       throw new InputError(
         `forward options.routing must be { ids: Int32Array, weights: Float32Array } or absent, got ${describeValue(routing)}`,
-      );
-    }
-    if (options.tokenIds !== undefined && (routing !== undefined || this.config.router.hashRouted !== true)) {
-      // Token ids choose the experts of a hash-routed layer only: elsewhere they would be ignored.
-      throw new InputError(
-        routing !== undefined
-          ? "forward options: give routing or tokenIds, not both (tokenIds route a hash-routed layer)"
-          : `forward options.tokenIds apply to hash-routed layers (router.hashRouted); layer ${this.config.name} routes with its gate`,
       );
     }
     if (routing === undefined && this.config.router.hashRouted === true) {

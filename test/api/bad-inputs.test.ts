@@ -454,17 +454,11 @@ const rows: Row[] = [
     /x must be a Uint16Array of bf16 bits, got Float32Array/,
   ),
   err("x of the wrong length", () => layer.forward(x.subarray(1), T), InputError, /x has 511 elements/),
-  err(
-    "tokenIds on a gate-routed layer",
-    () => layer.forward(x, T, { tokenIds: new Int32Array(T) }),
-    InputError,
-    /tokenIds apply to hash-routed layers \(router\.hashRouted\); layer tiny routes with its gate/,
-  ),
-  err(
-    "tokenIds beside routing",
-    () => layer.forward(x, T, { routing, tokenIds: new Int32Array(T) }),
-    InputError,
-    /give routing or tokenIds, not both/,
+  ok(
+    "tokenIds on a gate-routed layer, beside its routing",
+    () => layer.forward(x, T, { routing, tokenIds: new Int32Array(T) }).out,
+    "one loop over a model's layers passes the same ids to each; a gate-routed layer does not read them",
+    (out) => assert.deepEqual(out, layer.forward(x, T, { routing }).out),
   ),
   err(
     "x holding a bf16 NaN",
