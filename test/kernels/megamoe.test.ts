@@ -20,6 +20,7 @@ import {
   FUSED_FP4_SWAP_MAX_STAGES,
   FUSED_SWAP_MAX_STAGES,
   fusedDefines,
+  fusedExpandImageBytes,
   fusedFp4Registers,
   fusedMaxStages,
   fusedSharedBytes,
@@ -28,8 +29,10 @@ import {
 } from "../../src/kernels/megamoe/megamoe.variants.js";
 import {
   describeFusedPlan,
+  FUSED_EXPAND_MIN_ROWS,
   fusedBlockM,
   fusedBlockMsUpTo,
+  fusedTilesUpTo,
   planFusedLaunch,
 } from "../../src/kernels/megamoe/plan.js";
 import { InputError, MoELayer } from "../../src/layer.js";
@@ -142,10 +145,12 @@ describe("fused MoE kernel: host-side facts", () => {
   });
 
   test("CI compiles one specialization per preset, scale format, expert format and block M, spills forbidden", () => {
-    // Then the EP build's (test/parallel/fused-ep.test.ts).
+    // Then the FP4 expand variant of block M 64 and 128 and the EP build's (test/parallel/fused-ep.test.ts).
     assert.equal(
       variants.length,
-      2 * 2 * FUSED_BLOCK_MS.length * Object.keys(PRESETS).length + epVariants.length,
+      2 * 2 * FUSED_BLOCK_MS.length * Object.keys(PRESETS).length +
+        2 * 2 * Object.keys(PRESETS).length +
+        epVariants.length,
     );
     assert.ok(variants.every((v) => v.noSpill));
     assert.deepEqual(
@@ -188,5 +193,48 @@ describe("fused MoE kernel: host-side facts", () => {
       assert.equal(fusedStages(flash4, blockM), 8);
       assert.ok(fusedSharedBytes(flash4, 8, blockM) <= OPTIN);
     }
+  });
+
+  test("the FP4 expand variant: a stage is FP8's and 256 row scales; picked from 512 rows per expert", () => {
+    const ep8 = resolveConfig("flash-ep8");
+    const ep8fp4 = resolveConfig("flash-ep8", { expertFormat: "fp4" });
+    // The ring: FP8's at 128 rows (4), one stage less at 64 (4 of 5).
+    assert.equal(fusedStages(ep8fp4, 128, true), fusedStages(ep8, 128));
+    assert.equal(fusedStages(ep8fp4, 64, true), fusedStages(ep8, 64) - 1);
+    for (const blockM of [64, 128] as const) {
+      const stages = fusedStages(ep8fp4, blockM, true);
+      const extra = fusedSharedBytes(ep8fp4, stages, blockM, true) - fusedSharedBytes(ep8, stages, blockM);
+      assert.ok(
+        Math.abs(extra - stages * 1024 - 16) <= 1024,
+        `BLOCK_M ${blockM}: expand adds ${extra} bytes`,
+      );
+      assert.equal(fusedDefines(ep8fp4, blockM, true).FP4_EXPAND, 1);
+    }
+    assert.equal(fusedDefines(ep8fp4, 128).FP4_EXPAND, undefined);
+    assert.throws(() => fusedDefines(ep8fp4, 32, true), /64- and 128-row tiles/);
+    assert.throws(() => fusedDefines(ep8, 128, true), /FP4 experts/);
+    // 32 experts × (16 × 32 L1 + 16 × 16 L2 stages) × (32 KB + 1 KB): 0.83 GB.
+    assert.equal(fusedExpandImageBytes(ep8fp4), 32 * (16 * 32 + 16 * 16) * 33 * 1024);
+    const tokens = Math.ceil((FUSED_EXPAND_MIN_ROWS * ep8fp4.numExperts) / ep8fp4.topK); // 2731
+    const p = planFusedLaunch(ep8fp4, tokens, 132);
+    assert.ok(p.expand && p.blockM === 128);
+    assert.match(describeFusedPlan(p), /BLOCK_M=128 expand stages=4 /);
+    assert.equal(planFusedLaunch(ep8fp4, tokens - 1, 132).expand, false);
+    assert.equal(planFusedLaunch(ep8fp4, tokens - 1, 132, 128, true).expand, true);
+    assert.equal(planFusedLaunch(ep8fp4, tokens, 132, "auto", false).expand, false);
+    assert.throws(() => planFusedLaunch(ep8fp4, 8, 132, 16, true), /fp4Expand: .*64- and 128-row tiles/);
+    assert.throws(() => planFusedLaunch(ep8, 8192, 132, "auto", true), /fp4Expand: .*FP4 experts/);
+    assert.equal(planFusedLaunch(ep8, 8192, 132).expand, false);
+    assert.deepEqual(fusedTilesUpTo(ep8fp4, 8192), [
+      { blockM: 16, expand: false },
+      { blockM: 32, expand: false },
+      { blockM: 64, expand: false },
+      { blockM: 128, expand: false },
+      { blockM: 128, expand: true },
+    ]);
+    assert.deepEqual(
+      fusedTilesUpTo(ep8, 8192).map((t) => t.expand),
+      fusedBlockMsUpTo(ep8, 8192).map(() => false),
+    );
   });
 });

@@ -48,6 +48,7 @@
 #include "megamoe_combine.cuh"
 #include "megamoe_ep.cuh"
 #include "megamoe_epilogue.cuh"
+#include "megamoe_expand.cuh"
 #include "megamoe_scheduler.cuh"
 
 // ---------------------------------------------------------------------------------------------------
@@ -81,15 +82,16 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
   const unsigned empty_bar = full_bar + 8 * kStages;
   const unsigned task_full_bar = empty_bar + 8 * kStages;
   const unsigned task_empty_bar = task_full_bar + 16;
-  const unsigned loaded_bar = task_empty_bar + 16;  // FP4 builds with converters only
+  const unsigned loaded_bar = task_empty_bar + 16;  // FP4 builds with converters, or the expansion's two
 
   int* const ws = op.workspace;
   int* const counts = ws + kCounterWords;
   int* const cursor = counts + kGroups;
   int* const arrived = cursor + kGroups;
   int* const l1_done = arrived + op.max_blocks;
+  int* const expanded = l1_done + op.max_blocks;
   const SharedState cta{smem, base, offsets, blocks, hist, broadcast, full_bar, empty_bar, task_full_bar, task_empty_bar};
-  const Workspace work{ws, counts, cursor, arrived, l1_done};
+  const Workspace work{ws, counts, cursor, arrived, l1_done, expanded};
   const int tid = static_cast<int>(threadIdx.x);
   const int lane = tid & 31;
   const int warp = tid >> 5;
@@ -108,6 +110,10 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
       mbar_init(full_bar + 8 * s, kConverters ? 1 + kConverterWarps : 1);
       mbar_init(empty_bar + 8 * s, kMathWarps);
       if constexpr (kConverters) mbar_init(loaded_bar + 8 * s, 1);
+    }
+    if constexpr (kExpand) {
+      mbar_init(loaded_bar, 1);
+      mbar_init(loaded_bar + 8, 1);
     }
     for (int s = 0; s < 2; ++s) {
       mbar_init(task_full_bar + 8 * s, 1);
@@ -171,6 +177,11 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
 
   if (tid == 0) trace_time(op.trace, kTracePlaced);
 
+#if FP4_EXPAND
+  // ---- 3b. expand: the routed experts' FP4 stages into e4m3 images (megamoe_expand.cuh)
+  expand_fp4_weights(op, work, cta, &map_w1, &map_w2, &map_w1_words, &map_w2_words, loaded_bar);
+#endif
+
   // ---- 4. tiles
   const int total_blocks = blocks[kGroups];
   const int routed_blocks = blocks[kExperts];
@@ -198,7 +209,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
           if (kind == kStageFp4) {
             megamoe::fp4_stage::convert_tile<kBlockN, kConverterThreads, kConvertDepth>(
                 base + kOffPacked + stage * kPackedStageBytes, base + kOffRowWords + stage * kRowWordsStageBytes,
-                base + kOffB + stage * kBTileBytes, base + kOffRowScales + stage * kRowWordsStageBytes, converter);
+                base + kOffB + stage * kBTileBytes, base + kOffRowScales + stage * kRowScalesStageBytes, converter);
             // The wgmmas read the tile through the async proxy: order these generic writes before them.
             asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
           }
@@ -287,9 +298,27 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
       // L2 rows n·256 and n·256 + 128 of its [H, I].
       const int b_row0 = l1 ? expert * 2 * inter + task.n * kQuant : expert * kHidden + task.n * kBlockN;
       const int b_row1 = l1 ? b_row0 + inter : b_row0 + kQuant;
-      // FP4: a stage's packed rows and their UE8M0 words, to `loaded` (the converters complete `full`).
+      if constexpr (kExpand) {
+        if (fp4) {
+          // Expand builds: the expert's images are written (by any CTA) before the first copy.
+          wait_at_least(work.expanded + (l1 ? 0 : kExperts) + expert, expand_chunks_per_expert(l1), op.status,
+                        kStatusExpandWait, expert);
+          fence_proxy_async_global();
+        }
+      }
+      // FP4: a stage's packed rows and their UE8M0 words, to `loaded` (the converters complete `full`);
+      // expand builds: the stage's image, the e4m3 tile and its row scales, to `full` (A arrives there).
       const auto load_fp4_weights = [&](int s, int kb) {
 #if B_FP4
+        if constexpr (kExpand) {
+          const unsigned bar = full_bar + 8 * s;
+          // From the B row (live for the loads anyway): the expert and tile would cost the producer registers.
+          const unsigned char* image = op.images + static_cast<size_t>(expand_chunk_of_row(l1, opaque_i32(b_row0), kb)) * kImageBytes;
+          mbar_expect_tx(bar, kExpandedTxBytes);
+          bulk_load(base + kOffB + s * kBTileBytes, image, kBTileBytes, bar);
+          bulk_load(base + kOffRowScales + s * kRowScalesStageBytes, image + kBTileBytes, kRowScalesStageBytes, bar);
+          return;
+        }
         const TensorMap* map_words = l1 ? &map_w1_words : &map_w2_words;
         const unsigned bar = loaded_bar + 8 * s;
         const unsigned packed = base + kOffPacked + s * kPackedStageBytes;
