@@ -6,6 +6,7 @@ import assert from "node:assert/strict";
 import { readdirSync, readFileSync } from "node:fs";
 import path from "node:path";
 import { describe, test } from "node:test";
+import { describeLayerWeights } from "../../src/cli/run.js";
 import { PRESETS, resolveConfig } from "../../src/config/config.js";
 import { collectIncludes, includeDir, packageRoot, resolveKernelSource } from "../../src/cuda/jit.js";
 import {
@@ -32,6 +33,7 @@ import {
   FUSED_EXPAND_MIN_ROWS,
   fusedBlockM,
   fusedBlockMsUpTo,
+  fusedExpandFromTokens,
   fusedTilesUpTo,
   planFusedLaunch,
 } from "../../src/kernels/megamoe/plan.js";
@@ -236,5 +238,14 @@ describe("fused MoE kernel: host-side facts", () => {
       fusedTilesUpTo(ep8, 8192).map((t) => t.expand),
       fusedBlockMsUpTo(ep8, 8192).map(() => false),
     );
+    // What `megamoe run` reports beside the weights.
+    assert.equal(fusedExpandFromTokens(ep8fp4, 8192), tokens);
+    assert.equal(fusedExpandFromTokens(ep8fp4, tokens - 1), null);
+    assert.equal(fusedExpandFromTokens(resolveConfig("flash", { expertFormat: "fp4" }), 8192), null);
+    assert.match(
+      describeLayerWeights({ ...ep8fp4, maxTokens: 8192 }),
+      /453\.3 MB on a GPU \(\+ 830\.5 MB of e4m3 stages from T = 2731\)$/,
+    );
+    assert.match(describeLayerWeights({ ...ep8fp4, maxTokens: 2048 }), /on a GPU$/);
   });
 });

@@ -312,23 +312,25 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
 #if B_FP4
         if constexpr (kExpand) {
           const unsigned bar = full_bar + 8 * s;
-          // From the B row (live for the loads anyway): the expert and tile would cost the producer registers.
-          const unsigned char* image = op.images + static_cast<size_t>(expand_chunk_of_row(l1, opaque_i32(b_row0), kb)) * kImageBytes;
+          // The image from the B row, opaque (live for the loads anyway): keeping the expert and tile, or
+          // hoisting the address out of the stage loop, made ptxas spill the producer.
+          const int chunk = expand_chunk_of_row(l1, opaque_i32(b_row0), kb);
+          const unsigned char* image = op.images + static_cast<size_t>(chunk) * kImageBytes;
           mbar_expect_tx(bar, kExpandedTxBytes);
           bulk_load(base + kOffB + s * kBTileBytes, image, kBTileBytes, bar);
           bulk_load(base + kOffRowScales + s * kRowScalesStageBytes, image + kBTileBytes, kRowScalesStageBytes, bar);
-          return;
+        } else {
+          const TensorMap* map_words = l1 ? &map_w1_words : &map_w2_words;
+          const unsigned bar = loaded_bar + 8 * s;
+          const unsigned packed = base + kOffPacked + s * kPackedStageBytes;
+          const unsigned words = base + kOffRowWords + s * kRowWordsStageBytes;
+          store_shared_u32(stage_kinds + 4 * s, kStageFp4);
+          mbar_arrive_expect_tx(bar, kFp4LoadedTxBytes);
+          tma_load_2d(packed, map_b, bar, kb * (kBlockK / 2), b_row0);
+          tma_load_2d(packed + kPackedHalfBytes, map_b, bar, kb * (kBlockK / 2), b_row1);
+          tma_load_2d(words, map_words, bar, b_row0, kb);
+          tma_load_2d(words + kRowWordsStageBytes / 2, map_words, bar, b_row1, kb);
         }
-        const TensorMap* map_words = l1 ? &map_w1_words : &map_w2_words;
-        const unsigned bar = loaded_bar + 8 * s;
-        const unsigned packed = base + kOffPacked + s * kPackedStageBytes;
-        const unsigned words = base + kOffRowWords + s * kRowWordsStageBytes;
-        store_shared_u32(stage_kinds + 4 * s, kStageFp4);
-        mbar_arrive_expect_tx(bar, kFp4LoadedTxBytes);
-        tma_load_2d(packed, map_b, bar, kb * (kBlockK / 2), b_row0);
-        tma_load_2d(packed + kPackedHalfBytes, map_b, bar, kb * (kBlockK / 2), b_row1);
-        tma_load_2d(words, map_words, bar, b_row0, kb);
-        tma_load_2d(words + kRowWordsStageBytes / 2, map_words, bar, b_row1, kb);
 #endif
       };
       // FP4 builds, a stage of FP8 weights: the converters only pass it on to `full`.

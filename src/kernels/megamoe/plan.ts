@@ -73,6 +73,12 @@ export function fusedExpand(c: MoEConfig, tokens: number, blockM: FusedBlockM): 
   return (tokens * c.topK) / c.numExperts >= FUSED_EXPAND_MIN_ROWS;
 }
 
+/** The smallest token count up to `maxTokens` whose launch expands the FP4 experts, or null. */
+export function fusedExpandFromTokens(c: MoEConfig, maxTokens: number): number | null {
+  const tokens = Math.ceil((FUSED_EXPAND_MIN_ROWS * c.numExperts) / c.topK);
+  return tokens <= maxTokens && fusedExpand(c, tokens, fusedBlockM(c, tokens)) ? tokens : null;
+}
+
 /** A compiled specialization of the fused kernel: its block M and whether it is the expand variant. */
 export interface FusedTile {
   blockM: FusedBlockM;
