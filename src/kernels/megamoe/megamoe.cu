@@ -82,7 +82,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
   const unsigned empty_bar = full_bar + 8 * kStages;
   const unsigned task_full_bar = empty_bar + 8 * kStages;
   const unsigned task_empty_bar = task_full_bar + 16;
-  const unsigned loaded_bar = task_empty_bar + 16;  // FP4 builds with converters, or the expansion's two
+  const unsigned loaded_bar = task_empty_bar + 16;  // FP4 builds with converters, or the expansion's
 
   int* const ws = op.workspace;
   int* const counts = ws + kCounterWords;
@@ -111,10 +111,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
       mbar_init(empty_bar + 8 * s, kMathWarps);
       if constexpr (kConverters) mbar_init(loaded_bar + 8 * s, 1);
     }
-    if constexpr (kExpand) {
-      mbar_init(loaded_bar, 1);
-      mbar_init(loaded_bar + 8, 1);
-    }
+    if constexpr (kExpand) mbar_init(loaded_bar, 1);
     for (int s = 0; s < 2; ++s) {
       mbar_init(task_full_bar + 8 * s, 1);
       mbar_init(task_empty_bar + 8 * s, kMathThreads);
@@ -177,11 +174,6 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
 
   if (tid == 0) trace_time(op.trace, kTracePlaced);
 
-#if FP4_EXPAND
-  // ---- 3b. expand: the routed experts' FP4 stages into e4m3 images (megamoe_expand.cuh)
-  expand_fp4_weights(op, work, cta, &map_w1, &map_w2, &map_w1_words, &map_w2_words, loaded_bar);
-#endif
-
   // ---- 4. tiles
   const int total_blocks = blocks[kGroups];
   const int routed_blocks = blocks[kExperts];
@@ -221,6 +213,12 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
           }
         }
       }
+#if FP4_EXPAND
+      // ---------------- Expansion workers (warps 1..3): the routed stages' images (megamoe_expand.cuh).
+      if (converter >= 0) {
+        expand_worker(op, work, cta, &map_w1, &map_w2, &map_w1_words, &map_w2_words, loaded_bar, converter);
+      }
+#endif
       return;
     }
     int stage = 0;
@@ -563,6 +561,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
                   (segment + 1) * kCombineChunks / segments, lane);
   }
 
+  if constexpr (kExpand) named_barrier_sync(kExpandDoneBarrier, kMathThreads + kExpandThreads);
   zero_workspace_if_last(op, work, cta, total_blocks);
 #endif
 }

@@ -97,8 +97,9 @@ export function fusedShapeProblem(c: MoEConfig): string | null {
  * experts add per stage the packed rows (64 bytes per B row), their UE8M0 words and the converted
  * rows' fp32 scales (4 bytes per B row each), a `loaded` barrier and a stage-kind word. The register
  * path (swap-AB FP4) has none of the e4m3 tile, the fp32 scales, `loaded` or the stage kinds; the
- * expand variant keeps only the fp32 scales per stage, and two `loaded` barriers. The packed rows start
- * at a 1024-byte boundary (their 64-byte swizzle).
+ * expand variant keeps only the fp32 scales per stage, and once the expansion workers' buffer (a stage's
+ * packed rows, words, e4m3 tile and scales) with its `loaded` barrier. The packed rows start at a
+ * 1024-byte boundary (their 64-byte swizzle).
  */
 export function fusedSharedBytes(c: MoEConfig, stages: number, blockM: FusedBlockM, expand = false): number {
   const fp4 = expertFormatOf(c) === "fp4";
@@ -112,10 +113,11 @@ export function fusedSharedBytes(c: MoEConfig, stages: number, blockM: FusedBloc
   const saStride = aScaleStageBytes(blockM);
   const fp4Stage = fp4 ? FUSED_BLOCK_N * (expand ? 4 : 64 + 4 + (regs ? 0 : 4)) : 0;
   const offPacked = stages * (aTile + bTile + saStride);
-  const offTasks = (fp4 ? alignUp(offPacked, 1024) : offPacked) + stages * fp4Stage;
+  const expandBuffer = expand ? alignUp(FUSED_BLOCK_N * (64 + 4 + 4) + FUSED_BLOCK_N * 128, 1024) : 0;
+  const offTasks = (fp4 ? alignUp(offPacked, 1024) : offPacked) + stages * fp4Stage + expandBuffer;
   const taskSlot = alignUp(32 + 2 * maxKBlocks * 4, 16); // the Task and its two weight-scale rows
   const offBars = alignUp(offTasks + 2 * taskSlot, 8);
-  const bars = 2 * stages + 4 + (converters ? stages : 0) + (expand ? 2 : 0);
+  const bars = 2 * stages + 4 + (converters ? stages : 0) + (expand ? 1 : 0);
   const offAmax = offBars + 8 * bars + (converters ? 4 * stages : 0);
   // The L1 epilogue's amax exchange: [2][64] floats, or per math warp and row when swap-AB.
   const mathWarps = (FUSED_THREADS - 128) / 32;

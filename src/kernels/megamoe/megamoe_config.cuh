@@ -70,9 +70,10 @@ constexpr bool kSwapAB = kBlockM < 64;
 // FP4 builds with swap-AB tiles: the math threads convert their own A fragments from the packed stage
 // (common/fp4_frag.cuh) and issue wgmma with A from registers; no converter warps, no e4m3 tile.
 constexpr bool kFp4Regs = kBFp4 && kSwapAB;
-// FP4 builds with 64- or 128-row tiles at many rows per expert: the grid first expands the routed
-// experts' packed weights into the e4m3 tiles and row scales of every stage (megamoe_expand.cuh), once
-// per forward instead of once per row tile; a routed stage is then a copy of its image.
+// FP4 builds with 64- or 128-row tiles at many rows per expert: warps 1..3 of the producer warpgroup
+// expand the routed experts' packed weights into the e4m3 tiles and row scales of every stage
+// (megamoe_expand.cuh) while the tiles run, once per forward instead of once per row tile; a routed
+// stage is then a copy of its image.
 constexpr bool kExpand = FP4_EXPAND != 0;
 constexpr int kBlockN = 256;     // L1: 128 gate + 128 up channels; L2: 256 output columns
 constexpr int kBlockK = 128;

@@ -44,17 +44,25 @@ constexpr unsigned kOffSa = kOffB + kStages * kBStageBytes;
 // FP4 only: 1024-aligned, for the 64-byte swizzle of the packed boxes (and, kFp4Regs, the 128-byte one of
 // the shared expert's FP8 boxes).
 constexpr unsigned kOffPacked = kBFp4 ? align_up(kOffSa + kStages * kSaStride, 1024) : kOffSa + kStages * kSaStride;
-constexpr unsigned kOffRowWords = kOffPacked + kStages * kPackedStageBytes;     // FP4: UE8M0 words
+// Expand builds: the expansion workers' buffer (megamoe_expand.cuh) where the packed stages would be: a
+// stage's packed rows (64-byte swizzle, so at the 1024-aligned start), the e4m3 tile, words and scales.
+constexpr unsigned kExpandPackedBytes = kBlockN * megamoe::fp4_stage::kPackedRowBytes;
+constexpr unsigned kExpandWordsBytes = kBlockN * megamoe::fp4_stage::kRowWordBytes;
+constexpr unsigned kExpandTileOffset = kExpandPackedBytes;
+constexpr unsigned kExpandWordsOffset = kExpandTileOffset + kBTileBytes;
+constexpr unsigned kExpandScalesOffset = kExpandWordsOffset + kExpandWordsBytes;
+constexpr unsigned kExpandBufferBytes = kExpand ? align_up(kExpandScalesOffset + kBlockN * 4, 1024) : 0u;
+constexpr unsigned kOffRowWords = kOffPacked + kStages * kPackedStageBytes + kExpandBufferBytes;  // FP4: UE8M0 words
 constexpr unsigned kOffRowScales = kOffRowWords + kStages * kRowWordsStageBytes;  // FP4 converters: fp32 2^ref
 // Task slots: the Task (32 bytes) and the tile's two weight-scale rows of up to kMaxKBlocks floats.
 constexpr unsigned kTaskSlotBytes = align_up(32 + 2 * kMaxKBlocks * 4, 16);
 constexpr unsigned kOffTasks = kOffRowScales + kStages * kRowScalesStageBytes;
 constexpr unsigned kOffBars = align_up(kOffTasks + 2 * kTaskSlotBytes, 8);
 // full[S], empty[S], task_full[2], task_empty[2], and the converters' loaded[S] (the TMA's bytes, before
-// conversion) or the expansion's loaded[2].
+// conversion) or the expansion buffer's loaded.
 constexpr bool kConverters = kBFp4 && !kFp4Regs && !kExpand;
-// Expand builds: two `loaded` barriers there, for the expansion's two buffers (megamoe_expand.cuh).
-constexpr unsigned kBarCount = 2 * kStages + 4 + (kConverters ? kStages : 0) + (kExpand ? 2 : 0);
+// Expand builds: one `loaded` barrier there, for the expansion's buffer (megamoe_expand.cuh).
+constexpr unsigned kBarCount = 2 * kStages + 4 + (kConverters ? kStages : 0) + (kExpand ? 1 : 0);
 // Converters: what the producer put in each stage for them (StageKind), written before `loaded`.
 constexpr unsigned kOffStageKinds = kOffBars + 8 * kBarCount;
 constexpr unsigned kStageKindBytes = kConverters ? 4 * kStages : 0u;
