@@ -538,6 +538,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
   // ---- 5. push the results to the token owners, combine this rank's tokens, reset
   ep_push(op, ep, cta, total_l2);
   ep_combine(op, ep, cta, epoch, shared_rows);
+  if constexpr (kExpand) named_barrier_sync(kExpandDoneBarrier, kMathThreads + kExpandThreads);
   zero_workspace_if_last(op, work, cta, total_blocks);
   ep_reset_if_last(ep, cta, epoch);
 #else

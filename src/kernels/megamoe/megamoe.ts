@@ -206,9 +206,10 @@ export class FusedMoEKernel {
   /** Rows per tile: "auto" (fusedBlockM's choice from the token count) or forced (tests, benchmarks). */
   blockM: "auto" | FusedBlockM = "auto";
   /**
-   * FP4 experts: expand them into e4m3 stage images before the tiles (the expand variant): "auto"
-   * (fusedExpand's choice from the token count) or forced (tests, benchmarks). The images take
-   * fusedExpandImageBytes of device memory, allocated with the first specialization that expands.
+   * FP4 experts: expand them into e4m3 stage images in the forward (the expand variant): "auto"
+   * (fusedExpand's choice from the token count), false, or true (every launch with 64- or 128-row
+   * tiles). The images take fusedExpandImageBytes of device memory, allocated with the first
+   * specialization that expands.
    */
   fp4Expand: "auto" | boolean = "auto";
   /**
@@ -353,7 +354,7 @@ export class FusedMoEKernel {
     const plan = planFusedLaunch(c, this.maxTokens, this.ctas, blockM, expand);
     if (plan.expand) this.allocateImages();
     const ep = this.epArrays;
-    const defines = ep === null ? plan.defines : fusedEpDefines(c, c.ranks, blockM);
+    const defines = ep === null ? plan.defines : fusedEpDefines(c, c.ranks, blockM, plan.expand);
     const compiled = compileKernel({ source: FUSED_KERNEL_SOURCE, defines });
     const kernel = loadKernel(this.device, compiled, FUSED_KERNEL);
     kernel.setMaxDynamicSharedMemory(plan.sharedBytes);

@@ -61,12 +61,11 @@ export const FUSED_COUNTER_WORDS = 8;
 
 /**
  * Why a layer and block M cannot build the expand variant (megamoe_expand.cuh: FP4 experts expanded once
- * per forward into e4m3 stage images), or null: it needs FP4 experts, 64- or 128-row tiles and one rank.
+ * per forward into e4m3 stage images), or null: it needs FP4 experts and 64- or 128-row tiles.
  */
 export function fusedExpandProblem(c: MoEConfig, blockM: FusedBlockM): string | null {
   if (expertFormatOf(c) !== "fp4") return "the expand variant is for FP4 experts";
   if (fusedSwapAB(blockM)) return `the expand variant has 64- and 128-row tiles, not ${blockM}`;
-  if (c.ranks !== 1) return "the expand variant runs on one rank";
   return null;
 }
 
@@ -176,13 +175,18 @@ export function fusedDefines(
  * rank's E / R local experts, the routing's ids global. The shared memory is the one-rank layout's (the
  * EP phases borrow the epilogue staging area before the first tile).
  */
-export function fusedEpDefines(c: MoEConfig, ranks: number, blockM: FusedBlockM): KernelDefines {
+export function fusedEpDefines(
+  c: MoEConfig,
+  ranks: number,
+  blockM: FusedBlockM,
+  expand = false,
+): KernelDefines {
   if (!Number.isInteger(ranks) || ranks < 2 || ranks > FUSED_EP_MAX_RANKS || c.numExperts % ranks !== 0) {
     throw new RangeError(
       `fusedEpDefines: ${c.numExperts} experts on ${ranks} ranks (2..${FUSED_EP_MAX_RANKS})`,
     );
   }
-  return { ...fusedDefines({ ...c, ranks }, blockM), EP_RANKS: ranks };
+  return { ...fusedDefines({ ...c, ranks }, blockM, expand), EP_RANKS: ranks };
 }
 /** Ranks of the EP build (megamoe_ep.cuh: the address table and rank masks are sized for 8). */
 export const FUSED_EP_MAX_RANKS = 8;
@@ -206,15 +210,22 @@ const oneRankVariants: readonly KernelVariant[] = Object.values(PRESETS).flatMap
 /**
  * The EP build, compiled by CI for no spills: tiny at 2, 4 and 8 ranks and flash at 8 (its 32 local
  * experts, flash-ep8's shape) with FP8 experts, and flash at 8 with FP4 experts; every block M, fp32
- * scales.
+ * scales; and flash's FP4 expand variant at 8 ranks (64 and 128 rows).
  */
 export const epVariants: readonly KernelVariant[] = [
   ...[2, 4, 8].map((ranks) => ({ preset: PRESETS.tiny!, ranks })),
   { preset: PRESETS.flash!, ranks: 8 },
   // DeepSeek-V4's serving case: flash's FP4 experts over 8 GPUs.
   { preset: { ...PRESETS.flash!, expertFormat: "fp4" as const }, ranks: 8 },
-].flatMap(({ preset, ranks }) =>
-  FUSED_BLOCK_MS.map((blockM) => ({ defines: fusedEpDefines(preset, ranks, blockM), noSpill: true })),
-);
+]
+  .flatMap(({ preset, ranks }) =>
+    FUSED_BLOCK_MS.map((blockM) => ({ defines: fusedEpDefines(preset, ranks, blockM), noSpill: true })),
+  )
+  .concat(
+    ([64, 128] as const).map((blockM) => ({
+      defines: fusedEpDefines({ ...PRESETS.flash!, expertFormat: "fp4" }, 8, blockM, true),
+      noSpill: true,
+    })),
+  );
 
 export const variants: readonly KernelVariant[] = [...oneRankVariants, ...epVariants];

@@ -104,8 +104,8 @@ export function fusedBlockMsUpTo(c: MoEConfig, maxTokens: number): FusedBlockM[]
 }
 
 /**
- * The plan for `tokens` on `ctas` CTAs; `blockM` forces the tile height and `expand` the FP4 expand
- * variant on or off (tests, benchmarks).
+ * The plan for `tokens` on `ctas` CTAs; `blockM` forces the tile height, `expand` the FP4 expand variant
+ * off or on (on: wherever the tile has 64 or 128 rows; swap-AB tiles never expand).
  */
 export function planFusedLaunch(
   c: MoEConfig,
@@ -120,11 +120,10 @@ export function planFusedLaunch(
       `FusedMoEKernel: blockM must be "auto" or one of ${FUSED_BLOCK_MS.join(", ")}, got ${m}`,
     );
   }
-  if (expand === true) {
-    const problem = fusedExpandProblem(c, m);
-    if (problem !== null) throw new RangeError(`FusedMoEKernel: fp4Expand: ${problem}`);
+  if (expand === true && expertFormatOf(c) !== "fp4") {
+    throw new RangeError("FusedMoEKernel: fp4Expand applies to FP4 experts");
   }
-  const x = expand === "auto" ? fusedExpand(c, tokens, m) : expand;
+  const x = expand === "auto" ? fusedExpand(c, tokens, m) : expand && fusedExpandProblem(c, m) === null;
   const stages = fusedStages(c, m, x);
   return {
     tokens,
