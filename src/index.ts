@@ -97,6 +97,7 @@ export {
   quantizeWeightBlocks,
 } from "./numerics/quant.js";
 export {
+  DispatchError,
   type DispatchPlan,
   planDispatch,
   type RankRouting,

@@ -193,6 +193,8 @@ export interface ForwardOptions {
   /**
    * int32 [tokens] token ids, each in [0, vocab) of the layer's tid2eid: required by hash-routed layers
    * (config.router.hashRouted) without routing; checked on the host (InputError) on both backends.
+   * Gate-routed layers, and any layer given routing, do not read them, so that one loop over a model's
+   * layers can pass the same ids to each.
    */
   tokenIds?: Int32Array;
   onProgress?: (done: number, total: number) => void;

@@ -3,6 +3,7 @@
  * results-file format as ours, plus what the peer measured about the machine (its dense FP8 rate).
  */
 import fs from "node:fs";
+import { describeValue } from "../config/config.js";
 import type { ResultRow } from "../cuda/index.js";
 
 export interface PeerResults {
@@ -27,7 +28,8 @@ export function parseResultRow(v: unknown, where: string): ResultRow {
   if (typeof v.impl !== "string") throw new Error(`${where}: "impl" must be a string`);
   for (const f of NUMERIC_FIELDS) {
     if (typeof v[f] !== "number" || !Number.isFinite(v[f])) {
-      throw new Error(`${where}: "${f}" must be a finite number, got ${JSON.stringify(v[f])}`);
+      // describeValue, not JSON: a 1e400 in the file parses to Infinity, which JSON prints as null.
+      throw new Error(`${where}: "${f}" must be a finite number, got ${describeValue(v[f])}`);
     }
   }
   return { ...v, shared: v.shared === true } as ResultRow;

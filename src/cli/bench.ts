@@ -37,8 +37,8 @@ import { checkpointLayer } from "./checkpoint.js";
 import { shortCudaReason } from "./gpu-reason.js";
 import { plotTitle, renderTimePlot, writePlot } from "./plot.js";
 import { type Progress, progressBar } from "./progress.js";
-import { checkCheckpointExperts, expertsFormat } from "./run.js";
-import { checkInputFile, checkOutputFile, UsageError } from "./usage.js";
+import { checkCheckpointExperts, checkShapeWithCheckpoint, expertsFormat } from "./run.js";
+import { checkInputFile, checkOutputFile, sameFile, UsageError } from "./usage.js";
 
 export interface BenchOptions {
   impl: string;
@@ -309,6 +309,9 @@ function validate(opts: BenchOptions): void {
   }
   if (opts.layer !== undefined && opts.checkpoint === undefined)
     throw new Error("--layer needs --checkpoint");
+  // --shape has no default here: given, it is the user's, and the checkpoint's layer would replace it.
+  checkShapeWithCheckpoint({ ...opts, shapeGiven: opts.shape !== undefined });
+  checkDistinctFiles(opts);
   const experts = expertsFormat(opts.experts);
   // Throws naming an unknown shape.
   const config =
@@ -336,6 +339,23 @@ function validate(opts: BenchOptions): void {
     const iters = opts.iters ?? DEFAULT_LAYER_ITERS;
     if (opts.rounds > iters)
       throw new UsageError(`--rounds (${opts.rounds}) must not exceed --iters (${iters})`);
+  }
+}
+
+/**
+ * --out and --plot are written, --peer read: two of them naming one file would overwrite the peer's
+ * results (or one output the other) at the end of a long run.
+ */
+function checkDistinctFiles(opts: BenchOptions): void {
+  const named: [string, string][] = [];
+  if (opts.peer !== undefined) named.push(["--peer", opts.peer]);
+  if (opts.out !== undefined) named.push(["--out", opts.out]);
+  if (opts.plot !== undefined) named.push(["--plot", opts.plot]);
+  for (const [i, [flag, file]] of named.entries()) {
+    const other = named.slice(0, i).find(([, f]) => sameFile(f, file));
+    if (other !== undefined) {
+      throw new UsageError(`${flag} ${file}: the same file as ${other[0]}; give each its own file`);
+    }
   }
 }
 

@@ -32,6 +32,7 @@ import { progressBar } from "./progress.js";
 import {
   checkCheckpointExperts,
   checkPipelineFor,
+  checkShapeWithCheckpoint,
   chooseBackend,
   describeLayerWeights,
   expertsFormat,
@@ -56,6 +57,8 @@ export interface CheckOptions {
   ranks?: number;
   /** Routed experts' format, "fp8" or "fp4" (a config override; default the shape's or checkpoint's). */
   experts?: string;
+  /** --shape was given, not defaulted (refused with --checkpoint). */
+  shapeGiven?: boolean;
   json?: boolean;
 }
 
@@ -88,6 +91,7 @@ export async function runCheck(opts: CheckOptions): Promise<void> {
   expertsFormat(opts.experts);
   if (opts.layer !== undefined && opts.checkpoint === undefined)
     throw new UsageError("--layer needs --checkpoint");
+  checkShapeWithCheckpoint(opts);
   const shape =
     opts.checkpoint === undefined ? shapeConfig(opts.shape, opts.tokens, opts.experts) : undefined;
   gpuPipeline(opts.pipeline);

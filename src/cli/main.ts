@@ -52,6 +52,11 @@ function sharedOption(): Option {
   return new Option("--shared <0|1>", "include the shared expert").argParser(sharedFlag).default(true, "1");
 }
 
+/** Whether --shape was written (not its default): with --checkpoint it would be ignored without a word. */
+function shapeGiven(cmd: Command): boolean {
+  return cmd.getOptionValueSource("shape") !== "default";
+}
+
 const program = new Command()
   .name("megamoe")
   .description("DeepSeek-V4-class MoE layer in FP8: fused Hopper kernels and an exact CPU reference")
@@ -87,8 +92,8 @@ program
     1,
   )
   .option("--json", "print the summary as JSON")
-  .action(async (opts) => {
-    await runLayer(opts);
+  .action(async (opts, cmd: Command) => {
+    await runLayer({ ...opts, shapeGiven: shapeGiven(cmd) });
   });
 
 program
@@ -113,8 +118,8 @@ program
   )
   .option("--ranks <n>", "also check the layer split across n expert-parallel ranks", positiveInt("ranks"), 1)
   .option("--json", "print the result as JSON")
-  .action(async (opts) => {
-    await runCheck(opts);
+  .action(async (opts, cmd: Command) => {
+    await runCheck({ ...opts, shapeGiven: shapeGiven(cmd) });
   });
 
 program

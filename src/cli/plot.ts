@@ -8,7 +8,7 @@ import path from "node:path";
 import { parsePeerResults } from "../bench/peer.js";
 import type { ResultRow } from "../cuda/index.js";
 import { makeDirectory } from "../cuda/mkdir.js";
-import { checkInputFile, checkOutputFile, UsageError } from "./usage.js";
+import { checkInputFile, checkOutputFile, sameFile, UsageError } from "./usage.js";
 
 /** The fields of a results row the plot reads. */
 export type PlotRow = Pick<ResultRow, "impl" | "tokens" | "us_median"> & {
@@ -289,6 +289,13 @@ export function runPlot(files: readonly string[], opts: PlotCommandOptions): voi
   if (files.length === 0) throw new UsageError("plot: give at least one results file");
   for (const f of files) checkInputFile("plot", f);
   checkOutputFile("--out", opts.out);
+  // The SVG written over a results file would destroy the data it was drawn from.
+  const input = files.find((f) => sameFile(f, opts.out));
+  if (input !== undefined) {
+    throw new UsageError(
+      `--out ${opts.out}: is the results file ${input} being plotted; write the SVG elsewhere`,
+    );
+  }
   const docs = files.map((f) => parsePeerResults(fs.readFileSync(f, "utf8"), f));
   const empty = docs.find((d) => d.rows.length === 0);
   if (empty !== undefined) throw new UsageError(`plot: ${empty.file} holds no rows`);

@@ -54,6 +54,8 @@ export interface RunOptions {
   ranks?: number;
   /** Routed experts' format, "fp8" or "fp4" (a config override; default the shape's or checkpoint's). */
   experts?: string;
+  /** --shape was given, not defaulted (refused with --checkpoint, whose layer has its own shape). */
+  shapeGiven?: boolean;
   json?: boolean;
 }
 
@@ -104,6 +106,19 @@ export function formatBytes(bytes: number): string {
   if (bytes >= 1e9) return `${(bytes / 1e9).toFixed(2)} GB`;
   if (bytes >= 1e6) return `${(bytes / 1e6).toFixed(1)} MB`;
   return `${Math.round(bytes / 1e3)} kB`;
+}
+
+/** --shape and --checkpoint both given: refused, as the checkpoint's layer would run and --shape be ignored. */
+export function checkShapeWithCheckpoint(opts: {
+  shape?: string;
+  checkpoint?: string;
+  shapeGiven?: boolean;
+}): void {
+  if (opts.checkpoint !== undefined && opts.shapeGiven === true) {
+    throw new UsageError(
+      `--checkpoint takes the place of --shape (the layer's shape is the checkpoint's): give one, not --shape ${opts.shape}`,
+    );
+  }
 }
 
 /** --pipeline checked: undefined (the layer's default), "fused" or "unfused". */
@@ -168,6 +183,7 @@ export async function runLayer(opts: RunOptions): Promise<void> {
   if (opts.checkpoint !== undefined && (opts.weights !== undefined || opts.saveWeights !== undefined)) {
     throw new UsageError("--checkpoint takes the place of --weights and --save-weights: give one");
   }
+  checkShapeWithCheckpoint(opts);
   const shape =
     opts.checkpoint === undefined ? shapeConfig(opts.shape, opts.tokens, opts.experts) : undefined;
   routingKind(opts.routing);

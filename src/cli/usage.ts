@@ -1,5 +1,6 @@
 /** Checks of the command line's values that commander cannot make: files to read or write, strict integers. */
 import fs from "node:fs";
+import path from "node:path";
 import { outputFileProblem } from "../cuda/mkdir.js";
 
 /** A bad command-line value: the flag, the value and what was expected. Exit code 1, no stack trace. */
@@ -44,4 +45,16 @@ export function checkInputFile(flag: string, file: string): void {
 export function checkOutputFile(flag: string, file: string): void {
   const problem = outputFileProblem(file);
   if (problem !== undefined) throw new UsageError(`${flag} ${file}: cannot be written (${problem})`);
+}
+
+/** Whether two paths name one file: the same absolute path, or (both existing) the same file through links. */
+export function sameFile(a: string, b: string): boolean {
+  if (path.resolve(a) === path.resolve(b)) return true;
+  try {
+    const sa = fs.statSync(a);
+    const sb = fs.statSync(b);
+    return sa.dev === sb.dev && sa.ino === sb.ino;
+  } catch {
+    return false; // one does not exist (yet): an output not yet written is no other file
+  }
 }

@@ -186,6 +186,8 @@ const ROUTER_FIELDS: readonly (keyof RouterConfig)[] = [
 /** A short description of a value for an error message: its type, or its constructor's name. */
 export function describeValue(v: unknown): string {
   if (v === null) return "null";
+  // typeof and String() both give "undefined": say it once, not "got undefined undefined".
+  if (v === undefined) return "undefined";
   if (Array.isArray(v)) return "Array";
   if (typeof v === "object") return (v as object).constructor?.name ?? "object";
   if (typeof v === "string") return JSON.stringify(v);
@@ -221,6 +223,17 @@ export function nearestName(name: string, known: readonly string[]): string | un
     }
   }
   return bestDistance <= Math.max(2, Math.floor(name.length / 3)) ? best : undefined;
+}
+
+/**
+ * "unknown <where> field k (did you mean …?); known: …" for the first key of `value` not in `known`,
+ * or null: for options objects, where a misspelt field would otherwise be ignored without a word.
+ */
+export function unknownFieldProblem(where: string, value: object, known: readonly string[]): string | null {
+  const key = Object.keys(value).find((k) => !known.includes(k));
+  if (key === undefined) return null;
+  const near = nearestName(key, known);
+  return `unknown ${where} field ${key}${near === undefined ? "" : ` (did you mean ${near}?)`}; known: ${known.join(", ")}`;
 }
 
 function checkKnownFields(where: string, value: object, known: readonly string[]): void {

@@ -9,6 +9,7 @@
  * weight 0). Rank d receives its rows in a fixed order: by source rank, then by token, so both ends know
  * where each row sits without a handshake.
  */
+import { describeValue } from "../config/config.js";
 
 /** One rank's routing as it enters the layer: global expert ids (−1: unused slot) and their weights. */
 export interface RankRouting {
@@ -62,6 +63,11 @@ export function planDispatch(
   numExperts: number,
   topK: number,
 ): DispatchPlan {
+  if (!Array.isArray(routing)) {
+    throw new DispatchError(
+      `planDispatch: routing must be an array of one routing per rank, got ${describeValue(routing)}`,
+    );
+  }
   const ranks = routing.length;
   if (ranks < 1) throw new DispatchError("expert parallelism needs at least one rank");
   if (!Number.isInteger(numExperts) || numExperts < ranks || numExperts % ranks !== 0) {
@@ -156,6 +162,14 @@ export interface SentRows {
  * (d = s) are a run like any other.
  */
 export function sentRows(plan: DispatchPlan, s: number): SentRows {
+  if (typeof plan !== "object" || plan === null || !Array.isArray(plan.received)) {
+    throw new DispatchError(`sentRows: plan must be a planDispatch result, got ${describeValue(plan)}`);
+  }
+  if (!Number.isInteger(s) || s < 0 || s >= plan.received.length) {
+    throw new DispatchError(
+      `sentRows: rank must be an integer in [0, ${plan.received.length}), got ${describeValue(s)}`,
+    );
+  }
   const runs: SentRun[] = [];
   let total = 0;
   plan.received.forEach((into, d) => {

@@ -68,7 +68,20 @@ export class RankWeights implements MoEWeightSource {
     readonly ranks: number,
     maxTokens: number,
   ) {
+    // Checked here: a bad rank or source would fail later as another expert's index or a TypeError.
+    const problem = weightSourceProblem(source);
+    if (problem !== null) throw new InputError(`RankWeights: ${problem}`);
     const c = source.config;
+    if (!Number.isInteger(ranks) || ranks < 1 || c.numExperts % ranks !== 0) {
+      throw new InputError(
+        `RankWeights: ${c.numExperts} experts cannot be split evenly among ${describeValue(ranks)} ranks`,
+      );
+    }
+    if (!Number.isInteger(rank) || rank < 0 || rank >= ranks) {
+      throw new InputError(
+        `RankWeights: rank must be an integer in [0, ${ranks}), got ${describeValue(rank)}`,
+      );
+    }
     const local = c.numExperts / ranks;
     this.first = rank * local;
     const g = source.generated;
@@ -213,7 +226,30 @@ export function joinRankArrays<T extends Uint16Array | Int32Array>(
 
 /** The ranks' outputs one after another: the batch `splitAmongRanks` dealt out, back in one piece. */
 export function joinRankOutputs(outs: readonly Uint16Array[]): Uint16Array {
+  // Checked here: joinRankArrays would fail inside reduce() with "Cannot read properties of null".
+  if (!Array.isArray(outs)) {
+    throw new InputError(
+      `joinRankOutputs: expected an array of the ranks' outputs, got ${describeValue(outs)}`,
+    );
+  }
+  const bad = outs.findIndex((o) => !(o instanceof Uint16Array));
+  if (bad >= 0) {
+    throw new InputError(
+      `joinRankOutputs: rank ${bad}'s output must be a Uint16Array of bf16 bits, got ${describeValue(outs[bad])}`,
+    );
+  }
   return joinRankArrays(outs, Uint16Array);
+}
+
+/** forward's and forwardDevice's options: a misspelt or mistyped `shared` would be ignored without a word. */
+function checkForwardOptions(options: unknown): void {
+  checkOptions("ExpertParallelMoE forward options", options, ["shared"]);
+  const shared = (options as { shared?: unknown } | undefined)?.shared;
+  if (shared !== undefined && typeof shared !== "boolean") {
+    throw new InputError(
+      `ExpertParallelMoE forward options.shared must be true or false, got ${describeValue(shared)}`,
+    );
+  }
 }
 
 /** The rows a rank received, bf16 [rows.count, hidden], gathered from the sources' x on the host. */
@@ -358,6 +394,7 @@ export class ExpertParallelMoE {
     options: { shared?: boolean } = {},
   ): { out: Uint16Array[]; stats: ExpertParallelStats } {
     if (this.disposed) throw new InputError("ExpertParallelMoE used after dispose()");
+    checkForwardOptions(options);
     if (this.buffers !== null) return this.forwardThroughDevices(inputs, options);
     const plan = this.plan(inputs);
     const { hidden } = this.config;
@@ -406,6 +443,7 @@ export class ExpertParallelMoE {
     if (this.disposed) throw new InputError("ExpertParallelMoE used after dispose()");
     const buffers = this.buffers;
     if (buffers === null) throw new InputError(`forwardDevice needs the "cuda" backend`);
+    checkForwardOptions(options);
     if (inputs.length !== this.ranks) {
       throw new InputError(`expected one input per rank (${this.ranks}), got ${inputs.length}`);
     }

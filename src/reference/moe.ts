@@ -5,7 +5,15 @@
  * computed exactly as the per-token formulation in the spec says: the order of fp32 operations is
  * fixed, so the result does not depend on grouping, and the output is deterministic.
  */
-import { type MoEConfig, QUANT_BLOCK, sharedIntermediate, validateConfig } from "../config/config.js";
+import {
+  describeValue,
+  expertFormatOf,
+  type MoEConfig,
+  QUANT_BLOCK,
+  sharedIntermediate,
+  unknownFieldProblem,
+  validateConfig,
+} from "../config/config.js";
 import { bf16BitsToF32, f32ToBf16Bits, roundToBf16 } from "../numerics/bf16.js";
 import { dequantizeMxfp4, type Fp4AsFp8, mxfp4RowsToFp8 } from "../numerics/fp4.js";
 import { decodeE4m3Array, E4M3_DECODE } from "../numerics/fp8.js";
@@ -13,6 +21,7 @@ import { quantizeActivations, quantizeRow128 } from "../numerics/quant.js";
 import {
   type BlockQuantized,
   type ExpertWeights,
+  expertWeightsProblem,
   type MoEWeightSource,
   type Mxfp4Matrix,
   type RoutedExpertWeights,
@@ -170,13 +179,14 @@ function expertRows(
 
 /**
  * One expert MLP on FP8 rows: L1 → SwiGLU → re-quantization → L2. Returns the fp32 L2 results [H]
- * of every row, in the order given.
+ * of every row, in the order given. `rowName(i)` names row i in an error ("expert 3, token 5").
  */
 function expertForward(
   config: MoEConfig,
   weights: { w1: ScaledRows; w2: ScaledRows },
   rows: Float32Array[],
   rowScales: Float32Array[],
+  rowName: (row: number) => string,
 ): Float32Array[] {
   const inter = weights.w1.rows / 2;
   const l1 = rows.map(() => new Float32Array(2 * inter));
@@ -185,8 +195,16 @@ function expertForward(
   const hScales: Float32Array[] = [];
   const h = new Float32Array(inter);
   const hq = new Uint8Array(inter);
-  for (const acc of l1) {
-    for (let n = 0; n < inter; n++) h[n] = swiglu(acc[n], acc[inter + n], config.swigluClamp);
+  for (const [i, acc] of l1.entries()) {
+    for (let n = 0; n < inter; n++) {
+      h[n] = swiglu(acc[n], acc[inter + n], config.swigluClamp);
+      // Finite x and weights can still overflow the fp32 L1 sums; say so, not "quantizeRow128: NaN".
+      if (!Number.isFinite(h[n])) {
+        throw new RangeError(
+          `${rowName(i)}: the SwiGLU of the L1 results is ${h[n]} at intermediate channel ${n} (an fp32 overflow: the input or the weights are too large)`,
+        );
+      }
+    }
     const scales = new Float32Array(inter / QUANT_BLOCK);
     quantizeRow128(h, 0, inter, config.scaleFormat, hq, 0, scales, 0);
     const hRow = new Float32Array(inter);
@@ -226,6 +244,7 @@ export function expertOnQuantizedRows(
     expertRows(weights, "expert"),
     Array.from({ length: rows }, (_, r) => decoded.subarray(r * h, (r + 1) * h)),
     Array.from({ length: rows }, (_, r) => scales.subarray(r * kb, (r + 1) * kb)),
+    (r) => `expertOnQuantizedRows, row ${r}`,
   );
   const out = new Uint16Array(rows * h);
   y.forEach((row, r) => {
@@ -253,6 +272,40 @@ interface ExpertWork {
   total: number;
 }
 
+const REFERENCE_OPTIONS: readonly string[] = ["shared", "onProgress", "fp4Stats"];
+
+/** The options' kinds and names: a misspelt `shared` would otherwise be ignored without a word. */
+function checkReferenceOptions(options: unknown): asserts options is ReferenceOptions {
+  if (typeof options !== "object" || options === null || Array.isArray(options)) {
+    throw new TypeError(`reference options must be an object, got ${describeValue(options)}`);
+  }
+  const o = options as Record<string, unknown>;
+  const unknown = unknownFieldProblem("reference options", o, REFERENCE_OPTIONS);
+  if (unknown !== null) throw new TypeError(unknown);
+  if (o.shared !== undefined && typeof o.shared !== "boolean") {
+    throw new TypeError(`reference options.shared must be true or false, got ${describeValue(o.shared)}`);
+  }
+  if (o.onProgress !== undefined && typeof o.onProgress !== "function") {
+    throw new TypeError(
+      `reference options.onProgress must be a function, got ${describeValue(o.onProgress)}`,
+    );
+  }
+}
+
+/** source.expert(e), checked: a wrong shape or format is an error here, not a wrong output. */
+function routedExpert(source: MoEWeightSource, config: MoEConfig, e: number): RoutedExpertWeights {
+  const w = source.expert(e);
+  const problem = expertWeightsProblem(
+    w,
+    `expert ${e}`,
+    expertFormatOf(config),
+    config.hidden,
+    config.intermediate,
+  );
+  if (problem !== null) throw new TypeError(`the weight source's ${problem}`);
+  return w;
+}
+
 function planExpertWork(
   routing: Routing,
   tokens: number,
@@ -262,15 +315,21 @@ function planExpertWork(
   const problem = weightSourceProblem(source);
   if (problem !== null) throw new TypeError(problem);
   const config = validateConfig(source.config); // returns at once for a validated config
-  if (typeof options !== "object" || options === null) {
-    throw new TypeError(`reference options must be an object, got ${String(options)}`);
-  }
+  checkReferenceOptions(options);
   const lists = groupByExpert(routing, tokens, config);
   const active = lists.map((l, e) => (l.length > 0 ? e : -1)).filter((e) => e >= 0);
   let shared: ExpertWeights | null = null;
   if ((options.shared ?? true) && config.numShared > 0) {
     shared = source.shared();
     if (shared === null) throw new Error("config has shared experts but the weight source has none");
+    const problem = expertWeightsProblem(
+      shared,
+      "shared expert",
+      "fp8",
+      config.hidden,
+      sharedIntermediate(config),
+    );
+    if (problem !== null) throw new TypeError(`the weight source's ${problem}`);
   }
   return { lists, active, shared, total: active.length + (shared !== null ? 1 : 0) };
 }
@@ -300,17 +359,14 @@ export function referenceMoE(
   const slotOut = new Float32Array(tokens * k * hidden);
   for (const e of active) {
     const pairs = Array.from(lists[e]);
-    const { rows, scales } = quantizedTokenRows(
-      xq,
-      xDecoded,
-      pairs.map((p) => Math.floor(p / k)),
-      config,
-    );
+    const tokenOf = pairs.map((p) => Math.floor(p / k));
+    const { rows, scales } = quantizedTokenRows(xq, xDecoded, tokenOf, config);
     const y = expertForward(
       config,
-      expertRows(source.expert(e), `expert ${e}`, options.fp4Stats),
+      expertRows(routedExpert(source, config, e), `expert ${e}`, options.fp4Stats),
       rows,
       scales,
+      (i) => `expert ${e}, token ${tokenOf[i]}`,
     );
     pairs.forEach((p, i) => {
       const dst = slotOut.subarray(p * hidden, (p + 1) * hidden);
@@ -323,7 +379,13 @@ export function referenceMoE(
   if (shared !== null) {
     const all = Array.from({ length: tokens }, (_, t) => t);
     const { rows, scales } = quantizedTokenRows(xq, xDecoded, all, config);
-    sharedOut = expertForward(config, expertRows(shared, "shared expert"), rows, scales);
+    sharedOut = expertForward(
+      config,
+      expertRows(shared, "shared expert"),
+      rows,
+      scales,
+      (t) => `shared expert, token ${t}`,
+    );
     options.onProgress?.(++done, total);
   }
 
@@ -403,13 +465,19 @@ export function idealMoE(
   }
   const xs = Array.from({ length: tokens }, (_, t) => {
     const row = new Float64Array(hidden);
-    for (let i = 0; i < hidden; i++) row[i] = bf16BitsToF32(x[t * hidden + i]);
+    for (let i = 0; i < hidden; i++) {
+      row[i] = bf16BitsToF32(x[t * hidden + i]);
+      // As referenceMoE's quantization does: a NaN or ±inf would run through to a NaN output.
+      if (!Number.isFinite(row[i])) {
+        throw new RangeError(`idealMoE: x holds a non-finite value at token ${t}, channel ${i}`);
+      }
+    }
     return row;
   });
   const out = new Float64Array(tokens * hidden);
   let done = 0;
   for (const e of active) {
-    const w = source.expert(e);
+    const w = routedExpert(source, config, e);
     const w1 = dequantizeToF64(w.w1, `expert ${e} W1`);
     const w2 = dequantizeToF64(w.w2, `expert ${e} W2`);
     for (const p of lists[e]) {

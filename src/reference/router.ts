@@ -9,6 +9,7 @@ import {
   describeValue,
   type MoEConfig,
   type ScoringFunction,
+  unknownFieldProblem,
   type ValidatedConfig,
   validateConfig,
 } from "../config/config.js";
@@ -79,6 +80,20 @@ function hex16(bits: number): string {
   return `0x${bits.toString(16).padStart(4, "0")}`;
 }
 
+/**
+ * `opts` when it is undefined or an object of `known` fields; else a RouterError (a null would fail in
+ * destructuring, and a misspelt field would be ignored without a word).
+ */
+function checkedOptions<T extends object>(where: string, opts: T | undefined, known: readonly string[]): T {
+  if (opts === undefined) return {} as T;
+  if (typeof opts !== "object" || opts === null || Array.isArray(opts)) {
+    throw new RouterError(`${where} must be an object, got ${describeValue(opts)}`);
+  }
+  const problem = unknownFieldProblem(where, opts, known);
+  if (problem !== null) throw new RouterError(problem);
+  return opts;
+}
+
 function checkTokenMask(tokenMask: Uint8Array | undefined, tokens: number): void {
   if (tokenMask !== undefined) requireKind("tokenMask", tokenMask, Uint8Array);
   if (tokenMask !== undefined) requireLength("tokenMask", tokenMask, tokens, `[tokens=${tokens}]`);
@@ -110,7 +125,7 @@ export function gateLogits(
   requireKind("gate.weight", weight, Uint16Array);
   requireLength("x", x, tokens * hidden, `[tokens=${tokens}, hidden=${hidden}]`);
   requireLength("gate.weight", weight, numExperts * hidden, `[numExperts=${numExperts}, hidden=${hidden}]`);
-  const { tokenMask } = opts;
+  const { tokenMask } = checkedOptions("route options", opts, ["tokenMask"]);
   checkTokenMask(tokenMask, tokens);
   for (let i = 0; i < weight.length; i++) {
     if (isBf16NonFinite(weight[i])) {
@@ -176,7 +191,7 @@ export function scoreLogits(
   requireCount("numExperts", numExperts);
   requireKind("logits", logits, Float32Array);
   requireLength("logits", logits, tokens * numExperts, `[tokens=${tokens}, numExperts=${numExperts}]`);
-  const { tokenMask } = opts;
+  const { tokenMask } = checkedOptions("route options", opts, ["tokenMask"]);
   checkTokenMask(tokenMask, tokens);
   const scores = new Float32Array(tokens * numExperts);
   for (let t = 0; t < tokens; t++) {
@@ -267,7 +282,7 @@ export function selectTopK(
   if (bias !== null) requireKind("gate.bias", bias, Float32Array);
   requireLength("scores", scores, tokens * numExperts, `[tokens=${tokens}, numExperts=${numExperts}]`);
   if (bias !== null) checkBias(bias, numExperts);
-  const { tokenMask } = opts;
+  const { tokenMask } = checkedOptions("route options", opts, ["tokenMask"]);
   checkTokenMask(tokenMask, tokens);
 
   const groupSize = numExperts / nGroup;
@@ -442,6 +457,7 @@ export function randomRouting(
   opts: RandomRoutingOptions = {},
 ): Routing {
   config = validateConfig(config); // returns at once for a validated config
+  opts = checkedOptions("randomRouting options", opts, ["hotExpert", "emptyExperts", "maskedTokens"]);
   try {
     checkSeed(seed);
   } catch (e) {

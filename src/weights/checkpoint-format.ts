@@ -6,6 +6,7 @@
 import fs from "node:fs";
 import path from "node:path";
 import {
+  describeValue,
   type ExpertFormat,
   type MoEConfig,
   QUANT_BLOCK,
@@ -104,7 +105,7 @@ export function parseV4Config(file: string, json: unknown): V4ModelConfig {
       throw bad(`missing key "${key}"`);
     }
     if (typeof v !== "number" || !Number.isFinite(v))
-      throw bad(`"${key}" must be a finite number, got ${JSON.stringify(v)}`);
+      throw bad(`"${key}" must be a finite number, got ${describeValue(v)}`);
     return v;
   };
   const hidden = int("hidden_size", 1);

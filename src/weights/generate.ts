@@ -11,6 +11,7 @@ import {
   type MoEConfig,
   QUANT_BLOCK,
   sharedIntermediate,
+  unknownFieldProblem,
   type ValidatedConfig,
   validateConfig,
 } from "../config/config.js";
@@ -190,6 +191,8 @@ export class GeneratedWeights implements MoEWeightSource {
     if (typeof opts !== "object" || opts === null) {
       throw new RangeError(`GeneratedWeights options must be an object, got ${String(opts)}`);
     }
+    const unknown = unknownFieldProblem("GeneratedWeights options", opts, ["cachedExperts"]);
+    if (unknown !== null) throw new RangeError(unknown);
     this.seed = seed;
     this.generated = { seed, firstExpert: 0 };
     this.experts = new ExpertCache(this.config, opts.cachedExperts ?? 4);

@@ -8,6 +8,7 @@ import {
   type MoEConfig,
   QUANT_BLOCK,
   sharedIntermediate,
+  unknownFieldProblem,
   type ValidatedConfig,
   validateConfig,
 } from "../config/config.js";
@@ -184,6 +185,8 @@ export function saveMoEWeights(path: string, source: MoEWeightSource, opts: Save
   if (typeof opts !== "object" || opts === null) {
     throw new SafetensorsError(`save options must be an object, got ${String(opts)}`);
   }
+  const unknown = unknownFieldProblem("save options", opts, ["prefix", "metadata", "onProgress"]);
+  if (unknown !== null) throw new SafetensorsError(unknown);
   const prefix = opts.prefix ?? DEFAULT_PREFIX;
   if (typeof prefix !== "string")
     throw new SafetensorsError(`prefix must be a string, got ${String(prefix)}`);
@@ -276,9 +279,11 @@ function checkSavedShape(header: SafetensorsHeader, config: MoEConfig): void {
     return; // not ours to judge: the tensor checks that follow still apply
   }
   const keys = ["numExperts", "hidden", "intermediate", "numShared"] as const;
-  if (keys.some((k) => s[k] !== config[k])) {
+  // The format too: else an fp4 file read as fp8 fails on "dtype I8, expected F8_E4M3", naming no cause.
+  const format = (c: Partial<MoEConfig>) => c.expertFormat ?? "fp8";
+  if (keys.some((k) => s[k] !== config[k]) || format(s) !== format(config)) {
     const shape = (c: Partial<MoEConfig>) =>
-      `E=${c.numExperts} H=${c.hidden} I=${c.intermediate} shared=${c.numShared}`;
+      `E=${c.numExperts} H=${c.hidden} I=${c.intermediate} shared=${c.numShared} ${format(c)} experts`;
     throw new SafetensorsError(
       `${header.path}: its metadata says it holds a "${s.name}" layer (${shape(s)}), not the "${config.name}" layer asked for (${shape(config)})`,
     );
@@ -440,6 +445,8 @@ export function loadMoEWeights(
   if (typeof opts !== "object" || opts === null) {
     throw new SafetensorsError(`load options must be an object, got ${String(opts)}`);
   }
+  const unknown = unknownFieldProblem("load options", opts, ["prefix", "cachedExperts"]);
+  if (unknown !== null) throw new SafetensorsError(unknown);
   const prefix = opts.prefix ?? DEFAULT_PREFIX;
   if (typeof prefix !== "string")
     throw new SafetensorsError(`prefix must be a string, got ${String(prefix)}`);

@@ -1,7 +1,7 @@
 /**
  * The weight layouts every backend reads. See docs/weights.md for the layouts and checkpoint names.
  */
-import { describeValue, type ValidatedConfig } from "../config/config.js";
+import { describeValue, type ExpertFormat, QUANT_BLOCK, type ValidatedConfig } from "../config/config.js";
 import { MXFP4_GROUP } from "../numerics/fp4.js";
 
 /** An FP8 e4m3 matrix [rows, cols] (row-major) with one fp32 scale per 128×128 block. */
@@ -119,4 +119,81 @@ export function weightSourceProblem(source: unknown): string | null {
     }
   }
   return null;
+}
+
+/** Why `m` is not an object of [rows, cols] with `fields` (named in the message), or null. */
+function matrixShapeProblem(
+  what: string,
+  m: unknown,
+  fields: string,
+  rows: number,
+  cols: number,
+): string | null {
+  if (typeof m !== "object" || m === null)
+    return `${what} must be { ${fields}, rows, cols }, got ${describeValue(m)}`;
+  const x = m as { rows?: unknown; cols?: unknown };
+  if (x.rows !== rows || x.cols !== cols) {
+    return `${what} is [${String(x.rows)}, ${String(x.cols)}], expected [${rows}, ${cols}]`;
+  }
+  return null;
+}
+
+/** Why `a` is not a `Type` of `n` elements (`unit` names them), or null. */
+function typedArrayProblem(
+  what: string,
+  a: unknown,
+  Type: Uint8ArrayConstructor | Float32ArrayConstructor,
+  n: number,
+  unit: string,
+): string | null {
+  if (a instanceof Type && a.length === n) return null;
+  return `${what} must be a ${Type.name} of ${n} ${unit}, got ${describeValue(a)}${a instanceof Type ? ` of ${a.length}` : ""}`;
+}
+
+/** Why `m` is not an FP8 block-quantized [rows, cols] matrix (kinds, lengths, scales), or null. */
+function blockQuantizedProblem(what: string, m: unknown, rows: number, cols: number): string | null {
+  const blocks = (rows / QUANT_BLOCK) * (cols / QUANT_BLOCK);
+  const b = m as Partial<BlockQuantized>;
+  const problem =
+    matrixShapeProblem(what, m, "q, scales", rows, cols) ??
+    typedArrayProblem(`${what}.q`, b.q, Uint8Array, rows * cols, "e4m3 codes") ??
+    typedArrayProblem(`${what}.scales`, b.scales, Float32Array, blocks, "block scales");
+  if (problem !== null) return problem;
+  // A NaN, zero or negative scale would come out later as a "non-finite value" in the intermediate.
+  const scales = b.scales as Float32Array;
+  const bad = scales.findIndex((v) => !(v > 0 && v < Number.POSITIVE_INFINITY));
+  return bad < 0 ? null : `${what}.scales[${bad}] = ${scales[bad]} is not a positive finite scale`;
+}
+
+/** Why `m` is not an MXFP4 [rows, cols] matrix (kinds and lengths; 0xFF scales are refused where read), or null. */
+function mxfp4Problem(what: string, m: unknown, rows: number, cols: number): string | null {
+  const x = m as Partial<Mxfp4Matrix>;
+  return (
+    matrixShapeProblem(what, m, "packed, scales", rows, cols) ??
+    typedArrayProblem(`${what}.packed`, x.packed, Uint8Array, (rows * cols) / 2, "bytes") ??
+    typedArrayProblem(`${what}.scales`, x.scales, Uint8Array, (rows * cols) / MXFP4_GROUP, "UE8M0 bytes")
+  );
+}
+
+/**
+ * Why `w`, which a weight source returned as `what` ("expert 3", "the shared expert"), is not an expert of
+ * `format` (routed: the config's expertFormat; shared: fp8) with W1 [2·inter, hidden] and W2 [hidden,
+ * inter], or null: the CPU reference reads whatever it is given, so a wrong shape or format would
+ * otherwise give a wrong output, not an error.
+ */
+export function expertWeightsProblem(
+  w: unknown,
+  what: string,
+  format: ExpertFormat,
+  hidden: number,
+  inter: number,
+): string | null {
+  if (typeof w !== "object" || w === null) {
+    return `${what} must be an object with w1 and w2, got ${describeValue(w)}`;
+  }
+  const e = w as Partial<RoutedExpertWeights>;
+  const got: ExpertFormat = e.format === "fp4" ? "fp4" : "fp8";
+  if (got !== format) return `${what} is ${got}, expected ${format}`;
+  const matrix = format === "fp4" ? mxfp4Problem : blockQuantizedProblem;
+  return matrix(`${what} W1`, e.w1, 2 * inter, hidden) ?? matrix(`${what} W2`, e.w2, hidden, inter);
 }

@@ -15,6 +15,7 @@ import {
   calcDiff,
   checksum,
   DeviceMoEWeights,
+  DispatchError,
   decodeE4m3,
   dequantizeActivations,
   dequantizeWeightBlocks,
@@ -25,12 +26,16 @@ import {
   generateActivations,
   groupByExpert,
   InputError,
+  idealMoE,
+  joinRankOutputs,
   l2Norm,
   loadMoEWeights,
   type MoEConfig,
   MoELayer,
+  planDispatch,
   quantizeActivations,
   quantizeWeightBlocks,
+  RankWeights,
   RouterError,
   randomRouting,
   referenceMoE,
@@ -39,6 +44,7 @@ import {
   routeTokens,
   SafetensorsError,
   saveMoEWeights,
+  sentRows,
   splitAmongRanks,
   validateConfig,
   validateRouting,
@@ -72,6 +78,20 @@ const badIds = (edit: (ids: Int32Array) => void) => {
   edit(ids);
   return ids;
 };
+/** The tiny layer's weights with routed expert e (or the shared expert) replaced by what `edit` makes of it. */
+const sourceWithExpert = (
+  edit: (w: Record<string, unknown>) => unknown,
+  which: "routed" | "shared" = "routed",
+) => ({
+  config: tiny,
+  expert: (e: number) => (which === "routed" ? edit({ ...weights.expert(e) }) : weights.expert(e)),
+  shared: () => (which === "shared" ? edit({ ...weights.shared()! }) : weights.shared()),
+  gate: () => weights.gate(),
+});
+const forwardWith = (source: unknown) => new MoELayer(source as never).forward(x, T, { routing });
+// The tiny layer with intermediate 256, and with FP4 experts: experts that do not fit the tiny layer.
+const wide = new GeneratedWeights(resolveConfig("tiny", { intermediate: 256 }), 1);
+const fp4Weights = new GeneratedWeights(resolveConfig("tiny", { expertFormat: "fp4" }), 1);
 const sourceWith = (config: unknown) => ({
   config,
   expert: (e: number) => weights.expert(e),
@@ -98,6 +118,8 @@ fs.copyFileSync(checkpoint, poisoned);
   fs.closeSync(fd);
 }
 const loaded = loadMoEWeights(poisoned, tiny);
+const fp4File = path.join(dir, "tiny-fp4.safetensors");
+saveMoEWeights(fp4File, fp4Weights);
 
 const err = (call: string, run: () => unknown, error: ErrorClass, message: RegExp): Row => ({
   call,
@@ -227,6 +249,12 @@ const rows: Row[] = [
     /cachedExperts/,
   ),
   err(
+    "GeneratedWeights option cached",
+    () => new GeneratedWeights(tiny, 1, { cached: 3 } as never),
+    RangeError,
+    /unknown GeneratedWeights options field cached \(did you mean cachedExperts\?\)/,
+  ),
+  err(
     "weights.expert(8)",
     () => weights.expert(8),
     RangeError,
@@ -301,7 +329,7 @@ const rows: Row[] = [
     "routing {}",
     () => withRouting(undefined, undefined),
     RouterError,
-    /routing ids must be an Int32Array, got undefined/,
+    /routing ids must be an Int32Array, got undefined$/,
   ),
   err(
     "ids Float32Array holding 2.5",
@@ -426,6 +454,12 @@ const rows: Row[] = [
     /x must be a Uint16Array of bf16 bits, got Float32Array/,
   ),
   err("x of the wrong length", () => layer.forward(x.subarray(1), T), InputError, /x has 511 elements/),
+  ok(
+    "tokenIds on a gate-routed layer, beside its routing",
+    () => layer.forward(x, T, { routing, tokenIds: new Int32Array(T) }).out,
+    "one loop over a model's layers passes the same ids to each; a gate-routed layer does not read them",
+    (out) => assert.deepEqual(out, layer.forward(x, T, { routing }).out),
+  ),
   err(
     "x holding a bf16 NaN",
     () =>
@@ -467,6 +501,57 @@ const rows: Row[] = [
     InputError,
     /needs the "cuda" backend/,
   ),
+  err(
+    "x of finite values the L1 GEMM overflows",
+    () => layer.forward(new Uint16Array(T * H).fill(0x7f7f), T, { routing }),
+    RangeError,
+    /expert \d, token 0: the SwiGLU of the L1 results is NaN at intermediate channel \d+ \(an fp32 overflow/,
+  ),
+
+  // forward: what a custom weight source returns, checked as the GPU upload checks it
+  err(
+    "a source whose expert() returns null",
+    () => forwardWith(sourceWithExpert(() => null)),
+    TypeError,
+    /the weight source's expert \d must be an object with w1 and w2, got null/,
+  ),
+  err(
+    "an expert of another intermediate size",
+    () => forwardWith(sourceWithExpert((w) => ({ ...w, w1: wide.expert(0).w1 }))),
+    TypeError,
+    /expert \d W1 is \[512, 256\], expected \[256, 256\]/,
+  ),
+  err(
+    "an expert's codes cut short",
+    () =>
+      forwardWith(sourceWithExpert((w) => ({ ...w, w2: { ...(w.w2 as object), q: new Uint8Array(10) } }))),
+    TypeError,
+    /expert \d W2\.q must be a Uint8Array of 32768 e4m3 codes, got Uint8Array of 10/,
+  ),
+  err(
+    "an expert with a NaN scale",
+    () =>
+      forwardWith(
+        sourceWithExpert((w) => ({
+          ...w,
+          w1: { ...(w.w1 as object), scales: new Float32Array(4).fill(Number.NaN) },
+        })),
+      ),
+    TypeError,
+    /expert \d W1\.scales\[0\] = NaN is not a positive finite scale/,
+  ),
+  err(
+    "an FP4 expert in an FP8 layer",
+    () => forwardWith(sourceWithExpert(() => fp4Weights.expert(0))),
+    TypeError,
+    /the weight source's expert \d is fp4, expected fp8/,
+  ),
+  err(
+    "a shared expert of the wrong shape",
+    () => forwardWith(sourceWithExpert((w) => ({ ...w, w1: wide.expert(0).w1 }), "shared")),
+    TypeError,
+    /the weight source's shared expert W1 is \[512, 256\], expected \[256, 256\]/,
+  ),
 
   // Router functions
   err(
@@ -504,6 +589,24 @@ const rows: Row[] = [
     () => randomRouting(1, T, tiny, { hotExpert: 9 }),
     RouterError,
     /hotExpert 9 is outside \[0, 8\)/,
+  ),
+  err(
+    "randomRouting option hot",
+    () => randomRouting(1, T, tiny, { hot: 1 } as never),
+    RouterError,
+    /unknown randomRouting options field hot \(did you mean hotExpert\?\)/,
+  ),
+  err(
+    "routeTokens options null",
+    () => routeTokens(x, T, weights.gate(), tiny, null as never),
+    RouterError,
+    /route options must be an object, got null/,
+  ),
+  err(
+    "routeTokens option mask",
+    () => routeTokens(x, T, weights.gate(), tiny, { mask: new Uint8Array(T) } as never),
+    RouterError,
+    /unknown route options field mask/,
   ),
 
   // Expert parallelism
@@ -591,6 +694,71 @@ const rows: Row[] = [
     InputError,
     /expert id 8 is outside \[-1, 8\)/,
   ),
+  err(
+    'ep.forward shared "false"',
+    () => ep.forward(rankInputs(), { shared: "false" as never }),
+    InputError,
+    /ExpertParallelMoE forward options\.shared must be true or false, got "false"/,
+  ),
+  err(
+    "ep.forward option share",
+    () => ep.forward(rankInputs(), { share: false } as never),
+    InputError,
+    /unknown ExpertParallelMoE forward options field share \(did you mean shared\?\)/,
+  ),
+  err(
+    "planDispatch(null)",
+    () => planDispatch(null as never, 8, 2),
+    DispatchError,
+    /planDispatch: routing must be an array of one routing per rank, got null/,
+  ),
+  err(
+    "sentRows(null, 0)",
+    () => sentRows(null as never, 0),
+    DispatchError,
+    /sentRows: plan must be a planDispatch result, got null/,
+  ),
+  err(
+    "sentRows of rank 2 of 2",
+    () =>
+      sentRows(
+        planDispatch(
+          [
+            { ...routing, tokens: T },
+            { ...routing, tokens: T },
+          ],
+          8,
+          2,
+        ),
+        2,
+      ),
+    DispatchError,
+    /sentRows: rank must be an integer in \[0, 2\), got number 2/,
+  ),
+  err(
+    "joinRankOutputs(null)",
+    () => joinRankOutputs(null as never),
+    InputError,
+    /expected an array of the ranks' outputs, got null/,
+  ),
+  err(
+    "joinRankOutputs([out, null])",
+    () => joinRankOutputs([new Uint16Array(H), null] as never),
+    InputError,
+    /rank 1's output must be a Uint16Array of bf16 bits, got null/,
+  ),
+  err(
+    "RankWeights rank 2 of 2",
+    () => new RankWeights(weights, 2, 2, 64),
+    InputError,
+    /rank must be an integer in \[0, 2\), got number 2/,
+  ),
+  err(
+    "RankWeights of null",
+    () => new RankWeights(null as never, 0, 2, 64),
+    InputError,
+    /RankWeights: the weight source must be an object/,
+  ),
 
   // Checkpoints
   err(
@@ -616,7 +784,25 @@ const rows: Row[] = [
     () => loadMoEWeights(checkpoint, resolveConfig("tiny", { hidden: 384 })),
     SafetensorsError,
     // The file's own metadata names the shape it holds (the checkpoint branch's check, before the tensors').
-    /its metadata says it holds a "tiny" layer \(E=8 H=256 I=128 shared=1\), not the "tiny" layer asked for \(E=8 H=384/,
+    /its metadata says it holds a "tiny" layer \(E=8 H=256 I=128 shared=1 fp8 experts\), not the "tiny" layer asked for \(E=8 H=384/,
+  ),
+  err(
+    "loadMoEWeights of an FP4 file as FP8",
+    () => loadMoEWeights(fp4File, tiny),
+    SafetensorsError,
+    /holds a "tiny" layer \(E=8 H=256 I=128 shared=1 fp4 experts\), not the "tiny" layer asked for \(E=8 H=256 I=128 shared=1 fp8 experts\)/,
+  ),
+  err(
+    "loadMoEWeights option cache",
+    () => loadMoEWeights(checkpoint, tiny, { cache: 2 } as never),
+    SafetensorsError,
+    /unknown load options field cache/,
+  ),
+  err(
+    "saveMoEWeights option prefx",
+    () => saveMoEWeights(path.join(dir, "y"), weights, { prefx: "a." } as never),
+    SafetensorsError,
+    /unknown save options field prefx \(did you mean prefix\?\)/,
   ),
   err(
     "an expert with the e4m3 NaN code 0x7F",
@@ -814,6 +1000,30 @@ const rows: Row[] = [
       ),
     RouterError,
     /expert id 9 is outside \[-1, 8\)/,
+  ),
+  err(
+    "referenceMoE option share",
+    () => referenceMoE(x, T, routing, weights, { share: false } as never),
+    TypeError,
+    /unknown reference options field share \(did you mean shared\?\)/,
+  ),
+  err(
+    'referenceMoE shared "no"',
+    () => referenceMoE(x, T, routing, weights, { shared: "no" as never }),
+    TypeError,
+    /reference options\.shared must be true or false, got "no"/,
+  ),
+  err(
+    "idealMoE of x holding a bf16 NaN",
+    () =>
+      idealMoE(
+        x.map((v, i) => (i === 3 ? 0x7fc0 : v)),
+        T,
+        routing,
+        weights,
+      ),
+    RangeError,
+    /idealMoE: x holds a non-finite value at token 0, channel 3/,
   ),
 ];
 

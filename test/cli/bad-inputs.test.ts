@@ -11,6 +11,7 @@ import os from "node:os";
 import path from "node:path";
 import { after, describe, it } from "node:test";
 import { cudaAvailability } from "../../src/cuda/index.js";
+import { GeneratedWeights, resolveConfig, saveMoEWeights } from "../../src/index.js";
 import { runCli } from "../helpers/cli.js";
 
 const noGpu = !cudaAvailability().ok;
@@ -25,9 +26,16 @@ const write = (name: string, text: string) => {
 const files = {
   notJson: write("not.json", "not json"),
   noRows: write("empty.json", '{"rows": []}'),
+  // JSON.parse reads 1e400 as Infinity, which JSON.stringify would print as null.
+  hugeTime: write(
+    "huge.json",
+    '{"rows": [{"config": "tiny", "impl": "fused", "tokens": 1, "us_median": 1e400, "us_min": 1, "us_max": 1}]}',
+  ),
   notSafetensors: write("weights.safetensors", "a text file, not safetensors\n"),
   plainFile: write("plain", "x"),
+  fp4Weights: path.join(dir, "fp4.safetensors"),
 };
+saveMoEWeights(files.fp4Weights, new GeneratedWeights(resolveConfig("tiny", { expertFormat: "fp4" }), 1));
 after(() => fs.rmSync(dir, { recursive: true, force: true }));
 
 interface Row {
@@ -128,6 +136,18 @@ const rows: Row[] = [
     code: 1,
     message: /--save-weights \S+: cannot be written \(\S+plain is not a folder\)/,
   },
+  {
+    args: () => ["run", "--weights", files.fp4Weights],
+    code: 1,
+    message:
+      /fp4\.safetensors: its metadata says it holds a "tiny" layer \(E=8 H=256 I=128 shared=1 fp4 experts\), not the "tiny" layer asked for \(E=8 H=256 I=128 shared=1 fp8 experts\)/,
+  },
+  {
+    args: () => ["run", "--checkpoint", files.fp4Weights, "--shape", "flash"],
+    code: 1,
+    message:
+      /--checkpoint takes the place of --shape \(the layer's shape is the checkpoint's\): give one, not --shape flash/,
+  },
   row(
     ["run", "--save-weights", "/proc/nope/w.safetensors"],
     1,
@@ -145,6 +165,11 @@ const rows: Row[] = [
   ),
   row(["check", "--seed", "1.5"], 1, /argument '1\.5' is invalid/),
   row(["check", "--ranks", "5"], 1, /8 experts cannot be split evenly among 5 ranks/),
+  {
+    args: () => ["check", "--checkpoint", files.fp4Weights, "--shape", "tiny"],
+    code: 1,
+    message: /--checkpoint takes the place of --shape .*not --shape tiny/,
+  },
   // bench: stopped by its checks before a GPU is looked for
   row(
     ["bench", "--impl", "nope"],
@@ -199,6 +224,21 @@ const rows: Row[] = [
     message: /--plot \S+: cannot be written \(\S+plain is not a folder\)/,
   },
   row(["bench", "--peer", "/nonexistent/peer.json"], 1, /--peer \/nonexistent\/peer\.json: no such file/),
+  {
+    args: () => ["bench", "--checkpoint", files.fp4Weights, "--shape", "tiny"],
+    code: 1,
+    message: /--checkpoint takes the place of --shape .*not --shape tiny/,
+  },
+  {
+    args: () => ["bench", "--peer", files.noRows, "--out", files.noRows],
+    code: 1,
+    message: /--out \S+empty\.json: the same file as --peer; give each its own file/,
+  },
+  {
+    args: () => ["bench", "--out", path.join(dir, "r.json"), "--plot", path.join(dir, ".", "r.json")],
+    code: 1,
+    message: /--plot \S+r\.json: the same file as --out/,
+  },
   { args: () => ["bench", "--peer", files.notJson], code: 1, message: /not\.json: not JSON/ },
   row(
     ["bench"],
@@ -229,6 +269,11 @@ const rows: Row[] = [
     message: /plot: \S+empty\.json holds no rows/,
   },
   {
+    args: () => ["plot", files.hugeTime, "--out", path.join(dir, "p.svg")],
+    code: 1,
+    message: /"us_median" must be a finite number, got number Infinity/,
+  },
+  {
     args: () => ["plot", files.noRows, "--out", "/proc/p.svg"],
     code: 1,
     message: /--out \/proc\/p\.svg: cannot be written/,
@@ -237,6 +282,12 @@ const rows: Row[] = [
     args: () => ["plot", files.noRows, "--out", dir],
     code: 1,
     message: /--out \S+: cannot be written \(\S+ is a folder\)/,
+  },
+  {
+    args: () => ["plot", files.noRows, "--out", files.noRows],
+    code: 1,
+    message:
+      /--out \S+empty\.json: is the results file \S+empty\.json being plotted; write the SVG elsewhere/,
   },
   {
     args: () => ["plot", files.noRows, "--out", "x.svg", "--shared", "2"],

@@ -410,7 +410,7 @@ describe("V4 checkpoint errors name the file and the tensor", () => {
     saveMoEWeights(file, new GeneratedWeights(resolveConfig("tiny"), seed));
     assert.throws(
       () => loadMoEWeights(file, resolveConfig("flash")),
-      /tiny\.safetensors: its metadata says it holds a "tiny" layer \(E=8 H=256 I=128 shared=1\), not the "flash" layer asked for/,
+      /tiny\.safetensors: its metadata says it holds a "tiny" layer \(E=8 H=256 I=128 shared=1 fp8 experts\), not the "flash" layer asked for/,
     );
   });
 
