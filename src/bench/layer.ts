@@ -33,8 +33,7 @@ import {
   timeKernel,
 } from "../cuda/index.js";
 import { DeviceMoEWeights, generateActivationsOnDevice } from "../kernels/device-weights.js";
-import { FUSED_BLOCK_MS } from "../kernels/megamoe/megamoe.variants.js";
-import { fusedBlockM } from "../kernels/megamoe/plan.js";
+import { FUSED_BLOCK_MS, fusedExpandProblem } from "../kernels/megamoe/megamoe.variants.js";
 import { FusedPipeline } from "../pipeline/fused.js";
 import { type MoEPipeline, UnfusedPipeline } from "../pipeline/unfused.js";
 import { type Routing, randomRouting } from "../reference/router.js";
@@ -173,6 +172,8 @@ interface Measurement extends RoundsMeasurement {
   pipeline: MoEPipeline;
   run: (s: Stream) => void;
   blockM?: number;
+  /** FP4 experts: whether the fused kernel expanded them first (the expand variant). */
+  expand?: boolean;
   eager?: Measurement;
 }
 
@@ -253,6 +254,7 @@ export function benchmarkLayer(device: Device, o: LayerBenchOptions): ResultRow[
       `benchmarkLayer: ${config.name} takes at most ${config.maxTokens} tokens, asked ${maxTokens}`,
     );
   }
+  const fp4 = expertFormatOf(config) === "fp4";
   const iters = o.iters ?? DEFAULT_LAYER_ITERS;
   const withGraph = o.graph ?? true;
   const rounds = o.rounds ?? 1;
@@ -313,6 +315,7 @@ export function benchmarkLayer(device: Device, o: LayerBenchOptions): ResultRow[
           if (withGraph) add({ impl: p.kind, pipeline: p, graph: true, run, warmup: 3, eager });
           if (p instanceof FusedPipeline && withGraph) {
             const launch = (s: Stream) => p.launchKernelOnly(ids, w, out, tokens, o.shared, s);
+            const picked = p.kernel.plan(tokens);
             add({
               impl: "fused-kernel",
               pipeline: p,
@@ -320,22 +323,36 @@ export function benchmarkLayer(device: Device, o: LayerBenchOptions): ResultRow[
               run: launch,
               warmup: 3,
               eager,
-              blockM: fusedBlockM(config, tokens),
+              blockM: picked.blockM,
+              ...(fp4 ? { expand: picked.expand } : {}),
             });
-            for (const blockM of o.configs ? FUSED_BLOCK_MS : []) {
+            // --configs: every block M, and with FP4 experts at 64 and 128 rows both with and without the
+            // expansion ("fused-m128x": expanded).
+            const forced = (o.configs ? FUSED_BLOCK_MS : []).flatMap((blockM) =>
+              (fp4 && fusedExpandProblem(config, blockM) === null ? [false, true] : [false]).map(
+                (expand) => ({
+                  blockM,
+                  expand,
+                }),
+              ),
+            );
+            for (const { blockM, expand } of forced) {
               add({
-                impl: `fused-m${blockM}`,
+                impl: `fused-m${blockM}${expand ? "x" : ""}`,
                 pipeline: p,
                 graph: true,
                 run: launch,
                 warmup: 3,
                 eager,
                 blockM,
+                ...(fp4 ? { expand } : {}),
                 enter: () => {
                   p.kernel.blockM = blockM;
+                  p.kernel.fp4Expand = expand;
                 },
                 leave: () => {
                   p.kernel.blockM = "auto";
+                  p.kernel.fp4Expand = "auto";
                 },
               });
             }
@@ -358,6 +375,7 @@ export function benchmarkLayer(device: Device, o: LayerBenchOptions): ResultRow[
           }
           const r = row(m.impl, summarizeSamples(m.samples), m.graph);
           if (m.blockM !== undefined) r.block_m = m.blockM;
+          if (m.expand !== undefined) r.fp4_expand = m.expand;
           rowOf.set(m, r);
           rows.push(r);
         }

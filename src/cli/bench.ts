@@ -190,13 +190,14 @@ export function resultsTable(rows: readonly ResultRow[], peer: readonly ResultRo
 export function configLines(rows: readonly ResultRow[]): string[] {
   const lines: string[] = [];
   for (const tokens of [...new Set(rows.map((r) => r.tokens))]) {
-    const forced = rows.filter((r) => r.tokens === tokens && /^fused-m\d+$/.test(String(r.impl)));
+    const forced = rows.filter((r) => r.tokens === tokens && /^fused-m\d+x?$/.test(String(r.impl)));
     const picked = rows.find((r) => r.tokens === tokens && r.impl === "fused-kernel");
     if (forced.length === 0 || picked === undefined) continue;
     const best = forced.reduce((a, b) => (b.us_median < a.us_median ? b : a));
     const off = (100 * (picked.us_median - best.us_median)) / best.us_median;
     lines.push(
-      `T=${tokens}: heuristic BLOCK_M ${picked.block_m} ${picked.us_median.toFixed(1)} µs, best ${best.impl} ` +
+      `T=${tokens}: heuristic BLOCK_M ${picked.block_m}${picked.fp4_expand === true ? " expand" : ""} ` +
+        `${picked.us_median.toFixed(1)} µs, best ${best.impl} ` +
         `${best.us_median.toFixed(1)} µs (${off <= 0 ? "the best" : `+${off.toFixed(1)}%`})`,
     );
   }

@@ -14,6 +14,8 @@ import {
 } from "../config/config.js";
 import { cudaAvailability, makeDirectory } from "../cuda/index.js";
 import { DeviceMoEWeights } from "../kernels/device-weights.js";
+import { fusedExpandImageBytes } from "../kernels/megamoe/megamoe.variants.js";
+import { fusedExpandFromTokens } from "../kernels/megamoe/plan.js";
 import { type Backend, type GpuPipelineKind, MoELayer } from "../layer.js";
 import { bf16BitsToF32 } from "../numerics/bf16.js";
 import {
@@ -86,13 +88,17 @@ export function checkCheckpointExperts(experts: string | undefined, config: MoEC
 
 /**
  * How a layer's weights are described: the routed experts' format and the device memory of one whole
- * layer (DeviceMoEWeights.bytesFor), e.g. "fp4 routed experts (MXFP4), shared fp8; 3.42 GB on a GPU".
+ * layer (DeviceMoEWeights.bytesFor), e.g. "fp4 routed experts (MXFP4), shared fp8; 3.42 GB on a GPU";
+ * with FP4 experts that the fused kernel expands at some T ≤ maxTokens, the images' bytes too.
  */
 export function describeLayerWeights(config: MoEConfig): string {
   const format = expertFormatOf(config);
   const shared = config.numShared > 0 ? ", shared fp8" : "";
   const bytes = formatBytes(DeviceMoEWeights.bytesFor(config));
-  return `${format} routed experts${format === "fp4" ? " (MXFP4)" : ""}${shared}; ${bytes} on a GPU`;
+  const from = fusedExpandFromTokens(config, config.maxTokens);
+  const expand =
+    from === null ? "" : ` (+ ${formatBytes(fusedExpandImageBytes(config))} of e4m3 stages from T = ${from})`;
+  return `${format} routed experts${format === "fp4" ? " (MXFP4)" : ""}${shared}; ${bytes} on a GPU${expand}`;
 }
 
 /** Decimal bytes for a person: "6.44 GB", "25.2 MB", "520 kB". */

@@ -216,7 +216,7 @@ function gib(bytes: number): string {
  * Throws unless the device can hold `need` more bytes. The CUDA layer has no cuMemGetInfo, so "free" is
  * the device's total less what megamoe allocated on it and a reserve for the context and workspaces.
  */
-function checkDeviceMemory(device: Device, need: number, what: string): void {
+export function checkDeviceMemory(device: Device, need: number, what: string): void {
   const allocated = device.allocatedBytes;
   const available = device.totalMemoryBytes - allocated - MEMORY_RESERVE_BYTES;
   if (need > available) {

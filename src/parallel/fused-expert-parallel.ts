@@ -50,6 +50,8 @@ export interface FusedExpertParallelOptions {
   maxTokens?: number;
   /** Every rank's tile height (tests and tuning; default "auto": the heuristic's for R·T tokens). */
   blockM?: "auto" | FusedBlockM;
+  /** FP4 experts: expand them into e4m3 stages in each forward (default "auto": from 512 rows per expert). */
+  fp4Expand?: "auto" | boolean;
 }
 
 /** One rank per process: `FusedExpertParallel.join`. */
@@ -66,6 +68,8 @@ export interface FusedExpertParallelJoinOptions {
   maxTokens?: number;
   /** This rank's tile height (default "auto"). */
   blockM?: "auto" | FusedBlockM;
+  /** FP4 experts: expand them into e4m3 stages in each forward (default "auto"). */
+  fp4Expand?: "auto" | boolean;
   /** How long to wait for the other processes at each step of joining (default 60 s). */
   timeoutMs?: number;
 }
@@ -130,6 +134,8 @@ export class FusedExpertParallel {
   readonly maxTokens: number;
   /** Every rank's tile height ("auto": the heuristic's). */
   readonly blockM: "auto" | FusedBlockM;
+  /** Whether every rank expands FP4 experts first ("auto": the heuristic's). */
+  readonly fp4Expand: "auto" | boolean;
   readonly layout: FusedEpLayout;
   readonly heap: SymmetricHeap;
   /** This process's rank when each process drives one (`join`); undefined when every rank is here. */
@@ -152,7 +158,13 @@ export class FusedExpertParallel {
     if (problem !== null) throw new InputError(`FusedExpertParallel: ${problem}`);
     if (options === undefined) throw new InputError("FusedExpertParallel needs options with ranks");
     if (joined === undefined) {
-      checkOptions("FusedExpertParallel options", options, ["ranks", "devices", "maxTokens", "blockM"]);
+      checkOptions("FusedExpertParallel options", options, [
+        "ranks",
+        "devices",
+        "maxTokens",
+        "blockM",
+        "fp4Expand",
+      ]);
     }
     this.config = validateConfig(source.config);
     const { ranks } = options;
@@ -161,6 +173,7 @@ export class FusedExpertParallel {
     const maxTokens = checkMaxTokens(options.maxTokens ?? this.config.maxTokens);
     this.maxTokens = maxTokens;
     this.blockM = checkBlockM(options.blockM ?? "auto");
+    this.fp4Expand = checkFp4Expand(options.fp4Expand ?? "auto");
     const c = this.config;
     this.layout = fusedEpLayout({
       ranks,
@@ -218,6 +231,7 @@ export class FusedExpertParallel {
       "socketPath",
       "maxTokens",
       "blockM",
+      "fp4Expand",
       "timeoutMs",
     ]);
     const { rank, ranks, socketPath } = options;
@@ -231,13 +245,19 @@ export class FusedExpertParallel {
         `FusedExpertParallel.join: socketPath must be a path, got ${describeValue(socketPath)}`,
       );
     }
-    const base = { ranks, maxTokens: options.maxTokens, blockM: options.blockM };
+    const base = {
+      ranks,
+      maxTokens: options.maxTokens,
+      blockM: options.blockM,
+      fp4Expand: options.fp4Expand,
+    };
     const problem = weightSourceProblem(source);
     if (problem !== null) throw new InputError(`FusedExpertParallel: ${problem}`);
     // The layout checks ranks, maxTokens and the config before any process waits on another.
     const config = validateConfig(source.config);
     checkRanks(config, ranks);
     checkBlockM(options.blockM ?? "auto");
+    checkFp4Expand(options.fp4Expand ?? "auto");
     const layout = fusedEpLayout({
       ranks,
       numExperts: config.numExperts,
@@ -305,6 +325,7 @@ export class FusedExpertParallel {
       made.push(() => kernel.dispose());
       kernel.ctas = Math.floor(device.smCount / sharing);
       kernel.blockM = this.blockM;
+      kernel.fp4Expand = this.fp4Expand;
       if (kernel.ctas < 1)
         throw new InputError(`${sharing} ranks on ${device.smCount} SMs: fewer than one CTA each`);
       const stream = device.createStream();
@@ -575,6 +596,15 @@ function checkBlockM(blockM: "auto" | FusedBlockM): "auto" | FusedBlockM {
     );
   }
   return blockM;
+}
+
+function checkFp4Expand(expand: "auto" | boolean): "auto" | boolean {
+  if (expand !== "auto" && typeof expand !== "boolean") {
+    throw new InputError(
+      `FusedExpertParallel: fp4Expand must be "auto", true or false, got ${describeValue(expand)}`,
+    );
+  }
+  return expand;
 }
 
 /** A Device per rank from the options' devices (ordinals opened). */

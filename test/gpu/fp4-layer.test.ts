@@ -9,8 +9,9 @@
  *   of tokens, as tokens are independent), T = 1, 7, 64, 129, with masked tokens, empty experts, a hot
  *   expert, and every token on one expert;
  * - every run twice, bit-identical, outputs and intermediate buffers poisoned with 0xFF (NaN) first;
- * - the fused kernel at every block M (swap-AB 16 and 32, 64, 128) on 1, 3, 17 and all CTAs, and on
- *   flash-ep8 at T = 1024 and 4096: the unfused pipeline's bits;
+ * - the fused kernel at every block M (swap-AB 16 and 32, 64, 128) on 1, 3, 17 and all CTAs, the expand
+ *   variant (the experts expanded into e4m3 stage images first) at 64 and 128, and on flash-ep8 at
+ *   T = 1024 and 4096 with and without the expansion: the unfused pipeline's bits;
  * - beside each FP4 layer, the FP8 layer of the same seed (same generator matrices quantized to FP8) on
  *   the same inputs and routing: both distances to their FP64 ideals are printed;
  * - MoELayer on the cuda backend with FP4 experts: the fused pipeline by default, the same bits as the
@@ -25,7 +26,12 @@ import { type MoEConfig, resolveConfig, type ScaleFormat } from "../../src/confi
 import { DeviceMoEWeights } from "../../src/kernels/device-weights.js";
 import { takeGroupedGemmStatus } from "../../src/kernels/gemm/grouped_gemm.js";
 import { fusedLayerProblem } from "../../src/kernels/megamoe/megamoe.js";
-import { FUSED_BLOCK_MS, variants as fusedVariants } from "../../src/kernels/megamoe/megamoe.variants.js";
+import {
+  FUSED_BLOCK_MS,
+  fusedExpandProblem,
+  variants as fusedVariants,
+} from "../../src/kernels/megamoe/megamoe.variants.js";
+import { fusedExpand } from "../../src/kernels/megamoe/plan.js";
 import { DEFAULT_GPU_PIPELINE, MoELayer } from "../../src/layer.js";
 import { bf16BitsToF32 } from "../../src/numerics/bf16.js";
 import { FusedPipeline } from "../../src/pipeline/fused.js";
@@ -232,10 +238,21 @@ function oneExpertRouting(config: MoEConfig, tokens: number, e: number): Routing
 describe("FP4 layer: checks that need no GPU", () => {
   test("the fused kernel takes FP4 experts: every preset and block M has an FP4 build, none may spill", () => {
     assert.equal(fusedLayerProblem(resolveConfig("tiny", { expertFormat: "fp4" })), null);
-    // The one-rank builds: each FP8 one has its FP4 twin (the EP builds list their own).
+    // The one-rank builds: each FP8 one has its FP4 twin (the EP builds list their own), and the FP4
+    // 64- and 128-row builds their expand variant.
     const oneRank = fusedVariants.filter((v) => v.defines.EP_RANKS === undefined);
-    const fp4Builds = oneRank.filter((v) => v.defines.B_FP4 === 1);
-    assert.equal(fp4Builds.length, oneRank.length / 2);
+    const plain = oneRank.filter((v) => v.defines.FP4_EXPAND === undefined);
+    const fp4Builds = plain.filter((v) => v.defines.B_FP4 === 1);
+    assert.equal(fp4Builds.length, plain.length / 2);
+    const expand = oneRank.filter((v) => v.defines.FP4_EXPAND === 1);
+    assert.deepEqual(
+      expand.map((v) => `${v.defines.B_FP4}/${v.defines.BLOCK_M}`).sort(),
+      fp4Builds
+        .filter((v) => Number(v.defines.BLOCK_M) >= 64)
+        .map((v) => `1/${v.defines.BLOCK_M}`)
+        .sort(),
+    );
+    assert.ok(expand.every((v) => v.noSpill));
     for (const blockM of FUSED_BLOCK_MS) {
       assert.ok(
         fp4Builds.some((v) => v.defines.BLOCK_M === blockM),
@@ -243,6 +260,16 @@ describe("FP4 layer: checks that need no GPU", () => {
       );
     }
     assert.ok(fp4Builds.every((v) => v.noSpill));
+  });
+
+  test("the expand variant: FP4 experts, 64- and 128-row tiles, one rank; picked from 512 rows per expert", () => {
+    const ep8 = resolveConfig("flash-ep8", { expertFormat: "fp4" });
+    assert.equal(fusedExpandProblem(ep8, 128), null);
+    assert.match(fusedExpandProblem(ep8, 32) ?? "", /64- and 128-row tiles/);
+    assert.match(fusedExpandProblem(resolveConfig("flash-ep8"), 128) ?? "", /FP4 experts/);
+    assert.equal(fusedExpand(ep8, 2730, 128), false); // 511.9 rows per expert
+    assert.equal(fusedExpand(ep8, 2731, 128), true);
+    assert.equal(fusedExpand(resolveConfig("flash", { expertFormat: "fp4" }), 8192, 128), false); // 192
   });
 });
 
@@ -283,19 +310,23 @@ describeGpu("FP4 layer on a GPU (unfused pipeline and fused kernel)", () => {
         for (const shared of [true, false]) {
           const want = runLayer(fp4, x, tokens, routing, shared);
           for (const blockM of FUSED_BLOCK_MS) {
-            for (const ctas of [1, 3, 17, device().smCount]) {
-              fp4.fused.kernel.blockM = blockM;
-              fp4.fused.kernel.ctas = ctas;
-              try {
-                const got = runLayer(fp4, x, tokens, routing, shared, fp4.fused);
-                assertSameBits(
-                  got,
-                  want,
-                  `tiny ${scaleFormat} BLOCK_M ${blockM}, ${ctas} CTAs, shared ${shared}`,
-                );
-              } finally {
-                fp4.fused.kernel.blockM = "auto";
-                fp4.fused.kernel.ctas = device().smCount;
+            for (const expand of blockM >= 64 ? [false, true] : [false]) {
+              for (const ctas of [1, 3, 17, device().smCount]) {
+                fp4.fused.kernel.blockM = blockM;
+                fp4.fused.kernel.fp4Expand = expand;
+                fp4.fused.kernel.ctas = ctas;
+                try {
+                  const got = runLayer(fp4, x, tokens, routing, shared, fp4.fused);
+                  assertSameBits(
+                    got,
+                    want,
+                    `tiny ${scaleFormat} BLOCK_M ${blockM}${expand ? " expand" : ""}, ${ctas} CTAs, shared ${shared}`,
+                  );
+                } finally {
+                  fp4.fused.kernel.blockM = "auto";
+                  fp4.fused.kernel.fp4Expand = "auto";
+                  fp4.fused.kernel.ctas = device().smCount;
+                }
               }
             }
           }
@@ -336,13 +367,25 @@ describeGpu("FP4 layer on a GPU (unfused pipeline and fused kernel)", () => {
         );
         console.log(`  (T=${c.tokens}: ${((performance.now() - t1) / 1000).toFixed(1)} s with the CPU side)`);
       }
-      // Large T, GPU only: the fused kernel's 64- and 128-row tiles against the unfused pipeline.
+      // Large T, GPU only: the fused kernel's 64- and 128-row tiles against the unfused pipeline, with
+      // and without the expansion (at T = 4096 the heuristic expands; an empty expert's chunks are skipped).
       for (const tokens of [1024, 4096]) {
         const x = generateActivations(seed + 70 + tokens, tokens, config4.hidden);
-        const routing = randomRouting(seed + 71 + tokens, tokens, config4, { maskedTokens: [17] });
+        const routing = randomRouting(seed + 71 + tokens, tokens, config4, {
+          maskedTokens: [17],
+          emptyExperts: [3],
+        });
         for (const shared of [true, false]) {
           const want = runLayer(fp4, x, tokens, routing, shared);
-          assertSameBits(runLayer(fp4, x, tokens, routing, shared, fp4.fused), want, `flash-ep8 T=${tokens}`);
+          for (const expand of [false, true]) {
+            fp4.fused.kernel.fp4Expand = expand;
+            try {
+              const got = runLayer(fp4, x, tokens, routing, shared, fp4.fused);
+              assertSameBits(got, want, `flash-ep8 T=${tokens}${expand ? " expand" : ""} shared ${shared}`);
+            } finally {
+              fp4.fused.kernel.fp4Expand = "auto";
+            }
+          }
         }
       }
     } finally {

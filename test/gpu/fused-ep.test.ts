@@ -4,7 +4,7 @@
  * ExpertParallelMoE with the fused pipeline on the same GPU (the host-planned protocol, whose numerics
  * define expert parallelism), with and without the shared expert, over the routing edge cases of
  * test/parallel/ep-protocol.test.ts; every rank's count phase and pool order against the CPU model
- * (runProtocol); FP4 routed experts at 4 ranks in both conversion paths; forwards back to back with no host sync between them; and last (the trap ends the
+ * (runProtocol); FP4 routed experts at 4 ranks in both conversion paths and expanded; forwards back to back with no host sync between them; and last (the trap ends the
  * context) a rank left out of a forward, named in every other rank's error within seconds.
  */
 import assert from "node:assert/strict";
@@ -73,14 +73,29 @@ describeGpu("in-kernel expert parallelism on one GPU (virtual ranks)", () => {
     });
   }
 
-  // Block M 16 and 32 convert in the math threads, 64 and 128 in the converter warps.
-  for (const blockM of ["auto", 64, 128] as const) {
-    test(`FP4 routed experts, 4 ranks, block M ${blockM}: the host plan's outputs bit for bit`, () => {
+  // Block M 16 and 32 convert in the math threads, 64 and 128 in the converter warps or, expanded, in the
+  // producer warpgroup's workers before the tiles need them.
+  const fp4Cases = [
+    ["auto", "auto"],
+    [64, "auto"],
+    [128, "auto"],
+    [64, true],
+    [128, true],
+  ] as const;
+  for (const [blockM, fp4Expand] of fp4Cases) {
+    const what = `block M ${blockM}${fp4Expand === true ? ", expanded" : ""}`;
+    test(`FP4 routed experts, 4 ranks, ${what}: the host plan's outputs bit for bit`, () => {
       const ranks = 4;
       const device = testDevice();
       const fp4 = new GeneratedWeights({ ...config, expertFormat: "fp4" }, seed + 5);
       const host = new ExpertParallelMoE(fp4, { ranks, backend: "cuda", devices: device, pipeline: "fused" });
-      const ep = new FusedExpertParallel(fp4, { ranks, devices: device, maxTokens: MAX_TOKENS, blockM });
+      const ep = new FusedExpertParallel(fp4, {
+        ranks,
+        devices: device,
+        maxTokens: MAX_TOKENS,
+        blockM,
+        fp4Expand,
+      });
       try {
         for (const name of [
           "random routing, uneven tokens per rank, a rank without tokens",

@@ -6,6 +6,7 @@ import assert from "node:assert/strict";
 import { readdirSync, readFileSync } from "node:fs";
 import path from "node:path";
 import { describe, test } from "node:test";
+import { describeLayerWeights } from "../../src/cli/run.js";
 import { PRESETS, resolveConfig } from "../../src/config/config.js";
 import { collectIncludes, includeDir, packageRoot, resolveKernelSource } from "../../src/cuda/jit.js";
 import {
@@ -20,6 +21,7 @@ import {
   FUSED_FP4_SWAP_MAX_STAGES,
   FUSED_SWAP_MAX_STAGES,
   fusedDefines,
+  fusedExpandImageBytes,
   fusedFp4Registers,
   fusedMaxStages,
   fusedSharedBytes,
@@ -28,8 +30,11 @@ import {
 } from "../../src/kernels/megamoe/megamoe.variants.js";
 import {
   describeFusedPlan,
+  FUSED_EXPAND_MIN_ROWS,
   fusedBlockM,
   fusedBlockMsUpTo,
+  fusedExpandFromTokens,
+  fusedTilesUpTo,
   planFusedLaunch,
 } from "../../src/kernels/megamoe/plan.js";
 import { InputError, MoELayer } from "../../src/layer.js";
@@ -142,10 +147,12 @@ describe("fused MoE kernel: host-side facts", () => {
   });
 
   test("CI compiles one specialization per preset, scale format, expert format and block M, spills forbidden", () => {
-    // Then the EP build's (test/parallel/fused-ep.test.ts).
+    // Then the FP4 expand variant of block M 64 and 128 and the EP build's (test/parallel/fused-ep.test.ts).
     assert.equal(
       variants.length,
-      2 * 2 * FUSED_BLOCK_MS.length * Object.keys(PRESETS).length + epVariants.length,
+      2 * 2 * FUSED_BLOCK_MS.length * Object.keys(PRESETS).length +
+        2 * 2 * Object.keys(PRESETS).length +
+        epVariants.length,
     );
     assert.ok(variants.every((v) => v.noSpill));
     assert.deepEqual(
@@ -188,5 +195,58 @@ describe("fused MoE kernel: host-side facts", () => {
       assert.equal(fusedStages(flash4, blockM), 8);
       assert.ok(fusedSharedBytes(flash4, 8, blockM) <= OPTIN);
     }
+  });
+
+  test("the FP4 expand variant: FP8's stages, row scales and a worker buffer; picked from 512 rows per expert", () => {
+    const ep8 = resolveConfig("flash-ep8");
+    const ep8fp4 = resolveConfig("flash-ep8", { expertFormat: "fp4" });
+    // A stage adds 256 row scales (1 KB); the workers' buffer (50 KB) leaves three stages at 64 and 128.
+    for (const blockM of [64, 128] as const) {
+      const stages = fusedStages(ep8fp4, blockM, true);
+      assert.equal(stages, 3, `BLOCK_M ${blockM}`);
+      const extra = fusedSharedBytes(ep8fp4, stages, blockM, true) - fusedSharedBytes(ep8, stages, blockM);
+      const want = stages * 1024 + 50 * 1024 + 8;
+      assert.ok(
+        Math.abs(extra - want) <= 1024,
+        `BLOCK_M ${blockM}: expand adds ${extra} bytes, want ~${want}`,
+      );
+      assert.equal(fusedDefines(ep8fp4, blockM, true).FP4_EXPAND, 1);
+    }
+    assert.equal(fusedDefines(ep8fp4, 128).FP4_EXPAND, undefined);
+    assert.throws(() => fusedDefines(ep8fp4, 32, true), /64- and 128-row tiles/);
+    assert.throws(() => fusedDefines(ep8, 128, true), /FP4 experts/);
+    // 32 experts × (16 × 32 L1 + 16 × 16 L2 stages) × (32 KB + 1 KB): 0.83 GB.
+    assert.equal(fusedExpandImageBytes(ep8fp4), 32 * (16 * 32 + 16 * 16) * 33 * 1024);
+    const tokens = Math.ceil((FUSED_EXPAND_MIN_ROWS * ep8fp4.numExperts) / ep8fp4.topK); // 2731
+    const p = planFusedLaunch(ep8fp4, tokens, 132);
+    assert.ok(p.expand && p.blockM === 128);
+    assert.match(describeFusedPlan(p), /BLOCK_M=128 expand stages=3 /);
+    assert.equal(planFusedLaunch(ep8fp4, tokens - 1, 132).expand, false);
+    assert.equal(planFusedLaunch(ep8fp4, tokens - 1, 132, 128, true).expand, true);
+    assert.equal(planFusedLaunch(ep8fp4, tokens, 132, "auto", false).expand, false);
+    assert.equal(planFusedLaunch(ep8fp4, 8, 132, "auto", true).expand, false); // swap-AB tiles never expand
+    assert.equal(planFusedLaunch(ep8fp4, 8, 132, 64, true).expand, true);
+    assert.throws(() => planFusedLaunch(ep8, 8192, 132, "auto", true), /fp4Expand applies to FP4 experts/);
+    assert.equal(planFusedLaunch(ep8, 8192, 132).expand, false);
+    assert.deepEqual(fusedTilesUpTo(ep8fp4, 8192), [
+      { blockM: 16, expand: false },
+      { blockM: 32, expand: false },
+      { blockM: 64, expand: false },
+      { blockM: 128, expand: false },
+      { blockM: 128, expand: true },
+    ]);
+    assert.deepEqual(
+      fusedTilesUpTo(ep8, 8192).map((t) => t.expand),
+      fusedBlockMsUpTo(ep8, 8192).map(() => false),
+    );
+    // What `megamoe run` reports beside the weights.
+    assert.equal(fusedExpandFromTokens(ep8fp4, 8192), tokens);
+    assert.equal(fusedExpandFromTokens(ep8fp4, tokens - 1), null);
+    assert.equal(fusedExpandFromTokens(resolveConfig("flash", { expertFormat: "fp4" }), 8192), null);
+    assert.match(
+      describeLayerWeights({ ...ep8fp4, maxTokens: 8192 }),
+      /453\.3 MB on a GPU \(\+ 830\.5 MB of e4m3 stages from T = 2731\)$/,
+    );
+    assert.match(describeLayerWeights({ ...ep8fp4, maxTokens: 2048 }), /on a GPU$/);
   });
 });

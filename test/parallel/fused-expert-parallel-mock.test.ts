@@ -321,6 +321,10 @@ describe("FusedExpertParallel against the mock libcuda", { skip }, () => {
       () => new FusedExpertParallel(src, { ranks: 2, blockM: 48 as never }),
       /blockM must be "auto" or one of 16, 32, 64, 128, got number 48/,
     );
+    assert.throws(
+      () => new FusedExpertParallel(src, { ranks: 2, fp4Expand: "yes" as never }),
+      /fp4Expand must be "auto", true or false, got "yes"/,
+    );
     assert.throws(() => new FusedExpertParallel(src, { ranks: 2, devices: [0] }), /1 GPUs for 2 ranks/);
     assert.throws(() => new FusedExpertParallel(src, { ranks: 2, bogus: 1 } as never), InputError);
     const ep = new FusedExpertParallel(src, { ranks: 2, devices: dev[0]!, maxTokens: 4 });

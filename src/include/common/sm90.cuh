@@ -34,6 +34,12 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(unsigned bar, unsigned byt
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
 }
 
+// Raises the bytes the current phase expects without arriving (a second copy into a stage whose
+// arrive comes with another).
+__device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
+  asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+
 __device__ __forceinline__ bool mbar_try_wait(unsigned bar, unsigned parity) {
   unsigned done;
   asm volatile(
@@ -92,6 +98,34 @@ __device__ __forceinline__ void bulk_load(unsigned dst, const void* src, unsigne
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
                "l"(src), "r"(bytes), "r"(bar)
                : "memory");
+}
+
+// A linear copy of `bytes` (a multiple of 16) from shared to global memory by the TMA unit, in the
+// thread's current bulk group (bulk_commit closes it; bulk_wait_read / bulk_wait wait for groups).
+__device__ __forceinline__ void bulk_store(void* dst, unsigned src, unsigned bytes) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst), "r"(src), "r"(bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+
+// Until at most kPending of this thread's bulk groups still read their shared memory.
+template <int kPending>
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(kPending) : "memory");
+}
+
+// Until at most kPending of this thread's bulk groups are still incomplete (their writes not done).
+template <int kPending>
+__device__ __forceinline__ void bulk_wait() {
+  asm volatile("cp.async.bulk.wait_group %0;" ::"n"(kPending) : "memory");
+}
+
+// x, opaque to the compiler: a value computed from it is computed where it is used, not hoisted out of
+// the loop around it into a register the loop cannot spare.
+__device__ __forceinline__ int opaque_i32(int x) {
+  asm volatile("" : "+r"(x));
+  return x;
 }
 
 __device__ __forceinline__ void prefetch_tensor_map(const TensorMap* map) {

@@ -48,6 +48,7 @@
 #include "megamoe_combine.cuh"
 #include "megamoe_ep.cuh"
 #include "megamoe_epilogue.cuh"
+#include "megamoe_expand.cuh"
 #include "megamoe_scheduler.cuh"
 
 // ---------------------------------------------------------------------------------------------------
@@ -81,15 +82,16 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
   const unsigned empty_bar = full_bar + 8 * kStages;
   const unsigned task_full_bar = empty_bar + 8 * kStages;
   const unsigned task_empty_bar = task_full_bar + 16;
-  const unsigned loaded_bar = task_empty_bar + 16;  // FP4 builds with converters only
+  const unsigned loaded_bar = task_empty_bar + 16;  // FP4 builds with converters, or the expansion's
 
   int* const ws = op.workspace;
   int* const counts = ws + kCounterWords;
   int* const cursor = counts + kGroups;
   int* const arrived = cursor + kGroups;
   int* const l1_done = arrived + op.max_blocks;
+  int* const expanded = l1_done + op.max_blocks;
   const SharedState cta{smem, base, offsets, blocks, hist, broadcast, full_bar, empty_bar, task_full_bar, task_empty_bar};
-  const Workspace work{ws, counts, cursor, arrived, l1_done};
+  const Workspace work{ws, counts, cursor, arrived, l1_done, expanded};
   const int tid = static_cast<int>(threadIdx.x);
   const int lane = tid & 31;
   const int warp = tid >> 5;
@@ -109,6 +111,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
       mbar_init(empty_bar + 8 * s, kMathWarps);
       if constexpr (kConverters) mbar_init(loaded_bar + 8 * s, 1);
     }
+    if constexpr (kExpand) mbar_init(loaded_bar, 1);
     for (int s = 0; s < 2; ++s) {
       mbar_init(task_full_bar + 8 * s, 1);
       mbar_init(task_empty_bar + 8 * s, kMathThreads);
@@ -198,7 +201,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
           if (kind == kStageFp4) {
             megamoe::fp4_stage::convert_tile<kBlockN, kConverterThreads, kConvertDepth>(
                 base + kOffPacked + stage * kPackedStageBytes, base + kOffRowWords + stage * kRowWordsStageBytes,
-                base + kOffB + stage * kBTileBytes, base + kOffRowScales + stage * kRowWordsStageBytes, converter);
+                base + kOffB + stage * kBTileBytes, base + kOffRowScales + stage * kRowScalesStageBytes, converter);
             // The wgmmas read the tile through the async proxy: order these generic writes before them.
             asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
           }
@@ -210,6 +213,12 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
           }
         }
       }
+#if FP4_EXPAND
+      // ---------------- Expansion workers (warps 1..3): the routed stages' images (megamoe_expand.cuh).
+      if (converter >= 0) {
+        expand_worker(op, work, cta, &map_w1, &map_w2, &map_w1_words, &map_w2_words, loaded_bar, converter);
+      }
+#endif
       return;
     }
     int stage = 0;
@@ -287,19 +296,39 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
       // L2 rows n·256 and n·256 + 128 of its [H, I].
       const int b_row0 = l1 ? expert * 2 * inter + task.n * kQuant : expert * kHidden + task.n * kBlockN;
       const int b_row1 = l1 ? b_row0 + inter : b_row0 + kQuant;
-      // FP4: a stage's packed rows and their UE8M0 words, to `loaded` (the converters complete `full`).
+      if constexpr (kExpand) {
+        if (fp4) {
+          // Expand builds: the expert's images are written (by any CTA) before the first copy.
+          wait_at_least(work.expanded + (l1 ? 0 : kExperts) + expert, expand_chunks_per_expert(l1), op.status,
+                        kStatusExpandWait, expert);
+          fence_proxy_async_global();
+        }
+      }
+      // FP4: a stage's packed rows and their UE8M0 words, to `loaded` (the converters complete `full`);
+      // expand builds: the stage's image, the e4m3 tile and its row scales, to `full` (A arrives there).
       const auto load_fp4_weights = [&](int s, int kb) {
 #if B_FP4
-        const TensorMap* map_words = l1 ? &map_w1_words : &map_w2_words;
-        const unsigned bar = loaded_bar + 8 * s;
-        const unsigned packed = base + kOffPacked + s * kPackedStageBytes;
-        const unsigned words = base + kOffRowWords + s * kRowWordsStageBytes;
-        store_shared_u32(stage_kinds + 4 * s, kStageFp4);
-        mbar_arrive_expect_tx(bar, kFp4LoadedTxBytes);
-        tma_load_2d(packed, map_b, bar, kb * (kBlockK / 2), b_row0);
-        tma_load_2d(packed + kPackedHalfBytes, map_b, bar, kb * (kBlockK / 2), b_row1);
-        tma_load_2d(words, map_words, bar, b_row0, kb);
-        tma_load_2d(words + kRowWordsStageBytes / 2, map_words, bar, b_row1, kb);
+        if constexpr (kExpand) {
+          const unsigned bar = full_bar + 8 * s;
+          // The image from the B row, opaque (live for the loads anyway): keeping the expert and tile, or
+          // hoisting the address out of the stage loop, made ptxas spill the producer.
+          const int chunk = expand_chunk_of_row(l1, opaque_i32(b_row0), kb);
+          const unsigned char* image = op.images + static_cast<size_t>(chunk) * kImageBytes;
+          mbar_expect_tx(bar, kExpandedTxBytes);
+          bulk_load(base + kOffB + s * kBTileBytes, image, kBTileBytes, bar);
+          bulk_load(base + kOffRowScales + s * kRowScalesStageBytes, image + kBTileBytes, kRowScalesStageBytes, bar);
+        } else {
+          const TensorMap* map_words = l1 ? &map_w1_words : &map_w2_words;
+          const unsigned bar = loaded_bar + 8 * s;
+          const unsigned packed = base + kOffPacked + s * kPackedStageBytes;
+          const unsigned words = base + kOffRowWords + s * kRowWordsStageBytes;
+          store_shared_u32(stage_kinds + 4 * s, kStageFp4);
+          mbar_arrive_expect_tx(bar, kFp4LoadedTxBytes);
+          tma_load_2d(packed, map_b, bar, kb * (kBlockK / 2), b_row0);
+          tma_load_2d(packed + kPackedHalfBytes, map_b, bar, kb * (kBlockK / 2), b_row1);
+          tma_load_2d(words, map_words, bar, b_row0, kb);
+          tma_load_2d(words + kRowWordsStageBytes / 2, map_words, bar, b_row1, kb);
+        }
 #endif
       };
       // FP4 builds, a stage of FP8 weights: the converters only pass it on to `full`.
@@ -509,6 +538,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
   // ---- 5. push the results to the token owners, combine this rank's tokens, reset
   ep_push(op, ep, cta, total_l2);
   ep_combine(op, ep, cta, epoch, shared_rows);
+  if constexpr (kExpand) named_barrier_sync(kExpandDoneBarrier, kMathThreads + kExpandThreads);
   zero_workspace_if_last(op, work, cta, total_blocks);
   ep_reset_if_last(ep, cta, epoch);
 #else
@@ -532,6 +562,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
                   (segment + 1) * kCombineChunks / segments, lane);
   }
 
+  if constexpr (kExpand) named_barrier_sync(kExpandDoneBarrier, kMathThreads + kExpandThreads);
   zero_workspace_if_last(op, work, cta, total_blocks);
 #endif
 }

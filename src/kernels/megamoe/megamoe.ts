@@ -22,7 +22,7 @@ import {
   FUSED_EP_COUNTER_WORDS,
   type FusedEpLayout,
 } from "../../parallel/fused-ep.js";
-import type { DeviceMoEWeights } from "../device-weights.js";
+import { checkDeviceMemory, type DeviceMoEWeights } from "../device-weights.js";
 import { aScalesRows } from "../gemm/grouped_gemm.js";
 import {
   encodeFp4RowsMap,
@@ -36,15 +36,23 @@ import {
   FUSED_COUNTER_WORDS,
   type FusedBlockM,
   fusedEpDefines,
+  fusedExpandImageBytes,
 } from "./megamoe.variants.js";
-import { type FusedPlan, fusedBlockM, fusedBlockMsUpTo, fusedLayerProblem, planFusedLaunch } from "./plan.js";
+import {
+  type FusedPlan,
+  fusedBlockM,
+  fusedExpand,
+  fusedLayerProblem,
+  fusedTilesUpTo,
+  planFusedLaunch,
+} from "./plan.js";
 
 export { fusedLayerProblem } from "./plan.js";
 
 export const FUSED_KERNEL_SOURCE = "megamoe/megamoe.cu";
 export const FUSED_KERNEL = "megamoe_fused";
 
-/** megamoe.cu's `Operands` struct: 18 pointers (in this order), then 5 int32 and 1 float. */
+/** megamoe.cu's `Operands` struct: 19 pointers (in this order), then 5 int32 and 1 float. */
 const OPERAND_POINTERS = [
   "xq",
   "x_scales",
@@ -64,6 +72,7 @@ const OPERAND_POINTERS = [
   "workspace",
   "status",
   "trace",
+  "images",
 ] as const;
 type OperandPointer = (typeof OPERAND_POINTERS)[number];
 const pointerOffset = (name: OperandPointer) => 8 * OPERAND_POINTERS.indexOf(name);
@@ -168,7 +177,7 @@ export class FusedMoEKernelError extends Error {
   override name = "FusedMoEKernelError";
 }
 
-/** One block M's plan, kernel and launch arguments. */
+/** One specialization's (block M, expand variant) plan, kernel and launch arguments. */
 interface FusedSpecialization {
   plan: FusedPlan;
   kernel: Kernel;
@@ -197,11 +206,19 @@ export class FusedMoEKernel {
   /** Rows per tile: "auto" (fusedBlockM's choice from the token count) or forced (tests, benchmarks). */
   blockM: "auto" | FusedBlockM = "auto";
   /**
-   * The compiled kernel per block M, with its stage count, shared memory and encoded arguments: those
-   * the heuristic picks for some T ≤ maxTokens are made with the kernel (a launch then only picks one,
-   * so a forward can be captured in a graph), the others on the first launch that forces them.
+   * FP4 experts: expand them into e4m3 stage images in the forward (the expand variant): "auto"
+   * (fusedExpand's choice from the token count), false, or true (every launch with 64- or 128-row
+   * tiles). The images take fusedExpandImageBytes of device memory, allocated with the first
+   * specialization that expands.
    */
-  private readonly specializations = new Map<FusedBlockM, FusedSpecialization>();
+  fp4Expand: "auto" | boolean = "auto";
+  /**
+   * The compiled kernel per block M and variant, with its stage count, shared memory and encoded
+   * arguments: those the heuristics pick for some T ≤ maxTokens are made with the kernel (a launch then
+   * only picks one, so a forward can be captured in a graph), the others on the first launch that forces
+   * them.
+   */
+  private readonly specializations = new Map<string, FusedSpecialization>();
   private readonly pools: FusedPools;
   private readonly weights: DeviceMoEWeights;
   private readonly operands = new Uint8Array(OPERANDS_BYTES);
@@ -214,6 +231,8 @@ export class FusedMoEKernel {
   private readonly hasShared: boolean;
   private readonly epArrays: FusedEpArrays | null = null;
   private trace: DeviceTensor | null = null;
+  /** The expand variant's stage images, once a specialization expands. */
+  private images: DeviceTensor | null = null;
   private tracing = false;
   private disposed = false;
 
@@ -259,7 +278,9 @@ export class FusedMoEKernel {
       const poolHScales = alloc("fp32", [maxInter / QUANT_BLOCK, this.rPad]);
       const y = alloc("bf16", [this.poolRows, H]);
       const slotRow = alloc("int32", [maxTokens * c.topK]);
-      this.workspace = alloc("int32", [FUSED_COUNTER_WORDS + 2 * (E + 1) + 2 * this.maxBlocks]);
+      // Counters, counts and cursors per group, arrivals and L1 publications per block, expanded chunks
+      // per expert and matrix (megamoe_layout.cuh).
+      this.workspace = alloc("int32", [FUSED_COUNTER_WORDS + 2 * (E + 1) + 2 * this.maxBlocks + 2 * E]);
       this.status = alloc("int32", [4]);
       this.workspace.fill(0);
       this.status.fill(0);
@@ -314,22 +335,26 @@ export class FusedMoEKernel {
       v.setInt32(OFF_MAX_BLOCKS, this.maxBlocks, true);
       v.setInt32(OFF_HAS_CLAMP, c.swigluClamp === null ? 0 : 1, true);
       v.setFloat32(OFF_CLAMP, c.swigluClamp ?? 0, true);
-      for (const blockM of fusedBlockMsUpTo(c, this.heuristicTokens(maxTokens))) this.specialization(blockM);
+      for (const tile of fusedTilesUpTo(c, this.heuristicTokens(maxTokens))) {
+        this.specialization(tile.blockM, tile.expand);
+      }
     } catch (e) {
       this.dispose();
       throw e;
     }
   }
 
-  /** The kernel of one block M, compiled, loaded and given its tensor maps on first use. */
-  private specialization(blockM: FusedBlockM): FusedSpecialization {
-    const made = this.specializations.get(blockM);
+  /** The kernel of one block M and variant, compiled, loaded and given its tensor maps on first use. */
+  private specialization(blockM: FusedBlockM, expand: boolean): FusedSpecialization {
+    const key = `${blockM}${expand ? "x" : ""}`;
+    const made = this.specializations.get(key);
     if (made !== undefined) return made;
     const c = this.config;
     // The grid and token count are the launch's; a specialization holds what the block M fixes.
-    const plan = planFusedLaunch(c, this.maxTokens, this.ctas, blockM);
+    const plan = planFusedLaunch(c, this.maxTokens, this.ctas, blockM, expand);
+    if (plan.expand) this.allocateImages();
     const ep = this.epArrays;
-    const defines = ep === null ? plan.defines : fusedEpDefines(c, c.ranks, blockM);
+    const defines = ep === null ? plan.defines : fusedEpDefines(c, c.ranks, blockM, plan.expand);
     const compiled = compileKernel({ source: FUSED_KERNEL_SOURCE, defines });
     const kernel = loadKernel(this.device, compiled, FUSED_KERNEL);
     kernel.setMaxDynamicSharedMemory(plan.sharedBytes);
@@ -377,8 +402,18 @@ export class FusedMoEKernel {
       encodeFp8RowsMap(args.tensorMap(7), poolX.ptr, H, poolX.shape[0]!, WEIGHT_BOX_ROWS);
     }
     const spec = { plan, kernel, args };
-    this.specializations.set(blockM, spec);
+    this.specializations.set(key, spec);
     return spec;
+  }
+
+  /** The expand variant's stage images (once; launches of other specializations never read them). */
+  private allocateImages(): void {
+    if (this.images !== null) return;
+    const bytes = fusedExpandImageBytes(this.config);
+    checkDeviceMemory(this.device, bytes, `the fused kernel's FP4 expansion (layer ${this.config.name})`);
+    this.images = DeviceTensor.empty(this.device, "uint8", [bytes]);
+    this.owned.push(this.images);
+    this.operandsView.setBigUint64(pointerOffset("images"), this.images.ptr, true);
   }
 
   /**
@@ -389,11 +424,13 @@ export class FusedMoEKernel {
     return tokens * this.config.ranks;
   }
 
-  /** The plan of a launch of `tokens` rows with this kernel's block M and CTA settings. */
+  /** The plan of a launch of `tokens` rows with this kernel's block M, expansion and CTA settings. */
   plan(tokens: number): FusedPlan {
-    const blockM =
-      this.blockM === "auto" ? fusedBlockM(this.config, this.heuristicTokens(tokens)) : this.blockM;
-    return planFusedLaunch(this.config, tokens, this.ctas, blockM);
+    const c = this.config;
+    const t = this.heuristicTokens(tokens);
+    const blockM = this.blockM === "auto" ? fusedBlockM(c, t) : this.blockM;
+    const expand = this.fp4Expand === "auto" ? fusedExpand(c, t, blockM) : this.fp4Expand;
+    return planFusedLaunch(c, tokens, this.ctas, blockM, expand);
   }
 
   /**
@@ -403,7 +440,7 @@ export class FusedMoEKernel {
    */
   prepare(tokens: number): FusedPlan {
     const plan = this.plan(tokens);
-    this.specialization(plan.blockM);
+    this.specialization(plan.blockM, plan.expand);
     return plan;
   }
 
@@ -447,7 +484,7 @@ export class FusedMoEKernel {
     }
     const trace = this.tracing ? this.trace : null;
     const plan = this.plan(tokens);
-    const spec = this.specialization(plan.blockM);
+    const spec = this.specialization(plan.blockM, plan.expand);
     trace?.fill(0, stream);
     spec.args.struct(mapCount(this.config), this.operands);
     spec.kernel.launch(plan.ctas, plan.threads, plan.sharedBytes, stream, spec.args);

@@ -81,6 +81,9 @@ __device__ __forceinline__ void zero_workspace_if_last(const Operands& op, const
       work.arrived[i] = 0;
       work.l1_done[i] = 0;
     }
+    if constexpr (kExpand) {
+      for (int i = tid; i < 2 * kExperts; i += kMathThreads) work.expanded[i] = 0;
+    }
   }
 }
 

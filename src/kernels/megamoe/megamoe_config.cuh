@@ -36,6 +36,9 @@
 #ifndef B_FP4
 #define B_FP4 0
 #endif
+#ifndef FP4_EXPAND
+#define FP4_EXPAND 0
+#endif
 #ifndef MEGAMOE_WATCHDOG_NS
 #define MEGAMOE_WATCHDOG_NS 2000000000ull
 #endif
@@ -67,6 +70,11 @@ constexpr bool kSwapAB = kBlockM < 64;
 // FP4 builds with swap-AB tiles: the math threads convert their own A fragments from the packed stage
 // (common/fp4_frag.cuh) and issue wgmma with A from registers; no converter warps, no e4m3 tile.
 constexpr bool kFp4Regs = kBFp4 && kSwapAB;
+// FP4 builds with 64- or 128-row tiles at many rows per expert: warps 1..3 of the producer warpgroup
+// expand the routed experts' packed weights into the e4m3 tiles and row scales of every stage
+// (megamoe_expand.cuh) while the tiles run, once per forward instead of once per row tile; a routed
+// stage is then a copy of its image.
+constexpr bool kExpand = FP4_EXPAND != 0;
 constexpr int kBlockN = 256;     // L1: 128 gate + 128 up channels; L2: 256 output columns
 constexpr int kBlockK = 128;
 constexpr int kMathThreads = 256;
@@ -94,6 +102,7 @@ static_assert(kExperts >= 1 && kExperts <= 1024, "NUM_EXPERTS must be in 1..1024
 static_assert(kTopK >= 1 && kTopK <= 32, "TOP_K must be in 1..32");
 static_assert(kStages >= 2 && kStages <= 8, "NUM_STAGES must be in 2..8");
 static_assert(!kFp4Regs || kBlockM == 16 || kBlockM == 32, "the register path has n16 and n32 wgmmas");
+static_assert(!kExpand || (kBFp4 && !kSwapAB), "FP4_EXPAND: FP4 experts, 64- or 128-row tiles");
 
 
 // Registers: the producer warpgroup gives its share to the two math warpgroups. The three warpgroups
@@ -103,7 +112,7 @@ static_assert(!kFp4Regs || kBlockM == 16 || kBlockM == 32, "the register path ha
 // The EP build's FP4 converter builds (BLOCK_M 64, 128) spill at 56 producer registers: 72 there, the
 // math warpgroups 216 (2·128·216 + 128·72 = 64512).
 #if defined(EP_RANKS) && EP_RANKS > 1
-constexpr bool kEpConverters = kBFp4 && !kFp4Regs;
+constexpr bool kEpConverters = kBFp4 && !kFp4Regs && !kExpand;
 #else
 constexpr bool kEpConverters = false;
 #endif

@@ -22,16 +22,19 @@ constexpr unsigned kSaStride = align_up(kSaBytes, 128);
 constexpr unsigned kStageTxBytes = kATileBytes + kBTileBytes + kSaBytes;
 // FP4 stages (routed tasks of a B_FP4 build): the TMA brings the packed rows and their scale words to
 // `loaded`, A and its scales to `full`; the converters write the B tile and each B row's fp32 scale.
-constexpr unsigned kPackedStageBytes = kBFp4 ? kBlockN * megamoe::fp4_stage::kPackedRowBytes : 0u;
+// Expand builds: a stage of a routed task is the expanded tile and its fp32 row scales, one copy each.
+constexpr bool kPackedStages = kBFp4 && !kExpand;
+constexpr unsigned kPackedStageBytes = kPackedStages ? kBlockN * megamoe::fp4_stage::kPackedRowBytes : 0u;
 constexpr unsigned kPackedHalfBytes = kPackedStageBytes / 2;  // one 128-row box
-constexpr unsigned kRowWordsStageBytes = kBFp4 ? kBlockN * megamoe::fp4_stage::kRowWordBytes : 0u;
+constexpr unsigned kRowWordsStageBytes = kPackedStages ? kBlockN * megamoe::fp4_stage::kRowWordBytes : 0u;
 constexpr unsigned kFp4LoadedTxBytes = kPackedStageBytes + kRowWordsStageBytes;
 constexpr unsigned kFp4FullTxBytes = kATileBytes + kSaBytes;
 // kFp4Regs (swap-AB FP4): no B tile and no fp32 scales (the math threads convert from the packed rows),
 // everything to `full`. The shared expert's FP8 K block takes two stages, one 128-row box (16 KB, the
 // size of a packed stage) in each stage's packed area; A and its scales ride with the first box.
 constexpr unsigned kBStageBytes = kFp4Regs ? 0u : kBTileBytes;
-constexpr unsigned kRowScalesStageBytes = kFp4Regs ? 0u : kRowWordsStageBytes;
+constexpr unsigned kRowScalesStageBytes = kBFp4 && !kFp4Regs ? kBlockN * 4u : 0u;
+constexpr unsigned kExpandedTxBytes = kBTileBytes + kRowScalesStageBytes;
 constexpr unsigned kFp4RegsTxBytes = kFp4LoadedTxBytes + kFp4FullTxBytes;
 static_assert(!kFp4Regs || kPackedStageBytes == kBHalfBytes, "a shared-expert box fills a packed stage");
 
@@ -41,16 +44,25 @@ constexpr unsigned kOffSa = kOffB + kStages * kBStageBytes;
 // FP4 only: 1024-aligned, for the 64-byte swizzle of the packed boxes (and, kFp4Regs, the 128-byte one of
 // the shared expert's FP8 boxes).
 constexpr unsigned kOffPacked = kBFp4 ? align_up(kOffSa + kStages * kSaStride, 1024) : kOffSa + kStages * kSaStride;
-constexpr unsigned kOffRowWords = kOffPacked + kStages * kPackedStageBytes;     // FP4: UE8M0 words
+// Expand builds: the expansion workers' buffer (megamoe_expand.cuh) where the packed stages would be: a
+// stage's packed rows (64-byte swizzle, so at the 1024-aligned start), the e4m3 tile, words and scales.
+constexpr unsigned kExpandPackedBytes = kBlockN * megamoe::fp4_stage::kPackedRowBytes;
+constexpr unsigned kExpandWordsBytes = kBlockN * megamoe::fp4_stage::kRowWordBytes;
+constexpr unsigned kExpandTileOffset = kExpandPackedBytes;
+constexpr unsigned kExpandWordsOffset = kExpandTileOffset + kBTileBytes;
+constexpr unsigned kExpandScalesOffset = kExpandWordsOffset + kExpandWordsBytes;
+constexpr unsigned kExpandBufferBytes = kExpand ? align_up(kExpandScalesOffset + kBlockN * 4, 1024) : 0u;
+constexpr unsigned kOffRowWords = kOffPacked + kStages * kPackedStageBytes + kExpandBufferBytes;  // FP4: UE8M0 words
 constexpr unsigned kOffRowScales = kOffRowWords + kStages * kRowWordsStageBytes;  // FP4 converters: fp32 2^ref
 // Task slots: the Task (32 bytes) and the tile's two weight-scale rows of up to kMaxKBlocks floats.
 constexpr unsigned kTaskSlotBytes = align_up(32 + 2 * kMaxKBlocks * 4, 16);
 constexpr unsigned kOffTasks = kOffRowScales + kStages * kRowScalesStageBytes;
 constexpr unsigned kOffBars = align_up(kOffTasks + 2 * kTaskSlotBytes, 8);
 // full[S], empty[S], task_full[2], task_empty[2], and the converters' loaded[S] (the TMA's bytes, before
-// conversion).
-constexpr bool kConverters = kBFp4 && !kFp4Regs;
-constexpr unsigned kBarCount = 2 * kStages + 4 + (kConverters ? kStages : 0);
+// conversion) or the expansion buffer's loaded.
+constexpr bool kConverters = kBFp4 && !kFp4Regs && !kExpand;
+// Expand builds: one `loaded` barrier there, for the expansion's buffer (megamoe_expand.cuh).
+constexpr unsigned kBarCount = 2 * kStages + 4 + (kConverters ? kStages : 0) + (kExpand ? 1 : 0);
 // Converters: what the producer put in each stage for them (StageKind), written before `loaded`.
 constexpr unsigned kOffStageKinds = kOffBars + 8 * kBarCount;
 constexpr unsigned kStageKindBytes = kConverters ? 4 * kStages : 0u;
@@ -83,7 +95,8 @@ static_assert(kDynamicSmemBytes == SHARED_BYTES, "megamoe.variants.ts fusedShare
 #endif
 
 // Workspace words (int32, zero between launches). Then counts[kGroups], cursor[kGroups],
-// arrived[max_blocks], l1_done[max_blocks].
+// arrived[max_blocks], l1_done[max_blocks] and expanded[2 · kExperts] (expand builds: chunks of each
+// expert's W1, then W2, expanded so far).
 enum Counter : int {
   kCountClaim = 0,
   kCountDone,
@@ -92,7 +105,8 @@ enum Counter : int {
   kTaskClaim,
   kL2Done,
   kExitCount,
-  kCounterWords = 8,  // megamoe.variants.ts FUSED_COUNTER_WORDS (one spare)
+  kExpandClaim,       // expand builds: the next weight chunk to expand
+  kCounterWords = 8,  // megamoe.variants.ts FUSED_COUNTER_WORDS
 };
 
 enum TaskKind : int { kTaskNone = 0, kTaskL1 = 1, kTaskL2 = 2 };
@@ -132,6 +146,7 @@ struct Operands {
   int* workspace;
   int* status;
   unsigned long long* trace;  // null, or kTraceWords per CTA (see Trace)
+  unsigned char* images;      // expand builds: the routed stages' images (megamoe_expand.cuh), else null
   int tokens;
   int r_pad;
   int max_blocks;
@@ -143,11 +158,11 @@ struct Operands {
 // megamoe.ts writes this struct byte by byte (OPERAND_POINTERS, OFF_*): the layout it assumes. NVRTC
 // has no offsetof builtin; the nvcc build of CI's kernel check asserts the layout.
 #ifndef __CUDACC_RTC__
-static_assert(__builtin_offsetof(Operands, trace) == 17 * 8, "megamoe.ts: 18 pointers first");
-static_assert(__builtin_offsetof(Operands, tokens) == 18 * 8, "megamoe.ts: OFF_TOKENS");
-static_assert(__builtin_offsetof(Operands, clamp) == 18 * 8 + 20, "megamoe.ts: OFF_CLAMP");
+static_assert(__builtin_offsetof(Operands, images) == 18 * 8, "megamoe.ts: 19 pointers first");
+static_assert(__builtin_offsetof(Operands, tokens) == 19 * 8, "megamoe.ts: OFF_TOKENS");
+static_assert(__builtin_offsetof(Operands, clamp) == 19 * 8 + 20, "megamoe.ts: OFF_CLAMP");
 #endif
-static_assert(sizeof(Operands) == 18 * 8 + 24, "megamoe.ts: OPERANDS_BYTES");
+static_assert(sizeof(Operands) == 19 * 8 + 24, "megamoe.ts: OPERANDS_BYTES");
 
 // The CTA's shared memory as the phases use it (the kernel fills it from its 1024-aligned base).
 struct SharedState {
@@ -170,6 +185,7 @@ struct Workspace {
   int* cursor;    // int[kGroups]: rows placed so far per expert
   int* arrived;   // int[max_blocks]: rows placed per pool block
   int* l1_done;   // int[max_blocks]: L1 tile publications per pool block
+  int* expanded;  // int[2 · kExperts]: expand builds, chunks expanded per expert (W1, then W2)
 };
 
 }  // namespace

@@ -116,7 +116,7 @@ __device__ __forceinline__ void tile_mainloop(const MathContext& m, const Task& 
       if constexpr (kHalfChunks) {
         // FP4 builds, 128-row tiles: each n128 chunk as two n64 wgmmas, so that the promotion's column
         // scales fit beside the two chunks' accumulators (one n128 partial made ptxas spill).
-        const unsigned scales = m.row_scales + stage * kRowWordsStageBytes + 2 * (m.lane & 3) * 4;
+        const unsigned scales = m.row_scales + stage * kRowScalesStageBytes + 2 * (m.lane & 3) * 4;
 #pragma unroll
         for (int c = 0; c < S::kChunks; ++c) {
           half_chunk<0>(acc[c], half, a_stage, b_stage, S::b_row(c, m.warpgroup), fp4, sa_lo, sa_hi, sw[c], scales);
@@ -131,7 +131,7 @@ __device__ __forceinline__ void tile_mainloop(const MathContext& m, const Task& 
             // A scale per weight row, i.e. per accumulator column (the converters' 2^ref).
             const int first_column = S::b_row(c, m.warpgroup) + 2 * (m.lane & 3);
             megamoe::fp4_stage::promote_columns(acc[c], partial, sa_lo, sa_hi,
-                                                m.row_scales + stage * kRowWordsStageBytes + first_column * 4);
+                                                m.row_scales + stage * kRowScalesStageBytes + first_column * 4);
           } else {
             promote_block(acc[c], partial, sa_lo * sw[c], sa_hi * sw[c]);
           }
@@ -301,7 +301,7 @@ __device__ __forceinline__ void swap_mainloop_smem(const MathContext& m, const T
         // A scale per weight row, here the accumulator's rows frag_row and + 8; the CPU rule's three
         // roundings (as fp4_stage::promote_columns).
         const int row = S::b_row(wave, m.warpgroup) + ((threadIdx.x / 32) & 3) * 16 + m.lane / 4;
-        const unsigned scales = m.row_scales + stage * kRowWordsStageBytes;
+        const unsigned scales = m.row_scales + stage * kRowScalesStageBytes;
         const float sw_lo = load_shared_f32(scales + row * 4);
         const float sw_hi = load_shared_f32(scales + (row + 8) * 4);
 #pragma unroll

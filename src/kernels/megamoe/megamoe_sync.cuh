@@ -18,6 +18,7 @@ enum StatusCode : int {
   kStatusCombineWait = 7,
   kStatusSharedMemoryTooSmall = 8,
   kStatusConvertWait = 9,  // FP4 converters: a stage's packed weights never landed
+  kStatusExpandWait = 10,  // expand builds: a chunk's packed weights, or an expert's images, never came
 };
 
 __device__ __forceinline__ int load_acquire(const int* p) {

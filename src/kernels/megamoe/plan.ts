@@ -11,6 +11,7 @@ import {
   FUSED_THREADS,
   type FusedBlockM,
   fusedDefines,
+  fusedExpandProblem,
   fusedShapeProblem,
   fusedSharedBytes,
   fusedStages,
@@ -23,6 +24,8 @@ export interface FusedPlan {
   blockM: FusedBlockM;
   /** Tiles with the weights on the wgmma's M side (block M 16 and 32). */
   swapAB: boolean;
+  /** FP4 experts expanded once per forward into e4m3 stage images before the tiles (megamoe_expand.cuh). */
+  expand: boolean;
   stages: number;
   /** Dynamic shared memory per CTA, bytes. */
   sharedBytes: number;
@@ -57,6 +60,42 @@ export function fusedBlockM(c: MoEConfig, tokens: number): FusedBlockM {
   return rows < 64 ? 64 : 128;
 }
 
+/**
+ * Rows per routed expert (λ = T·k / E) from which FP4 layers expand their experts once per forward: each
+ * of an expert's ⌈λ / 128⌉ row tiles would convert its weights again, while the expansion converts them
+ * once and every tile then streams twice the bytes (the e4m3 images instead of the packed rows).
+ */
+export const FUSED_EXPAND_MIN_ROWS = 512;
+
+/** Whether a launch of `tokens` with `blockM` expands the FP4 experts first (the expand variant). */
+export function fusedExpand(c: MoEConfig, tokens: number, blockM: FusedBlockM): boolean {
+  if (fusedExpandProblem(c, blockM) !== null) return false;
+  return (tokens * c.topK) / c.numExperts >= FUSED_EXPAND_MIN_ROWS;
+}
+
+/** The smallest token count up to `maxTokens` whose launch expands the FP4 experts, or null. */
+export function fusedExpandFromTokens(c: MoEConfig, maxTokens: number): number | null {
+  const tokens = Math.ceil((FUSED_EXPAND_MIN_ROWS * c.numExperts) / c.topK);
+  return tokens <= maxTokens && fusedExpand(c, tokens, fusedBlockM(c, tokens)) ? tokens : null;
+}
+
+/** A compiled specialization of the fused kernel: its block M and whether it is the expand variant. */
+export interface FusedTile {
+  blockM: FusedBlockM;
+  expand: boolean;
+}
+
+/** The tiles the heuristics pick for some token count in 1 .. maxTokens (block M ascending). */
+export function fusedTilesUpTo(c: MoEConfig, maxTokens: number): FusedTile[] {
+  const picked = new Map<string, FusedTile>();
+  for (let t = 1; t <= maxTokens; t++) {
+    const blockM = fusedBlockM(c, t);
+    const tile = { blockM, expand: fusedExpand(c, t, blockM) };
+    picked.set(`${tile.blockM}${tile.expand ? "x" : ""}`, tile);
+  }
+  return [...picked.values()].sort((a, b) => a.blockM - b.blockM || Number(a.expand) - Number(b.expand));
+}
+
 /** The block Ms fusedBlockM picks for some token count in 1 .. maxTokens, ascending. */
 export function fusedBlockMsUpTo(c: MoEConfig, maxTokens: number): FusedBlockM[] {
   const picked = new Set<FusedBlockM>();
@@ -64,12 +103,16 @@ export function fusedBlockMsUpTo(c: MoEConfig, maxTokens: number): FusedBlockM[]
   return FUSED_BLOCK_MS.filter((m) => picked.has(m));
 }
 
-/** The plan for `tokens` on `ctas` CTAs; `blockM` forces the tile height (tests, benchmarks). */
+/**
+ * The plan for `tokens` on `ctas` CTAs; `blockM` forces the tile height, `expand` the FP4 expand variant
+ * off or on (on: wherever the tile has 64 or 128 rows; swap-AB tiles never expand).
+ */
 export function planFusedLaunch(
   c: MoEConfig,
   tokens: number,
   ctas: number,
   blockM: "auto" | FusedBlockM = "auto",
+  expand: "auto" | boolean = "auto",
 ): FusedPlan {
   const m = blockM === "auto" ? fusedBlockM(c, tokens) : blockM;
   if (!FUSED_BLOCK_MS.includes(m)) {
@@ -77,23 +120,28 @@ export function planFusedLaunch(
       `FusedMoEKernel: blockM must be "auto" or one of ${FUSED_BLOCK_MS.join(", ")}, got ${m}`,
     );
   }
-  const stages = fusedStages(c, m);
+  if (expand === true && expertFormatOf(c) !== "fp4") {
+    throw new RangeError("FusedMoEKernel: fp4Expand applies to FP4 experts");
+  }
+  const x = expand === "auto" ? fusedExpand(c, tokens, m) : expand && fusedExpandProblem(c, m) === null;
+  const stages = fusedStages(c, m, x);
   return {
     tokens,
     blockM: m,
     swapAB: fusedSwapAB(m),
+    expand: x,
     stages,
-    sharedBytes: fusedSharedBytes(c, stages, m),
+    sharedBytes: fusedSharedBytes(c, stages, m, x),
     ctas,
     threads: FUSED_THREADS,
-    defines: fusedDefines(c, m, stages),
+    defines: fusedDefines(c, m, x, stages),
   };
 }
 
 /** One line for logs: "T=64 BLOCK_M=16 swap-AB stages=5 smem=195040 B grid=132×384". */
 export function describeFusedPlan(p: FusedPlan): string {
   return (
-    `T=${p.tokens} BLOCK_M=${p.blockM}${p.swapAB ? " swap-AB" : ""} stages=${p.stages} ` +
+    `T=${p.tokens} BLOCK_M=${p.blockM}${p.swapAB ? " swap-AB" : ""}${p.expand ? " expand" : ""} stages=${p.stages} ` +
     `smem=${p.sharedBytes} B grid=${p.ctas}×${p.threads}`
   );
 }
