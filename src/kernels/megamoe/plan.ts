@@ -75,6 +75,7 @@ export function fusedExpand(c: MoEConfig, tokens: number, blockM: FusedBlockM): 
 
 /** The smallest token count up to `maxTokens` whose launch expands the FP4 experts, or null. */
 export function fusedExpandFromTokens(c: MoEConfig, maxTokens: number): number | null {
+  // The inverse of fusedExpand's rows-per-expert test.
   const tokens = Math.ceil((FUSED_EXPAND_MIN_ROWS * c.numExperts) / c.topK);
   return tokens <= maxTokens && fusedExpand(c, tokens, fusedBlockM(c, tokens)) ? tokens : null;
 }
@@ -98,8 +99,7 @@ export function fusedTilesUpTo(c: MoEConfig, maxTokens: number): FusedTile[] {
 
 /** The block Ms fusedBlockM picks for some token count in 1 .. maxTokens, ascending. */
 export function fusedBlockMsUpTo(c: MoEConfig, maxTokens: number): FusedBlockM[] {
-  const picked = new Set<FusedBlockM>();
-  for (let t = 1; t <= maxTokens; t++) picked.add(fusedBlockM(c, t));
+  const picked = new Set(fusedTilesUpTo(c, maxTokens).map((t) => t.blockM));
   return FUSED_BLOCK_MS.filter((m) => picked.has(m));
 }
 
