@@ -3,15 +3,16 @@
  * what it covers:
  *
  *   fused BLOCK_M [fp8|fp4]  the fused kernel forced to one block M on the tiny shape (FP8 or FP4
- *                  routed experts, default FP8), T = 7 and 300, on 4 CTAs
+ *                  routed experts, default FP8; FP4 at 64 and 128 also expanded), T = 7 and 300, on 4 CTAs
  *                  (more than one CTA, few enough that racecheck stays short), each output equal to
  *                  the unfused pipeline's bit for bit
  *   gate           the router (both logits paths) on tiny (E = 8, grouped sigmoid) and E = 64 softmax
  *   norm           RMSNorm with FP8 output, plain rows and the 4-stream pre-mix, H = 256 and 384
- *   ep RANKS [fp8|fp4] [BLOCK_M]  expert parallelism inside the fused kernel: RANKS virtual ranks (one
- *                  launch each, on its own stream) of tiny with 16 experts, uneven tokens, a masked
- *                  token and a hot expert, at BLOCK_M (default the heuristic's), each rank's output
- *                  equal to the host-planned layer's bit for bit
+ *   ep RANKS [fp8|fp4] [BLOCK_M] [expand]  expert parallelism inside the fused kernel: RANKS virtual
+ *                  ranks (one launch each, on its own stream) of tiny with 16 experts, uneven tokens, a
+ *                  masked token and a hot expert, at BLOCK_M (default the heuristic's; "expand" forces
+ *                  FP4's expand variant, BLOCK_M 64 or 128), each rank's output equal to the
+ *                  host-planned layer's bit for bit
  *
  * (The grouped GEMM runs through its own test file's small cases: MEGAMOE_GEMM_CASE.) Each prints one
  * line per sub-case and exits 1 when an output is wrong, so a sanitizer run also says whether the
@@ -47,6 +48,8 @@ function fused(device: Device, blockM: FusedBlockM, expertFormat: ExpertFormat):
   );
   const f = new FusedPipeline(device, weights, 512);
   const u = new UnfusedPipeline(device, weights, 512);
+  // FP4 64- and 128-row tiles also run expanded (every weight stage converted once per forward).
+  const expands = expertFormat === "fp4" && blockM >= 64 ? [false, true] : [false];
   let failures = 0;
   try {
     for (const tokens of TOKENS) {
@@ -58,18 +61,21 @@ function fused(device: Device, blockM: FusedBlockM, expertFormat: ExpertFormat):
         u.forward(args, null);
         u.checkStatus();
         const want = operands.out.toHost() as Uint16Array;
-        f.kernel.blockM = blockM;
-        f.kernel.ctas = 4;
-        operands.out.fill(0xff);
-        f.fillScratch(0xff);
-        f.forward(args, null);
-        f.checkStatus();
-        const got = operands.out.toHost() as Uint16Array;
-        const at = got.findIndex((v, i) => v !== want[i]);
-        console.log(
-          `fused tiny ${expertFormat} T=${tokens} BLOCK_M ${blockM}: ${at === -1 ? "equal to the unfused pipeline" : `differs at ${at}`}`,
-        );
-        if (at !== -1) failures++;
+        for (const expand of expands) {
+          f.kernel.blockM = blockM;
+          f.kernel.ctas = 4;
+          if (expertFormat === "fp4") f.kernel.fp4Expand = expand;
+          operands.out.fill(0xff);
+          f.fillScratch(0xff);
+          f.forward(args, null);
+          f.checkStatus();
+          const got = operands.out.toHost() as Uint16Array;
+          const at = got.findIndex((v, i) => v !== want[i]);
+          console.log(
+            `fused tiny ${expertFormat}${expand ? " expanded" : ""} T=${tokens} BLOCK_M ${blockM}: ${at === -1 ? "equal to the unfused pipeline" : `differs at ${at}`}`,
+          );
+          if (at !== -1) failures++;
+        }
       } finally {
         operands.dispose();
       }
@@ -83,7 +89,13 @@ function fused(device: Device, blockM: FusedBlockM, expertFormat: ExpertFormat):
 }
 
 /** R virtual ranks of the EP build against the host-planned layer on the same GPU; returns the failures. */
-function ep(device: Device, ranks: number, expertFormat: ExpertFormat, blockM: "auto" | FusedBlockM): number {
+function ep(
+  device: Device,
+  ranks: number,
+  expertFormat: ExpertFormat,
+  blockM: "auto" | FusedBlockM,
+  fp4Expand: boolean,
+): number {
   // 16 experts of top-4, so that 8 ranks still hold 2 each.
   const config: MoEConfig = {
     ...resolveConfig("tiny", { expertFormat }),
@@ -101,7 +113,13 @@ function ep(device: Device, ranks: number, expertFormat: ExpertFormat, blockM: "
     return { x: generateActivations(40 + s, tokens, config.hidden), tokens, ...routing };
   });
   const host = new ExpertParallelMoE(weights, { ranks, backend: "cuda", devices: device, pipeline: "fused" });
-  const fused = new FusedExpertParallel(weights, { ranks, devices: device, maxTokens: 16, blockM });
+  const fused = new FusedExpertParallel(weights, {
+    ranks,
+    devices: device,
+    maxTokens: 16,
+    blockM,
+    ...(fp4Expand ? { fp4Expand } : {}),
+  });
   let failures = 0;
   try {
     const want = host.forward(inputs).out;
@@ -109,7 +127,7 @@ function ep(device: Device, ranks: number, expertFormat: ExpertFormat, blockM: "
     inputs.forEach((input, s) => {
       const at = got[s]!.findIndex((v, i) => v !== want[s]![i]);
       console.log(
-        `ep tiny ${expertFormat} ${ranks} ranks, block M ${blockM}, rank ${s} T=${input.tokens}: ${at === -1 ? "equal to the host-planned layer" : `differs at ${at}`}`,
+        `ep tiny ${expertFormat}${fp4Expand ? " expanded" : ""} ${ranks} ranks, block M ${blockM}, rank ${s} T=${input.tokens}: ${at === -1 ? "equal to the host-planned layer" : `differs at ${at}`}`,
       );
       if (at !== -1) failures++;
     });
@@ -234,14 +252,14 @@ function norm(device: Device): number {
 export const TARGETS_HELP = `node dist-test/lab/check-targets.js TARGET [ARG]: one small run for compute-sanitizer
   fused BLOCK_M [fp8|fp4]  the fused kernel at BLOCK_M (${FUSED_BLOCK_MS.join(", ")}) against the unfused
                   pipeline, with FP8 (default) or FP4 routed experts
-  ep RANKS [fp8|fp4] [BLOCK_M]  RANKS (2, 4, 8) virtual ranks of the EP build against the host-planned
-                  layer, at BLOCK_M (default the heuristic's)
+  ep RANKS [fp8|fp4] [BLOCK_M] [expand]  RANKS (2, 4, 8) virtual ranks of the EP build against the
+                  host-planned layer, at BLOCK_M (default the heuristic's); expand: FP4 expanded
   gate            the router, both logits paths
   norm            RMSNorm with FP8 output, plain rows and the pre-mix
 Exit status 1 when an output is wrong, 2 for a usage error.`;
 
 function main(argv: string[]): number {
-  const [target, arg, format = "fp8", epBlockM = "auto"] = argv;
+  const [target, arg, format = "fp8", epBlockM = "auto", epExpand] = argv;
   if (target === undefined || target === "--help" || target === "-h") {
     console.log(TARGETS_HELP);
     return target === undefined ? 2 : 0;
@@ -274,7 +292,16 @@ function main(argv: string[]): number {
       console.error(`ep takes a block M of ${FUSED_BLOCK_MS.join(", ")}; got ${epBlockM}`);
       return 2;
     }
-    failures = ep(device, ranks, format as ExpertFormat, blockM);
+    if (
+      epExpand !== undefined &&
+      (epExpand !== "expand" || format !== "fp4" || blockM === "auto" || blockM < 64)
+    ) {
+      console.error(
+        `ep's last argument is "expand", with fp4 experts and a block M of 64 or 128; got ${argv.slice(1).join(" ")}`,
+      );
+      return 2;
+    }
+    failures = ep(device, ranks, format as ExpertFormat, blockM, epExpand === "expand");
   } else if (target === "gate") failures = gate(device);
   else if (target === "norm") failures = norm(device);
   else {
