@@ -292,10 +292,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
       const int expert = shared ? 0 : task.group;
       // FP4 builds: the routed experts' B arrives packed (to `loaded`, for the converters), A to `full`.
       const bool fp4 = kBFp4 && !shared;
-      // The two 128-row B boxes: L1 gate rows n·128 and up rows I + n·128 of the expert's [2I, H];
-      // L2 rows n·256 and n·256 + 128 of its [H, I].
-      const int b_row0 = l1 ? expert * 2 * inter + task.n * kQuant : expert * kHidden + task.n * kBlockN;
-      const int b_row1 = l1 ? b_row0 + inter : b_row0 + kQuant;
+      const int b_row0 = tile_b_row0(l1, expert, task.n, inter);
+      const int b_row1 = tile_b_row1(l1, b_row0, inter);
       if constexpr (kExpand) {
         if (fp4) {
           // Expand builds: the expert's images are written (by any CTA) before the first copy.
@@ -324,10 +322,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
           const unsigned words = base + kOffRowWords + s * kRowWordsStageBytes;
           store_shared_u32(stage_kinds + 4 * s, kStageFp4);
           mbar_arrive_expect_tx(bar, kFp4LoadedTxBytes);
-          tma_load_2d(packed, map_b, bar, kb * (kBlockK / 2), b_row0);
-          tma_load_2d(packed + kPackedHalfBytes, map_b, bar, kb * (kBlockK / 2), b_row1);
-          tma_load_2d(words, map_words, bar, b_row0, kb);
-          tma_load_2d(words + kRowWordsStageBytes / 2, map_words, bar, b_row1, kb);
+          load_packed_stage(packed, words, map_b, map_words, bar, kb, b_row0, b_row1);
         }
 #endif
       };
@@ -364,10 +359,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
 #if B_FP4
             const TensorMap* map_words = l1 ? &map_w1_words : &map_w2_words;
             const unsigned words = base + kOffRowWords + stage * kRowWordsStageBytes;
-            tma_load_2d(weights, map_b, bar, step * (kBlockK / 2), b_row0);
-            tma_load_2d(weights + kPackedHalfBytes, map_b, bar, step * (kBlockK / 2), b_row1);
-            tma_load_2d(words, map_words, bar, b_row0, step);
-            tma_load_2d(words + kRowWordsStageBytes / 2, map_words, bar, b_row1, step);
+            load_packed_stage(weights, words, map_b, map_words, bar, step, b_row0, b_row1);
 #endif
           } else {
             tma_load_2d(weights, map_b, bar, step / 2 * kBlockK, (step & 1) == 0 ? b_row0 : b_row1);

@@ -83,15 +83,12 @@ __device__ __forceinline__ void expand_worker(const Operands& op, const Workspac
     *slot = c;
     if (c >= kExpandChunks) return;
     const ExpandChunk k = expand_chunk_of(c);
-    const int b_row0 = k.l1 ? k.expert * 2 * kInter + k.n * kQuant : k.expert * kHidden + k.n * kBlockN;
-    const int b_row1 = k.l1 ? b_row0 + kInter : b_row0 + kQuant;
+    const int b_row0 = tile_b_row0(k.l1, k.expert, k.n, kInter);
+    const int b_row1 = tile_b_row1(k.l1, b_row0, kInter);
     const TensorMap* map_b = k.l1 ? map_w1 : map_w2;
     const TensorMap* map_words = k.l1 ? map_w1_words : map_w2_words;
     mbar_arrive_expect_tx(bar, kExpandPackedBytes + kExpandWordsBytes);
-    tma_load_2d(buf, map_b, bar, k.kb * (kBlockK / 2), b_row0);
-    tma_load_2d(buf + kExpandPackedBytes / 2, map_b, bar, k.kb * (kBlockK / 2), b_row1);
-    tma_load_2d(buf + kExpandWordsOffset, map_words, bar, b_row0, k.kb);
-    tma_load_2d(buf + kExpandWordsOffset + kExpandWordsBytes / 2, map_words, bar, b_row1, k.kb);
+    load_packed_stage(buf, buf + kExpandWordsOffset, map_b, map_words, bar, k.kb, b_row0, b_row1);
   };
   // The leader: counts a chunk whose image is written.
   const auto publish = [&](int c) {

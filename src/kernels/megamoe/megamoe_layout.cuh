@@ -25,7 +25,6 @@ constexpr unsigned kStageTxBytes = kATileBytes + kBTileBytes + kSaBytes;
 // Expand builds: a stage of a routed task is the expanded tile and its fp32 row scales, one copy each.
 constexpr bool kPackedStages = kBFp4 && !kExpand;
 constexpr unsigned kPackedStageBytes = kPackedStages ? kBlockN * megamoe::fp4_stage::kPackedRowBytes : 0u;
-constexpr unsigned kPackedHalfBytes = kPackedStageBytes / 2;  // one 128-row box
 constexpr unsigned kRowWordsStageBytes = kPackedStages ? kBlockN * megamoe::fp4_stage::kRowWordBytes : 0u;
 constexpr unsigned kFp4LoadedTxBytes = kPackedStageBytes + kRowWordsStageBytes;
 constexpr unsigned kFp4FullTxBytes = kATileBytes + kSaBytes;
@@ -37,6 +36,28 @@ constexpr unsigned kRowScalesStageBytes = kBFp4 && !kFp4Regs ? kBlockN * 4u : 0u
 constexpr unsigned kExpandedTxBytes = kBTileBytes + kRowScalesStageBytes;
 constexpr unsigned kFp4RegsTxBytes = kFp4LoadedTxBytes + kFp4FullTxBytes;
 static_assert(!kFp4Regs || kPackedStageBytes == kBHalfBytes, "a shared-expert box fills a packed stage");
+
+// The two 128-row B boxes of a tile: L1 gate rows n·128 and up rows I + n·128 of the expert's [2I, H];
+// L2 rows n·256 and n·256 + 128 of its [H, I].
+__device__ __forceinline__ int tile_b_row0(bool l1, int expert, int n, int inter) {
+  return l1 ? expert * 2 * inter + n * kQuant : expert * kHidden + n * kBlockN;
+}
+__device__ __forceinline__ int tile_b_row1(bool l1, int b_row0, int inter) {
+  return l1 ? b_row0 + inter : b_row0 + kQuant;
+}
+
+// A routed FP4 stage by TMA: K block kb's packed nibbles of both 128-row B boxes (64-byte swizzle) at
+// `packed` and their UE8M0 words at `words`, each box's half after the other's; one barrier for all four.
+constexpr unsigned kPackedBoxBytes = (kBlockN / 2) * megamoe::fp4_stage::kPackedRowBytes;
+constexpr unsigned kWordsBoxBytes = (kBlockN / 2) * megamoe::fp4_stage::kRowWordBytes;
+__device__ __forceinline__ void load_packed_stage(unsigned packed, unsigned words, const TensorMap* map_b,
+                                                  const TensorMap* map_words, unsigned bar, int kb, int b_row0,
+                                                  int b_row1) {
+  tma_load_2d(packed, map_b, bar, kb * (kBlockK / 2), b_row0);
+  tma_load_2d(packed + kPackedBoxBytes, map_b, bar, kb * (kBlockK / 2), b_row1);
+  tma_load_2d(words, map_words, bar, b_row0, kb);
+  tma_load_2d(words + kWordsBoxBytes, map_words, bar, b_row1, kb);
+}
 
 constexpr unsigned kOffA = 0;
 constexpr unsigned kOffB = kOffA + kStages * kATileBytes;
@@ -85,7 +106,7 @@ constexpr unsigned kOffStaging = align_up(kOffBroadcast + 16, 16);
 constexpr unsigned kSmemBytes = kOffStaging + kMathWarps * kStagingWarpBytes;
 constexpr unsigned kSmemAlign = 1024;
 constexpr unsigned kDynamicSmemBytes = kSmemBytes + kSmemAlign;
-static_assert((!kBFp4 || (kOffPacked % 1024 == 0 && kPackedHalfBytes % 512 == 0)) && kOffRowWords % 16 == 0,
+static_assert((!kBFp4 || (kOffPacked % 1024 == 0 && kPackedBoxBytes % 512 == 0)) && kOffRowWords % 16 == 0,
               "the packed boxes keep their 64-byte swizzle's alignment; TMA destinations need 16 bytes");
 static_assert(kDynamicSmemBytes <= 232448, "shared memory above the 227 KB opt-in limit");
 #ifdef SHARED_BYTES
