@@ -33,6 +33,7 @@ import {
 } from "../cuda/index.js";
 import { measureCopyCeiling, measureReadCeiling } from "../kernels/probe/probe.js";
 import { benchmarkQuant } from "../kernels/quant/quant.js";
+import type { MoEWeightSource } from "../weights/types.js";
 import { checkpointLayer } from "./checkpoint.js";
 import { shortCudaReason } from "./gpu-reason.js";
 import { plotTitle, renderTimePlot, writePlot } from "./plot.js";
@@ -47,7 +48,8 @@ export interface BenchOptions {
   /** fused/unfused: a DeepSeek-V4 checkpoint whose layer `layer` is timed instead of --shape's. */
   checkpoint?: string;
   layer?: string;
-  shared: boolean;
+  /** fused/unfused/ep: the shared expert on (the default) or off. */
+  shared?: boolean;
   seed: number;
   /** fused/unfused/step: the routed experts' format, "fp8" or "fp4" (a config override of --shape). */
   experts?: string;
@@ -269,6 +271,12 @@ function validate(opts: BenchOptions): void {
     ["--ranks", opts.ranks, ["ep"], "ep"],
     ["--gpus", opts.gpus, ["ep"], "ep"],
     ["--configs", opts.configs, ["fused", "fused,unfused"], "fused or fused,unfused"],
+    [
+      "--shared",
+      opts.shared,
+      ["fused", "unfused", "fused,unfused", "ep"],
+      "fused, unfused, fused,unfused or ep",
+    ],
     ["--graph / --no-graph", opts.graph, ["unfused", "fused,unfused"], "unfused or fused,unfused"],
     [
       "--fp8-tflops",
@@ -434,6 +442,7 @@ function runCases(
   opts: BenchOptions,
   ceilings: MeasuredCeilings,
   fp8Tflops: number,
+  source: MoEWeightSource | undefined,
   bar: Progress,
 ): ResultRow[] {
   if (opts.impl === "ep") {
@@ -443,7 +452,7 @@ function runCases(
       gpus: opts.gpus === true,
       expertFormat: expertsFormat(opts.experts),
       tokens: opts.tokens ?? EP_TOKENS,
-      shared: opts.shared,
+      shared: opts.shared ?? true,
       seed: opts.seed,
       readTbps: ceilings.readTbps,
       fp8Tflops,
@@ -465,19 +474,13 @@ function runCases(
   }
   const impls = layerImpls(opts.impl);
   if (impls !== null) {
-    const tokens = opts.tokens ?? LAYER_TOKENS;
-    const source =
-      opts.checkpoint === undefined
-        ? undefined
-        : checkpointLayer(opts.checkpoint, opts.layer, Math.max(...tokens));
-    if (source !== undefined) checkCheckpointExperts(opts.experts, source.config);
     return benchmarkLayer(device, {
       impls,
       shape: benchShape(opts),
       expertFormat: opts.experts as ExpertFormat | undefined,
       source,
       tokens: opts.tokens ?? LAYER_TOKENS,
-      shared: opts.shared,
+      shared: opts.shared ?? true,
       seed: opts.seed,
       readTbps: ceilings.readTbps,
       fp8Tflops,
@@ -518,6 +521,12 @@ function runCases(
 export async function runBench(opts: BenchOptions): Promise<void> {
   validate(opts);
   const peer = opts.peer === undefined ? undefined : readPeerResults(opts.peer);
+  // The checkpoint's problems come before the GPU's: reading it needs none.
+  const source =
+    opts.checkpoint === undefined
+      ? undefined
+      : checkpointLayer(opts.checkpoint, opts.layer, Math.max(...(opts.tokens ?? LAYER_TOKENS)));
+  if (source !== undefined) checkCheckpointExperts(opts.experts, source.config);
   const cuda = cudaAvailability();
   if (!cuda.ok) {
     const short = shortCudaReason(cuda.reason);
@@ -533,7 +542,7 @@ export async function runBench(opts: BenchOptions): Promise<void> {
   const bar = progressBar(`bench ${opts.impl}`);
   let rows: ResultRow[];
   try {
-    rows = runCases(device, opts, ceilings, rate.tflops, bar);
+    rows = runCases(device, opts, ceilings, rate.tflops, source, bar);
   } finally {
     bar.stop();
   }
@@ -554,11 +563,11 @@ export async function runBench(opts: BenchOptions): Promise<void> {
   if (opts.plot !== undefined) {
     const plotted = [
       ...rows,
-      ...(peer?.rows ?? []).filter((p) => p.config === rows[0]?.config && p.shared === opts.shared),
+      ...(peer?.rows ?? []).filter((p) => p.config === rows[0]?.config && p.shared === (opts.shared ?? true)),
     ];
     writePlot(
       opts.plot,
-      renderTimePlot(plotted, { title: plotTitle(benchShape(opts), opts.shared, device.name) }),
+      renderTimePlot(plotted, { title: plotTitle(benchShape(opts), opts.shared ?? true, device.name) }),
     );
   }
   if (opts.json) {

@@ -142,7 +142,11 @@ program
     "fused,unfused",
   )
   .option("--shape <name>", `${shapeHelp} (default flash-ep8; ep: flash, split R ways)`)
-  .addOption(sharedOption())
+  .addOption(
+    new Option("--shared <0|1>", "fused/unfused/ep: include the shared expert (default 1)").argParser(
+      sharedFlag,
+    ),
+  )
   .option(
     "--checkpoint <dir>",
     "a DeepSeek-V4 checkpoint directory (or one .safetensors file) instead of --shape (fused/unfused)",

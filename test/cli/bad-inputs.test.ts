@@ -192,6 +192,12 @@ const rows: Row[] = [
   row(["bench", "--impl", "quant", "--hidden", "100"], 1, /--hidden 100: must be a multiple of 128/),
   row(["bench", "--impl", "fused", "--layers", "3"], 1, /--layers applies to --impl step, not fused/),
   row(
+    ["bench", "--impl", "quant", "--shared", "0"],
+    1,
+    /--shared applies to --impl fused, unfused, fused,unfused or ep, not quant/,
+  ),
+  row(["bench", "--shared", "2"], 1, /argument '2' is invalid\. must be 0 or 1/),
+  row(
     ["bench", "--impl", "unfused", "--configs"],
     1,
     /--configs applies to --impl fused or fused,unfused, not unfused/,

@@ -128,5 +128,10 @@ describe("megamoe with a V4 checkpoint", () => {
       megamoe("bench", "--impl", "quant", "--checkpoint", ckpt).stderr,
       /--checkpoint times a checkpoint's layer: use it with --impl fused, unfused or fused,unfused/,
     );
+    // bench reads the checkpoint before it looks for a GPU: its problems come first on any machine.
+    assert.match(
+      megamoe("bench", "--impl", "fused", "--checkpoint", ckpt, "--layer", "9").stderr,
+      /config\.json: layer 9 is out of range: num_hidden_layers is 4/,
+    );
   });
 });
