@@ -11,7 +11,7 @@ import {
   validateConfig,
 } from "./config/config.js";
 import { cudaAvailability, Device, DeviceTensor, openDevice, type Stream } from "./cuda/index.js";
-import { DeviceMoEWeights } from "./kernels/device-weights.js";
+import { DeviceMoEWeights, type Fp4Exactness } from "./kernels/device-weights.js";
 import { deviceGateProblem, routeOnDevice, tid2eidProblem, tokenIdsProblem } from "./kernels/gate/gate.js";
 import { fusedLayerProblem } from "./kernels/megamoe/megamoe.js";
 import { FusedPipeline } from "./pipeline/fused.js";
@@ -344,6 +344,14 @@ export class MoELayer {
   /** The GPU of a "cuda" layer (null on the CPU). */
   get device(): Device | null {
     return this.cuda?.device ?? null;
+  }
+
+  /**
+   * A "cuda" layer whose FP4 experts were read from a source (a checkpoint): how many of their elements
+   * the kernels' e4m3 form does not hold exactly; null otherwise (DeviceMoEWeights.fp4Exactness).
+   */
+  get fp4Exactness(): Fp4Exactness | null {
+    return this.cuda?.weights.fp4Exactness ?? null;
   }
 
   /** Frees the device memory of a "cuda" layer (a no-op on the CPU). Idempotent. */

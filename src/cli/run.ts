@@ -13,7 +13,7 @@ import {
   type ValidatedConfig,
 } from "../config/config.js";
 import { cudaAvailability, makeDirectory } from "../cuda/index.js";
-import { DeviceMoEWeights } from "../kernels/device-weights.js";
+import { DeviceMoEWeights, type Fp4Exactness } from "../kernels/device-weights.js";
 import { fusedExpandImageBytes } from "../kernels/megamoe/megamoe.variants.js";
 import { fusedExpandFromTokens } from "../kernels/megamoe/plan.js";
 import { type Backend, type GpuPipelineKind, MoELayer } from "../layer.js";
@@ -214,6 +214,7 @@ export async function runLayer(opts: RunOptions): Promise<void> {
   let result: { out: Uint16Array; routing: Routing };
   let ms: number;
   let moved: ExpertParallelStats | null = null;
+  let exactness: Fp4Exactness | null = null;
   if (ranks > 1) {
     // The ranks take the batch in contiguous runs, routed over every expert (by the gate on the CPU).
     const r = routing ?? routeTokens(x, opts.tokens, weights.gate(), config);
@@ -240,6 +241,7 @@ export async function runLayer(opts: RunOptions): Promise<void> {
         onProgress: (d, t) => bar.update(d, t),
       });
       ms = performance.now() - start; // on the GPU: the first call, JIT compile included
+      exactness = layer.fp4Exactness;
     } finally {
       bar.stop();
       layer.dispose();
@@ -270,6 +272,7 @@ export async function runLayer(opts: RunOptions): Promise<void> {
     expertsTouched: experts,
     ranks,
     ...(moved === null ? {} : { rowsReceived: moved.received, rowsSent: moved.sent }),
+    ...(exactness === null ? {} : { fp4Elements: exactness.elements, fp4Inexact: exactness.inexact }),
     ms: Number(ms.toFixed(1)),
     checksum: checksum(result.out),
     norm: Number(l2Norm(values).toPrecision(8)),
@@ -295,6 +298,14 @@ export async function runLayer(opts: RunOptions): Promise<void> {
     );
   }
   process.stdout.write(line("weights", describeLayerWeights(config)));
+  if (exactness !== null) {
+    process.stdout.write(
+      line(
+        "fp4 → e4m3",
+        `${exactness.inexact.toLocaleString("en-US")} of ${exactness.elements.toLocaleString("en-US")} routed elements not exact (docs/numerics.md)`,
+      ),
+    );
+  }
   process.stdout.write(line("tokens", opts.tokens));
   process.stdout.write(line("backend", `${backend} (routing: ${opts.routing}, seed ${opts.seed})`));
   process.stdout.write(line("experts", `${experts} of ${config.numExperts} touched`));

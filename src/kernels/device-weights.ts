@@ -28,7 +28,7 @@ import {
 } from "../config/config.js";
 import { Device, DeviceTensor, type Stream } from "../cuda/index.js";
 import { checkSeed } from "../numerics/counter-rng.js";
-import { checkMxfp4Scales, MXFP4_GROUP } from "../numerics/fp4.js";
+import { checkMxfp4Scales, countFp4ToFp8Inexact, MXFP4_GROUP } from "../numerics/fp4.js";
 import { expertMatrixSpecs, sharedMatrixSpecs } from "../numerics/generator.js";
 import {
   type BlockQuantized,
@@ -228,6 +228,12 @@ export function checkDeviceMemory(device: Device, need: number, what: string): v
   }
 }
 
+/** Elements of a layer's FP4 experts and those whose e4m3 form is not exact. */
+export interface Fp4Exactness {
+  elements: number;
+  inexact: number;
+}
+
 export class DeviceMoEWeights {
   readonly config: ValidatedConfig;
   /** The routed experts' format: "fp8" (`routed`) or "fp4" (`routedFp4`). */
@@ -242,6 +248,15 @@ export class DeviceMoEWeights {
   readonly gateBias: DeviceTensor<"fp32"> | null;
   /** Device bytes the layer's tensors take (DeviceMoEWeights.bytesFor of its config). */
   readonly bytes: number;
+  /**
+   * FP4 experts uploaded from a source (a checkpoint): of the routed elements, how many the kernels'
+   * e4m3 form does not hold exactly (countFp4ToFp8Inexact, docs/numerics.md). Null with FP8 experts and
+   * for weights generated on the device (the generator's are exact by construction, docs/weights.md).
+   */
+  get fp4Exactness(): Fp4Exactness | null {
+    return this.exactness;
+  }
+  private exactness: Fp4Exactness | null = null;
   private readonly routedFp8: DeviceExpertPair | null;
   private disposed = false;
 
@@ -342,6 +357,7 @@ export class DeviceMoEWeights {
    */
   regenerate(seed: number, stream: Stream | null = null, firstExpert = 0): void {
     checkSeed(seed);
+    this.exactness = null;
     if (!Number.isInteger(firstExpert) || firstExpert < 0) {
       throw new RangeError(`firstExpert must be a non-negative integer, got ${firstExpert}`);
     }
@@ -474,6 +490,7 @@ export class DeviceMoEWeights {
     const chunk = Math.min(E, SCALE_CHUNK_EXPERTS);
     const stage1 = new Uint8Array((chunk * 2 * I * H) / MXFP4_GROUP);
     const stage2 = new Uint8Array((chunk * H * I) / MXFP4_GROUP);
+    let inexact = 0;
     for (let first = 0; first < E; first += chunk) {
       const n = Math.min(chunk, E - first);
       const s1 = stage1.subarray(0, (n * 2 * I * H) / MXFP4_GROUP);
@@ -483,6 +500,7 @@ export class DeviceMoEWeights {
         const x = expertIn(source.expert(e), "fp4", e);
         checkMxfp4Matrix(`expert ${e} W1`, x.w1, 2 * I, H);
         checkMxfp4Matrix(`expert ${e} W2`, x.w2, H, I);
+        inexact += countFp4ToFp8Inexact(x.w1) + countFp4ToFp8Inexact(x.w2);
         device.copyHtoD(r.w1.ptr + BigInt(e * w1Packed), x.w1.packed, w1Packed, stream);
         device.copyHtoD(r.w2.ptr + BigInt((e * w1Packed) / 2), x.w2.packed, w1Packed / 2, stream);
         scatterScaleWords(s1, fp4GemmScaleWords(x.w1.scales, 2 * I, H), i, n, 2 * I, H / QUANT_BLOCK);
@@ -496,6 +514,7 @@ export class DeviceMoEWeights {
       stream?.synchronize();
     }
     orderFp4Experts(device, r, stream);
+    this.exactness = { elements: E * 3 * I * H, inexact };
   }
 
   /** Frees every tensor. Idempotent. */

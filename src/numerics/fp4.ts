@@ -372,12 +372,41 @@ export function mxfp4RowsToFp8(m: Mxfp4, r0 = 0, r1 = m.rows, what = "mxfp4RowsT
   return { q, scales, inexact };
 }
 
-/** Inexact elements of the whole matrix's conversion (for the per-layer "n of N elements not exact"). */
-export function countFp4ToFp8Inexact(m: Mxfp4): number {
-  let total = 0;
-  // Row-chunked so a flash-sized matrix never needs a second full-size copy.
-  for (let r = 0; r < m.rows; r += 128) total += mxfp4RowsToFp8(m, r, Math.min(m.rows, r + 128)).inexact;
-  return total;
+/**
+ * Inexact elements of the whole matrix's conversion (for the per-layer "n of N elements not exact"):
+ * mxfp4RowsToFp8's count without its codes. A K block whose scale bytes span ≤ 14 converts exactly, so
+ * only the groups more than 14 below their block's largest byte are looked at element by element; a
+ * layer's count costs about one pass over its scale bytes.
+ */
+export function countFp4ToFp8Inexact(m: Mxfp4, what = "countFp4ToFp8Inexact"): number {
+  checkMxfp4(what, m);
+  checkMxfp4Scales(what, m);
+  if (m.cols % QUANT_BLOCK !== 0) throw new RangeError(`${what}: cols ${m.cols} is not a multiple of 128`);
+  const blocks = (m.rows * m.cols) / QUANT_BLOCK;
+  let inexact = 0;
+  for (let b = 0; b < blocks; b++) {
+    const at = b * GROUPS_PER_BLOCK;
+    let lo = 255;
+    let hi = 0;
+    for (let g = 0; g < GROUPS_PER_BLOCK; g++) {
+      const v = m.scales[at + g];
+      if (v < lo) lo = v;
+      if (v > hi) hi = v;
+    }
+    if (hi - lo <= FP4_TO_FP8_EXACT_SPREAD) continue;
+    const ref = hi - E8M0_BIAS - FP4_TO_FP8_TOP;
+    for (let g = 0; g < GROUPS_PER_BLOCK; g++) {
+      const d = m.scales[at + g] - E8M0_BIAS - ref;
+      if (d >= FP4_TO_FP8_TOP - FP4_TO_FP8_EXACT_SPREAD) continue;
+      const p = 2 ** Math.max(d, -160);
+      const first = (at + g) * MXFP4_GROUP;
+      for (let j = 0; j < MXFP4_GROUP; j++) {
+        const code = e2m1At(m.packed, first + j);
+        if (E4M3_DECODE[e2m1ToE4m3(code, d)] !== E2M1_DECODE[code] * p) inexact++;
+      }
+    }
+  }
+  return inexact;
 }
 
 /** An MXFP4 matrix cast to FP8 with one scale per 128×128 block (the FP8 experts' layout). */

@@ -25,7 +25,7 @@ import {
 } from "../../src/kernels/device-weights.js";
 import { fp4GemmScaleWords } from "../../src/kernels/gemm/fp4_grouped_gemm.js";
 import { generateMxfp4OnDevice } from "../../src/kernels/weightgen/weightgen.js";
-import { mxfp4DeviceOrder } from "../../src/numerics/fp4.js";
+import { countFp4ToFp8Inexact, mxfp4DeviceOrder } from "../../src/numerics/fp4.js";
 import { RankWeights } from "../../src/parallel/expert-parallel.js";
 import {
   GeneratedWeights,
@@ -35,7 +35,12 @@ import {
   generateMxfp4,
   generateSharedExpert,
 } from "../../src/weights/generate.js";
-import { type BlockQuantized, type Mxfp4Matrix, requireFp8Expert } from "../../src/weights/types.js";
+import {
+  type BlockQuantized,
+  type Fp4ExpertWeights,
+  type Mxfp4Matrix,
+  requireFp8Expert,
+} from "../../src/weights/types.js";
 import { availability, describeGpu, testDevice } from "../helpers/gpu.js";
 import { testSeed } from "../helpers/random.js";
 
@@ -452,8 +457,32 @@ describeGpu("device weight generator on a GPU: FP4 (MXFP4) experts", () => {
       for (let i = 0; i < a.length; i++) {
         assert.ok(bytesOf(a[i]!.toHost()).equals(bytesOf(b[i]!.toHost())), `tensor ${i} differs`);
       }
+      // The upload counts the elements e4m3 cannot hold: none of the generator's.
+      assert.equal(made.fp4Exactness, null);
+      const { hidden: H, intermediate: I } = config;
+      assert.deepEqual(up.fp4Exactness, { elements: 40 * 3 * I * H, inexact: 0 });
     } finally {
       made.dispose();
+      up.dispose();
+    }
+  });
+
+  test("upload counts FP4 elements whose e4m3 form is not exact (a K block spanning 30 bytes)", () => {
+    const config = fp4Config("tiny");
+    const g = new GeneratedWeights(config, seed);
+    const wide = g.expert(3) as Fp4ExpertWeights;
+    const scales = Uint8Array.from(wide.w1.scales);
+    scales.set([150, 120, 150, 150], 0); // row 0, K block 0: one group 30 below the others
+    const w1 = { ...wide.w1, scales };
+    const source = Object.create(g) as GeneratedWeights;
+    Object.defineProperty(source, "generated", { value: undefined });
+    source.expert = (e: number) => (e === 3 ? { ...wide, w1 } : g.expert(e));
+    const up = DeviceMoEWeights.upload(device(), source);
+    try {
+      const want = countFp4ToFp8Inexact(w1);
+      assert.ok(want > 0);
+      assert.equal(up.fp4Exactness?.inexact, want);
+    } finally {
       up.dispose();
     }
   });

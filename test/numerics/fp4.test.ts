@@ -1,6 +1,7 @@
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
 import {
+  countFp4ToFp8Inexact,
   dequantizeMxfp4,
   E2M1_DECODE,
   e2m1At,
@@ -196,6 +197,8 @@ describe("FP4 → FP8 conversion (per row, per 128-deep K block)", () => {
     assert.equal(one.inexact, 16);
     // Spread 14 and 0: none.
     assert.equal(mxfp4RowsToFp8(m, 0, 2 * 255).inexact, 0);
+    // The layer's count (only the blocks spanning more than 14 looked at) says the same.
+    assert.equal(countFp4ToFp8Inexact(m), conv.inexact);
   });
 
   it("treats each K block and row on its own", () => {
@@ -209,5 +212,8 @@ describe("FP4 → FP8 conversion (per row, per 128-deep K block)", () => {
     const c = mxfp4RowsToFp8(two);
     assert.deepEqual(Array.from(c.scales), [2 ** (200 - 133), 2 ** (16 - 133)]);
     assert.equal(c.inexact, 32 - 4); // the d = −24 group: only its four zeros (±0, twice) stay exact
+    assert.equal(countFp4ToFp8Inexact(two), 32 - 4);
+    const nan = { ...two, scales: Uint8Array.from([200, 170, 200, 200, 10, 255, 12, 16]) };
+    assert.throws(() => countFp4ToFp8Inexact(nan), /0xFF/);
   });
 });
