@@ -26,7 +26,7 @@ export {
   validateConfig,
 } from "./config/config.js";
 export * as cuda from "./cuda/index.js";
-export { DeviceMoEWeights, type Fp4Exactness } from "./kernels/device-weights.js";
+export { DeviceMoEWeights } from "./kernels/device-weights.js";
 export { convertFp4ToFp8, orderFp4PackedOnDevice } from "./kernels/fp4/fp4_convert.js";
 export {
   defaultGateLogits,
@@ -173,6 +173,7 @@ export { SafetensorsError } from "./weights/safetensors.js";
 export type {
   BlockQuantized,
   ExpertWeights,
+  Fp4Exactness,
   Fp4ExpertWeights,
   GateWeights,
   MoEWeightSource,

@@ -11,14 +11,14 @@ import {
   validateConfig,
 } from "./config/config.js";
 import { cudaAvailability, Device, DeviceTensor, openDevice, type Stream } from "./cuda/index.js";
-import { DeviceMoEWeights, type Fp4Exactness } from "./kernels/device-weights.js";
+import { DeviceMoEWeights } from "./kernels/device-weights.js";
 import { deviceGateProblem, routeOnDevice, tid2eidProblem, tokenIdsProblem } from "./kernels/gate/gate.js";
 import { fusedLayerProblem } from "./kernels/megamoe/megamoe.js";
 import { FusedPipeline } from "./pipeline/fused.js";
 import { forwardProblem, type MoEPipeline, UnfusedPipeline } from "./pipeline/unfused.js";
 import { type Routing, referenceMoE } from "./reference/moe.js";
 import { routeByHash, routeTokens, validateRouting } from "./reference/router.js";
-import { type MoEWeightSource, weightSourceProblem } from "./weights/types.js";
+import { type Fp4Exactness, type MoEWeightSource, weightSourceProblem } from "./weights/types.js";
 
 export type Backend = "cpu" | "cuda";
 /** How the "cuda" backend computes the layer: one fused kernel, or the unfused launch sequence. */

@@ -10,7 +10,7 @@ import type { Routing } from "../reference/moe.js";
 import { routeByHash } from "../reference/router.js";
 import { Checkpoint, generateTokenIds, openCheckpoint } from "../weights/checkpoint.js";
 import { CheckpointError } from "../weights/checkpoint-format.js";
-import type { MoEWeightSource } from "../weights/types.js";
+import type { Fp4Exactness, MoEWeightSource } from "../weights/types.js";
 import { progressBar } from "./progress.js";
 
 /** The weights of `layer` ("3", "layers.3" or "mtp.0") of a checkpoint, sized for `maxTokens`. */
@@ -59,6 +59,8 @@ export interface InspectOptions {
   json?: boolean;
   /** Problems listed at most (default 5). */
   problems?: number;
+  /** Also count each FP4 layer's routed elements whose e4m3 form is not exact (reads every scale). */
+  exactness?: boolean;
 }
 
 /** "0–2, 5" from sorted numbers. */
@@ -118,7 +120,9 @@ export function runInspect(target: string, opts: InspectOptions = {}): void {
   const problems: string[] = [];
   const formats = new Map<string, string[]>();
   const blocks = ckpt.blocks();
-  const bar = progressBar("checking layers");
+  // --exactness: per FP4 block, its routed elements and those not exact in e4m3.
+  const exactness = new Map<string, Fp4Exactness>();
+  const bar = progressBar(opts.exactness ? "checking layers and FP4 scales" : "checking layers");
   blocks.forEach((b, i) => {
     try {
       const layer = b.block.startsWith("mtp.")
@@ -126,6 +130,7 @@ export function runInspect(target: string, opts: InspectOptions = {}): void {
         : ckpt.layer(Number(b.block.slice(7)));
       const f = layer.config.expertFormat ?? "fp8";
       formats.set(f, [...(formats.get(f) ?? []), b.block]);
+      if (opts.exactness && f === "fp4") exactness.set(b.block, layer.fp4Exactness());
     } catch (err) {
       problems.push(`${b.block}: ${(err as Error).message}`);
     }
@@ -160,6 +165,7 @@ export function runInspect(target: string, opts: InspectOptions = {}): void {
     tensors: ckpt.weightMap.size,
     totalSize: ckpt.totalSize,
     bytesOnDisk: onDisk,
+    ...(opts.exactness ? { fp4Exactness: Object.fromEntries(exactness) } : {}),
     problems: problems.slice(0, limit),
     problemCount: problems.length,
   };
@@ -186,6 +192,7 @@ export function runInspect(target: string, opts: InspectOptions = {}): void {
       `${m.numLayers}: hash-routed ${hash.length > 0 ? ranges(hash) : "none"}; score-routed ${score.length > 0 ? ranges(score) : "none"}`,
     );
     out += line("mtp", mtp.length > 0 ? mtp.join(", ") : "none");
+    if (opts.exactness) out += line("fp4 → e4m3", exactnessLine(exactness));
     out += line("shards", `${ckpt.shards.length} (${ckpt.weightMap.size} tensors)`);
     out += line(
       "bytes",
@@ -201,6 +208,20 @@ export function runInspect(target: string, opts: InspectOptions = {}): void {
     process.stdout.write(out);
   }
   if (problems.length > 0) process.exitCode = 1;
+}
+
+/** "0 of 3,145,728 routed elements not exact (3 FP4 blocks)", naming the blocks with any. */
+function exactnessLine(byBlock: Map<string, Fp4Exactness>): string {
+  if (byBlock.size === 0) return "no FP4 blocks read";
+  let elements = 0;
+  let inexact = 0;
+  for (const x of byBlock.values()) {
+    elements += x.elements;
+    inexact += x.inexact;
+  }
+  const n = (v: number) => v.toLocaleString("en-US");
+  const where = [...byBlock].filter(([, x]) => x.inexact > 0).map(([b, x]) => `${b} ${n(x.inexact)}`);
+  return `${n(inexact)} of ${n(elements)} routed elements not exact (${byBlock.size} FP4 blocks${where.length > 0 ? `; ${where.join(", ")}` : ""})`;
 }
 
 function shapeOf(c: MoEConfig): string {

@@ -222,6 +222,10 @@ program
     "checkpoint directory (config.json, model.safetensors.index.json, shards) or one .safetensors file",
   )
   .option("--json", "print the summary as JSON")
+  .option(
+    "--exactness",
+    "also count each FP4 layer's routed elements that e4m3 does not hold exactly (reads every expert's scales)",
+  )
   .action((dir: string, opts) => {
     runInspect(dir, opts);
   });

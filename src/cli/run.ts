@@ -13,7 +13,7 @@ import {
   type ValidatedConfig,
 } from "../config/config.js";
 import { cudaAvailability, makeDirectory } from "../cuda/index.js";
-import { DeviceMoEWeights, type Fp4Exactness } from "../kernels/device-weights.js";
+import { DeviceMoEWeights } from "../kernels/device-weights.js";
 import { fusedExpandImageBytes } from "../kernels/megamoe/megamoe.variants.js";
 import { fusedExpandFromTokens } from "../kernels/megamoe/plan.js";
 import { type Backend, type GpuPipelineKind, MoELayer } from "../layer.js";
@@ -29,7 +29,7 @@ import type { Routing } from "../reference/moe.js";
 import { randomRouting, routeTokens } from "../reference/router.js";
 import { GeneratedWeights, generateActivations } from "../weights/generate.js";
 import { loadMoEWeights, saveMoEWeights } from "../weights/moe-file.js";
-import type { MoEWeightSource } from "../weights/types.js";
+import type { Fp4Exactness, MoEWeightSource } from "../weights/types.js";
 import { checkpointLayer, hashRouting } from "./checkpoint.js";
 import { shortCudaReason } from "./gpu-reason.js";
 import { progressBar } from "./progress.js";

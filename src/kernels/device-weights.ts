@@ -33,6 +33,7 @@ import { expertMatrixSpecs, sharedMatrixSpecs } from "../numerics/generator.js";
 import {
   type BlockQuantized,
   type ExpertWeights,
+  type Fp4Exactness,
   type Fp4ExpertWeights,
   type MoEWeightSource,
   type Mxfp4Matrix,
@@ -226,12 +227,6 @@ export function checkDeviceMemory(device: Device, need: number, what: string): v
         `about ${gib(Math.max(0, available))} free`,
     );
   }
-}
-
-/** Elements of a layer's FP4 experts and those whose e4m3 form is not exact. */
-export interface Fp4Exactness {
-  elements: number;
-  inexact: number;
 }
 
 export class DeviceMoEWeights {

@@ -372,6 +372,26 @@ export function mxfp4RowsToFp8(m: Mxfp4, r0 = 0, r1 = m.rows, what = "mxfp4RowsT
   return { q, scales, inexact };
 }
 
+/** The span of one 128-deep K block's four UE8M0 bytes (largest − smallest): ≤ 14 converts exactly. */
+export function fp4BlockSpan(scales: Uint8Array, at: number): number {
+  let lo = 255;
+  let hi = 0;
+  for (let g = 0; g < GROUPS_PER_BLOCK; g++) {
+    const v = scales[at + g];
+    if (v < lo) lo = v;
+    if (v > hi) hi = v;
+  }
+  return hi - lo;
+}
+
+/** Whether every K block of these UE8M0 bytes (rows of whole K blocks) converts to e4m3 exactly. */
+export function fp4ScalesExact(scales: Uint8Array): boolean {
+  for (let at = 0; at < scales.length; at += GROUPS_PER_BLOCK) {
+    if (fp4BlockSpan(scales, at) > FP4_TO_FP8_EXACT_SPREAD) return false;
+  }
+  return true;
+}
+
 /**
  * Inexact elements of the whole matrix's conversion (for the per-layer "n of N elements not exact"):
  * mxfp4RowsToFp8's count without its codes. A K block whose scale bytes span ≤ 14 converts exactly, so
@@ -386,15 +406,8 @@ export function countFp4ToFp8Inexact(m: Mxfp4, what = "countFp4ToFp8Inexact"): n
   let inexact = 0;
   for (let b = 0; b < blocks; b++) {
     const at = b * GROUPS_PER_BLOCK;
-    let lo = 255;
-    let hi = 0;
-    for (let g = 0; g < GROUPS_PER_BLOCK; g++) {
-      const v = m.scales[at + g];
-      if (v < lo) lo = v;
-      if (v > hi) hi = v;
-    }
-    if (hi - lo <= FP4_TO_FP8_EXACT_SPREAD) continue;
-    const ref = hi - E8M0_BIAS - FP4_TO_FP8_TOP;
+    if (fp4BlockSpan(m.scales, at) <= FP4_TO_FP8_EXACT_SPREAD) continue;
+    const ref = fp4BlockRefExponent(m.scales, at);
     for (let g = 0; g < GROUPS_PER_BLOCK; g++) {
       const d = m.scales[at + g] - E8M0_BIAS - ref;
       if (d >= FP4_TO_FP8_TOP - FP4_TO_FP8_EXACT_SPREAD) continue;

@@ -5,6 +5,7 @@
  */
 import fs from "node:fs";
 import { QUANT_BLOCK, type ValidatedConfig } from "../config/config.js";
+import { countFp4ToFp8Inexact, fp4ScalesExact } from "../numerics/fp4.js";
 import { E4M3_DECODE } from "../numerics/fp8.js";
 import type { TensorLocation } from "./checkpoint.js";
 import {
@@ -20,6 +21,7 @@ import {
   type BlockQuantized,
   type ExpertWeights,
   emptyMxfp4Matrix,
+  type Fp4Exactness,
   type Fp4ExpertWeights,
   type GateWeights,
   type MoEWeightSource,
@@ -117,6 +119,33 @@ export class CheckpointLayer implements MoEWeightSource {
       this.gateWeights = { weight, bias, tid2eid };
     }
     return this.gateWeights;
+  }
+
+  /**
+   * FP4 experts: how many routed elements the kernels' e4m3 form does not hold exactly
+   * (countFp4ToFp8Inexact, docs/numerics.md). Reads every expert's scale bytes, and its codes only where a
+   * K block spans more than 14 (an inexact element needs one).
+   */
+  fp4Exactness(): Fp4Exactness {
+    const { hidden: h, intermediate: inter, numExperts } = this.config;
+    if (this.config.expertFormat !== "fp4") {
+      throw new CheckpointError(`${this.block}: the routed experts are FP8; exactness applies to FP4 ones`);
+    }
+    let inexact = 0;
+    for (let e = 0; e < numExperts; e++) {
+      const name = (w: V4Projection, p: "weight" | "scale") => v4Names.routed(this.block, e, w, p);
+      const exact = (["w1", "w3", "w2"] as const).every((w) => {
+        const cols = w === "w2" ? inter : h;
+        const s = new Uint8Array(((w === "w2" ? h : inter) * cols) / MXFP4_GROUP);
+        this.read(name(w, "scale"), s);
+        checkE8m0(s, this.fileOf(name(w, "scale")), name(w, "scale"), cols / MXFP4_GROUP);
+        return fp4ScalesExact(s);
+      });
+      if (exact) continue;
+      const x = this.readFp4(name, inter);
+      inexact += countFp4ToFp8Inexact(x.w1) + countFp4ToFp8Inexact(x.w2);
+    }
+    return { elements: numExperts * 3 * inter * h, inexact };
   }
 
   /** Positioned read of a whole tensor into `into` (byte lengths were checked when the block was opened). */

@@ -8,6 +8,7 @@ import { fileURLToPath } from "node:url";
 import { hashRouting } from "../../src/cli/checkpoint.js";
 import { MoELayer } from "../../src/layer.js";
 import { checksum } from "../../src/reference/metrics.js";
+import { type Checkpoint, openCheckpoint } from "../../src/weights/checkpoint.js";
 import { CONFIG_FILE } from "../../src/weights/checkpoint-format.js";
 import { generateActivations } from "../../src/weights/generate.js";
 import { writeTinyV4 } from "../helpers/v4-checkpoint.js";
@@ -80,6 +81,20 @@ describe("megamoe with a V4 checkpoint", () => {
     const j = JSON.parse(megamoe("inspect", ckpt, "--json").stdout);
     assert.deepEqual(j.hashLayers, [0, 1]);
     assert.equal(j.problemCount, 0);
+  });
+
+  it("inspect --exactness counts each FP4 block's elements that e4m3 does not hold exactly", () => {
+    writeTinyV4(ckpt, 11);
+    const j = JSON.parse(megamoe("inspect", ckpt, "--exactness", "--json").stdout);
+    const c = openCheckpoint(ckpt) as Checkpoint;
+    assert.deepEqual(Object.keys(j.fp4Exactness).sort(), ["layers.1", "layers.2", "mtp.0"]);
+    for (const block of ["layers.1", "layers.2", "mtp.0"]) {
+      assert.deepEqual(j.fp4Exactness[block], c.byName(block).fp4Exactness(), block);
+    }
+    const r = megamoe("inspect", ckpt, "--exactness");
+    assert.equal(r.code, 0, r.stderr);
+    assert.match(r.stdout, /fp4 → e4m3\s+[\d,]+ of 2,359,296 routed elements not exact \(3 FP4 blocks/);
+    assert.equal(JSON.parse(megamoe("inspect", ckpt, "--json").stdout).fp4Exactness, undefined);
   });
 
   it("inspect lists the first problems and exits 1", () => {

@@ -5,6 +5,7 @@ import path from "node:path";
 import { after, before, describe, it } from "node:test";
 import { resolveConfig } from "../../src/config/config.js";
 import { InputError, MoELayer } from "../../src/layer.js";
+import { countFp4ToFp8Inexact } from "../../src/numerics/fp4.js";
 import { gateLogits, RouterError, routeByHash, scoreLogits } from "../../src/reference/router.js";
 import { Checkpoint, generateTokenIds, openCheckpoint } from "../../src/weights/checkpoint.js";
 import { CheckpointError, CONFIG_FILE, INDEX_FILE, v4Names } from "../../src/weights/checkpoint-format.js";
@@ -13,7 +14,7 @@ import { GeneratedWeights, generateActivations } from "../../src/weights/generat
 import { loadMoEWeights, saveMoEWeights } from "../../src/weights/moe-file.js";
 import { RandomV4Weights } from "../../src/weights/random-v4.js";
 import { readSafetensorsHeader } from "../../src/weights/safetensors.js";
-import type { MoEWeightSource } from "../../src/weights/types.js";
+import type { Fp4ExpertWeights, MoEWeightSource } from "../../src/weights/types.js";
 import { testSeed } from "../helpers/random.js";
 import { tinyV4, VOCAB, writeTinyV4 } from "../helpers/v4-checkpoint.js";
 
@@ -115,6 +116,36 @@ describe("V4 checkpoint layout", () => {
       assert.deepEqual(g.bias, s.bias);
       assert.deepEqual(g.tid2eid, s.tid2eid);
     }
+  });
+
+  it("counts a layer's FP4 elements that e4m3 does not hold exactly, as the matrices themselves do", () => {
+    const c = open(good);
+    const direct = (src: MoEWeightSource) => {
+      let n = 0;
+      for (let e = 0; e < src.config.numExperts; e++) {
+        const x = src.expert(e) as Fp4ExpertWeights;
+        n += countFp4ToFp8Inexact(x.w1) + countFp4ToFp8Inexact(x.w2);
+      }
+      return n;
+    };
+    const l2 = c.byName("layers.2");
+    assert.deepEqual(l2.fp4Exactness(), { elements: 8 * 3 * 128 * 256, inexact: direct(l2) });
+    assert.throws(() => c.byName("layers.3").fp4Exactness(), /layers\.3: the routed experts are FP8/);
+    // One K block of expert 5's W2 spanning 30 bytes: its low group's odd codes round.
+    const src = new RandomV4Weights(tinyV4({ expertFormat: "fp4" }), seed + 9, { vocab: VOCAB });
+    const wide = Object.create(src) as RandomV4Weights;
+    wide.expert = (e: number) => {
+      const x = src.expert(e) as Fp4ExpertWeights;
+      if (e !== 5) return x;
+      const scales = Uint8Array.from(x.w2.scales);
+      scales.set([140, 110, 140, 140], 4);
+      return { ...x, w2: { ...x.w2, scales } };
+    };
+    const dir = path.join(root, "wide");
+    saveCheckpoint(dir, [{ block: "layers.0", source: wide }]);
+    const got = open(dir).byName("layers.0").fp4Exactness();
+    assert.ok(got.inexact > 0);
+    assert.equal(got.inexact, direct(wide));
   });
 
   it("runs each layer on the CPU bit for bit like the same weights in memory", () => {
