@@ -210,7 +210,12 @@ export function runInspect(target: string, opts: InspectOptions = {}): void {
   if (problems.length > 0) process.exitCode = 1;
 }
 
-/** "0 of 3,145,728 routed elements not exact (3 FP4 blocks)", naming the blocks with any. */
+/** "0 of 3,145,728 routed elements not exact": how run and inspect say an Fp4Exactness. */
+export function describeFp4Exactness(x: Fp4Exactness): string {
+  return `${x.inexact.toLocaleString("en-US")} of ${x.elements.toLocaleString("en-US")} routed elements not exact`;
+}
+
+/** describeFp4Exactness of the blocks together, then "(3 FP4 blocks)", naming the blocks with any. */
 function exactnessLine(byBlock: Map<string, Fp4Exactness>): string {
   if (byBlock.size === 0) return "no FP4 blocks read";
   let elements = 0;
@@ -219,9 +224,10 @@ function exactnessLine(byBlock: Map<string, Fp4Exactness>): string {
     elements += x.elements;
     inexact += x.inexact;
   }
-  const n = (v: number) => v.toLocaleString("en-US");
-  const where = [...byBlock].filter(([, x]) => x.inexact > 0).map(([b, x]) => `${b} ${n(x.inexact)}`);
-  return `${n(inexact)} of ${n(elements)} routed elements not exact (${byBlock.size} FP4 blocks${where.length > 0 ? `; ${where.join(", ")}` : ""})`;
+  const where = [...byBlock]
+    .filter(([, x]) => x.inexact > 0)
+    .map(([b, x]) => `${b} ${x.inexact.toLocaleString("en-US")}`);
+  return `${describeFp4Exactness({ elements, inexact })} (${byBlock.size} FP4 blocks${where.length > 0 ? `; ${where.join(", ")}` : ""})`;
 }
 
 function shapeOf(c: MoEConfig): string {

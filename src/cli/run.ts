@@ -30,7 +30,7 @@ import { randomRouting, routeTokens } from "../reference/router.js";
 import { GeneratedWeights, generateActivations } from "../weights/generate.js";
 import { loadMoEWeights, saveMoEWeights } from "../weights/moe-file.js";
 import type { Fp4Exactness, MoEWeightSource } from "../weights/types.js";
-import { checkpointLayer, hashRouting } from "./checkpoint.js";
+import { checkpointLayer, describeFp4Exactness, hashRouting } from "./checkpoint.js";
 import { shortCudaReason } from "./gpu-reason.js";
 import { progressBar } from "./progress.js";
 import { checkInputFile, checkOutputFile, UsageError } from "./usage.js";
@@ -299,12 +299,7 @@ export async function runLayer(opts: RunOptions): Promise<void> {
   }
   process.stdout.write(line("weights", describeLayerWeights(config)));
   if (exactness !== null) {
-    process.stdout.write(
-      line(
-        "fp4 → e4m3",
-        `${exactness.inexact.toLocaleString("en-US")} of ${exactness.elements.toLocaleString("en-US")} routed elements not exact (docs/numerics.md)`,
-      ),
-    );
+    process.stdout.write(line("fp4 → e4m3", `${describeFp4Exactness(exactness)} (docs/numerics.md)`));
   }
   process.stdout.write(line("tokens", opts.tokens));
   process.stdout.write(line("backend", `${backend} (routing: ${opts.routing}, seed ${opts.seed})`));

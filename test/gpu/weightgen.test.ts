@@ -475,7 +475,6 @@ describeGpu("device weight generator on a GPU: FP4 (MXFP4) experts", () => {
     scales.set([150, 120, 150, 150], 0); // row 0, K block 0: one group 30 below the others
     const w1 = { ...wide.w1, scales };
     const source = Object.create(g) as GeneratedWeights;
-    Object.defineProperty(source, "generated", { value: undefined });
     source.expert = (e: number) => (e === 3 ? { ...wide, w1 } : g.expert(e));
     const up = DeviceMoEWeights.upload(device(), source);
     try {
