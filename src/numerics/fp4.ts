@@ -36,23 +36,36 @@ export function decodeE2m1(code: number): number {
 
 const scratchF32 = new Float32Array(1);
 const scratchU32 = new Uint32Array(scratchF32.buffer);
-// Adding then subtracting 2^52 rounds a double in [0, 2^51) to an integer, ties to even.
-const RNE_MAGIC = 4503599627370496;
-
-function rne(x: number): number {
-  return x + RNE_MAGIC - RNE_MAGIC;
+/**
+ * e2m1 code of a non-NaN magnitude a, 0 ≤ a: round to nearest, ties to even, over {0, 0.5, 1, 1.5, 2,
+ * 3, 4, 6}. The thresholds are the midpoints; at a tie (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5) the even
+ * code wins, hence ≤ or < by the side the even neighbour lies on.
+ */
+function e2m1Magnitude(a: number): number {
+  if (a < 1.75) return a <= 0.25 ? 0 : a < 0.75 ? 1 : a <= 1.25 ? 2 : 3;
+  return a <= 2.5 ? 4 : a < 3.5 ? 5 : a <= 5 ? 6 : 7;
 }
 
 /**
- * e2m1 code of a non-NaN magnitude a, 0 ≤ a (a float32 value). The grid spacing is 0.5 below 2, 1 in
- * [2, 4) and 2 in [4, 6]; every scaled step below is exact in double, so one RNE gives the code.
+ * e2m1 codes by [k, top two mantissa bits, any lower bit set] for a float32 of exponent field 124 + k
+ * (k = 0: below 0.25, code 0); the ties lie where the lower bits are zero.
  */
-function e2m1Magnitude(a: number): number {
-  if (a <= 0.25) return 0; // 0.25 is the tie between 0 and 0.5: even is 0
-  if (a > E2M1_MAX) return 7;
-  if (a < 2) return rne(2 * a); // codes 1..4 are 0.5, 1, 1.5, 2
-  if (a < 4) return 4 + rne(a - 2); // codes 4..6 are 2, 3, 4
-  return 6 + rne((a - 4) / 2); // codes 6..7 are 4, 6 (5 ties to 4: code 6 is even)
+const E2M1_BY_BITS = Uint8Array.from({ length: 48 }, (_, i) => {
+  const k = i >> 3;
+  if (k === 0) return 0;
+  return e2m1Magnitude(2 ** (k - 3) * (1 + ((i >> 1) & 3) / 4 + (i & 1) * 2 ** -21));
+});
+
+/**
+ * e2m1 code of the normal float32 with bits v times 2^(127 − b), given shift = 3 − b: the product's
+ * exponent field is 124 + k with k = field + shift. The caller guarantees the product is ≤ 6.
+ */
+function e2m1Bits(v: number, shift: number): number {
+  let k = ((v >>> 23) & 0xff) + shift;
+  k &= ~(k >> 31);
+  return (
+    ((v >>> 28) & 0x8) | E2M1_BY_BITS[(k << 3) | ((v >>> 20) & 6) | (((v & 0x1fffff) + 0x1fffff) >>> 21)]
+  );
 }
 
 /** e2m1 code (0..15) of x, as `__nv_cvt_float_to_fp4(x, __NV_E2M1, cudaRoundNearest)`. */
@@ -196,7 +209,7 @@ export interface Mxfp4 {
   cols: number;
 }
 
-const F32_MAX = 3.4028234663852886e38;
+const F32_INF_BITS = 0x7f800000;
 /** Floor of a group's amax: its scale is then at least 2^−126 (DeepSeek's fp4 quantization uses the same). */
 export const MXFP4_MIN_AMAX = 6 * 2 ** -126;
 
@@ -230,24 +243,37 @@ export function quantizeMxfp4(w: Float32Array, rows: number, cols: number): Mxfp
   if (w.length < rows * cols) throw new RangeError(`quantizeMxfp4: ${w.length} values < ${rows}·${cols}`);
   const packed = new Uint8Array((rows * cols) / 2);
   const scales = new Uint8Array((rows * cols) / MXFP4_GROUP);
+  // The bit patterns give each value's sign (−0 included) and a finiteness test without a float round trip.
+  const bits = new Uint32Array(w.buffer, w.byteOffset, rows * cols);
   for (let g = 0; g < scales.length; g++) {
     const base = g * MXFP4_GROUP;
-    let amax = 0;
+    let amaxBits = 0;
     for (let j = 0; j < MXFP4_GROUP; j++) {
-      const a = Math.abs(w[base + j]);
-      if (!(a <= F32_MAX)) {
-        const i = base + j;
-        throw new RangeError(
-          `quantizeMxfp4: non-finite value ${w[i]} at row ${Math.floor(i / cols)}, column ${i % cols}`,
-        );
-      }
-      if (a > amax) amax = a;
+      const a = bits[base + j] & 0x7fffffff;
+      if (a > amaxBits) amaxBits = a; // non-negative floats order as their bit patterns
     }
-    const b = mxfp4ScaleByte(amax);
+    if (amaxBits >= F32_INF_BITS) {
+      let i = base;
+      while ((bits[i] & 0x7fffffff) < F32_INF_BITS) i++;
+      throw new RangeError(
+        `quantizeMxfp4: non-finite value ${w[i]} at row ${Math.floor(i / cols)}, column ${i % cols}`,
+      );
+    }
+    scratchU32[0] = amaxBits;
+    const b = mxfp4ScaleByte(scratchF32[0]);
     scales[g] = b;
+    // x · 2^(127 − b) only moves a normal x's exponent field: k = (scaled exponent field) − 124, clamped
+    // at 0 (everything below 0.25 is code 0), indexes a table with x's top two mantissa bits and whether
+    // any lower bit is set. Branch-free, as random codes defeat the branch predictor; subnormal x (the
+    // exponent field 0) take encodeE2m1 of the exact product.
+    const shift = 3 - b;
     const inv = 2 ** (E8M0_BIAS - b);
     for (let j = 0; j < MXFP4_GROUP; j += 2) {
-      packed[(base + j) >>> 1] = encodeE2m1(w[base + j] * inv) | (encodeE2m1(w[base + j + 1] * inv) << 4);
+      const lo = bits[base + j];
+      const hi = bits[base + j + 1];
+      const cl = (lo & F32_INF_BITS) === 0 ? encodeE2m1(w[base + j] * inv) : e2m1Bits(lo, shift);
+      const ch = (hi & F32_INF_BITS) === 0 ? encodeE2m1(w[base + j + 1] * inv) : e2m1Bits(hi, shift);
+      packed[(base + j) >>> 1] = cl | (ch << 4);
     }
   }
   return { packed, scales, rows, cols };
@@ -328,6 +354,41 @@ export function e2m1ToE4m3(code: number, d: number): number {
   return e4m3FromBits(convBits[0], convScratch[0]);
 }
 
+/** Per group offset d: the e4m3 codes of e2m1 codes 0..15 × 2^d, then 16 flags (1: not exact). */
+const fp4ToFp8Tables: (Uint8Array | undefined)[] = [];
+
+/** The conversion of one group with offset d as a 32-byte table (e2m1ToE4m3's codes, built once per d). */
+function fp4ToFp8Table(d: number): Uint8Array {
+  let t = fp4ToFp8Tables[FP4_TO_FP8_TOP - d];
+  if (t === undefined) {
+    t = new Uint8Array(32);
+    const p = 2 ** Math.max(d, -160);
+    for (let code = 0; code < 16; code++) {
+      t[code] = e2m1ToE4m3(code, d);
+      t[16 + code] = E4M3_DECODE[t[code]] === E2M1_DECODE[code] * p ? 0 : 1;
+    }
+    fp4ToFp8Tables[FP4_TO_FP8_TOP - d] = t;
+  }
+  return t;
+}
+
+/**
+ * Converts one 32-group: its 16 packed bytes from packed[p] go to 32 e4m3 codes at q[at], through the
+ * group's table; returns how many of them are not exact.
+ */
+function convertGroup(packed: Uint8Array, p: number, t: Uint8Array, q: Uint8Array, at: number): number {
+  let inexact = 0;
+  for (let j = 0; j < MXFP4_GROUP / 2; j++) {
+    const byte = packed[p + j];
+    const lo = byte & 0xf;
+    const hi = byte >>> 4;
+    q[at + 2 * j] = t[lo];
+    q[at + 2 * j + 1] = t[hi];
+    inexact += t[16 + lo] + t[16 + hi];
+  }
+  return inexact;
+}
+
 /**
  * Converts rows [r0, r1) of an MXFP4 matrix to e4m3 codes relative to each row's per-K-block reference
  * exponent (docs/numerics.md): for a group with byte b in a block with reference ref, each element is
@@ -357,15 +418,9 @@ export function mxfp4RowsToFp8(m: Mxfp4, r0 = 0, r1 = m.rows, what = "mxfp4RowsT
       const ref = fp4BlockRefExponent(m.scales, sAt);
       scales[(r - r0) * kBlocks + kb] = 2 ** ref;
       for (let g = 0; g < GROUPS_PER_BLOCK; g++) {
-        const d = m.scales[sAt + g] - E8M0_BIAS - ref;
+        const t = fp4ToFp8Table(m.scales[sAt + g] - E8M0_BIAS - ref);
         const at = r * cols + kb * QUANT_BLOCK + g * MXFP4_GROUP;
-        const p = 2 ** Math.max(d, -160);
-        for (let j = 0; j < MXFP4_GROUP; j++) {
-          const code = e2m1At(m.packed, at + j);
-          const c8 = e2m1ToE4m3(code, d);
-          q[at - r0 * cols + j] = c8;
-          if (E4M3_DECODE[c8] !== E2M1_DECODE[code] * p) inexact++;
-        }
+        inexact += convertGroup(m.packed, at >>> 1, t, q, at - r0 * cols);
       }
     }
   }
@@ -411,11 +466,11 @@ export function countFp4ToFp8Inexact(m: Mxfp4, what = "countFp4ToFp8Inexact"): n
     for (let g = 0; g < GROUPS_PER_BLOCK; g++) {
       const d = m.scales[at + g] - E8M0_BIAS - ref;
       if (d >= FP4_TO_FP8_TOP - FP4_TO_FP8_EXACT_SPREAD) continue;
-      const p = 2 ** Math.max(d, -160);
-      const first = (at + g) * MXFP4_GROUP;
-      for (let j = 0; j < MXFP4_GROUP; j++) {
-        const code = e2m1At(m.packed, first + j);
-        if (E4M3_DECODE[e2m1ToE4m3(code, d)] !== E2M1_DECODE[code] * p) inexact++;
+      const t = fp4ToFp8Table(d);
+      const first = ((at + g) * MXFP4_GROUP) >>> 1;
+      for (let j = 0; j < MXFP4_GROUP / 2; j++) {
+        const byte = m.packed[first + j];
+        inexact += t[16 + (byte & 0xf)] + t[16 + (byte >>> 4)];
       }
     }
   }
@@ -463,15 +518,9 @@ export function mxfp4ToFp8Blocks(m: Mxfp4, what = "mxfp4ToFp8Blocks"): Fp4AsFp8B
       scales[br * kBlocks + kb] = 2 ** ref;
       for (let r = br * QUANT_BLOCK; r < (br + 1) * QUANT_BLOCK; r++) {
         for (let g = 0; g < GROUPS_PER_BLOCK; g++) {
-          const d = m.scales[r * groupsPerRow + kb * GROUPS_PER_BLOCK + g] - E8M0_BIAS - ref;
-          const p = 2 ** Math.max(d, -160);
+          const t = fp4ToFp8Table(m.scales[r * groupsPerRow + kb * GROUPS_PER_BLOCK + g] - E8M0_BIAS - ref);
           const at = r * cols + kb * QUANT_BLOCK + g * MXFP4_GROUP;
-          for (let j = 0; j < MXFP4_GROUP; j++) {
-            const code = e2m1At(m.packed, at + j);
-            const c8 = e2m1ToE4m3(code, d);
-            q[at + j] = c8;
-            if (E4M3_DECODE[c8] !== E2M1_DECODE[code] * p) inexact++;
-          }
+          inexact += convertGroup(m.packed, at >>> 1, t, q, at);
         }
       }
     }

@@ -111,6 +111,35 @@ describe("MXFP4 quantization", () => {
     assert.deepEqual(again.packed, m.packed);
   });
 
+  it("codes ties, their neighbours, subnormals and −0 as encodeE2m1 of x / s, at every scale", () => {
+    const bits = new Uint32Array(1);
+    const f32 = new Float32Array(bits.buffer);
+    const step = (x: number, ulps: number) => {
+      f32[0] = x;
+      if (f32[0] !== 0) bits[0] += ulps; // marks that underflow to zero stay zero
+      return f32[0];
+    };
+    // The e2m1 midpoints (ties) and grid points; each appears exact and one ulp either side.
+    const marks = [0.25, 0.5, 0.75, 1, 1.25, 1.5, 1.75, 2, 2.5, 3, 3.5, 4, 5, 6];
+    const cols = 32 * 8;
+    for (let e = -150; e <= 124; e++) {
+      const w = new Float32Array(cols);
+      for (let g = 0; g < 8; g++) {
+        const amax = [6, 5.5, 4.5, 4.1, 3.01, 6, 5, 4][g];
+        for (let j = 0; j < 32; j++) {
+          const mark = marks[(j + 3 * g) % marks.length] * 2 ** e;
+          const v = j === 0 ? amax * 2 ** e : j === 31 ? -0 : step(mark, (j % 3) - 1);
+          w[g * 32 + j] = (j + g) % 2 === 1 ? -v : v;
+        }
+      }
+      const m = quantizeMxfp4(w, 1, cols);
+      for (let i = 0; i < cols; i++) {
+        const s = 2 ** (m.scales[i >> 5] - 127);
+        assert.equal(e2m1At(m.packed, i), encodeE2m1(w[i] / s), `2^${e}: element ${i} = ${w[i]}, scale ${s}`);
+      }
+    }
+  });
+
   it("states the scale rule at the edges", () => {
     assert.equal(mxfp4ScaleByte(6), 127);
     assert.equal(mxfp4ScaleByte(Math.fround(6 * (1 + 2 ** -23))), 128);
