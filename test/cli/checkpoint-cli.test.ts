@@ -1,29 +1,19 @@
 import assert from "node:assert/strict";
-import { spawnSync } from "node:child_process";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { after, before, describe, it } from "node:test";
-import { fileURLToPath } from "node:url";
 import { hashRouting } from "../../src/cli/checkpoint.js";
 import { MoELayer } from "../../src/layer.js";
 import { checksum } from "../../src/reference/metrics.js";
 import { type Checkpoint, openCheckpoint } from "../../src/weights/checkpoint.js";
 import { CONFIG_FILE } from "../../src/weights/checkpoint-format.js";
 import { generateActivations } from "../../src/weights/generate.js";
+import { runCliSync } from "../helpers/cli.js";
 import { writeTinyV4 } from "../helpers/v4-checkpoint.js";
 
-const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../..");
-const main = path.join(root, "src/cli/main.ts");
-
 function megamoe(...args: string[]) {
-  // picocolors colours its output whenever CI is set; these tests match the plain text.
-  const r = spawnSync(process.execPath, ["--import", "tsx", main, ...args], {
-    cwd: root,
-    encoding: "utf8",
-    env: { ...process.env, NO_COLOR: "1" },
-  });
-  return { code: r.status, stdout: r.stdout, stderr: r.stderr };
+  return runCliSync(args);
 }
 
 let dir = "";

@@ -1,39 +1,16 @@
 import assert from "node:assert/strict";
-import { spawnSync } from "node:child_process";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { describe, it } from "node:test";
 import { fileURLToPath } from "node:url";
+import { cliArgs, runCliSync } from "../helpers/cli.js";
 
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../..");
-const main = path.join(root, "src/cli/main.ts");
-const built = path.join(root, "dist/cli/main.js");
-
-/** The newest modification time of the .ts files under `dir`. */
-function newestTs(dir: string): number {
-  let newest = 0;
-  for (const e of fs.readdirSync(dir, { withFileTypes: true, recursive: true })) {
-    if (e.isFile() && e.name.endsWith(".ts"))
-      newest = Math.max(newest, fs.statSync(path.join(e.parentPath, e.name)).mtimeMs);
-  }
-  return newest;
-}
-
-// The built CLI when it is newer than every source (npm test builds first): it starts in half of
-// tsx's CPU time, and these tests start it some 30 times. Otherwise the sources, through tsx.
-const cli =
-  fs.existsSync(built) && fs.statSync(built).mtimeMs >= newestTs(path.join(root, "src"))
-    ? [built]
-    : ["--import", "tsx", main];
-console.log(`cli tests run ${path.relative(root, cli.at(-1)!)}`);
-
-// picocolors colours its output whenever CI is set; these tests match the plain text.
-const plainEnv = { ...process.env, NO_COLOR: "1" };
+console.log(`cli tests run ${path.relative(root, cliArgs.at(-1)!)}`);
 
 function megamoe(...args: string[]) {
-  const r = spawnSync(process.execPath, [...cli, ...args], { cwd: root, encoding: "utf8", env: plainEnv });
-  return { code: r.status, stdout: r.stdout, stderr: r.stderr };
+  return runCliSync(args);
 }
 
 describe("megamoe CLI", () => {
