@@ -149,20 +149,45 @@ function blockScaledGemm(
   const wScale = new Float32Array(kBlocks);
   for (let r = 0; r < n; r++) {
     w.load(r, wRow, wScale);
-    for (let t = 0; t < rows.length; t++) {
+    // Two rows at a time share each weight load; the block sums are exact, so the order is free.
+    let t = 0;
+    for (; t + 1 < rows.length; t += 2) {
+      const a0 = rows[t];
+      const a1 = rows[t + 1];
+      let acc0 = 0;
+      let acc1 = 0;
+      for (let b = 0; b < kBlocks; b++) {
+        let p0 = 0;
+        let p1 = 0;
+        const end = (b + 1) * QUANT_BLOCK;
+        for (let i = b * QUANT_BLOCK; i < end; i++) {
+          const v = wRow[i];
+          p0 += a0[i] * v;
+          p1 += a1[i] * v;
+        }
+        acc0 = promote(acc0, p0, rowScales[t][b], wScale[b]);
+        acc1 = promote(acc1, p1, rowScales[t + 1][b], wScale[b]);
+      }
+      out[t][r] = acc0;
+      out[t + 1][r] = acc1;
+    }
+    if (t < rows.length) {
       const a = rows[t];
-      const sa = rowScales[t];
       let acc = 0;
       for (let b = 0; b < kBlocks; b++) {
         let partial = 0;
         const end = (b + 1) * QUANT_BLOCK;
         for (let i = b * QUANT_BLOCK; i < end; i++) partial += a[i] * wRow[i];
-        const scale = Math.fround(sa[b] * wScale[b]);
-        acc = Math.fround(acc + Math.fround(Math.fround(partial) * scale));
+        acc = promote(acc, partial, rowScales[t][b], wScale[b]);
       }
       out[t][r] = acc;
     }
   }
+}
+
+/** One K block's promotion: acc + fp32(partial) · fp32(scale_a · scale_w), each step rounded to fp32. */
+function promote(acc: number, partial: number, scaleA: number, scaleW: number): number {
+  return Math.fround(acc + Math.fround(Math.fround(partial) * Math.fround(scaleA * scaleW)));
 }
 
 /** Both matrices of an expert in either format, as the GEMMs read them. */
@@ -408,40 +433,81 @@ export function referenceMoE(
 /**
  * Dequantized weights of a block-quantized matrix, in double: decode(q) · scale is exact there, which
  * the fp32 dequantizeWeightBlocks is not (4 + 24 significant bits), and the ideal must not round.
+ * Written into the front of `out`, which the caller keeps from expert to expert: a fresh array of this
+ * size costs more in page faults than the decoding itself.
  */
-function dequantizeToF64(w: BlockQuantized | Mxfp4Matrix, what: string): Float64Array {
-  if ("packed" in w) return dequantizeMxfp4(w, what);
+function dequantizeToF64(w: BlockQuantized | Mxfp4Matrix, what: string, out: Float64Array): Float64Array {
+  if ("packed" in w) return dequantizeMxfp4(w, what, out);
   const { rows, cols } = w;
   const kb = cols / QUANT_BLOCK;
-  const out = new Float64Array(rows * cols);
+  const values = out.subarray(0, rows * cols);
   for (let r = 0; r < rows; r++) {
-    for (let c = 0; c < cols; c++) {
-      const i = r * cols + c;
-      out[i] = E4M3_DECODE[w.q[i]] * w.scales[Math.floor(r / QUANT_BLOCK) * kb + Math.floor(c / QUANT_BLOCK)];
+    const scaleRow = Math.floor(r / QUANT_BLOCK) * kb;
+    for (let b = 0; b < kb; b++) {
+      const scale = w.scales[scaleRow + b];
+      const start = r * cols + b * QUANT_BLOCK;
+      for (let i = start; i < start + QUANT_BLOCK; i++) values[i] = E4M3_DECODE[w.q[i]] * scale;
     }
   }
-  return out;
+  return values;
 }
 
-function idealMlpRow(config: MoEConfig, w1: Float64Array, w2: Float64Array, inter: number, x: Float64Array) {
+/**
+ * The exact MLP of several rows: each weight row is read once for all of them (the matrices do not fit
+ * a cache, the rows do); every dot product still sums in increasing channel order.
+ */
+function idealMlpRows(
+  config: MoEConfig,
+  w1: Float64Array,
+  w2: Float64Array,
+  inter: number,
+  xs: Float64Array[],
+): Float64Array[] {
   const hidden = config.hidden;
-  const h = new Float64Array(inter);
+  const hs = xs.map(() => new Float64Array(inter));
   for (let n = 0; n < inter; n++) {
-    let g = 0;
-    let u = 0;
-    for (let i = 0; i < hidden; i++) {
-      g += x[i] * w1[n * hidden + i];
-      u += x[i] * w1[(inter + n) * hidden + i];
+    const gate = w1.subarray(n * hidden, (n + 1) * hidden);
+    const up = w1.subarray((inter + n) * hidden, (inter + n + 1) * hidden);
+    for (let t = 0; t < xs.length; t++) {
+      const x = xs[t];
+      let g = 0;
+      let u = 0;
+      for (let i = 0; i < hidden; i++) {
+        g += x[i] * gate[i];
+        u += x[i] * up[i];
+      }
+      hs[t][n] = swigluExact(g, u, config.swigluClamp);
     }
-    h[n] = swigluExact(g, u, config.swigluClamp);
   }
-  const y = new Float64Array(hidden);
+  const ys = xs.map(() => new Float64Array(hidden));
   for (let n = 0; n < hidden; n++) {
-    let acc = 0;
-    for (let i = 0; i < inter; i++) acc += h[i] * w2[n * inter + i];
-    y[n] = acc;
+    const down = w2.subarray(n * inter, (n + 1) * inter);
+    for (let t = 0; t < xs.length; t++) {
+      const h = hs[t];
+      let acc = 0;
+      for (let i = 0; i < inter; i++) acc += h[i] * down[i];
+      ys[t][n] = acc;
+    }
   }
-  return y;
+  return ys;
+}
+
+/** Rows per idealMlpRows call: enough to reuse each weight row, few enough to keep their results small. */
+const IDEAL_ROW_CHUNK = 64;
+
+/** idealMlpRows over xs in chunks; `use(i, y)` gets row i's result, rows in order. */
+function forRowChunks(
+  config: MoEConfig,
+  w1: Float64Array,
+  w2: Float64Array,
+  inter: number,
+  xs: Float64Array[],
+  use: (i: number, y: Float64Array) => void,
+): void {
+  for (let start = 0; start < xs.length; start += IDEAL_ROW_CHUNK) {
+    const ys = idealMlpRows(config, w1, w2, inter, xs.slice(start, start + IDEAL_ROW_CHUNK));
+    for (const [i, y] of ys.entries()) use(start + i, y);
+  }
 }
 
 /**
@@ -475,26 +541,37 @@ export function idealMoE(
     return row;
   });
   const out = new Float64Array(tokens * hidden);
+  // W1 of the larger MLP (routed or shared) holds either matrix of both.
+  const most = 2 * Math.max(config.intermediate, shared === null ? 0 : sharedIntermediate(config)) * hidden;
+  const w1Values = new Float64Array(most);
+  const w2Values = new Float64Array(most / 2);
   let done = 0;
   for (const e of active) {
     const w = routedExpert(source, config, e);
-    const w1 = dequantizeToF64(w.w1, `expert ${e} W1`);
-    const w2 = dequantizeToF64(w.w2, `expert ${e} W2`);
-    for (const p of lists[e]) {
-      const t = Math.floor(p / k);
-      const y = idealMlpRow(config, w1, w2, config.intermediate, xs[t]);
-      const weight = routing.weights[p];
-      for (let n = 0; n < hidden; n++) out[t * hidden + n] += weight * y[n];
-    }
+    const w1 = dequantizeToF64(w.w1, `expert ${e} W1`, w1Values);
+    const w2 = dequantizeToF64(w.w2, `expert ${e} W2`, w2Values);
+    const pairs = Array.from(lists[e]);
+    const tokenOf = pairs.map((p) => Math.floor(p / k));
+    forRowChunks(
+      config,
+      w1,
+      w2,
+      config.intermediate,
+      tokenOf.map((t) => xs[t]),
+      (i, y) => {
+        const t = tokenOf[i];
+        const weight = routing.weights[pairs[i]];
+        for (let n = 0; n < hidden; n++) out[t * hidden + n] += weight * y[n];
+      },
+    );
     options.onProgress?.(++done, total);
   }
   if (shared !== null) {
-    const w1 = dequantizeToF64(shared.w1, "shared W1");
-    const w2 = dequantizeToF64(shared.w2, "shared W2");
-    for (let t = 0; t < tokens; t++) {
-      const y = idealMlpRow(config, w1, w2, sharedIntermediate(config), xs[t]);
+    const w1 = dequantizeToF64(shared.w1, "shared W1", w1Values);
+    const w2 = dequantizeToF64(shared.w2, "shared W2", w2Values);
+    forRowChunks(config, w1, w2, sharedIntermediate(config), xs, (t, y) => {
       for (let n = 0; n < hidden; n++) out[t * hidden + n] += y[n];
-    }
+    });
     options.onProgress?.(++done, total);
   }
   return out;

@@ -94,6 +94,14 @@ describe("MXFP4 quantization", () => {
     for (let i = 0; i < w.length; i++) {
       assert.equal(exact[i], E2M1_DECODE[e2m1At(m.packed, i)] * 2 ** (m.scales[i >> 5] - 127));
     }
+    // Into a caller's buffer: the same values in its front, the rest untouched; too small is an error.
+    const buffer = new Float64Array(w.length + 3).fill(7);
+    assert.deepEqual(dequantizeMxfp4(m, "w", buffer), exact);
+    assert.deepEqual(Array.from(buffer.subarray(w.length)), [7, 7, 7]);
+    assert.throws(
+      () => dequantizeMxfp4(m, "expert 2 W1", new Float64Array(w.length - 1)),
+      /expert 2 W1: out holds/,
+    );
   });
 
   it("re-quantizes its own values to the same bytes when every group holds a ±4 or ±6", () => {
