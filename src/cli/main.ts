@@ -59,7 +59,9 @@ function shapeGiven(cmd: Command): boolean {
 
 const program = new Command()
   .name("megamoe")
-  .description("DeepSeek-V4-class MoE layer in FP8: fused Hopper kernels and an exact CPU reference")
+  .description(
+    "DeepSeek-V4-class MoE layer, FP8 or FP4 (MXFP4) experts: fused Hopper kernels and an exact CPU reference",
+  )
   .version("0.1.0");
 
 const shapeHelp = "preset: tiny, flash, pro, flash-ep8";
