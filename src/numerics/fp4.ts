@@ -13,6 +13,7 @@
 
 import { QUANT_BLOCK } from "../config/config.js";
 import { E4M3_DECODE, e4m3FromBits } from "./fp8.js";
+import { checkArrayKind } from "./quant.js";
 
 /** Elements per UE8M0 scale along K (the MX block size). */
 export const MXFP4_GROUP = 32;
@@ -227,6 +228,7 @@ function checkMxShape(what: string, rows: number, cols: number): void {
  * |x · 2^(127−b)| ≤ 6). Throws on a non-finite value, naming its row and column.
  */
 export function quantizeMxfp4(w: Float32Array, rows: number, cols: number): Mxfp4 {
+  checkArrayKind("quantizeMxfp4: w", w, Float32Array); // read through its bits: an array would read as zeros
   checkMxShape("quantizeMxfp4", rows, cols);
   if (w.length < rows * cols) throw new RangeError(`quantizeMxfp4: ${w.length} values < ${rows}·${cols}`);
   const packed = new Uint8Array((rows * cols) / 2);
@@ -311,8 +313,10 @@ export function dequantizeMxfp4(m: Mxfp4, what = "dequantizeMxfp4", out?: Float6
   checkMxfp4(what, m);
   checkMxfp4Scales(what, m);
   const n = m.rows * m.cols;
-  if (out !== undefined && out.length < n)
-    throw new RangeError(`${what}: out holds ${out.length} < ${n} values`);
+  if (out !== undefined) {
+    checkArrayKind(`${what}: out`, out, Float64Array);
+    if (out.length < n) throw new RangeError(`${what}: out holds ${out.length} < ${n} values`);
+  }
   const result = out === undefined ? new Float64Array(n) : out.subarray(0, n);
   dequantizeMxfp4Into(m, result);
   return result;

@@ -102,6 +102,10 @@ describe("MXFP4 quantization", () => {
       () => dequantizeMxfp4(m, "expert 2 W1", new Float64Array(w.length - 1)),
       /expert 2 W1: out holds/,
     );
+    assert.throws(
+      () => dequantizeMxfp4(m, "w", new Float32Array(w.length) as unknown as Float64Array),
+      /w: out must be a Float64Array/,
+    );
   });
 
   it("re-quantizes its own values to the same bytes when every group holds a ±4 or ±6", () => {
@@ -161,6 +165,8 @@ describe("MXFP4 quantization", () => {
     const w = new Float32Array(64);
     w[40] = Number.NaN;
     assert.throws(() => quantizeMxfp4(w, 1, 64), /non-finite value NaN at row 0, column 40/);
+    const plain = Array.from({ length: 64 }, (_, i) => i) as unknown as Float32Array;
+    assert.throws(() => quantizeMxfp4(plain, 1, 64), /quantizeMxfp4: w must be a Float32Array, got Array/);
     const m: Mxfp4 = { packed: new Uint8Array(128), scales: new Uint8Array(8).fill(127), rows: 2, cols: 128 };
     m.scales[6] = 0xff;
     assert.throws(() => dequantizeMxfp4(m, "expert 3 w2"), /expert 3 w2: .*0xFF \(NaN\) at row 1, K group 2/);
