@@ -254,6 +254,11 @@ function layerImpls(impl: string): LayerImpl[] | null {
 }
 
 /** Checks everything that can be checked without a GPU, so a typo fails before minutes of setup. */
+/** Whether the shared expert runs: on unless `--shared 0` (left unset so that validate can refuse it). */
+function sharedOn(opts: BenchOptions): boolean {
+  return opts.shared ?? true;
+}
+
 function validate(opts: BenchOptions): void {
   if (!(BENCH_IMPLS as readonly string[]).includes(opts.impl)) {
     throw new UsageError(`--impl must be one of ${BENCH_IMPLS.join(", ")}, got "${opts.impl}"`);
@@ -452,7 +457,7 @@ function runCases(
       gpus: opts.gpus === true,
       expertFormat: expertsFormat(opts.experts),
       tokens: opts.tokens ?? EP_TOKENS,
-      shared: opts.shared ?? true,
+      shared: sharedOn(opts),
       seed: opts.seed,
       readTbps: ceilings.readTbps,
       fp8Tflops,
@@ -480,7 +485,7 @@ function runCases(
       expertFormat: opts.experts as ExpertFormat | undefined,
       source,
       tokens: opts.tokens ?? LAYER_TOKENS,
-      shared: opts.shared ?? true,
+      shared: sharedOn(opts),
       seed: opts.seed,
       readTbps: ceilings.readTbps,
       fp8Tflops,
@@ -563,11 +568,11 @@ export async function runBench(opts: BenchOptions): Promise<void> {
   if (opts.plot !== undefined) {
     const plotted = [
       ...rows,
-      ...(peer?.rows ?? []).filter((p) => p.config === rows[0]?.config && p.shared === (opts.shared ?? true)),
+      ...(peer?.rows ?? []).filter((p) => p.config === rows[0]?.config && p.shared === sharedOn(opts)),
     ];
     writePlot(
       opts.plot,
-      renderTimePlot(plotted, { title: plotTitle(benchShape(opts), opts.shared ?? true, device.name) }),
+      renderTimePlot(plotted, { title: plotTitle(benchShape(opts), sharedOn(opts), device.name) }),
     );
   }
   if (opts.json) {

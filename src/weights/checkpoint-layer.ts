@@ -132,11 +132,12 @@ export class CheckpointLayer implements MoEWeightSource {
       throw new CheckpointError(`${this.block}: the routed experts are FP8; exactness applies to FP4 ones`);
     }
     let inexact = 0;
+    // W1, W3 ([I, H]) and W2 ([H, I]) have as many scale bytes each: one buffer serves all three.
+    const s = new Uint8Array((inter * h) / MXFP4_GROUP);
     for (let e = 0; e < numExperts; e++) {
       const name = (w: V4Projection, p: "weight" | "scale") => v4Names.routed(this.block, e, w, p);
       const exact = (["w1", "w3", "w2"] as const).every((w) => {
         const cols = w === "w2" ? inter : h;
-        const s = new Uint8Array(((w === "w2" ? h : inter) * cols) / MXFP4_GROUP);
         this.read(name(w, "scale"), s);
         checkE8m0(s, this.fileOf(name(w, "scale")), name(w, "scale"), cols / MXFP4_GROUP);
         return fp4ScalesExact(s);
