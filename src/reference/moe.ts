@@ -5,6 +5,7 @@
  * computed exactly as the per-token formulation in the spec says: the order of fp32 operations is
  * fixed, so the result does not depend on grouping, and the output is deterministic.
  */
+import os from "node:os";
 import {
   describeValue,
   expertFormatOf,
@@ -18,6 +19,7 @@ import { bf16BitsToF32, f32ToBf16Bits, roundToBf16 } from "../numerics/bf16.js";
 import { dequantizeMxfp4, type Fp4AsFp8, mxfp4RowsToFp8 } from "../numerics/fp4.js";
 import { decodeE4m3Array, E4M3_DECODE } from "../numerics/fp8.js";
 import { quantizeActivations, quantizeRow128 } from "../numerics/quant.js";
+import { generateNumberedExpert } from "../weights/generate.js";
 import {
   type BlockQuantized,
   type ExpertWeights,
@@ -29,6 +31,7 @@ import {
 } from "../weights/types.js";
 import { RouterError, type Routing, validateRouting } from "./router.js";
 import { swiglu, swigluExact } from "./swiglu.js";
+import { availableThreads, MAX_THREADS, runTasks } from "./threads.js";
 
 export type { Routing };
 
@@ -39,12 +42,11 @@ export interface ReferenceOptions {
   onProgress?: (done: number, total: number) => void;
   /** With FP4 experts: receives the count of converted elements and of those not exact in e4m3. */
   fp4Stats?: Fp4ConversionStats;
-}
-
-/** FP8 rows of T tokens: e4m3 codes [T, K] and fp32 scales [T, K/128]. */
-interface QuantizedRows {
-  q: Uint8Array;
-  scales: Float32Array;
+  /**
+   * Threads for the experts (1: this one alone). Default: MEGAMOE_CPU_THREADS, else for experts of a
+   * million weights or more as many as the machine has cores and memory for; the bits are the same.
+   */
+  threads?: number;
 }
 
 /** Which (token, slot) pairs each expert serves, in token order. */
@@ -278,13 +280,13 @@ export function expertOnQuantizedRows(
   return out;
 }
 
-/** Rows (views of the decoded [T, H] values, decoded once per layer) and scales of the given tokens. */
-function quantizedTokenRows(x: QuantizedRows, decoded: Float32Array, tokens: number[], config: MoEConfig) {
+/** Rows (views of the decoded [T, H] values) and scales of the given tokens. */
+function tokenRows(x: Float32Array, xScales: Float32Array, tokens: number[], config: MoEConfig) {
   const h = config.hidden;
   const kb = h / QUANT_BLOCK;
   return {
-    rows: tokens.map((t) => decoded.subarray(t * h, (t + 1) * h)),
-    scales: tokens.map((t) => x.scales.subarray(t * kb, (t + 1) * kb)),
+    rows: tokens.map((t) => x.subarray(t * h, (t + 1) * h)),
+    scales: tokens.map((t) => xScales.subarray(t * kb, (t + 1) * kb)),
   };
 }
 
@@ -297,7 +299,7 @@ interface ExpertWork {
   total: number;
 }
 
-const REFERENCE_OPTIONS: readonly string[] = ["shared", "onProgress", "fp4Stats"];
+const REFERENCE_OPTIONS: readonly string[] = ["shared", "onProgress", "fp4Stats", "threads"];
 
 /** The options' kinds and names: a misspelt `shared` would otherwise be ignored without a word. */
 function checkReferenceOptions(options: unknown): asserts options is ReferenceOptions {
@@ -315,6 +317,7 @@ function checkReferenceOptions(options: unknown): asserts options is ReferenceOp
       `reference options.onProgress must be a function, got ${describeValue(o.onProgress)}`,
     );
   }
+  if (o.threads !== undefined) checkThreads("reference options.threads", o.threads);
 }
 
 /** source.expert(e), checked: a wrong shape or format is an error here, not a wrong output. */
@@ -357,77 +360,6 @@ function planExpertWork(
     if (problem !== null) throw new TypeError(`the weight source's ${problem}`);
   }
   return { lists, active, shared, total: active.length + (shared !== null ? 1 : 0) };
-}
-
-/**
- * The reference layer: bf16 x [T, H] and routing in, bf16 [T, H] out (raw bits).
- *
- * Combine (per token, fixed order): acc = 0; for each routed slot in slot order,
- * acc = fp32(acc + fp32(w · bf16(y_slot))); then acc = fp32(acc + bf16(y_shared)); out = bf16(acc).
- */
-export function referenceMoE(
-  x: Uint16Array,
-  tokens: number,
-  routing: Routing,
-  source: MoEWeightSource,
-  options: ReferenceOptions = {},
-): Uint16Array {
-  const { lists, active, shared, total } = planExpertWork(routing, tokens, source, options);
-  const config = source.config;
-  const { hidden, topK: k } = config;
-  const xq = quantizeActivations(x, tokens, hidden, config.scaleFormat);
-  const xDecoded = new Float32Array(xq.q.length);
-  decodeE4m3Array(xq.q, xDecoded);
-  let done = 0;
-
-  // bf16-rounded L2 results per (token, slot), as the combine reads them.
-  const slotOut = new Float32Array(tokens * k * hidden);
-  for (const e of active) {
-    const pairs = Array.from(lists[e]);
-    const tokenOf = pairs.map((p) => Math.floor(p / k));
-    const { rows, scales } = quantizedTokenRows(xq, xDecoded, tokenOf, config);
-    const y = expertForward(
-      config,
-      expertRows(routedExpert(source, config, e), `expert ${e}`, options.fp4Stats),
-      rows,
-      scales,
-      (i) => `expert ${e}, token ${tokenOf[i]}`,
-    );
-    pairs.forEach((p, i) => {
-      const dst = slotOut.subarray(p * hidden, (p + 1) * hidden);
-      for (let n = 0; n < hidden; n++) dst[n] = roundToBf16(y[i][n]);
-    });
-    options.onProgress?.(++done, total);
-  }
-
-  let sharedOut: Float32Array[] | null = null;
-  if (shared !== null) {
-    const all = Array.from({ length: tokens }, (_, t) => t);
-    const { rows, scales } = quantizedTokenRows(xq, xDecoded, all, config);
-    sharedOut = expertForward(
-      config,
-      expertRows(shared, "shared expert"),
-      rows,
-      scales,
-      (t) => `shared expert, token ${t}`,
-    );
-    options.onProgress?.(++done, total);
-  }
-
-  const out = new Uint16Array(tokens * hidden);
-  for (let t = 0; t < tokens; t++) {
-    for (let n = 0; n < hidden; n++) {
-      let acc = 0;
-      for (let s = 0; s < k; s++) {
-        if (routing.ids[t * k + s] < 0) continue;
-        const y = slotOut[(t * k + s) * hidden + n];
-        acc = Math.fround(acc + Math.fround(routing.weights[t * k + s] * y));
-      }
-      if (sharedOut !== null) acc = Math.fround(acc + roundToBf16(sharedOut[t][n]));
-      out[t * hidden + n] = f32ToBf16Bits(acc);
-    }
-  }
-  return out;
 }
 
 /**
@@ -510,6 +442,250 @@ function forRowChunks(
   }
 }
 
+// ---------------------------------------------------------------------------------------------------
+// The expert work: one task per active routed expert, then the shared expert's, each writing rows no
+// other task writes. The same function runs them here or on worker threads (threads.ts, worker.ts), so
+// the results are the same bits either way; the sums across tasks happen afterwards, in a fixed order.
+
+/** What a forward's expert tasks read and write: flat, on SharedArrayBuffers when threads run them. */
+interface JobBase {
+  config: MoEConfig;
+  /** The weight source's `generated`, or null: with it, a worker makes the routed experts itself. */
+  generated: { seed: number; firstExpert: number } | null;
+}
+
+/** referenceMoE's: decoded e4m3 activations in, L2 results out. */
+export interface ReferenceJob extends JobBase {
+  mode: "reference";
+  /** Decoded e4m3 activations [T, H] and their scales [T, H/128]. */
+  x: Float32Array;
+  xScales: Float32Array;
+  /** bf16-rounded L2 results per (token, slot) [T·k, H]; the shared expert's fp32 L2 results [T, H]. */
+  slotOut: Float32Array;
+  sharedOut: Float32Array;
+}
+
+/** idealMoE's: the bf16 activations as doubles in, exact L2 results out. */
+export interface IdealJob extends JobBase {
+  mode: "ideal";
+  /** [T, H]. */
+  x: Float64Array;
+  /** Per (token, slot) [T·k, H]; the shared expert's [T, H]. */
+  slotOut: Float64Array;
+  sharedOut: Float64Array;
+}
+
+export type ExpertJob = ReferenceJob | IdealJob;
+
+/** A routed expert over its (token, slot) pairs (token·k + slot, in token order), or the shared expert over every token. */
+export interface ExpertTask {
+  expert: number | "shared";
+  pairs: Int32Array;
+  /** The weights, or null for a routed expert of the generator's, which the task then makes. */
+  weights: RoutedExpertWeights | null;
+}
+
+/** Buffers a thread keeps from task to task: a fresh 100 MB array costs more in page faults than its use. */
+export class ExpertScratch {
+  private f32: Float32Array | null = null;
+  private f64: [Float64Array, Float64Array] | null = null;
+
+  /** The generator's fp32 buffer for W1 of an MLP with `inter` channels (W1 ≥ W2 in size). */
+  generation(config: MoEConfig, inter: number): Float32Array {
+    const need = 2 * inter * config.hidden;
+    if (this.f32 === null || this.f32.length < need) this.f32 = new Float32Array(need);
+    return this.f32;
+  }
+
+  /** W1 and W2 of an MLP with `inter` channels, in double. */
+  ideal(config: MoEConfig, inter: number): [Float64Array, Float64Array] {
+    const need = 2 * inter * config.hidden;
+    if (this.f64 === null || this.f64[0].length < need) {
+      this.f64 = [new Float64Array(need), new Float64Array(need / 2)];
+    }
+    return this.f64;
+  }
+}
+
+/** Runs one task of `job`, writing its rows of slotOut or sharedOut; returns the FP4 conversion counts. */
+export function runExpertTask(job: ExpertJob, task: ExpertTask, scratch: ExpertScratch): Fp4ConversionStats {
+  const { config } = job;
+  const { hidden: h, topK: k } = config;
+  const stats: Fp4ConversionStats = { inexact: 0, total: 0 };
+  const shared = task.expert === "shared";
+  const inter = shared ? sharedIntermediate(config) : config.intermediate;
+  let weights = task.weights;
+  if (weights === null) {
+    if (shared || job.generated === null)
+      throw new Error(`${task.expert}: a task without weights needs the generator's`);
+    const e = job.generated.firstExpert + (task.expert as number);
+    weights = generateNumberedExpert(config, job.generated.seed, e, scratch.generation(config, inter));
+  }
+  // Row i of the task's results is pair i's row of slotOut, or token i's of sharedOut.
+  const tokens = shared
+    ? Array.from({ length: job.x.length / h }, (_, t) => t)
+    : Array.from(task.pairs, (p) => Math.floor(p / k));
+  const dst = (i: number) => (shared ? i : task.pairs[i]) * h;
+  if (job.mode === "reference") {
+    const what = shared ? "shared expert" : `expert ${task.expert}`;
+    const { rows, scales } = tokenRows(job.x, job.xScales, tokens, config);
+    const y = expertForward(
+      config,
+      expertRows(weights, what, stats),
+      rows,
+      scales,
+      (i) => `${what}, token ${tokens[i]}`,
+    );
+    for (const [i, row] of y.entries()) {
+      if (shared) job.sharedOut.set(row, dst(i));
+      else {
+        const out = job.slotOut.subarray(dst(i), dst(i) + h);
+        for (let n = 0; n < h; n++) out[n] = roundToBf16(row[n]);
+      }
+    }
+  } else {
+    const what = shared ? "shared" : `expert ${task.expert}`;
+    const [b1, b2] = scratch.ideal(config, inter);
+    const w1 = dequantizeToF64(weights.w1, `${what} W1`, b1);
+    const w2 = dequantizeToF64(weights.w2, `${what} W2`, b2);
+    const xs = tokens.map((t) => job.x.subarray(t * h, (t + 1) * h));
+    const out = shared ? job.sharedOut : job.slotOut;
+    forRowChunks(config, w1, w2, inter, xs, (i, y) => out.set(y, dst(i)));
+  }
+  return stats;
+}
+
+/** A routed expert's weights with each array on a buffer of its own, so that posting it copies no more. */
+function compactWeights(w: RoutedExpertWeights): RoutedExpertWeights {
+  const own = <T extends Uint8Array | Float32Array>(a: T): T =>
+    a.byteOffset === 0 && a.byteLength === a.buffer.byteLength ? a : (a.slice() as T);
+  if (w.format === "fp4") {
+    const m = (x: Mxfp4Matrix): Mxfp4Matrix => ({ ...x, packed: own(x.packed), scales: own(x.scales) });
+    return { ...w, w1: m(w.w1), w2: m(w.w2) };
+  }
+  const m = (x: BlockQuantized): BlockQuantized => ({ ...x, q: own(x.q), scales: own(x.scales) });
+  return { ...w, w1: m(w.w1), w2: m(w.w2) };
+}
+
+/** Why `value` is not a thread count, as `what` names it, or nothing: a positive integer up to MAX_THREADS. */
+function checkThreads(what: string, value: unknown): void {
+  if (typeof value !== "number" || !Number.isInteger(value) || value < 1 || value > MAX_THREADS) {
+    throw new RangeError(`${what} must be an integer in [1, ${MAX_THREADS}], got ${describeValue(value)}`);
+  }
+}
+
+/** Experts smaller than this (hidden · intermediate) run on the calling thread unless threads are asked for. */
+const THREADED_EXPERT_MIN = 1 << 20;
+
+/**
+ * Threads for a forward's expert tasks: `requested` (options.threads), else MEGAMOE_CPU_THREADS, else
+ * as many as the machine has, the tasks need and half the free memory holds (the buffers a worker
+ * keeps: ~12 bytes per weight of the largest MLP, 36 for the ideal's doubles); 1 for small experts,
+ * where starting threads costs more than they save.
+ */
+function referenceThreads(
+  config: MoEConfig,
+  work: ExpertWork,
+  mode: ExpertJob["mode"],
+  requested?: number,
+): number {
+  const env = process.env.MEGAMOE_CPU_THREADS;
+  let asked = requested;
+  if (asked === undefined && env !== undefined && env !== "") {
+    asked = Number(env);
+    checkThreads("MEGAMOE_CPU_THREADS", /^[0-9]+$/.test(env) ? asked : env);
+  }
+  if (asked !== undefined) return Math.min(asked, work.total);
+  const inter = Math.max(config.intermediate, work.shared === null ? 0 : sharedIntermediate(config));
+  if (config.hidden * inter < THREADED_EXPERT_MIN) return 1;
+  const perWorker = (mode === "ideal" ? 36 : 12) * inter * config.hidden + (64 << 20);
+  const byMemory = Math.floor(os.freemem() / 2 / perWorker);
+  return Math.max(1, Math.min(availableThreads(), work.total, byMemory));
+}
+
+/** Runs a forward's expert tasks on worker threads when `threads` > 1 (and they start), else here, in order. */
+function runExperts(
+  job: ExpertJob,
+  work: ExpertWork,
+  source: MoEWeightSource,
+  options: ReferenceOptions,
+  threads: number,
+): void {
+  const tasks: ExpertTask[] = work.active.map((e) => ({ expert: e, pairs: work.lists[e], weights: null }));
+  if (work.shared !== null) tasks.push({ expert: "shared", pairs: new Int32Array(0), weights: work.shared });
+  let done = 0;
+  const finish = (stats: Fp4ConversionStats) => {
+    if (options.fp4Stats !== undefined) {
+      options.fp4Stats.inexact += stats.inexact;
+      options.fp4Stats.total += stats.total;
+    }
+    options.onProgress?.(++done, work.total);
+  };
+  // Here each expert comes from the source (which may cache it); on a worker the generator's are made
+  // there, and others are read here and copied over.
+  const weightsOf = (t: ExpertTask, worker: boolean): RoutedExpertWeights | null => {
+    if (t.weights !== null) return worker ? compactWeights(t.weights) : t.weights;
+    if (worker && job.generated !== null) return null;
+    const w = routedExpert(source, job.config, t.expert as number);
+    return worker ? compactWeights(w) : w;
+  };
+  const posted = (i: number) => ({ message: { ...tasks[i], weights: weightsOf(tasks[i], true) } });
+  if (threads > 1 && runTasks(threads, job, tasks.length, posted, (_, r) => finish(r as Fp4ConversionStats)))
+    return;
+  const scratch = new ExpertScratch();
+  for (const t of tasks) finish(runExpertTask(job, { ...t, weights: weightsOf(t, false) }, scratch));
+}
+
+/**
+ * The reference layer: bf16 x [T, H] and routing in, bf16 [T, H] out (raw bits).
+ *
+ * Combine (per token, fixed order): acc = 0; for each routed slot in slot order,
+ * acc = fp32(acc + fp32(w · bf16(y_slot))); then acc = fp32(acc + bf16(y_shared)); out = bf16(acc).
+ */
+export function referenceMoE(
+  x: Uint16Array,
+  tokens: number,
+  routing: Routing,
+  source: MoEWeightSource,
+  options: ReferenceOptions = {},
+): Uint16Array {
+  const work = planExpertWork(routing, tokens, source, options);
+  const config = source.config;
+  const { hidden, topK: k } = config;
+  const xq = quantizeActivations(x, tokens, hidden, config.scaleFormat);
+  const threads = referenceThreads(config, work, "reference", options.threads);
+  const f32 = (n: number) =>
+    threads > 1 ? new Float32Array(new SharedArrayBuffer(4 * n)) : new Float32Array(n);
+  const job: ReferenceJob = {
+    mode: "reference",
+    config,
+    generated: source.generated ?? null,
+    x: f32(xq.q.length),
+    xScales: f32(xq.scales.length),
+    slotOut: f32(tokens * k * hidden),
+    sharedOut: f32(work.shared === null ? 0 : tokens * hidden),
+  };
+  decodeE4m3Array(xq.q, job.x);
+  job.xScales.set(xq.scales);
+  runExperts(job, work, source, options, threads);
+
+  const { slotOut, sharedOut } = job;
+  const out = new Uint16Array(tokens * hidden);
+  for (let t = 0; t < tokens; t++) {
+    for (let n = 0; n < hidden; n++) {
+      let acc = 0;
+      for (let s = 0; s < k; s++) {
+        if (routing.ids[t * k + s] < 0) continue;
+        const y = slotOut[(t * k + s) * hidden + n];
+        acc = Math.fround(acc + Math.fround(routing.weights[t * k + s] * y));
+      }
+      if (work.shared !== null) acc = Math.fround(acc + roundToBf16(sharedOut[t * hidden + n]));
+      out[t * hidden + n] = f32ToBf16Bits(acc);
+    }
+  }
+  return out;
+}
+
 /**
  * The FP64 "ideal" layer: the same weights (dequantized FP8, or the exact MXFP4 values), but no activation quantization and no
  * intermediate rounding. Its distance to `referenceMoE` is the error FP8 itself costs.
@@ -521,7 +697,7 @@ export function idealMoE(
   source: MoEWeightSource,
   options: ReferenceOptions = {},
 ): Float64Array {
-  const { lists, active, shared, total } = planExpertWork(routing, tokens, source, options);
+  const work = planExpertWork(routing, tokens, source, options);
   const config = source.config;
   const { hidden, topK: k } = config;
   if (!(x instanceof Uint16Array) || x.length !== tokens * hidden) {
@@ -529,50 +705,36 @@ export function idealMoE(
       `idealMoE: x must be a Uint16Array of tokens × hidden = ${tokens * hidden} bf16 values`,
     );
   }
-  const xs = Array.from({ length: tokens }, (_, t) => {
-    const row = new Float64Array(hidden);
-    for (let i = 0; i < hidden; i++) {
-      row[i] = bf16BitsToF32(x[t * hidden + i]);
-      // As referenceMoE's quantization does: a NaN or ±inf would run through to a NaN output.
-      if (!Number.isFinite(row[i])) {
-        throw new RangeError(`idealMoE: x holds a non-finite value at token ${t}, channel ${i}`);
-      }
+  const threads = referenceThreads(config, work, "ideal", options.threads);
+  const f64 = (n: number) =>
+    threads > 1 ? new Float64Array(new SharedArrayBuffer(8 * n)) : new Float64Array(n);
+  const job: IdealJob = {
+    mode: "ideal",
+    config,
+    generated: source.generated ?? null,
+    x: f64(tokens * hidden),
+    slotOut: f64(tokens * k * hidden),
+    sharedOut: f64(work.shared === null ? 0 : tokens * hidden),
+  };
+  for (let i = 0; i < tokens * hidden; i++) {
+    job.x[i] = bf16BitsToF32(x[i]);
+    // As referenceMoE's quantization does: a NaN or ±inf would run through to a NaN output.
+    if (!Number.isFinite(job.x[i])) {
+      throw new RangeError(
+        `idealMoE: x holds a non-finite value at token ${Math.floor(i / hidden)}, channel ${i % hidden}`,
+      );
     }
-    return row;
-  });
+  }
+  runExperts(job, work, source, options, threads);
+  // The sum in a fixed order: routed experts by index, each over its pairs in token order, then the shared one.
   const out = new Float64Array(tokens * hidden);
-  // W1 of the larger MLP (routed or shared) holds either matrix of both.
-  const most = 2 * Math.max(config.intermediate, shared === null ? 0 : sharedIntermediate(config)) * hidden;
-  const w1Values = new Float64Array(most);
-  const w2Values = new Float64Array(most / 2);
-  let done = 0;
-  for (const e of active) {
-    const w = routedExpert(source, config, e);
-    const w1 = dequantizeToF64(w.w1, `expert ${e} W1`, w1Values);
-    const w2 = dequantizeToF64(w.w2, `expert ${e} W2`, w2Values);
-    const pairs = Array.from(lists[e]);
-    const tokenOf = pairs.map((p) => Math.floor(p / k));
-    forRowChunks(
-      config,
-      w1,
-      w2,
-      config.intermediate,
-      tokenOf.map((t) => xs[t]),
-      (i, y) => {
-        const t = tokenOf[i];
-        const weight = routing.weights[pairs[i]];
-        for (let n = 0; n < hidden; n++) out[t * hidden + n] += weight * y[n];
-      },
-    );
-    options.onProgress?.(++done, total);
+  for (const e of work.active) {
+    for (const p of work.lists[e]) {
+      const row = Math.floor(p / k) * hidden;
+      const weight = routing.weights[p];
+      for (let n = 0; n < hidden; n++) out[row + n] += weight * job.slotOut[p * hidden + n];
+    }
   }
-  if (shared !== null) {
-    const w1 = dequantizeToF64(shared.w1, "shared W1", w1Values);
-    const w2 = dequantizeToF64(shared.w2, "shared W2", w2Values);
-    forRowChunks(config, w1, w2, sharedIntermediate(config), xs, (t, y) => {
-      for (let n = 0; n < hidden; n++) out[t * hidden + n] += y[n];
-    });
-    options.onProgress?.(++done, total);
-  }
+  if (work.shared !== null) for (let i = 0; i < out.length; i++) out[i] += job.sharedOut[i];
   return out;
 }

@@ -132,6 +132,19 @@ export function generateExpert(
   scratch?: Float32Array,
 ): RoutedExpertWeights {
   checkExpertIndex(config, e);
+  return generateNumberedExpert(config, seed, e, scratch);
+}
+
+/**
+ * Expert e of the generator's numbering, not checked against config.numExperts: a rank's layer holds
+ * experts firstExpert .. of the whole layer's (`MoEWeightSource.generated`).
+ */
+export function generateNumberedExpert(
+  config: MoEConfig,
+  seed: number,
+  e: number,
+  scratch?: Float32Array,
+): RoutedExpertWeights {
   const m = expertMatrixSpecs(config, e);
   if (expertFormatOf(config) === "fp4") {
     const mx = (s: MatrixSpec) => generateMxfp4(seed, s.name, s.rows, s.cols, s.fanIn, scratch);

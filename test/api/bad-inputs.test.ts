@@ -1014,6 +1014,12 @@ const rows: Row[] = [
     /reference options\.shared must be true or false, got "no"/,
   ),
   err(
+    "referenceMoE threads 0",
+    () => referenceMoE(x, T, routing, weights, { threads: 0 }),
+    RangeError,
+    /reference options\.threads must be an integer in \[1, 64\], got number 0/,
+  ),
+  err(
     "idealMoE of x holding a bf16 NaN",
     () =>
       idealMoE(
