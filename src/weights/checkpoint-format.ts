@@ -84,17 +84,22 @@ function isPlainObject(v: unknown): v is Record<string, unknown> {
 }
 
 /** Checks config.json's MoE keys (missing, mistyped or contradictory ones throw, naming the key). */
+/** The largest value any integer of config.json may hold (sizes index typed arrays and kernels' int32). */
+const INT32_MAX = 2 ** 31 - 1;
+/** Layer and MTP block counts: far above any model's, low enough that listing the blocks is cheap. */
+const MAX_LAYERS = 1 << 16;
+
 export function parseV4Config(file: string, json: unknown): V4ModelConfig {
   if (!isPlainObject(json)) throw new CheckpointError(`${file}: not a JSON object`);
   const bad = (msg: string) => new CheckpointError(`${file}: ${msg}`);
-  const int = (key: string, min: number, fallback?: number): number => {
+  const int = (key: string, min: number, fallback?: number, max = INT32_MAX): number => {
     const v = json[key];
     if (v === undefined || v === null) {
       if (fallback !== undefined) return fallback;
       throw bad(`missing key "${key}"`);
     }
-    if (typeof v !== "number" || !Number.isInteger(v) || v < min) {
-      throw bad(`"${key}" must be an integer ≥ ${min}, got ${JSON.stringify(v)}`);
+    if (typeof v !== "number" || !Number.isInteger(v) || v < min || v > max) {
+      throw bad(`"${key}" must be an integer in [${min}, ${max}], got ${JSON.stringify(v)}`);
     }
     return v;
   };
@@ -113,9 +118,9 @@ export function parseV4Config(file: string, json: unknown): V4ModelConfig {
   const numExperts = int("n_routed_experts", 1);
   const topK = int("num_experts_per_tok", 1);
   const numShared = int("n_shared_experts", 0);
-  const numLayers = int("num_hidden_layers", 1);
-  const numHashLayers = int("num_hash_layers", 0, 0);
-  const numMtp = int("num_nextn_predict_layers", 0, 0);
+  const numLayers = int("num_hidden_layers", 1, undefined, MAX_LAYERS);
+  const numHashLayers = int("num_hash_layers", 0, 0, MAX_LAYERS);
+  const numMtp = int("num_nextn_predict_layers", 0, 0, MAX_LAYERS);
   const nGroup = int("n_group", 1, 1);
   const topkGroup = int("topk_group", 1, 1);
   const vocabRaw = json.vocab_size;

@@ -406,6 +406,13 @@ describe("V4 checkpoint errors name the file and the tensor", () => {
         /"scoring_func" must be sqrtsoftplus, sigmoid or softmax/,
       ],
       ["dtype", (j) => (j.expert_dtype = "int4"), /"expert_dtype" must be "fp4" or "fp8"/],
+      // Integers too large to mean anything (listing 1e300 MTP blocks ran out of memory).
+      [
+        "mtp",
+        (j) => (j.num_nextn_predict_layers = 1e300),
+        /"num_nextn_predict_layers" must be an integer in \[0, 65536\], got 1e\+300/,
+      ],
+      ["huge", (j) => (j.hidden_size = 2 ** 31), /"hidden_size" must be an integer in \[1, 2147483647\]/],
       [
         "block",
         (j) => (j.quantization_config = { weight_block_size: [64, 64] }),
