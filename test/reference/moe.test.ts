@@ -10,7 +10,7 @@ import { idealMoE, type Routing, referenceMoE } from "../../src/reference/moe.js
 import { randomRouting } from "../../src/reference/router.js";
 import { GeneratedWeights, generateActivations } from "../../src/weights/generate.js";
 import { type BlockQuantized, type MoEWeightSource, requireFp8Expert } from "../../src/weights/types.js";
-import { testSeed } from "../helpers/random.js";
+import { rng, testSeed } from "../helpers/random.js";
 
 const seed = testSeed("moe reference tests");
 
@@ -142,6 +142,34 @@ describe("reference MoE layer", () => {
     const one = randomRouting(seed + 11, 1, config);
     const x1 = x.subarray(0, config.hidden);
     assert.deepEqual(referenceMoE(x1, 1, one, w), naiveMoE(x1, 1, one, w, true));
+  });
+
+  it("equals the naive formulation on random shapes, on one thread and on two", () => {
+    // E, H, IH, top-k, shared experts, clamp and scale format drawn per case; T odd or 1.
+    const random = rng(seed + 40);
+    const pick = <T>(xs: readonly T[]): T => xs[Math.floor(random() * xs.length)];
+    for (let i = 0; i < 6; i++) {
+      const numExperts = pick([2, 3, 8, 13]);
+      const config = tiny({
+        name: "custom",
+        numExperts,
+        hidden: pick([128, 256, 384]),
+        intermediate: pick([128, 256]),
+        topK: 1 + Math.floor(random() * Math.min(numExperts, 6)),
+        numShared: pick([0, 1, 2]),
+        swigluClamp: pick([null, 10, 0.5]),
+        scaleFormat: pick(["fp32", "ue8m0"] as const),
+        router: { ...tiny().router, nGroup: 1, topkGroup: 1 },
+      });
+      const tokens = pick([1, 3, 11]);
+      const w = new GeneratedWeights(config, seed + 41 + i);
+      const x = generateActivations(seed + 50 + i, tokens, config.hidden);
+      const routing = randomRouting(seed + 60 + i, tokens, config);
+      const naive = naiveMoE(x, tokens, routing, w, config.numShared > 0);
+      const what = JSON.stringify({ ...config, router: undefined, tokens });
+      assert.deepEqual(referenceMoE(x, tokens, routing, w, { threads: 1 }), naive, what);
+      assert.deepEqual(referenceMoE(x, tokens, routing, w, { threads: 2 }), naive, what);
+    }
   });
 
   it("a fully masked token without the shared expert is exactly zero", () => {
