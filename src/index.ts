@@ -1,5 +1,5 @@
 /**
- * megamoe: the MoE layer of DeepSeek-V4-class models in FP8.
+ * megamoe: the MoE layer of DeepSeek-V4-class models in FP8, with FP8 or FP4 (MXFP4) routed experts.
  *
  * The public API: configs, the layer object (and the layer split across ranks by expert), the CPU
  * reference that defines the numerics, weights (generated or from safetensors), the codecs, and the CUDA
