@@ -629,7 +629,7 @@ function runExperts(
     const w = routedExpert(source, job.config, t.expert as number);
     return worker ? compactWeights(w) : w;
   };
-  const posted = (i: number) => ({ message: { ...tasks[i], weights: weightsOf(tasks[i], true) } });
+  const posted = (i: number): ExpertTask => ({ ...tasks[i], weights: weightsOf(tasks[i], true) });
   if (threads > 1 && runTasks(threads, job, tasks.length, posted, (_, r) => finish(r as Fp4ConversionStats)))
     return;
   const scratch = new ExpertScratch();

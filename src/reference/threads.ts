@@ -50,16 +50,22 @@ let words = new Int32Array(new SharedArrayBuffer(4 * (1 + MAX_THREADS)));
 let idleTimer: NodeJS.Timeout | null = null;
 let warned = false;
 
-/** The worker's entry beside this module: worker.js in the package, worker.ts under tsx. */
-function workerSource(): { source: string | URL; eval: boolean } {
+/**
+ * The code a worker starts with: it loads worker.js beside this module (worker.ts under tsx, whose
+ * loader workers do not inherit), and when that fails marks itself gone with the reason on its port.
+ */
+function workerBootstrap(): string {
   const self = import.meta.url;
-  if (!self.endsWith(".ts")) return { source: new URL("./worker.js", self), eval: false };
-  const entry = JSON.stringify(new URL("./worker.ts", self).href);
-  // Workers do not inherit tsx's loader: register it, then load the TypeScript entry.
-  return {
-    source: `import("tsx/esm/api").then((t) => t.register()).then(() => import(${entry}))`,
-    eval: true,
-  };
+  const ts = self.endsWith(".ts");
+  const entry = JSON.stringify(new URL(ts ? "./worker.ts" : "./worker.js", self).href);
+  const before = ts ? 'import("tsx/esm/api").then((t) => t.register())' : "Promise.resolve()";
+  return `const { workerData: w } = require("node:worker_threads");
+${before}.then(() => import(${entry})).catch((e) => {
+  w.port.postMessage({ task: -1, error: { name: String(e && e.name), message: String(e && e.message) } });
+  Atomics.store(w.words, 1 + w.index, ${GONE});
+  Atomics.add(w.words, ${EVENTS}, 1);
+  Atomics.notify(w.words, ${EVENTS});
+});`;
 }
 
 function endPool(): void {
@@ -90,12 +96,12 @@ function workers(n: number): PoolWorker[] | null {
     idleTimer = null;
   }
   if (pool.some((_, i) => Atomics.load(words, 1 + i) === GONE)) endPool();
-  const { source, eval: isEval } = workerSource();
+  const bootstrap = workerBootstrap();
   while (pool.length < n) {
     const index = pool.length;
     const channel = new MessageChannel();
-    const worker = new Worker(source, {
-      eval: isEval,
+    const worker = new Worker(bootstrap, {
+      eval: true,
       workerData: { port: channel.port2, words, index } satisfies WorkerStart,
       transferList: [channel.port2],
     });
@@ -105,10 +111,16 @@ function workers(n: number): PoolWorker[] | null {
   }
   const started = waitFor(() => pool.every((_, i) => Atomics.load(words, 1 + i) !== 0), START_TIMEOUT_MS);
   if (!started || pool.some((_, i) => Atomics.load(words, 1 + i) !== READY)) {
+    const failed = pool.map((w) => receiveMessageOnPort(w.port)?.message as TaskReply | undefined);
+    const reason =
+      failed.find((r) => r?.error !== undefined)?.error?.message ??
+      `no answer in ${START_TIMEOUT_MS / 1000} s`;
     endPool();
     if (!warned) {
       warned = true;
-      process.emitWarning("megamoe: the CPU reference's worker threads did not start; running on one thread");
+      process.emitWarning(
+        `megamoe: the CPU reference's worker threads did not start (${reason}); running on one thread`,
+      );
     }
     return null;
   }
@@ -134,7 +146,7 @@ export function runTasks(
   threads: number,
   setup: unknown,
   count: number,
-  task: (i: number) => { message: unknown; transfer?: ArrayBuffer[] },
+  task: (i: number) => unknown,
   done: (i: number, result: unknown) => void,
 ): boolean {
   const used = workers(Math.min(threads, count));
@@ -146,8 +158,7 @@ export function runTasks(
     let inFlight = 0;
     let failure: Error | null = null;
     const post = (w: PoolWorker) => {
-      const { message, transfer } = task(next);
-      w.worker.postMessage({ task: next, message }, transfer ?? []);
+      w.worker.postMessage({ task: next, message: task(next) });
       next++;
       inFlight++;
     };
