@@ -4,6 +4,7 @@ import { Command, InvalidArgumentError, Option } from "commander";
 import pc from "picocolors";
 import { MAX_TOKENS_LIMIT } from "../config/config.js";
 import { parseSeed } from "../numerics/counter-rng.js";
+import { MAX_THREADS } from "../reference/threads.js";
 import { parseList, runBench } from "./bench.js";
 import { CHECK_FAILED_EXIT_CODE, runCheck } from "./check.js";
 import { runInspect } from "./checkpoint.js";
@@ -52,6 +53,21 @@ function sharedOption(): Option {
   return new Option("--shared <0|1>", "include the shared expert").argParser(sharedFlag).default(true, "1");
 }
 
+/**
+ * `--threads <n>`: the CPU reference's worker threads, through MEGAMOE_CPU_THREADS (which the library
+ * reads) so that every layer a command makes, the ranks' too, runs with it.
+ */
+function threadsOption(): Option {
+  return new Option(
+    "--threads <n>",
+    `cpu: threads for the reference's experts, at most ${MAX_THREADS} (default: MEGAMOE_CPU_THREADS, else the cores)`,
+  ).argParser(positiveInt("threads", MAX_THREADS));
+}
+
+function applyThreads(threads: number | undefined): void {
+  if (threads !== undefined) process.env.MEGAMOE_CPU_THREADS = String(threads);
+}
+
 /** Whether --shape was written (not its default): with --checkpoint it would be ignored without a word. */
 function shapeGiven(cmd: Command): boolean {
   return cmd.getOptionValueSource("shape") !== "default";
@@ -93,8 +109,10 @@ program
     positiveInt("ranks"),
     1,
   )
+  .addOption(threadsOption())
   .option("--json", "print the summary as JSON")
-  .action(async (opts, cmd: Command) => {
+  .action(async ({ threads, ...opts }, cmd: Command) => {
+    applyThreads(threads);
     await runLayer({ ...opts, shapeGiven: shapeGiven(cmd) });
   });
 
@@ -119,8 +137,10 @@ program
     "routed experts' format: fp8 or fp4 (MXFP4; shared expert stays fp8); default the shape's",
   )
   .option("--ranks <n>", "also check the layer split across n expert-parallel ranks", positiveInt("ranks"), 1)
+  .addOption(threadsOption())
   .option("--json", "print the result as JSON")
-  .action(async (opts, cmd: Command) => {
+  .action(async ({ threads, ...opts }, cmd: Command) => {
+    applyThreads(threads);
     await runCheck({ ...opts, shapeGiven: shapeGiven(cmd) });
   });
 

@@ -28,6 +28,32 @@ describe("megamoe CLI", () => {
     assert.notEqual(JSON.parse(c.stdout).checksum, s.checksum);
   });
 
+  it("run and check on the CPU give the same figures on one thread as on three (--threads)", () => {
+    const cpu = (command: string, threads: string) =>
+      megamoe(
+        command,
+        "--shape",
+        "tiny",
+        "--tokens",
+        "7",
+        "--backend",
+        "cpu",
+        "--threads",
+        threads,
+        "--json",
+      );
+    const one = cpu("run", "1");
+    const three = cpu("run", "3");
+    assert.equal(one.code, 0, one.stderr);
+    assert.equal(three.code, 0, three.stderr);
+    assert.equal(JSON.parse(three.stdout).checksum, JSON.parse(one.stdout).checksum);
+    const checks = [cpu("check", "1"), cpu("check", "3")].map((r) => {
+      assert.equal(r.code, 0, r.stderr);
+      return JSON.parse(r.stdout).comparisons;
+    });
+    assert.deepEqual(checks[1], checks[0]);
+  });
+
   it("run from saved weights gives the same output as generated weights", () => {
     const dir = fs.mkdtempSync(path.join(os.tmpdir(), "megamoe-cli-"));
     try {
