@@ -1,7 +1,7 @@
 /**
  * A corrupt checkpoint is a clear error, never an internal one: random edits of a tiny V4 checkpoint's
  * config.json, index and shard headers (a value replaced by one of another kind, a key removed, a number
- * moved) and of its bytes, each followed by opening it, reading every layer and a CPU forward of each.
+ * moved), of its bytes (the header's or the data's) and of a shard's length, each followed by opening it, reading every layer and a CPU forward of each.
  * Every error must be one of the project's own kinds, naming what is wrong.
  */
 import assert from "node:assert/strict";
@@ -134,14 +134,23 @@ describe(`a corrupt V4 checkpoint, ${EDITS} random edits`, () => {
         const json = JSON.parse(fs.readFileSync(file, "utf8"));
         what = editJson(json, random);
         fs.writeFileSync(file, JSON.stringify(json));
-      } else if (random() < 0.7) {
-        what = editShardHeader(file, random);
       } else {
+        const r = random();
         const buf = fs.readFileSync(file);
-        const at = Math.floor(random() * buf.length);
-        buf[at] = Math.floor(random() * 256);
-        fs.writeFileSync(file, buf);
-        what = `byte ${at} = ${buf[at]}`;
+        const headerEnd = 8 + Number(buf.readBigUInt64LE(0));
+        if (r < 0.6) {
+          what = editShardHeader(file, random);
+        } else if (r < 0.75) {
+          const at = Math.floor(random() * buf.length);
+          fs.writeFileSync(file, buf.subarray(0, at));
+          what = `cut at byte ${at} of ${buf.length}`;
+        } else {
+          // A byte of the header's text (or its length) half the time, of the data otherwise.
+          const at = Math.floor(random() * (r < 0.85 ? headerEnd : buf.length));
+          buf[at] = Math.floor(random() * 256);
+          fs.writeFileSync(file, buf);
+          what = `byte ${at} = ${buf[at]}`;
+        }
       }
       try {
         useCheckpoint(dir);
