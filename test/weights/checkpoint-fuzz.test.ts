@@ -1,8 +1,9 @@
 /**
  * A corrupt checkpoint is a clear error, never an internal one: random edits of a tiny V4 checkpoint's
  * config.json, index and shard headers (a value replaced by one of another kind, a key removed, a number
- * moved), of its bytes (the header's or the data's) and of a shard's length, each followed by opening it, reading every layer and a CPU forward of each.
- * Every error must be one of the project's own kinds, naming what is wrong.
+ * moved), of its bytes (the header's or the data's) and of a shard's length, each followed by opening
+ * it, reading every layer and a CPU forward of each. Every error must be one of the project's own kinds,
+ * naming what is wrong.
  */
 import assert from "node:assert/strict";
 import fs from "node:fs";
