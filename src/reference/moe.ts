@@ -5,7 +5,6 @@
  * computed exactly as the per-token formulation in the spec says: the order of fp32 operations is
  * fixed, so the result does not depend on grouping, and the output is deterministic.
  */
-import os from "node:os";
 import {
   describeValue,
   expertFormatOf,
@@ -579,8 +578,9 @@ const THREADED_EXPERT_MIN = 1 << 20;
 
 /**
  * Threads for a forward's expert tasks: `requested` (options.threads), else MEGAMOE_CPU_THREADS, else
- * as many as the machine has, the tasks need and half the free memory holds (the buffers a worker
- * keeps: ~12 bytes per weight of the largest MLP, 36 for the ideal's doubles); 1 for small experts,
+ * as many as the machine has, the tasks need and half the memory left to the process holds (cgroup
+ * limits included; a worker keeps ~12 bytes per weight of the largest MLP, 36 for the ideal's doubles);
+ * 1 for small experts,
  * where starting threads costs more than they save.
  */
 function referenceThreads(
@@ -599,7 +599,7 @@ function referenceThreads(
   const inter = Math.max(config.intermediate, work.shared === null ? 0 : sharedIntermediate(config));
   if (config.hidden * inter < THREADED_EXPERT_MIN) return 1;
   const perWorker = (mode === "ideal" ? 36 : 12) * inter * config.hidden + (64 << 20);
-  const byMemory = Math.floor(os.freemem() / 2 / perWorker);
+  const byMemory = Math.floor(process.availableMemory() / 2 / perWorker);
   return Math.max(1, Math.min(availableThreads(), work.total, byMemory));
 }
 
