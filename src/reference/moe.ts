@@ -566,7 +566,7 @@ function compactWeights(w: RoutedExpertWeights): RoutedExpertWeights {
   return { ...w, w1: m(w.w1), w2: m(w.w2) };
 }
 
-/** Why `value` is not a thread count, as `what` names it, or nothing: a positive integer up to MAX_THREADS. */
+/** Throws a RangeError naming `what` unless `value` is a thread count: an integer in [1, MAX_THREADS]. */
 function checkThreads(what: string, value: unknown): void {
   if (typeof value !== "number" || !Number.isInteger(value) || value < 1 || value > MAX_THREADS) {
     throw new RangeError(`${what} must be an integer in [1, ${MAX_THREADS}], got ${describeValue(value)}`);
@@ -580,8 +580,7 @@ const THREADED_EXPERT_MIN = 1 << 20;
  * Threads for a forward's expert tasks: `requested` (options.threads), else MEGAMOE_CPU_THREADS, else
  * as many as the machine has, the tasks need and half the memory left to the process holds (cgroup
  * limits included; a worker keeps ~12 bytes per weight of the largest MLP, 36 for the ideal's doubles);
- * 1 for small experts,
- * where starting threads costs more than they save.
+ * 1 for small experts, where starting threads costs more than they save.
  */
 function referenceThreads(
   config: MoEConfig,
