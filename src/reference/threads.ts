@@ -49,6 +49,8 @@ let pool: PoolWorker[] = [];
 let words = new Int32Array(new SharedArrayBuffer(4 * (1 + MAX_THREADS)));
 let idleTimer: NodeJS.Timeout | null = null;
 let warned = false;
+/** Set while runTasks drives the pool: a call made from its `done` (a progress callback) runs alone. */
+let busy = false;
 
 /**
  * The code a worker starts with: it loads worker.js beside this module (worker.ts under tsx, whose
@@ -139,8 +141,9 @@ function rethrown(e: { name: string; message: string }): Error {
 /**
  * Runs tasks 0 .. count − 1 on `threads` workers: `setup` goes to each first (SharedArrayBuffers in it
  * are shared, not copied), then `task(i)` for each task as a worker frees up; `done(i, result)` is called
- * on this thread in completion order. Returns false, having run nothing, when no worker could start. The
- * first error a task throws is rethrown here once the tasks in flight have ended.
+ * on this thread in completion order. Returns false, having run nothing, when no worker could start or
+ * the pool is already running tasks (a call from inside `done`). The first error a task throws is
+ * rethrown here once the tasks in flight have ended.
  */
 export function runTasks(
   threads: number,
@@ -149,8 +152,10 @@ export function runTasks(
   task: (i: number) => unknown,
   done: (i: number, result: unknown) => void,
 ): boolean {
+  if (busy) return false;
   const used = workers(Math.min(threads, count));
   if (used === null) return false;
+  busy = true;
   try {
     for (const w of used) w.worker.postMessage({ setup });
     let next = 0;
@@ -197,6 +202,7 @@ export function runTasks(
     endPool();
     throw e;
   } finally {
+    busy = false;
     if (pool.length > 0) {
       idleTimer = setTimeout(endPool, IDLE_MS);
       idleTimer.unref();

@@ -104,6 +104,23 @@ describe("the CPU reference on worker threads", () => {
     }
   });
 
+  it("a forward started from a progress callback runs beside the threaded one, both exact", () => {
+    const source = new GeneratedWeights(config, seed + 5);
+    const x = generateActivations(seed, 13, config.hidden);
+    const routing = randomRouting(seed, 13, config);
+    const one = referenceMoE(x, 13, routing, source, { threads: 1 });
+    const inner: Uint16Array[] = [];
+    const outer = referenceMoE(x, 13, routing, source, {
+      threads: 2,
+      onProgress: (done) => {
+        if (done === 1) inner.push(referenceMoE(x, 13, routing, source, { threads: 2 }));
+      },
+    });
+    assert.equal(inner.length, 1);
+    assert.deepEqual(inner[0], one);
+    assert.deepEqual(outer, one);
+  });
+
   it("makes a rank's experts from the generator's numbering (firstExpert)", () => {
     const whole = new GeneratedWeights(resolveConfig("tiny", { maxTokens: 64 }), seed + 2);
     const rank = new RankWeights(whole, 1, 2, 64);
