@@ -80,6 +80,30 @@ export function encodeFp4RowsMap(
 }
 
 /**
+ * Packed FP4 rows in the device layout (common/fp4.cuh: [K/128, rows, 64 bytes], K-block-major) at
+ * `address`: a 3-D map {64 bytes, rows, K/128}, boxes of one K block × `boxRows` (one contiguous run),
+ * in the 64-byte swizzle as the rows map above; the kernels load (0, row, kb).
+ */
+export function encodeFp4LayoutMap(
+  map: Uint8Array,
+  address: bigint,
+  k: number,
+  rows: number,
+  boxRows: number,
+): void {
+  const block = QUANT_BLOCK / 2;
+  encodeTensorMapTiled(map, {
+    dataType: TensorMapDataType.UINT8,
+    globalAddress: address,
+    globalDims: [block, rows, k / QUANT_BLOCK],
+    globalStridesBytes: [block, block * rows],
+    boxDims: [block, boxRows, 1],
+    swizzle: TensorMapSwizzle.B64,
+    l2Promotion: TensorMapL2Promotion.B256,
+  });
+}
+
+/**
  * The UE8M0 words u32 [K/128, rows] at `address` (row n's four scale bytes of K block b at (b, n): the
  * load-time transform fp4GemmScaleWords), boxes of one K block's words of `boxRows` rows.
  */

@@ -191,7 +191,16 @@ MEGAMOE_HD unsigned int prmt(unsigned int a, unsigned int b, unsigned int c) {
 // sign(H_v) at 8v + 3. So one 16-byte load gives a lane a row's block, the low 16 bits are the
 // magnitude selectors of L for `prmt` and the high 16 those of H, and the signs sit at bit 7 of each
 // byte (L) or move there with one shift (H). docs/numerics.md states the order; src/numerics/fp4.ts
-// mxfp4DeviceOrder is its host form and fp4_convert.cu's megamoe_fp4_device_order puts weights in it.
+// mxfp4DeviceOrder is its host form.
+//
+// The device layout places those blocks K-block-major over a tensor's stacked rows (all experts' [rows,
+// K/2] matrices, or a GEMM's G·N rows): [K/128][rows][64 bytes], so that a TMA box of one K block's
+// consecutive rows is one contiguous run instead of 64-byte pieces a row apart. The kernels' packed maps
+// are 3-D, {64 bytes, rows, K blocks}, so a load names (0, row, kb) and the TMA unit does the arithmetic;
+// mxfp4DeviceLayout is the host form, fp4_convert.cu's megamoe_fp4_device_layout puts weights in it.
+
+// The 64-byte row of the device layout holding K block kb of row `row` of `rows` stacked rows.
+MEGAMOE_HD int fp4_layout_row(int row, int rows, int kb) { return kb * rows + row; }
 
 // Word (q, s) of the device order, from a K block in the stored order.
 MEGAMOE_HD unsigned int fp4_order_word(const unsigned char* block, int q, int s) {

@@ -296,8 +296,9 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
         const unsigned words = base + kOffRowWords + s * kRowWordsStageBytes;
         store_shared_u32(stage_kinds + 4 * s, kStageFp4);
         mbar_arrive_expect_tx(bar, kFp4LoadedTxBytes);
-        tma_load_2d(packed, map_b, bar, kb * (kBlockK / 2), b_row0);
-        tma_load_2d(packed + kPackedHalfBytes, map_b, bar, kb * (kBlockK / 2), b_row1);
+        // The device layout (fp4.cuh): a 3-D map of 64-byte rows, K blocks outermost.
+        tma_load_3d(packed, map_b, bar, 0, b_row0, kb);
+        tma_load_3d(packed + kPackedHalfBytes, map_b, bar, 0, b_row1, kb);
         tma_load_2d(words, map_words, bar, b_row0, kb);
         tma_load_2d(words + kRowWordsStageBytes / 2, map_words, bar, b_row1, kb);
 #endif
@@ -335,8 +336,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
 #if B_FP4
             const TensorMap* map_words = l1 ? &map_w1_words : &map_w2_words;
             const unsigned words = base + kOffRowWords + stage * kRowWordsStageBytes;
-            tma_load_2d(weights, map_b, bar, step * (kBlockK / 2), b_row0);
-            tma_load_2d(weights + kPackedHalfBytes, map_b, bar, step * (kBlockK / 2), b_row1);
+            tma_load_3d(weights, map_b, bar, 0, b_row0, step);
+            tma_load_3d(weights + kPackedHalfBytes, map_b, bar, 0, b_row1, step);
             tma_load_2d(words, map_words, bar, b_row0, step);
             tma_load_2d(words + kRowWordsStageBytes / 2, map_words, bar, b_row1, step);
 #endif
