@@ -80,9 +80,10 @@ export function encodeFp4RowsMap(
 }
 
 /**
- * Packed FP4 rows in the device layout (common/fp4.cuh: [K/128, rows, 64 bytes], K-block-major) at
- * `address`: a 3-D map {64 bytes, rows, K/128}, boxes of one K block × `boxRows` (one contiguous run),
- * in the 64-byte swizzle as the rows map above; the kernels load (0, row, kb).
+ * Packed FP4 rows in the device layout (common/fp4.cuh: [K/128, rows, 64 bytes], K-block-major, each
+ * block's quarters stored swizzled) at `address`: a 3-D map of two rows per TMA row, {128 bytes, rows / 2,
+ * K/128}, unswizzled, boxes of one K block × `boxRows` rows (one contiguous run that lands as the
+ * 64-byte swizzle would have put it); the kernels load (0, row / 2, kb).
  */
 export function encodeFp4LayoutMap(
   map: Uint8Array,
@@ -91,14 +92,14 @@ export function encodeFp4LayoutMap(
   rows: number,
   boxRows: number,
 ): void {
-  const block = QUANT_BLOCK / 2;
+  const pair = QUANT_BLOCK; // two rows' 64-byte blocks
   encodeTensorMapTiled(map, {
     dataType: TensorMapDataType.UINT8,
     globalAddress: address,
-    globalDims: [block, rows, k / QUANT_BLOCK],
-    globalStridesBytes: [block, block * rows],
-    boxDims: [block, boxRows, 1],
-    swizzle: TensorMapSwizzle.B64,
+    globalDims: [pair, rows / 2, k / QUANT_BLOCK],
+    globalStridesBytes: [pair, (pair * rows) / 2],
+    boxDims: [pair, boxRows / 2, 1],
+    swizzle: TensorMapSwizzle.NONE,
     l2Promotion: TensorMapL2Promotion.B256,
   });
 }

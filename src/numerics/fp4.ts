@@ -160,7 +160,8 @@ export function mxfp4StoredOrder(device: Uint8Array): Uint8Array {
  * Packed bytes of stacked rows of K elements (all experts' [rows, K/2] matrices, or a grouped GEMM's G·N
  * rows) in the stored order → the device layout the FP4 kernels load (docs/numerics.md "the device
  * layout"): K-block-major, [K/128, rows, 64 bytes], so that one K block of consecutive rows (a TMA box)
- * is contiguous in memory, each 64-byte block in the device order (`mxfp4DeviceOrder`).
+ * is contiguous in memory, each 64-byte block in the device order (`mxfp4DeviceOrder`) with its 16-byte
+ * quarters where the 64-byte swizzle puts them (quarter q of row n at q ^ ((n >> 1) & 3)).
  */
 export function mxfp4DeviceLayout(packed: Uint8Array, k: number): Uint8Array {
   const rows = checkMxfp4Layout("mxfp4DeviceLayout", packed, k);
@@ -184,16 +185,24 @@ function checkMxfp4Layout(where: string, bytes: Uint8Array, k: number): number {
   return bytes.length / (k / 2);
 }
 
-/** 64-byte blocks [rows, kBlocks] ↔ [kBlocks, rows]. */
+/**
+ * 64-byte blocks [rows, kBlocks] ↔ [kBlocks, rows], the 16-byte quarter q of row n's blocks kept at
+ * q ^ ((n >> 1) & 3) on the device side (the 64-byte swizzle's place for it, common/fp4.cuh).
+ */
 function transposeMxfp4Blocks(src: Uint8Array, rows: number, kBlocks: number, toDevice: boolean): Uint8Array {
   const block = QUANT_BLOCK / 2;
   const out = new Uint8Array(src.length);
   for (let n = 0; n < rows; n++) {
+    const swizzle = (n >> 1) & 3;
     for (let b = 0; b < kBlocks; b++) {
       const stored = (n * kBlocks + b) * block;
       const device = (b * rows + n) * block;
-      if (toDevice) out.set(src.subarray(stored, stored + block), device);
-      else out.set(src.subarray(device, device + block), stored);
+      for (let q = 0; q < 4; q++) {
+        const s = stored + 16 * q;
+        const d = device + 16 * (q ^ swizzle);
+        if (toDevice) out.set(src.subarray(s, s + 16), d);
+        else out.set(src.subarray(d, d + 16), s);
+      }
     }
   }
   return out;

@@ -69,7 +69,7 @@ describe("the device order of packed rows", () => {
 });
 
 describe("the device layout of packed rows", () => {
-  it("puts K block b of row n at 64-byte block b·rows + n, in the device order", () => {
+  it("puts K block b of row n at 64-byte block b·rows + n, in the device order, quarters swizzled", () => {
     const r = rng(seed ^ 0x1a70);
     const [rows, k] = [7, 384];
     const stored = Uint8Array.from({ length: (rows * k) / 2 }, () => Math.floor(r() * 256));
@@ -77,13 +77,20 @@ describe("the device layout of packed rows", () => {
     const ordered = mxfp4DeviceOrder(stored);
     for (let n = 0; n < rows; n++)
       for (let b = 0; b < k / 128; b++) {
-        const from = (n * (k / 128) + b) * 64;
-        const to = (b * rows + n) * 64;
-        assert.deepEqual(device.subarray(to, to + 64), ordered.subarray(from, from + 64), `n${n} b${b}`);
+        for (let q = 0; q < 4; q++) {
+          const from = (n * (k / 128) + b) * 64 + 16 * q;
+          const to = (b * rows + n) * 64 + 16 * (q ^ ((n >> 1) & 3));
+          assert.deepEqual(
+            device.subarray(to, to + 16),
+            ordered.subarray(from, from + 16),
+            `n${n} b${b} q${q}`,
+          );
+        }
       }
     assert.deepEqual(mxfp4StoredLayout(device, k), stored);
-    // One K block per row is the device order alone.
-    assert.deepEqual(mxfp4DeviceLayout(stored, rows * k), ordered);
+    // One row: the device order alone (row 0's quarters stay in place).
+    const row = stored.subarray(0, k / 2);
+    assert.deepEqual(mxfp4DeviceLayout(row, k), mxfp4DeviceOrder(row));
   });
 
   it("refuses bytes that are not whole rows, and a bad K", () => {

@@ -94,6 +94,13 @@ __device__ __forceinline__ void tma_load_3d(unsigned dst, const TensorMap* map, 
       : "memory");
 }
 
+// x, opaque to the compiler: a value computed from it is computed where it is used, not hoisted out of
+// the loop around it into a register the loop cannot spare.
+__device__ __forceinline__ int opaque_i32(int x) {
+  asm volatile("" : "+r"(x));
+  return x;
+}
+
 __device__ __forceinline__ void prefetch_tensor_map(const TensorMap* map) {
   asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<unsigned long long>(map)) : "memory");
 }

@@ -63,7 +63,8 @@ extern "C" __global__ void __launch_bounds__(128) megamoe_fp4_to_e4m3_exact(cons
 // Stored rows → the device layout (fp4.cuh): `src` holds `rows` rows of K/2 bytes as stored (element 2j in
 // the low nibble of byte j), written as rows first_row .. first_row + rows of `dst`, the [K/128][dst_rows]
 // 64-byte blocks of a tensor in the device layout. One thread per written block, so a warp's stores are
-// contiguous: four 16-byte loads of the source block, four 16-byte stores of its words (q, 0..3).
+// contiguous: four 16-byte loads of the source block, four 16-byte stores of its words (q, 0..3), each
+// quarter where the layout keeps it.
 extern "C" __global__ void __launch_bounds__(128) megamoe_fp4_device_layout(const unsigned char* __restrict__ src,
                                                                             unsigned char* __restrict__ dst,
                                                                             unsigned int rows,
@@ -78,10 +79,11 @@ extern "C" __global__ void __launch_bounds__(128) megamoe_fp4_device_layout(cons
   const uint4* from = reinterpret_cast<const uint4*>(src + 64ull * (static_cast<unsigned long long>(n) * k_blocks + kb));
 #pragma unroll
   for (int j = 0; j < 4; j++) reinterpret_cast<uint4*>(in)[j] = from[j];
-  uint4* to = reinterpret_cast<uint4*>(dst + 64ull * (static_cast<unsigned long long>(kb) * dst_rows + first_row + n));
+  const unsigned int row = first_row + n;
+  uint4* to = reinterpret_cast<uint4*>(dst + 64ull * (static_cast<unsigned long long>(kb) * dst_rows + row));
 #pragma unroll
   for (int q = 0; q < 4; q++) {
-    to[q] = make_uint4(megamoe::fp4_order_word(in, q, 0), megamoe::fp4_order_word(in, q, 1),
+    to[megamoe::fp4_layout_quarter(static_cast<int>(row), q)] = make_uint4(megamoe::fp4_order_word(in, q, 0), megamoe::fp4_order_word(in, q, 1),
                        megamoe::fp4_order_word(in, q, 2), megamoe::fp4_order_word(in, q, 3));
   }
 }

@@ -296,9 +296,10 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
         const unsigned words = base + kOffRowWords + s * kRowWordsStageBytes;
         store_shared_u32(stage_kinds + 4 * s, kStageFp4);
         mbar_arrive_expect_tx(bar, kFp4LoadedTxBytes);
-        // The device layout (fp4.cuh): a 3-D map of 64-byte rows, K blocks outermost.
-        tma_load_3d(packed, map_b, bar, 0, b_row0, kb);
-        tma_load_3d(packed + kPackedHalfBytes, map_b, bar, 0, b_row1, kb);
+        // The device layout (fp4.cuh): a 3-D map of two 64-byte rows per TMA row, K blocks outermost
+        // (the halved rows computed here: kept across the loop, they spilled the producer).
+        tma_load_3d(packed, map_b, bar, 0, opaque_i32(b_row0) >> 1, kb);
+        tma_load_3d(packed + kPackedHalfBytes, map_b, bar, 0, opaque_i32(b_row1) >> 1, kb);
         tma_load_2d(words, map_words, bar, b_row0, kb);
         tma_load_2d(words + kRowWordsStageBytes / 2, map_words, bar, b_row1, kb);
 #endif
@@ -336,8 +337,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
 #if B_FP4
             const TensorMap* map_words = l1 ? &map_w1_words : &map_w2_words;
             const unsigned words = base + kOffRowWords + stage * kRowWordsStageBytes;
-            tma_load_3d(weights, map_b, bar, 0, b_row0, step);
-            tma_load_3d(weights + kPackedHalfBytes, map_b, bar, 0, b_row1, step);
+            tma_load_3d(weights, map_b, bar, 0, opaque_i32(b_row0) >> 1, step);
+            tma_load_3d(weights + kPackedHalfBytes, map_b, bar, 0, opaque_i32(b_row1) >> 1, step);
             tma_load_2d(words, map_words, bar, b_row0, step);
             tma_load_2d(words + kRowWordsStageBytes / 2, map_words, bar, b_row1, step);
 #endif
