@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The decode weight stream with no math (lab/stream.ts, probe_tma_stream): CTAs each streaming one
 # weight tile through a TMA stage ring, FP8's 128-byte row pieces beside packed FP4's 64-byte ones,
-# row-major beside K-block-major, over ring depths and grids; the read ceiling beside them.
+# row-major beside K-block-major (by tensor maps of one or two rows per TMA row, or plain bulk copies),
+# over ring depths and grids; the read ceiling beside them.
 usage() {
   cat <<HELP
 usage: lab/stream.sh [options]
@@ -10,8 +11,9 @@ usage: lab/stream.sh [options]
   --box-rows LIST   rows per TMA box (default 128)
   --k-blocks LIST   128-deep K blocks per row (default 32: H = 4096)
   --pieces LIST     bytes of a row per K block, 128 (FP8) and/or 64 (FP4) (default 128,64)
-  --layouts LIST    row-major (the layer's weights today) and/or kblock-major (a box contiguous)
-                    (default both)
+  --layouts LIST    row-major, kblock-major (a box contiguous, through the layer's tensor map),
+                    kblock-wide (the same boxes through a map of two rows per TMA row, unswizzled) and/or
+                    kblock-bulk (the same boxes as plain bulk copies) (default all four)
   --stages LIST     ring depths (default 4,8)
   --rounds N        repeat the grid N times (default 2)
 $LAB_COMMON_HELP

@@ -3,9 +3,10 @@
  * math (probe_tma_stream), each CTA streaming one weight tile through a TMA stage ring, for every
  * combination of the options, beside the device's read ceiling (probe_read). Answers what a layout or a
  * box shape would give the fused kernel's producer before the kernel changes: FP8's 128-byte row pieces
- * against packed FP4's 64-byte ones, row-major against K-block-major (a box contiguous in memory).
+ * against packed FP4's 64-byte ones, row-major against K-block-major (a box contiguous in memory),
+ * through the tensor map of the layer's rows, one of rows twice as wide, or as plain bulk copies.
  *   node dist-test/lab/stream.js [--ctas 96,132] [--tile-rows 256] [--box-rows 128] [--k-blocks 32]
- *     [--pieces 128,64] [--layouts row-major,kblock-major] [--stages 4,8] [--rounds 2] [--out FILE]
+ *     [--pieces 128,64] [--layouts row-major,kblock-major,kblock-wide,kblock-bulk] [--stages 4,8] [--rounds 2] [--out FILE]
  * Rounds repeat the whole grid in the same order, so clock drift shows as round-to-round spread.
  */
 import { parseArgs } from "node:util";
@@ -20,7 +21,7 @@ const { values: args } = parseArgs({
     "box-rows": { type: "string", default: "128" },
     "k-blocks": { type: "string", default: "32" },
     pieces: { type: "string", default: "128,64" },
-    layouts: { type: "string", default: "row-major,kblock-major" },
+    layouts: { type: "string", default: "row-major,kblock-major,kblock-wide,kblock-bulk" },
     stages: { type: "string", default: "4,8" },
     rounds: { type: "string", default: "2" },
     out: { type: "string" },
@@ -35,8 +36,9 @@ const list = (name: string, text: string): number[] => {
 const pieces = list("pieces", args.pieces);
 if (pieces.some((p) => p !== 64 && p !== 128)) throw new Error(`--pieces: 64 or 128, not ${args.pieces}`);
 const layouts = args.layouts.split(",") as WeightLayout[];
-if (layouts.some((l) => l !== "row-major" && l !== "kblock-major"))
-  throw new Error(`--layouts: row-major or kblock-major, not ${args.layouts}`);
+const LAYOUTS: readonly string[] = ["row-major", "kblock-major", "kblock-wide", "kblock-bulk"];
+if (layouts.some((l) => !LAYOUTS.includes(l)))
+  throw new Error(`--layouts: ${LAYOUTS.join(", ")}, not ${args.layouts}`);
 
 const device = openDevice(0);
 const read = measureReadCeiling(device);

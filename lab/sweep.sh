@@ -17,9 +17,10 @@ usage: lab/sweep.sh [options]
   --no-peer         leave the torch peer out
   --peer-file FILE  use a peer measured in an earlier call instead of measuring it again
   --timeout S       seconds for each of our sweeps (default 200)
-  --baseline DIR    also time another build of megamoe (DIR holds its package.json, dist, src/include and
-                    src/kernels, e.g. an earlier commit's): rounds alternate baseline and this build, one
-                    round each, so both see the same clock drift
+  --baseline LIST   also time other builds of megamoe, comma-separated folders (each holds its package.json,
+                    dist, src/include and src/kernels, e.g. an earlier commit's or a branch's): rounds
+                    alternate them and this build, one round each, so all see the same clock drift; the
+                    files are named by "baseline" (one folder) or each folder's name, and "this"
 $LAB_COMMON_HELP
 Writes, per shape and shared setting: torch-SHAPE-sharedS.json (the peer), layers-SHAPE-sharedS.json and
 .svg (our rows beside the peer's; with --define, the file names carry the defines).
@@ -27,7 +28,7 @@ HELP
 }
 source "$(dirname "$0")/lib.sh"
 shapes=flash-ep8 shared=both tokens=1,2,4,8,16,32,64,128,256,512,1024,2048,4096,8192 impl=fused,unfused
-configs="" rounds=2 iters=20 peer=1 peer_file="" seconds=200 baseline="" experts=""
+configs="" rounds=2 iters=20 peer=1 peer_file="" seconds=200 baselines=() experts=""
 while (($#)); do
   case $1 in
   -h | --help) usage; exit 0 ;;
@@ -42,7 +43,16 @@ while (($#)); do
   --no-peer) peer=0; shift ;;
   --peer-file) peer_file=$2; shift 2 ;;
   --timeout) seconds=$2; shift 2 ;;
-  --baseline) baseline=$(cd "$2" && pwd) || lab_die "--baseline: no folder $2"; shift 2 ;;
+  --baseline)
+    IFS=, read -ra dirs <<<"$2"
+    for d in "${dirs[@]}"; do
+      abs=$(cd "$d" && pwd) || lab_die "--baseline: no folder $d"
+      label=baseline
+      ((${#dirs[@]} > 1)) && label=$(basename "$abs")
+      [[ " ${baselines[*]} " == *" $label="* ]] && lab_die "--baseline: two folders named $label"
+      baselines+=("$label=$abs")
+    done
+    shift 2 ;;
   *) lab_common_option "$@"; ((SHIFT)) || lab_die "unknown option $1 (--help)"; shift "$SHIFT" ;;
   esac
 done
@@ -66,7 +76,7 @@ for shape in ${shapes//,/ }; do
       name=$shape-shared$s
       experts_args=()
       [[ $fmt == shape ]] || { name=$name-$fmt; experts_args=(--experts "$fmt"); }
-      if [[ -z $baseline ]]; then
+      if ((${#baselines[@]} == 0)); then
         timeout "$seconds" node dist/cli/main.js bench --impl "$impl" $configs --shape "$shape" --shared "$s" \
           "${experts_args[@]}" --tokens "$tokens" --iters "$iters" --rounds "$rounds" "${peer_args[@]}" \
           --out "$OUT_DIR/layers-$name$LAB_TAG.json" --plot "$OUT_DIR/layers-$name$LAB_TAG.svg" 2>&1 | lab_table
@@ -74,9 +84,8 @@ for shape in ${shapes//,/ }; do
         continue
       fi
       for ((r = 1; r <= rounds; r++)); do
-        for build in baseline this; do
-          dir=$PWD
-          [[ $build == baseline ]] && dir=$baseline
+        for entry in "${baselines[@]}" "this=$PWD"; do
+          build=${entry%%=*} dir=${entry#*=}
           echo "== $name round $r: $build ($dir)"
           (cd "$dir" && timeout "$seconds" node dist/cli/main.js bench --impl "$impl" $configs --shape "$shape" \
             --shared "$s" "${experts_args[@]}" --tokens "$tokens" --iters "$iters" "${peer_args[@]}" \

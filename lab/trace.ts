@@ -6,7 +6,12 @@
  */
 
 import { forwardOperands } from "../src/bench/layer.js";
-import { EXPERT_FORMATS, type ExpertFormat, resolveConfig } from "../src/config/config.js";
+import {
+  EXPERT_FORMATS,
+  type ExpertFormat,
+  resolveConfig,
+  sharedIntermediate,
+} from "../src/config/config.js";
 import { openDevice, timeKernel } from "../src/cuda/index.js";
 import { DeviceMoEWeights } from "../src/kernels/device-weights.js";
 import { FUSED_TRACE_FIELDS, type FusedTraceRow } from "../src/kernels/megamoe/megamoe.js";
@@ -55,6 +60,16 @@ for (const tokens of tokenList) {
     const cell = (v: number) => (count ? String(v).padStart(8) : fmt(v));
     console.log(`  ${field.padEnd(18)} ${cell(lo!)} ${cell(mid!)} ${cell(hi!)}`);
   }
+  // The math warpgroups' time in mainloops: from the first task to the last tile, less the epilogues
+  // (with their publishes) and the waits for tasks and stages. The layer's FLOPs over its median is
+  // the mainloops' rate with every CTA computing at once.
+  const busy = rows.map((r) => r.mathDone - r.firstTask - r.epilogueNs - r.taskWaitNs - r.stageFullWaitNs);
+  const [lo, mid, hi] = stats(busy);
+  console.log(`  ${"mainloopBusy".padEnd(18)} ${fmt(lo!)} ${fmt(mid!)} ${fmt(hi!)}`);
+  const flops = 6 * config.hidden * tokens * (config.topK * config.intermediate + sharedIntermediate(config));
+  console.log(
+    `  mainloops ${(flops / (mid! * 1e-9) / 1e12).toFixed(0)} TFLOP/s (layer FLOPs / median mainloopBusy)`,
+  );
   operands.dispose();
 }
 pipeline.dispose();

@@ -94,6 +94,14 @@ __device__ __forceinline__ void tma_load_3d(unsigned dst, const TensorMap* map, 
       : "memory");
 }
 
+// A linear copy of `bytes` (a multiple of 16) from global to shared memory by the TMA unit, completing
+// on the mbarrier at `bar` (no tensor map: the bytes land as they lie).
+__device__ __forceinline__ void bulk_load(unsigned dst, const void* src, unsigned bytes, unsigned bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+}
+
 // x, opaque to the compiler: a value computed from it is computed where it is used, not hoisted out of
 // the loop around it into a register the loop cannot spare.
 __device__ __forceinline__ int opaque_i32(int x) {

@@ -19,13 +19,9 @@
 
 import { QUANT_BLOCK } from "../../config/config.js";
 import {
-  compileKernel,
   type Device,
   type DeviceTensor,
   expectTensor,
-  type Kernel,
-  KernelArgs,
-  loadKernel,
   perDeviceMemo,
   type Stream,
   type TensorLike,
@@ -37,14 +33,15 @@ import {
   encodeFp8RowsMap,
   encodeScaleColumnsMap,
 } from "../tensor-maps.js";
-import { describeDefines } from "../variants.js";
 import { FP4_GEMM_TILE_NAMES } from "./fp8_grouped_gemm.variants.js";
 import {
   aScalesRows,
   checkGemmOperandsOn,
-  GROUPED_GEMM_SOURCE,
+  type GemmKernel,
   type GroupedGemmArgs,
+  launchGemmReference,
   launchGroupedGemm,
+  loadGemmKernel,
   planGroupedGemmOn,
 } from "./grouped_gemm.js";
 import { checkGroupedGemmProblem, type GemmOutDtype, type GroupedGemmPlan } from "./plan.js";
@@ -128,36 +125,20 @@ export function validateGroupedGemmFp4Args(args: GroupedGemmFp4Args<TensorLike>)
 // ---------------------------------------------------------------------------------------------------
 // Kernels
 
-const ARG_COUNT = 8; // map_a, map_b, map_sa, map_bs, group_offsets, out, m_total, status
-const REF_ARG_COUNT = 8; // a, b, a_scales, m_pad, b_scales4, group_offsets, out, m_total
-const REFERENCE_BLOCK = 256;
+const fp4Kernels = perDeviceMemo<string, GemmKernel>();
 
-interface Fp4Kernel {
-  kernel: Kernel;
-  reference: Kernel;
-  args: KernelArgs;
-  refArgs: KernelArgs;
-  mapsKey: string;
+function kernelFor(device: Device, plan: GroupedGemmPlan): GemmKernel {
+  return loadGemmKernel(
+    fp4Kernels,
+    device,
+    plan,
+    FP4_GROUPED_GEMM_KERNEL,
+    FP4_GROUPED_GEMM_REFERENCE_KERNEL,
+    4,
+  );
 }
 
-const fp4Kernels = perDeviceMemo<string, Fp4Kernel>();
-
-function kernelFor(device: Device, plan: GroupedGemmPlan): Fp4Kernel {
-  return fp4Kernels(device, describeDefines(plan.defines), () => {
-    const compiled = compileKernel({ source: GROUPED_GEMM_SOURCE, defines: plan.defines });
-    const kernel = loadKernel(device, compiled, FP4_GROUPED_GEMM_KERNEL);
-    if (plan.sharedBytes > 48 * 1024) kernel.setMaxDynamicSharedMemory(plan.sharedBytes);
-    return {
-      kernel,
-      reference: loadKernel(device, compiled, FP4_GROUPED_GEMM_REFERENCE_KERNEL),
-      args: new KernelArgs(ARG_COUNT, { tensorMaps: [0, 1, 2, 3] }),
-      refArgs: new KernelArgs(REF_ARG_COUNT),
-      mapsKey: "",
-    };
-  });
-}
-
-function encodeMaps(entry: Fp4Kernel, plan: GroupedGemmPlan, args: GroupedGemmFp4Args): void {
+function encodeMaps(entry: GemmKernel, plan: GroupedGemmPlan, args: GroupedGemmFp4Args): void {
   const { mTotal, n, k, groups } = args;
   const mapsKey = `${args.a.ptr}:${args.b.ptr}:${args.aScales.ptr}:${args.bScales.ptr}:${mTotal}`;
   if (entry.mapsKey === mapsKey) return;
@@ -206,21 +187,5 @@ export function groupedGemmFp4Reference(
   const outDtype = validateGroupedGemmFp4Args(args);
   checkGemmOperandsOn("groupedGemmFp4", device, args);
   if (args.mTotal === 0) return;
-  const entry = kernelFor(device, planGroupedGemmOn(device, args, outDtype, "fp4"));
-  entry.refArgs
-    .ptr(0, args.a.ptr)
-    .ptr(1, args.b.ptr)
-    .ptr(2, args.aScales.ptr)
-    .i32(3, aScalesRows(args.mTotal))
-    .ptr(4, args.bScales.ptr)
-    .ptr(5, args.groupOffsets.ptr)
-    .ptr(6, args.out.ptr)
-    .i32(7, args.mTotal);
-  entry.reference.launch(
-    Math.ceil((args.mTotal * args.n) / REFERENCE_BLOCK),
-    REFERENCE_BLOCK,
-    0,
-    stream,
-    entry.refArgs,
-  );
+  launchGemmReference(kernelFor(device, planGroupedGemmOn(device, args, outDtype, "fp4")), args, stream);
 }

@@ -131,17 +131,61 @@ export function checkGemmOperandsOn(name: string, device: Device, args: GroupedG
 // ---------------------------------------------------------------------------------------------------
 // Kernels, memoized per device and specialization
 
-const ARG_COUNT = 8; // map_a, map_b, map_sa, b_scales, group_offsets, out, m_total, status
-const REF_ARG_COUNT = 8; // a, b, a_scales, m_pad, b_scales, group_offsets, out, m_total
+// Both weight formats: map_a, map_b, map_sa, the B scales (FP4: a map too), group_offsets, out, m_total,
+// status; the references a, b, a_scales, m_pad, b_scales, group_offsets, out, m_total.
+const ARG_COUNT = 8;
+const REF_ARG_COUNT = 8;
 const REFERENCE_BLOCK = 256;
 
-interface GemmKernel {
+/** A build's fast kernel and CUDA-core reference, with their argument blocks (reused per launch). */
+export interface GemmKernel {
   kernel: Kernel;
   reference: Kernel;
   args: KernelArgs;
   refArgs: KernelArgs;
   /** Pointers and row count the tensor maps in `args` were encoded for. */
   mapsKey: string;
+}
+
+/**
+ * The build of `plan` (once per device and specialization, in `memo`): entry points `name` and
+ * `referenceName`, the first `maps` arguments of the fast kernel tensor maps.
+ */
+export function loadGemmKernel(
+  memo: ReturnType<typeof perDeviceMemo<string, GemmKernel>>,
+  device: Device,
+  plan: GroupedGemmPlan,
+  name: string,
+  referenceName: string,
+  maps: number,
+): GemmKernel {
+  return memo(device, describeDefines(plan.defines), () => {
+    const compiled = compileKernel({ source: GROUPED_GEMM_SOURCE, defines: plan.defines });
+    const kernel = loadKernel(device, compiled, name);
+    if (plan.sharedBytes > 48 * 1024) kernel.setMaxDynamicSharedMemory(plan.sharedBytes);
+    return {
+      kernel,
+      reference: loadKernel(device, compiled, referenceName),
+      args: new KernelArgs(ARG_COUNT, { tensorMaps: Array.from({ length: maps }, (_, i) => i) }),
+      refArgs: new KernelArgs(REF_ARG_COUNT),
+      mapsKey: "",
+    };
+  });
+}
+
+/** Queues a build's reference kernel over `args` (one thread per output element) on `stream`. */
+export function launchGemmReference(entry: GemmKernel, args: GroupedGemmArgs, stream: Stream | null): void {
+  entry.refArgs
+    .ptr(0, args.a.ptr)
+    .ptr(1, args.b.ptr)
+    .ptr(2, args.aScales.ptr)
+    .i32(3, aScalesRows(args.mTotal))
+    .ptr(4, args.bScales.ptr)
+    .ptr(5, args.groupOffsets.ptr)
+    .ptr(6, args.out.ptr)
+    .i32(7, args.mTotal);
+  const blocks = Math.ceil((args.mTotal * args.n) / REFERENCE_BLOCK);
+  entry.reference.launch(blocks, REFERENCE_BLOCK, 0, stream, entry.refArgs);
 }
 
 const gemmKernels = perDeviceMemo<string, GemmKernel>();
@@ -157,18 +201,7 @@ export function statusBuffer(device: Device): bigint {
 }
 
 function gemmKernelFor(device: Device, plan: GroupedGemmPlan): GemmKernel {
-  return gemmKernels(device, describeDefines(plan.defines), () => {
-    const compiled = compileKernel({ source: GROUPED_GEMM_SOURCE, defines: plan.defines });
-    const kernel = loadKernel(device, compiled, GROUPED_GEMM_KERNEL);
-    if (plan.sharedBytes > 48 * 1024) kernel.setMaxDynamicSharedMemory(plan.sharedBytes);
-    return {
-      kernel,
-      reference: loadKernel(device, compiled, GROUPED_GEMM_REFERENCE_KERNEL),
-      args: new KernelArgs(ARG_COUNT, { tensorMaps: [0, 1, 2] }),
-      refArgs: new KernelArgs(REF_ARG_COUNT),
-      mapsKey: "",
-    };
-  });
+  return loadGemmKernel(gemmKernels, device, plan, GROUPED_GEMM_KERNEL, GROUPED_GEMM_REFERENCE_KERNEL, 3);
 }
 
 function encodeMaps(entry: GemmKernel, plan: GroupedGemmPlan, args: GroupedGemmArgs): void {
@@ -272,19 +305,7 @@ export function groupedGemmFp8Reference(device: Device, args: GroupedGemmArgs, s
   const outDtype = validateGroupedGemmArgs(args);
   checkGemmOperandsOn("groupedGemmFp8", device, args);
   if (args.mTotal === 0) return;
-  const plan = planGroupedGemmOn(device, args, outDtype);
-  const entry = gemmKernelFor(device, plan);
-  entry.refArgs
-    .ptr(0, args.a.ptr)
-    .ptr(1, args.b.ptr)
-    .ptr(2, args.aScales.ptr)
-    .i32(3, aScalesRows(args.mTotal))
-    .ptr(4, args.bScales.ptr)
-    .ptr(5, args.groupOffsets.ptr)
-    .ptr(6, args.out.ptr)
-    .i32(7, args.mTotal);
-  const blocks = Math.ceil((args.mTotal * args.n) / REFERENCE_BLOCK);
-  entry.reference.launch(blocks, REFERENCE_BLOCK, 0, stream, entry.refArgs);
+  launchGemmReference(gemmKernelFor(device, planGroupedGemmOn(device, args, outDtype)), args, stream);
 }
 
 /** What the kernel's watchdog recorded: a barrier wait that never completed. */

@@ -60,14 +60,16 @@ extern "C" __global__ void __launch_bounds__(512, 2) probe_read(const int4* __re
 // Weight tiles streamed through a TMA stage ring with no math: how fast the fused kernel's producer could
 // feed its math warps at decode, where each CTA streams one tile of weights (tile_rows rows × k_blocks
 // K blocks of piece_bytes per row: 128 for FP8, 64 for packed FP4; box_rows rows per TMA box). The map's
-// layout decides what a box covers: row-major [rows, K] (piece_bytes out of each of box_rows rows,
-// the layer's weights today) or K-block-major [K blocks][rows][piece_bytes] (box_rows × piece_bytes
-// contiguous bytes), with box coordinate (kb·piece_bytes, row) or (0, kb·total_rows + row). Thread 0
-// loads, thread 32 frees each stage once it lands.
+// layout decides what a box covers: row-major [rows, K] (piece_bytes out of each of box_rows rows) or
+// K-block-major [K blocks][rows][piece_bytes] (box_rows × piece_bytes contiguous bytes), with box
+// coordinate (kb·piece_bytes, row) or (0, kb·total_rows + row); `layout` 2 copies the K-block-major
+// boxes as plain bulk copies from `src` instead, and 3 through a map of rows twice as wide, unswizzled,
+// coordinate (0, (kb·total_rows + row) / 2) (both what a layout stored already swizzled would load).
+// Thread 0 loads, thread 32 frees each stage once it lands.
 extern "C" __global__ void __launch_bounds__(64, 1) probe_tma_stream(const __grid_constant__ TensorMap map, int tile_rows,
                                                                      int box_rows, int total_rows, int k_blocks,
-                                                                     int kblock_major, int stages, int piece_bytes,
-                                                                     int* stalled) {
+                                                                     int layout, int stages, int piece_bytes,
+                                                                     int* stalled, const unsigned char* src) {
   extern __shared__ __align__(1024) unsigned char smem[];
   const unsigned base = align_up(smem_u32(smem), 1024);
   const unsigned stage_bytes = static_cast<unsigned>(tile_rows * piece_bytes);
@@ -91,8 +93,13 @@ extern "C" __global__ void __launch_bounds__(64, 1) probe_tma_stream(const __gri
       mbar_arrive_expect_tx(full_bar + 8 * s, stage_bytes);
       for (int r = 0; r < tile_rows; r += box_rows) {
         const unsigned dst = base + s * stage_bytes + r * piece_bytes;
-        if (kblock_major != 0) {
+        if (layout == 2) {
+          const long long row = static_cast<long long>(kb) * total_rows + row0 + r;
+          bulk_load(dst, src + row * piece_bytes, static_cast<unsigned>(box_rows * piece_bytes), full_bar + 8 * s);
+        } else if (layout == 1) {
           tma_load_2d(dst, &map, full_bar + 8 * s, 0, kb * total_rows + row0 + r);
+        } else if (layout == 3) {
+          tma_load_2d(dst, &map, full_bar + 8 * s, 0, (kb * total_rows + row0 + r) / 2);
         } else {
           tma_load_2d(dst, &map, full_bar + 8 * s, kb * piece_bytes, row0 + r);
         }

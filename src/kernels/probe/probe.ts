@@ -8,10 +8,14 @@
 import {
   compileKernel,
   type Device,
+  encodeTensorMapTiled,
   type Kernel,
   KernelArgs,
   loadKernel,
   perDeviceOnce,
+  TensorMapDataType,
+  TensorMapL2Promotion,
+  TensorMapSwizzle,
   timeKernel,
 } from "../../cuda/index.js";
 import { encodeFp4RowsMap, encodeFp8RowsMap } from "../tensor-maps.js";
@@ -113,8 +117,20 @@ export function measureCopyCeiling(device: Device, bytes = 2 ** 31): { tbps: num
   }
 }
 
-/** How weights lie in memory for `measureWeightStream`. */
-export type WeightLayout = "row-major" | "kblock-major";
+/**
+ * How weights lie in memory for `measureWeightStream`, and how a box is loaded: row-major or
+ * K-block-major through a tensor map of the layer's rows; K-block-major through a map of rows twice as
+ * wide, unswizzled ("kblock-wide": what a layout stored already swizzled would load, two rows a TMA
+ * row); or K-block-major as plain bulk copies ("kblock-bulk").
+ */
+export type WeightLayout = "row-major" | "kblock-major" | "kblock-wide" | "kblock-bulk";
+/** The probe's `layout` argument per layout. */
+const LAYOUT_CODES: Record<WeightLayout, number> = {
+  "row-major": 0,
+  "kblock-major": 1,
+  "kblock-bulk": 2,
+  "kblock-wide": 3,
+};
 
 export interface WeightStreamOptions {
   /** CTAs, one tile each (the layer at decode: one L1 tile per busy SM). */
@@ -158,22 +174,32 @@ export function measureWeightStream(
   try {
     device.memsetD32(src, 0x3c003c00, bytes / 4, device.nullStream);
     device.memsetD32(stalled, 0, 1, device.nullStream);
-    const args = new KernelArgs(9, { tensorMaps: [0] });
+    const args = new KernelArgs(10, { tensorMaps: [0] });
     const rowMajor = layout === "row-major";
     // The layer's operand map (FP8 rows or packed FP4 rows, either encoder taking K = 128 per K block);
     // K-block-major is the same map over rows of one K block.
     const encode = piece === 128 ? encodeFp8RowsMap : encodeFp4RowsMap;
     if (rowMajor) encode(args.tensorMap(0), src, kBlocks * 128, rows, boxRows);
-    else encode(args.tensorMap(0), src, 128, rows * kBlocks, boxRows);
+    else if (layout === "kblock-wide") {
+      encodeTensorMapTiled(args.tensorMap(0), {
+        dataType: TensorMapDataType.UINT8,
+        globalAddress: src,
+        globalDims: [2 * piece, (rows * kBlocks) / 2],
+        globalStridesBytes: [2 * piece],
+        boxDims: [2 * piece, boxRows / 2],
+        swizzle: TensorMapSwizzle.NONE,
+        l2Promotion: TensorMapL2Promotion.B256,
+      });
+    } else encode(args.tensorMap(0), src, 128, rows * kBlocks, boxRows);
     args
       .i32(1, tileRows)
       .i32(2, boxRows)
       .i32(3, rows)
       .i32(4, kBlocks)
-      .i32(5, rowMajor ? 0 : 1)
+      .i32(5, LAYOUT_CODES[layout])
       .i32(6, stages)
       .i32(7, piece);
-    args.ptr(8, stalled);
+    args.ptr(8, stalled).ptr(9, src);
     const t = timeKernel(device, (s) => tmaStream.launch(ctas, 64, shared, s, args), {
       warmup: 3,
       iters: 20,
