@@ -57,9 +57,10 @@ export function encodeScaleColumnsMap(
 }
 
 /**
- * Packed FP4 rows uint8 [rows, K/2] at `address`, in the device order (common/fp4.cuh), boxes of one
- * 128-deep K block (64 bytes) × `boxRows`, in the 64-byte swizzle: it spreads the kernels' 16-byte
- * (register path, common/fp4_frag.cuh) and 8-byte (converters, fp4_stage_convert) loads over the banks.
+ * Packed FP4 rows uint8 [rows, K/2] at `address`, row-major, boxes of one 128-deep K block (64 bytes) ×
+ * `boxRows`, in the 64-byte swizzle the kernels' shared-memory reads assume (it spreads the register
+ * path's 16-byte and the converters' 8-byte loads over the banks). The kernels' weights are in the device
+ * layout instead (encodeFp4LayoutMap); the weight-stream probe streams this form beside it.
  */
 export function encodeFp4RowsMap(
   map: Uint8Array,
