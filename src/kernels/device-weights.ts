@@ -8,7 +8,8 @@
  * in the FP4 grouped GEMM's layout (src/kernels/gemm/fp4_grouped_gemm.ts): W1 uint8 [E, 2I, H/2] packed
  * e2m1 codes in the kernels' device layout (`orderFp4PackedOnDevice` of the stored bytes, element 2j in
  * the low nibble of byte j: K-block-major over all experts' rows, [H/128, E·2I, 64 bytes], each 64-byte
- * block in the device order; docs/numerics.md) with UE8M0 scale bytes uint8 [H/128, E·2I·4]
+ * block in the device order with its quarters pre-swizzled; docs/numerics.md) with UE8M0 scale bytes uint8
+ * [H/128, E·2I·4]
  * (`fp4GemmScaleWords` of the [E·2I, H/32] bytes: row n's four bytes of K block b at (b, 4n)), W2 uint8
  * [E, H, I/2] with [I/128, E·H·4]. The shared expert stays FP8. A flash layer is 6.4 GB with FP8 experts
  * and 3.4 GB with FP4 (`bytes`, `DeviceMoEWeights.bytesFor`).
