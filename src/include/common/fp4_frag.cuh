@@ -76,23 +76,19 @@ MEGAMOE_HD void fp4_fragment_k128(const Mem& mem, unsigned packed, unsigned word
     sw_bits[rh] = fp32_pow2_bits(static_cast<int>(max[rh]) - kE8m0Bias - kFp4Top);
   }
   // One path per warp: the rare slow tables (fp4_table_of_byte also gives the fast ones) run on every
-  // lane when any lane needs them, so the branch never diverges.
-  Fp4Table t[2][4];
+  // lane when any lane needs them, so the branch never diverges. Each path converts as it makes its
+  // tables, so that no more than one step's tables are live at a time.
   if (fp4_warp_all(fast)) {
     MEGAMOE_UNROLL
     for (int rh = 0; rh < 2; ++rh)
       MEGAMOE_UNROLL
-      for (int g = 0; g < 4; ++g) t[rh][g] = fp4_table_fast(b[rh][g] + 12u - max[rh]);
+      for (int g = 0; g < 4; ++g) fp4x8_to_e4m3(w[rh][g], fp4_table_fast(b[rh][g] + 12u - max[rh]), a[g][rh], a[g][2 + rh]);
   } else {
     MEGAMOE_UNROLL
     for (int rh = 0; rh < 2; ++rh)
       MEGAMOE_UNROLL
-      for (int g = 0; g < 4; ++g) t[rh][g] = fp4_table_of_byte(b[rh][g], max[rh]);
+      for (int g = 0; g < 4; ++g) fp4x8_to_e4m3(w[rh][g], fp4_table_of_byte(b[rh][g], max[rh]), a[g][rh], a[g][2 + rh]);
   }
-  MEGAMOE_UNROLL
-  for (int rh = 0; rh < 2; ++rh)
-    MEGAMOE_UNROLL
-    for (int s = 0; s < 4; ++s) fp4x8_to_e4m3(w[rh][s], t[rh][s], a[s][rh], a[s][2 + rh]);
 }
 
 }  // namespace megamoe

@@ -15,7 +15,9 @@ constexpr int kCountChunkSlots = 4096;
 constexpr int kMaxPlaceChunkTokens = 64;  // about T / CTAs: every CTA takes a share, in few claims
 constexpr int kRowVectorsPerLane = (kHidden / 16 + 31) / 32;  // 16-byte pieces of a row per lane
 constexpr int kRowScalesPerLane = (kHiddenBlocks + 31) / 32;  // its scale blocks per lane
-constexpr int kPlaceRowsInFlight = kRowVectorsPerLane <= 8 ? 3 : 2;  // what 168 registers hold
+// What the launch's registers per thread hold: 168 with two math warpgroups; at 96 (four, and 20 warps
+// placing rather than 12) one row.
+constexpr int kPlaceRowsInFlight = kLaunchRegisters >= 168 ? (kRowVectorsPerLane <= 8 ? 3 : 2) : 1;
 
 __device__ __forceinline__ int group_inter(int group) { return group == kExperts ? kSharedInter : kInter; }
 

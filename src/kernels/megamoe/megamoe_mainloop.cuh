@@ -145,39 +145,48 @@ __device__ __forceinline__ void tile_mainloop(const MathContext& m, const Task& 
 // ---------------------------------------------------------------------------------------------------
 // Swap-AB tiles (BLOCK_M 16 or 32). The wgmma's A operand is 64 rows of the stage's B (weight) tile and
 // its B operand the stage's kBlockM pool rows, so D[64 weight rows × kBlockM rows]: a thread holds
-// weight rows frag_row and + 8 and pool rows (columns) 8j + frag_col + {0, 1}. Warpgroup w takes two
-// m64 waves: L1 the gate rows and the up rows of channels 64w .. 64w + 63 (B rows 64w and 128 + 64w: a
-// thread holds gate and up of the same channel and row), L2 output columns 128w .. 128w + 127 (B rows
-// 128w and 128w + 64). The promotion multiplies the same two scales as the other tiles (the row's times
-// the weight block's), so the sums are theirs.
+// weight rows frag_row and + 8 and pool rows (columns) 8j + frag_col + {0, 1}. With two math warpgroups,
+// warpgroup w takes two m64 waves: L1 the gate rows and the up rows of channels 64w .. 64w + 63 (B rows
+// 64w and 128 + 64w: a thread holds gate and up of the same channel and row), L2 output columns 128w ..
+// 128w + 127 (B rows 128w and 128w + 64). With four (the FP4 register builds) warpgroup w takes one wave,
+// B rows 64w .. 64w + 63: L1 warpgroups 0 and 1 the gate rows, 2 and 3 the up rows of the same channels
+// (the L1 epilogue pairs them through shared memory), L2 output columns 64w .. 64w + 63. The promotion
+// multiplies the same two scales as the other tiles (the row's times the weight block's), so the sums are
+// theirs.
 constexpr int kSwapAcc = kSwapAB ? kBlockM / 2 : 8;  // fp32 accumulators per thread of one m64 × n(kBlockM) wave
 constexpr int kSwapColGroups = kSwapAcc / 4;         // groups of 8 pool rows (columns) per wave
+constexpr int kSwapWaves = 4 / kMathWarpgroups;      // m64 waves per math warpgroup
 
 template <bool kL1>
 struct SwapSplit {
-  __device__ static int b_row(int wave, int w) { return kL1 ? 128 * wave + 64 * w : 128 * w + 64 * wave; }
-  __device__ static int sw_row(int wave, int w) { return kL1 ? wave : w; }
+  __device__ static int b_row(int wave, int w) {
+    if constexpr (kSwapWaves == 1) return 64 * w;
+    return kL1 ? 128 * wave + 64 * w : 128 * w + 64 * wave;
+  }
+  // The weight-scale row (of the tile's two 128-row blocks) of a wave.
+  __device__ static int sw_row(int wave, int w) { return b_row(wave, w) / 128; }
 };
 
 // kFp4Regs: swap_mainloop with each thread's A fragments converted from the stage's packed rows
-// (common/fp4_frag.cuh) and wgmma taking A from registers. Per K block both waves are converted first,
-// then issued as two groups; wave 0 is promoted while wave 1 runs. The conversion's rare slow-table
-// branch thus runs with no wgmma in flight. The shared expert (FP8) takes two stages per K block, B box
-// 0 (rows 0..127) with A, then box 1 (rows 128..255): one stage wait per loop step (a second wait site
-// in the loop made ptxas spill).
+// (common/fp4_frag.cuh) and wgmma taking A from registers; each of the four math warpgroups has one wave.
+// Per K block the wave is converted, issued and promoted; the conversion's rare slow-table branch runs
+// with no wgmma in flight. The shared expert (FP8) takes two stages per K block, B box 0 (rows 0..127)
+// with A, then box 1 (rows 128..255): one stage wait per loop step (a second wait site in the loop made
+// ptxas spill).
+static_assert(!kFp4Regs || kSwapWaves == 1, "the register path converts one wave per warpgroup");
+
 template <bool kL1>
 __device__ __forceinline__ void swap_mainloop_regs(const MathContext& m, const Task& task, unsigned sw_rows,
                                                    int& stage, unsigned& phase, float (&acc)[2][kAccum],
                                                    int frag_col) {
   using S = SwapSplit<kL1>;
-  float partial[2][kSwapAcc];
+  float partial[kSwapAcc];
 #pragma unroll
-  for (int wave = 0; wave < 2; ++wave)
-#pragma unroll
-    for (int i = 0; i < kSwapAcc; ++i) acc[wave][i] = 0.0f;
+  for (int i = 0; i < kSwapAcc; ++i) acc[0][i] = 0.0f;
   const bool fp4 = task.group != kExperts;
   const int steps = fp4 ? task.k_blocks : 2 * task.k_blocks;
   const int thread = static_cast<int>(threadIdx.x % 128);
+  const int b_row = S::b_row(0, m.warpgroup);
   const megamoe::fp4_stage::SharedMem mem;
   int first = stage;  // the stage with A (and the shared expert's box 0)
   for (int step = 0; step < steps; ++step) {
@@ -193,71 +202,53 @@ __device__ __forceinline__ void swap_mainloop_regs(const MathContext& m, const T
     if (fp4) first = stage;
     const unsigned sa = m.sa_smem + first * kSaStride + ((task.row0 & 3) + frag_col) * 4;
     float sa_col[kSwapColGroups][2];
+    const auto load_sa = [&] {
 #pragma unroll
-    for (int j = 0; j < kSwapColGroups; ++j) {
-      sa_col[j][0] = load_shared_f32(sa + 8 * j * 4);
-      sa_col[j][1] = load_shared_f32(sa + (8 * j + 1) * 4);
-    }
+      for (int j = 0; j < kSwapColGroups; ++j) {
+        sa_col[j][0] = load_shared_f32(sa + 8 * j * 4);
+        sa_col[j][1] = load_shared_f32(sa + (8 * j + 1) * 4);
+      }
+    };
     const unsigned a_stage = m.a_smem + first * kATileBytes;
     if (fp4) {
-      unsigned frag[2][4][4];
-      unsigned sw_bits[2][2];
+      unsigned frag[4][4];
+      unsigned sw_bits[2];
+      megamoe::fp4_fragment_k128(mem, m.b_smem + stage * kPackedStageBytes + b_row * megamoe::fp4_stage::kPackedRowBytes,
+                                 m.row_scales + stage * kRowWordsStageBytes + b_row * 4, thread, frag, sw_bits);
+      // The fragments are final before the fence (wgmma reads them behind the compiler); the partials are
+      // written, not read, by the first step, so the last block's stay dead through the conversion.
 #pragma unroll
-      for (int wave = 0; wave < 2; ++wave) {
-        const int b_row = S::b_row(wave, m.warpgroup);
-        megamoe::fp4_fragment_k128(mem, m.b_smem + stage * kPackedStageBytes + b_row * megamoe::fp4_stage::kPackedRowBytes,
-                                   m.row_scales + stage * kRowWordsStageBytes + b_row * 4, thread, frag[wave],
-                                   sw_bits[wave]);
-      }
-      // The fragments and the partials are final before the fence (wgmma reads both behind the compiler).
-#pragma unroll
-      for (int wave = 0; wave < 2; ++wave) {
-#pragma unroll
-        for (int k = 0; k < 4; ++k) fence_operands(frag[wave][k]);
-        fence_registers(partial[wave]);
-      }
+      for (int k = 0; k < 4; ++k) fence_operands(frag[k]);
       wgmma_fence();
+      wgmma_e4m3_rs_first(partial, frag[0], smem_descriptor(a_stage));
 #pragma unroll
-      for (int wave = 0; wave < 2; ++wave) {
+      for (int k = 1; k < 4; ++k) wgmma_e4m3_rs(partial, frag[k], smem_descriptor(a_stage + k * 32), 1);
+      wgmma_commit();
+      load_sa();  // while the wgmmas run: not live through the conversion
+      wgmma_wait<0>();
+      fence_registers(partial);
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          wgmma_e4m3_rs(partial[wave], frag[wave][k], smem_descriptor(a_stage + k * 32), k > 0 ? 1 : 0);
+      for (int k = 0; k < 4; ++k) fence_operands(frag[k]);
+      // A scale per weight row (the accumulator's rows frag_row and + 8), the CPU rule's three roundings.
+      const float sw_lo = megamoe::fp32_from_bits(sw_bits[0]);
+      const float sw_hi = megamoe::fp32_from_bits(sw_bits[1]);
+#pragma unroll
+      for (int j = 0; j < kSwapColGroups; ++j)
+#pragma unroll
+        for (int i = 4 * j; i < 4 * j + 4; ++i) {
+          const float s = megamoe::mul_rn(sa_col[j][i & 1], (i & 2) != 0 ? sw_hi : sw_lo);
+          acc[0][i] = megamoe::add_rn(acc[0][i], megamoe::mul_rn(partial[i], s));
         }
-        wgmma_commit();
-      }
-#pragma unroll
-      for (int wave = 0; wave < 2; ++wave) {
-        if (wave == 0) wgmma_wait<1>();
-        else wgmma_wait<0>();
-        fence_registers(partial[wave]);
-#pragma unroll
-        for (int k = 0; k < 4; ++k) fence_operands(frag[wave][k]);
-        // A scale per weight row (the accumulator's rows frag_row and + 8), the CPU rule's three roundings.
-        const float sw_lo = megamoe::fp32_from_bits(sw_bits[wave][0]);
-        const float sw_hi = megamoe::fp32_from_bits(sw_bits[wave][1]);
-#pragma unroll
-        for (int j = 0; j < kSwapColGroups; ++j)
-#pragma unroll
-          for (int i = 4 * j; i < 4 * j + 4; ++i) {
-            const float s = megamoe::mul_rn(sa_col[j][i & 1], (i & 2) != 0 ? sw_hi : sw_lo);
-            acc[wave][i] = megamoe::add_rn(acc[wave][i], megamoe::mul_rn(partial[wave][i], s));
-          }
-      }
     } else {
+      load_sa();
       const int kb = step >> 1;
+      const float sw = load_shared_f32(sw_rows + (S::sw_row(0, m.warpgroup) * kMaxKBlocks + kb) * 4);
+      const unsigned box = m.b_smem + (b_row < 128 ? first : stage) * kPackedStageBytes + (b_row % 128) * kBlockK;
+      wgmma_block_k128(partial, box, a_stage);
 #pragma unroll
-      for (int wave = 0; wave < 2; ++wave) {
-        const float sw = load_shared_f32(sw_rows + (S::sw_row(wave, m.warpgroup) * kMaxKBlocks + kb) * 4);
-        const int b_row = S::b_row(wave, m.warpgroup);
-        const unsigned box = m.b_smem + (b_row < 128 ? first : stage) * kPackedStageBytes + (b_row % 128) * kBlockK;
-        wgmma_block_k128(partial[0], box, a_stage);
+      for (int j = 0; j < kSwapColGroups; ++j)
 #pragma unroll
-        for (int j = 0; j < kSwapColGroups; ++j)
-#pragma unroll
-          for (int i = 4 * j; i < 4 * j + 4; ++i) {
-            acc[wave][i] = fmaf(partial[0][i], sa_col[j][i & 1] * sw, acc[wave][i]);
-          }
-      }
+        for (int i = 4 * j; i < 4 * j + 4; ++i) acc[0][i] = fmaf(partial[i], sa_col[j][i & 1] * sw, acc[0][i]);
       // Box 0's stage back to the producer (release_stage below returns box 1's).
       __syncwarp();
       if (m.lane == 0) mbar_arrive(m.empty_bar + 8 * first);
