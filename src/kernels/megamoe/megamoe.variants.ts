@@ -54,13 +54,13 @@ export const FUSED_FP4_SWAP_MAX_STAGES = 8;
 export function fusedFp4Registers(c: MoEConfig, blockM: FusedBlockM): boolean {
   return expertFormatOf(c) === "fp4" && fusedSwapAB(blockM);
 }
-/** Math warps per CTA (megamoe_config.cuh kMathWarps): four warpgroups in the register path, else two. */
+/** Math warps per CTA (megamoe_config.cuh kMathWarps): four warpgroups in the register path at block M 16, else two. */
 function fusedMathWarps(c: MoEConfig, blockM: FusedBlockM): number {
-  return fusedFp4Registers(c, blockM) ? 16 : 8;
+  return fusedFp4Registers(c, blockM) && blockM === 16 ? 16 : 8;
 }
 /**
- * Threads per CTA (megamoe_config.cuh kThreads): the math warpgroups (four in the register path, where
- * the math threads' conversion sets the time, else two) and the producer warpgroup.
+ * Threads per CTA (megamoe_config.cuh kThreads): the math warpgroups (four in the register path at block
+ * M 16, where the math threads' conversion sets the time, else two) and the producer warpgroup.
  */
 export function fusedThreads(c: MoEConfig, blockM: FusedBlockM): number {
   return 32 * fusedMathWarps(c, blockM) + 128;

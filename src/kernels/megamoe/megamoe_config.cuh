@@ -69,9 +69,10 @@ constexpr bool kSwapAB = kBlockM < 64;
 constexpr bool kFp4Regs = kBFp4 && kSwapAB;
 constexpr int kBlockN = 256;     // L1: 128 gate + 128 up channels; L2: 256 output columns
 constexpr int kBlockK = 128;
-// Math warpgroups: two, or four in the FP4 register builds, where the conversion in the math threads
-// sets the time and two warps per scheduler left it waiting on latencies; there each takes one m64 wave.
-constexpr int kMathWarpgroups = kFp4Regs ? 4 : 2;
+// Math warpgroups: two, or four in the FP4 register builds of BLOCK_M 16, where the conversion in the
+// math threads sets the time and two warps per scheduler left it waiting on latencies; there each takes
+// one m64 wave. (BLOCK_M 32's pipelined register path spills at the 104 registers four leave.)
+constexpr int kMathWarpgroups = kFp4Regs && kBlockM == 16 ? 4 : 2;
 constexpr int kMathThreads = 128 * kMathWarpgroups;
 constexpr int kThreads = kMathThreads + 128;  // + the producer warpgroup
 constexpr int kMathWarps = kMathThreads / 32;

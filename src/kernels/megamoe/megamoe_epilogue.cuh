@@ -120,7 +120,7 @@ __device__ __forceinline__ void l1_epilogue_swap(const Operands& op, const MathC
                                                  float (&acc)[2][kAccum], int frag_row, int frag_col) {
   const bool clamp_on = op.has_clamp != 0;
   const int warp = static_cast<int>(threadIdx.x / 32);
-  const bool gate = m.warpgroup < 2;
+  const bool gate = kSwapWaves == 2 || m.warpgroup < 2;  // every warpgroup with two
   if constexpr (kSwapWaves == 1) {
     const unsigned exchange = m.staging_all + kSwapUpExchange + (threadIdx.x % 256) * 4;
     if (!gate) {
