@@ -53,6 +53,16 @@ MEGAMOE_HD int fp4_max_byte(unsigned int scales4) {
   return m;
 }
 
+// Smallest of the four scale bytes: the block takes the fast tables when it is within 11 of the largest.
+MEGAMOE_HD int fp4_min_byte(unsigned int scales4) {
+  int m = static_cast<int>(scales4 & 0xffu);
+  for (int g = 1; g < kFp4GroupsPerBlock; g++) {
+    const int b = static_cast<int>((scales4 >> (8 * g)) & 0xffu);
+    m = b < m ? b : m;
+  }
+  return m;
+}
+
 // ref = max − 127 − 6, in [−133, 121] for bytes ≤ 0xFE.
 MEGAMOE_HD int fp4_block_ref(unsigned int scales4) { return fp4_max_byte(scales4) - kE8m0Bias - kFp4Top; }
 

@@ -8,13 +8,13 @@ import { expertFormatOf, type MoEConfig } from "../../config/config.js";
 import type { KernelDefines } from "../variants.js";
 import {
   FUSED_BLOCK_MS,
-  FUSED_THREADS,
   type FusedBlockM,
   fusedDefines,
   fusedShapeProblem,
   fusedSharedBytes,
   fusedStages,
   fusedSwapAB,
+  fusedThreads,
 } from "./megamoe.variants.js";
 
 /** One launch's configuration. */
@@ -85,7 +85,7 @@ export function planFusedLaunch(
     stages,
     sharedBytes: fusedSharedBytes(c, stages, m),
     ctas,
-    threads: FUSED_THREADS,
+    threads: fusedThreads(c, m),
     defines: fusedDefines(c, m, stages),
   };
 }
