@@ -6,8 +6,10 @@
  *
  * With FP4 (MXFP4) routed experts (config.expertFormat "fp4") the routed pair is `routedFp4` instead,
  * in the FP4 grouped GEMM's layout (src/kernels/gemm/fp4_grouped_gemm.ts): W1 uint8 [E, 2I, H/2] packed
- * e2m1 codes in the kernels' device order (`orderFp4PackedOnDevice` of the stored bytes, element 2j in
- * the low nibble of byte j; docs/numerics.md) with UE8M0 scale bytes uint8 [H/128, E·2I·4]
+ * e2m1 codes in the kernels' device layout (`orderFp4PackedOnDevice` of the stored bytes, element 2j in
+ * the low nibble of byte j: K-block-major over all experts' rows, [H/128, E·2I, 64 bytes], each 64-byte
+ * block in the device order with its quarters pre-swizzled; docs/numerics.md) with UE8M0 scale bytes uint8
+ * [H/128, E·2I·4]
  * (`fp4GemmScaleWords` of the [E·2I, H/32] bytes: row n's four bytes of K block b at (b, 4n)), W2 uint8
  * [E, H, I/2] with [I/128, E·H·4]. The shared expert stays FP8. A flash layer is 6.4 GB with FP8 experts
  * and 3.4 GB with FP4 (`bytes`, `DeviceMoEWeights.bytesFor`).
@@ -40,7 +42,7 @@ import {
   type RoutedExpertWeights,
   weightSourceProblem,
 } from "../weights/types.js";
-import { orderFp4PackedOnDevice } from "./fp4/fp4_convert.js";
+import { writeFp4LayoutOnDevice } from "./fp4/fp4_convert.js";
 import { fp4GemmScaleWords } from "./gemm/fp4_grouped_gemm.js";
 import {
   generateActivationsInto,
@@ -100,10 +102,17 @@ function allocPair(device: Device, experts: number, hidden: number, inter: numbe
   }
 }
 
-/** The packed codes of a pair, written in the stored order, into the kernels' device order (in place). */
-function orderFp4Experts(device: Device, p: DeviceFp4ExpertPair, stream: Stream | null): void {
-  orderFp4PackedOnDevice(device, p.w1, stream);
-  orderFp4PackedOnDevice(device, p.w2, stream);
+/**
+ * Scratch for one expert's packed W1 and W2 in the stored order, from which `writeFp4LayoutOnDevice`
+ * puts them into the pair's device layout (K-block-major over all experts' rows).
+ */
+function fp4ExpertScratch(device: Device, hidden: number, inter: number) {
+  const t = DeviceTensor.empty(device, "uint8", [(3 * inter * hidden) / 2]);
+  return {
+    w1: t.view([2 * inter, hidden / 2]),
+    w2: t.view([hidden, inter / 2], inter * hidden),
+    dispose: () => t.dispose(),
+  };
 }
 
 function allocFp4Pair(device: Device, experts: number, hidden: number, inter: number): DeviceFp4ExpertPair {
@@ -348,7 +357,8 @@ export class DeviceMoEWeights {
 
   /**
    * Overwrites every tensor with the weights of `seed`, queued on `stream` (null: the legacy default
-   * stream) without waiting: work on another stream must wait for `stream` before reading them.
+   * stream) without waiting (but for FP4 experts' layout step, which waits for the routed experts):
+   * work on another stream must wait for `stream` before reading them.
    */
   regenerate(seed: number, stream: Stream | null = null, firstExpert = 0): void {
     checkSeed(seed);
@@ -364,30 +374,40 @@ export class DeviceMoEWeights {
     const w1Size = 2 * I * H;
     const w1Blocks = w1Size / QUANT_BLOCK ** 2;
     const fp4 = this.routedFp4;
-    for (let e = 0; e < E; e++) {
-      const { w1, w2 } = expertMatrixSpecs(c, firstExpert + e);
-      if (fp4 !== null) {
-        // Packed bytes per expert are half its elements; its scale rows are e·N.. of the stacked E·N.
-        const l1 = { kind: "gemm", totalRows: E * 2 * I, firstRow: e * 2 * I } as const;
-        const l2 = { kind: "gemm", totalRows: E * H, firstRow: e * H } as const;
-        generateMxfp4OnDevice(device, seed, w1, fp4.w1, (e * w1Size) / 2, fp4.w1Scales, l1, stream);
-        generateMxfp4OnDevice(device, seed, w2, fp4.w2, (e * w1Size) / 4, fp4.w2Scales, l2, stream);
-        continue;
+    const scratch = fp4 === null ? null : fp4ExpertScratch(device, H, I);
+    try {
+      for (let e = 0; e < E; e++) {
+        const { w1, w2 } = expertMatrixSpecs(c, firstExpert + e);
+        if (fp4 !== null && scratch !== null) {
+          // An expert's rows are e·N.. of the stacked E·N, for the scales and the packed codes alike; the
+          // codes go through the scratch (stream order keeps each expert's writes after the last's reads).
+          const l1 = { kind: "gemm", totalRows: E * 2 * I, firstRow: e * 2 * I } as const;
+          const l2 = { kind: "gemm", totalRows: E * H, firstRow: e * H } as const;
+          generateMxfp4OnDevice(device, seed, w1, scratch.w1, 0, fp4.w1Scales, l1, stream);
+          generateMxfp4OnDevice(device, seed, w2, scratch.w2, 0, fp4.w2Scales, l2, stream);
+          writeFp4LayoutOnDevice(device, fp4.w1, e * 2 * I, scratch.w1, stream);
+          writeFp4LayoutOnDevice(device, fp4.w2, e * H, scratch.w2, stream);
+          continue;
+        }
+        const r = this.routed;
+        generateMatrixOnDevice(device, seed, w1, r.w1, e * w1Size, r.w1Scales, e * w1Blocks, stream);
+        generateMatrixOnDevice(
+          device,
+          seed,
+          w2,
+          r.w2,
+          (e * w1Size) / 2,
+          r.w2Scales,
+          (e * w1Blocks) / 2,
+          stream,
+        );
       }
-      const r = this.routed;
-      generateMatrixOnDevice(device, seed, w1, r.w1, e * w1Size, r.w1Scales, e * w1Blocks, stream);
-      generateMatrixOnDevice(
-        device,
-        seed,
-        w2,
-        r.w2,
-        (e * w1Size) / 2,
-        r.w2Scales,
-        (e * w1Blocks) / 2,
-        stream,
-      );
+    } finally {
+      if (scratch !== null) {
+        (stream ?? device.nullStream).synchronize();
+        scratch.dispose();
+      }
     }
-    if (fp4 !== null) orderFp4Experts(device, fp4, stream);
     const s = this.shared;
     if (s !== null) {
       const { w1, w2 } = sharedMatrixSpecs(c);
@@ -470,9 +490,10 @@ export class DeviceMoEWeights {
   }
 
   /**
-   * FP4 experts: the packed codes expert by expert; the scale bytes through `fp4GemmScaleWords`, staged
-   * for up to SCALE_CHUNK_EXPERTS experts and copied as one strip per K block (the GEMM's layout puts
-   * an expert's rows of one K block together, K blocks a layer's E·N rows apart).
+   * FP4 experts: the packed codes expert by expert, through a device scratch into the device layout; the
+   * scale bytes through `fp4GemmScaleWords`, staged for up to SCALE_CHUNK_EXPERTS experts and copied as
+   * one strip per K block (both layouts put an expert's rows of one K block together, K blocks a layer's
+   * E·N rows apart).
    */
   private uploadFp4Experts(source: MoEWeightSource, stream: Stream | null): void {
     const r = this.routedFp4!;
@@ -486,29 +507,36 @@ export class DeviceMoEWeights {
     const stage1 = new Uint8Array((chunk * 2 * I * H) / MXFP4_GROUP);
     const stage2 = new Uint8Array((chunk * H * I) / MXFP4_GROUP);
     let inexact = 0;
-    for (let first = 0; first < E; first += chunk) {
-      const n = Math.min(chunk, E - first);
-      const s1 = stage1.subarray(0, (n * 2 * I * H) / MXFP4_GROUP);
-      const s2 = stage2.subarray(0, (n * H * I) / MXFP4_GROUP);
-      for (let i = 0; i < n; i++) {
-        const e = first + i;
-        const x = expertIn(source.expert(e), "fp4", e);
-        checkMxfp4Matrix(`expert ${e} W1`, x.w1, 2 * I, H);
-        checkMxfp4Matrix(`expert ${e} W2`, x.w2, H, I);
-        inexact += countFp4ToFp8Inexact(x.w1) + countFp4ToFp8Inexact(x.w2);
-        device.copyHtoD(r.w1.ptr + BigInt(e * w1Packed), x.w1.packed, w1Packed, stream);
-        device.copyHtoD(r.w2.ptr + BigInt((e * w1Packed) / 2), x.w2.packed, w1Packed / 2, stream);
-        scatterScaleWords(s1, fp4GemmScaleWords(x.w1.scales, 2 * I, H), i, n, 2 * I, H / QUANT_BLOCK);
-        scatterScaleWords(s2, fp4GemmScaleWords(x.w2.scales, H, I), i, n, H, I / QUANT_BLOCK);
-        // The copies read host memory the source may reuse or drop for the next expert.
+    const scratch = fp4ExpertScratch(device, H, I);
+    try {
+      for (let first = 0; first < E; first += chunk) {
+        const n = Math.min(chunk, E - first);
+        const s1 = stage1.subarray(0, (n * 2 * I * H) / MXFP4_GROUP);
+        const s2 = stage2.subarray(0, (n * H * I) / MXFP4_GROUP);
+        for (let i = 0; i < n; i++) {
+          const e = first + i;
+          const x = expertIn(source.expert(e), "fp4", e);
+          checkMxfp4Matrix(`expert ${e} W1`, x.w1, 2 * I, H);
+          checkMxfp4Matrix(`expert ${e} W2`, x.w2, H, I);
+          inexact += countFp4ToFp8Inexact(x.w1) + countFp4ToFp8Inexact(x.w2);
+          device.copyHtoD(scratch.w1.ptr, x.w1.packed, w1Packed, stream);
+          device.copyHtoD(scratch.w2.ptr, x.w2.packed, w1Packed / 2, stream);
+          writeFp4LayoutOnDevice(device, r.w1, e * 2 * I, scratch.w1, stream);
+          writeFp4LayoutOnDevice(device, r.w2, e * H, scratch.w2, stream);
+          scatterScaleWords(s1, fp4GemmScaleWords(x.w1.scales, 2 * I, H), i, n, 2 * I, H / QUANT_BLOCK);
+          scatterScaleWords(s2, fp4GemmScaleWords(x.w2.scales, H, I), i, n, H, I / QUANT_BLOCK);
+          // The copies read host memory the source may reuse or drop for the next expert.
+          stream?.synchronize();
+        }
+        copyScaleStrips(r.w1Scales, s1, H / QUANT_BLOCK, n * 2 * I, first * 2 * I, E * 2 * I, stream);
+        copyScaleStrips(r.w2Scales, s2, I / QUANT_BLOCK, n * H, first * H, E * H, stream);
+        // The staging buffers are refilled for the next chunk.
         stream?.synchronize();
       }
-      copyScaleStrips(r.w1Scales, s1, H / QUANT_BLOCK, n * 2 * I, first * 2 * I, E * 2 * I, stream);
-      copyScaleStrips(r.w2Scales, s2, I / QUANT_BLOCK, n * H, first * H, E * H, stream);
-      // The staging buffers are refilled for the next chunk.
-      stream?.synchronize();
+    } finally {
+      (stream ?? device.nullStream).synchronize();
+      scratch.dispose();
     }
-    orderFp4Experts(device, r, stream);
     this.exactness = { elements: E * 3 * I * H, inexact };
   }
 

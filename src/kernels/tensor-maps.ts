@@ -57,9 +57,10 @@ export function encodeScaleColumnsMap(
 }
 
 /**
- * Packed FP4 rows uint8 [rows, K/2] at `address`, in the device order (common/fp4.cuh), boxes of one
- * 128-deep K block (64 bytes) × `boxRows`, in the 64-byte swizzle: it spreads the kernels' 16-byte
- * (register path, common/fp4_frag.cuh) and 8-byte (converters, fp4_stage_convert) loads over the banks.
+ * Packed FP4 rows uint8 [rows, K/2] at `address`, row-major, boxes of one 128-deep K block (64 bytes) ×
+ * `boxRows`, in the 64-byte swizzle the kernels' shared-memory reads assume (it spreads the register
+ * path's 16-byte and the converters' 8-byte loads over the banks). The kernels' weights are in the device
+ * layout instead (encodeFp4LayoutMap); the weight-stream probe streams this form beside it.
  */
 export function encodeFp4RowsMap(
   map: Uint8Array,
@@ -75,6 +76,31 @@ export function encodeFp4RowsMap(
     globalStridesBytes: [k / 2],
     boxDims: [QUANT_BLOCK / 2, boxRows],
     swizzle: TensorMapSwizzle.B64,
+    l2Promotion: TensorMapL2Promotion.B256,
+  });
+}
+
+/**
+ * Packed FP4 rows in the device layout (common/fp4.cuh: [K/128, rows, 64 bytes], K-block-major, each
+ * block's quarters stored swizzled) at `address`: a 3-D map of two rows per TMA row, {128 bytes, rows / 2,
+ * K/128}, unswizzled, boxes of one K block × `boxRows` rows (one contiguous run that lands as the
+ * 64-byte swizzle would have put it); the kernels load (0, row / 2, kb).
+ */
+export function encodeFp4LayoutMap(
+  map: Uint8Array,
+  address: bigint,
+  k: number,
+  rows: number,
+  boxRows: number,
+): void {
+  const pair = QUANT_BLOCK; // two rows' 64-byte blocks
+  encodeTensorMapTiled(map, {
+    dataType: TensorMapDataType.UINT8,
+    globalAddress: address,
+    globalDims: [pair, rows / 2, k / QUANT_BLOCK],
+    globalStridesBytes: [pair, (pair * rows) / 2],
+    boxDims: [pair, boxRows / 2, 1],
+    swizzle: TensorMapSwizzle.NONE,
     l2Promotion: TensorMapL2Promotion.B256,
   });
 }

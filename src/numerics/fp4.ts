@@ -158,6 +158,58 @@ export function mxfp4StoredOrder(device: Uint8Array): Uint8Array {
   return reorderMxfp4Blocks(device, "mxfp4StoredOrder", false);
 }
 
+/**
+ * Packed bytes of stacked rows of K elements (all experts' [rows, K/2] matrices, or a grouped GEMM's G·N
+ * rows) in the stored order → the device layout the FP4 kernels load (docs/numerics.md "the device
+ * layout"): K-block-major, [K/128, rows, 64 bytes], so that one K block of consecutive rows (a TMA box)
+ * is contiguous in memory, each 64-byte block in the device order (`mxfp4DeviceOrder`) with its 16-byte
+ * quarters where the 64-byte swizzle puts them (quarter q of row n at q ^ ((n >> 1) & 3)).
+ */
+export function mxfp4DeviceLayout(packed: Uint8Array, k: number): Uint8Array {
+  const rows = checkMxfp4Layout("mxfp4DeviceLayout", packed, k);
+  return transposeMxfp4Blocks(mxfp4DeviceOrder(packed), rows, k / QUANT_BLOCK, true);
+}
+
+/** The inverse of `mxfp4DeviceLayout`: device-layout bytes back to stored rows. */
+export function mxfp4StoredLayout(device: Uint8Array, k: number): Uint8Array {
+  const rows = checkMxfp4Layout("mxfp4StoredLayout", device, k);
+  return mxfp4StoredOrder(transposeMxfp4Blocks(device, rows, k / QUANT_BLOCK, false));
+}
+
+/** Rows of K elements in `bytes`, after checking that it holds whole ones. */
+function checkMxfp4Layout(where: string, bytes: Uint8Array, k: number): number {
+  if (!Number.isInteger(k) || k < QUANT_BLOCK || k % QUANT_BLOCK !== 0) {
+    throw new RangeError(`${where}: k must be a positive multiple of 128, got ${k}`);
+  }
+  if (bytes.length % (k / 2) !== 0) {
+    throw new RangeError(`${where}: ${bytes.length} bytes are not whole rows of ${k / 2}`);
+  }
+  return bytes.length / (k / 2);
+}
+
+/**
+ * 64-byte blocks [rows, kBlocks] ↔ [kBlocks, rows], the 16-byte quarter q of row n's blocks kept at
+ * q ^ ((n >> 1) & 3) on the device side (the 64-byte swizzle's place for it, common/fp4.cuh).
+ */
+function transposeMxfp4Blocks(src: Uint8Array, rows: number, kBlocks: number, toDevice: boolean): Uint8Array {
+  const block = QUANT_BLOCK / 2;
+  const out = new Uint8Array(src.length);
+  for (let n = 0; n < rows; n++) {
+    const swizzle = (n >> 1) & 3;
+    for (let b = 0; b < kBlocks; b++) {
+      const stored = (n * kBlocks + b) * block;
+      const device = (b * rows + n) * block;
+      for (let q = 0; q < 4; q++) {
+        const s = stored + 16 * q;
+        const d = device + 16 * (q ^ swizzle);
+        if (toDevice) out.set(src.subarray(s, s + 16), d);
+        else out.set(src.subarray(d, d + 16), s);
+      }
+    }
+  }
+  return out;
+}
+
 function reorderMxfp4Blocks(src: Uint8Array, where: string, toDevice: boolean): Uint8Array {
   if (src.length % (QUANT_BLOCK / 2) !== 0) {
     throw new RangeError(`${where}: ${src.length} bytes are not whole 128-element K blocks (64 bytes each)`);

@@ -3,9 +3,9 @@
  * rule `mxfp4RowsToFp8`, byte for byte: e4m3 codes and the fp32 2^ref per row and K block, on every
  * maximum scale byte 0..254 with spreads 0, 14, 15 and 30, every code in every group, and seeded random
  * rows. The fast path's `prmt` is the one thing the host test (test/numerics/fp4-header.test.ts) can
- * only emulate. Outputs are poisoned first, so an element never written is caught. The device order
- * kernel (stored → the FP4 kernels' order, in place) against `mxfp4DeviceOrder`, over a part of a
- * tensor (the bytes around it untouched) and with bad ranges refused.
+ * only emulate. Outputs are poisoned first, so an element never written is caught. The device layout
+ * step (stored → the FP4 kernels' layout, in place, matrix by matrix) against `mxfp4DeviceLayout`, and
+ * with bad shapes refused.
  *
  * GPU tests skip with the reason when no GPU is usable; with MEGAMOE_REQUIRE_GPU=1 they fail instead.
  */
@@ -16,8 +16,9 @@ import {
   convertFp4ToFp8,
   FP4_CONVERT_KERNELS,
   orderFp4PackedOnDevice,
+  writeFp4LayoutOnDevice,
 } from "../../src/kernels/fp4/fp4_convert.js";
-import { type Mxfp4, mxfp4DeviceOrder, mxfp4RowsToFp8 } from "../../src/numerics/fp4.js";
+import { type Mxfp4, mxfp4DeviceLayout, mxfp4RowsToFp8 } from "../../src/numerics/fp4.js";
 import { availability, describeGpu, testDevice } from "../helpers/gpu.js";
 import { rngU32, testSeed } from "../helpers/random.js";
 
@@ -126,28 +127,43 @@ describeGpu("FP4 → e4m3 conversion on a GPU", () => {
     assert.deepEqual(bad, [], bad.join("\n"));
   });
 
-  test(`the device order in place, against mxfp4DeviceOrder; bad ranges refused (seed ${seed})`, () => {
+  test(`the device layout, in place and by rows, against mxfp4DeviceLayout; bad shapes refused (seed ${seed})`, () => {
     const d = testDevice();
     const next = rngU32(seed ^ 0x5a5a);
-    const bytes = new Uint8Array(64 * 1000);
+    // Three matrices of 40 rows, K = 384: in place, then matrix 1 written again by rows from a copy.
+    const [matrices, rows, k] = [3, 40, 384];
+    const bytes = new Uint8Array((matrices * rows * k) / 2);
     for (let i = 0; i < bytes.length; i++) bytes[i] = next() & 0xff;
-    const t = DeviceTensor.fromHost(d, "uint8", [bytes.length], bytes);
-    try {
-      // Blocks 3 .. 996 only: the first three and the last three keep their stored bytes.
-      orderFp4PackedOnDevice(d, t, null, 64 * 3, 64 * 994);
-      const got = t.toHost() as Uint8Array;
-      const want = bytes.slice();
-      want.set(mxfp4DeviceOrder(bytes.subarray(64 * 3, 64 * 997)), 64 * 3);
+    const want = mxfp4DeviceLayout(bytes, k);
+    const t = DeviceTensor.fromHost(d, "uint8", [matrices, rows, k / 2], bytes);
+    const one = DeviceTensor.fromHost(d, "uint8", [rows, k / 2], bytes.subarray((rows * k) / 2, rows * k));
+    const expect = (what: string, got: Uint8Array) => {
       const first = got.findIndex((b, i) => b !== want[i]);
       assert.equal(
         first,
         -1,
-        `byte ${first}: 0x${got[first]?.toString(16)}, want 0x${want[first]?.toString(16)}`,
+        `${what}: byte ${first}: 0x${got[first]?.toString(16)}, want 0x${want[first]?.toString(16)}`,
       );
-      assert.throws(() => orderFp4PackedOnDevice(d, t, null, 32), /whole 64-byte K blocks/);
-      assert.throws(() => orderFp4PackedOnDevice(d, t, null, 0, 64 * 1001), /whole 64-byte K blocks/);
+    };
+    try {
+      orderFp4PackedOnDevice(d, t, null);
+      expect("in place", t.toHost() as Uint8Array);
+      // Poison matrix 1's blocks, then write its rows from the stored copy.
+      for (let kb = 0; kb < k / 128; kb++) t.view([rows * 64], (kb * matrices * rows + rows) * 64).fill(0xff);
+      writeFp4LayoutOnDevice(d, t, rows, one, null);
+      expect("by rows", t.toHost() as Uint8Array);
+      assert.throws(
+        () => orderFp4PackedOnDevice(d, t.view([matrices * rows * (k / 2)]), null),
+        /\[R, K\/2\] or \[G, N, K\/2\]/,
+      );
+      assert.throws(
+        () => orderFp4PackedOnDevice(d, t.view([matrices * rows, 96]), null),
+        /K a positive multiple of 128/,
+      );
+      assert.throws(() => writeFp4LayoutOnDevice(d, t, 2 * rows + 1, one, null), /not within dst's 120/);
     } finally {
       t.dispose();
+      one.dispose();
     }
   });
 });

@@ -46,7 +46,7 @@ import { aScalesRows, type TensorLike, takeGroupedGemmStatus } from "../../src/k
 import { planGroupedGemm } from "../../src/kernels/gemm/plan.js";
 import { describeDefines, SM90_SHARED_OPTIN_BYTES } from "../../src/kernels/variants.js";
 import { bf16BitsToF32, f32ToBf16Bits } from "../../src/numerics/bf16.js";
-import { type Fp4AsFp8, mxfp4DeviceOrder, mxfp4RowsToFp8 } from "../../src/numerics/fp4.js";
+import { type Fp4AsFp8, mxfp4DeviceLayout, mxfp4RowsToFp8 } from "../../src/numerics/fp4.js";
 import { E4M3_DECODE, encodeE4m3 } from "../../src/numerics/fp8.js";
 import { availability, describeGpu, testDevice } from "../helpers/gpu.js";
 import { rng, testSeed } from "../helpers/random.js";
@@ -472,7 +472,12 @@ describeGpu("FP4 grouped GEMM on a GPU", () => {
           a: keep(DeviceTensor.fromHost(device, "fp8_e4m3", [p.mTotal, c.k], p.a)),
           aScales: keep(DeviceTensor.fromHost(device, "fp32", [kb, aScalesRows(p.mTotal)], p.aScales)),
           b: keep(
-            DeviceTensor.fromHost(device, "uint8", [p.groups * c.n, c.k / 2], mxfp4DeviceOrder(p.packed)),
+            DeviceTensor.fromHost(
+              device,
+              "uint8",
+              [p.groups * c.n, c.k / 2],
+              mxfp4DeviceLayout(p.packed, c.k),
+            ),
           ),
           bScales: keep(
             DeviceTensor.fromHost(

@@ -25,7 +25,7 @@ import {
 } from "../../src/kernels/device-weights.js";
 import { fp4GemmScaleWords } from "../../src/kernels/gemm/fp4_grouped_gemm.js";
 import { generateMxfp4OnDevice } from "../../src/kernels/weightgen/weightgen.js";
-import { countFp4ToFp8Inexact, mxfp4DeviceOrder } from "../../src/numerics/fp4.js";
+import { countFp4ToFp8Inexact, mxfp4DeviceLayout } from "../../src/numerics/fp4.js";
 import { RankWeights } from "../../src/parallel/expert-parallel.js";
 import {
   GeneratedWeights,
@@ -119,6 +119,22 @@ function downloadScaleStrips(scales: DeviceTensor, firstRow: number, rows: numbe
   return out;
 }
 
+/**
+ * Rows [firstRow, firstRow + rows) of a packed tensor in the device layout ([K/128, totalRows, 64]):
+ * [K/128, rows, 64], the device layout of those rows alone.
+ */
+function downloadPackedStrips(packed: DeviceTensor, firstRow: number, rows: number, k: number): Uint8Array {
+  const totalRows = packed.numel / (k / 2);
+  const out = new Uint8Array((rows * k) / 2);
+  for (let kb = 0; kb < k / 128; kb++) {
+    out.set(
+      packed.view([rows * 64], (kb * totalRows + firstRow) * 64).toHost() as Uint8Array,
+      kb * rows * 64,
+    );
+  }
+  return out;
+}
+
 function compareMxfp4Matrix(
   what: string,
   pair: DeviceFp4ExpertPair,
@@ -127,8 +143,8 @@ function compareMxfp4Matrix(
   cpu: Mxfp4Matrix,
 ) {
   const { rows, cols } = cpu;
-  const packed = pair[which].view([rows, cols / 2], (index * rows * cols) / 2).toHost() as Uint8Array;
-  assertSameBits(`${what} packed codes (device order)`, packed, mxfp4DeviceOrder(cpu.packed), cols / 2);
+  const packed = downloadPackedStrips(pair[which], index * rows, rows, cols);
+  assertSameBits(`${what} packed codes (device layout)`, packed, mxfp4DeviceLayout(cpu.packed, cols), 64);
   const scales = downloadScaleStrips(which === "w1" ? pair.w1Scales : pair.w2Scales, index * rows, rows);
   assertSameBits(`${what} scale words`, scales, fp4GemmScaleWords(cpu.scales, rows, cols), rows * 4);
 }

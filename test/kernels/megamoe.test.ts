@@ -26,6 +26,7 @@ import {
   fusedMaxStages,
   fusedSharedBytes,
   fusedStages,
+  fusedThreads,
   variants,
 } from "../../src/kernels/megamoe/megamoe.variants.js";
 import {
@@ -195,6 +196,24 @@ describe("fused MoE kernel: host-side facts", () => {
       assert.equal(fusedStages(flash4, blockM), 8);
       assert.ok(fusedSharedBytes(flash4, 8, blockM) <= OPTIN);
     }
+    // BLOCK_M 16 runs four math warpgroups (640 threads): eight more warps' staging areas (16 rows at
+    // the 144-byte pitch) and amax rows.
+    assert.equal(fusedThreads(flash4, 16), 640);
+    for (const [c, m] of [
+      [flash4, 32],
+      [flash4, 64],
+      [resolveConfig("flash"), 16],
+    ] as const) {
+      assert.equal(fusedThreads(c, m), 384, `${c.name} BLOCK_M ${m}`);
+    }
+    assert.equal(planFusedLaunch(flash4, 1, 132).threads, 640);
+    const wide = fusedSharedBytes(flash4, 8, 16) - fusedSharedBytes(resolveConfig("flash"), 8, 16);
+    const narrowStage = 16 * 128 + 128 + 256 * 68;
+    const fp8Stage = 16 * 128 + 128 + 256 * 128;
+    assert.ok(
+      Math.abs(wide - (8 * (narrowStage - fp8Stage) + 8 * 16 * 144 + 8 * 16 * 4)) <= 1024 + 16,
+      `four warpgroups add ${wide}`,
+    );
   });
 
   test("the FP4 expand variant: FP8's stages, row scales and a worker buffer; picked from 512 rows per expert", () => {

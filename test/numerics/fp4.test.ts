@@ -8,9 +8,11 @@ import {
   encodeE2m1,
   FP4_TO_FP8_EXACT_SPREAD,
   type Mxfp4,
+  mxfp4DeviceLayout,
   mxfp4DeviceOrder,
   mxfp4RowsToFp8,
   mxfp4ScaleByte,
+  mxfp4StoredLayout,
   mxfp4StoredOrder,
   packE2m1,
   quantizeMxfp4,
@@ -64,6 +66,37 @@ describe("the device order of packed rows", () => {
   it("refuses bytes that are not whole 128-element K blocks", () => {
     assert.throws(() => mxfp4DeviceOrder(new Uint8Array(96)), /not whole 128-element K blocks/);
     assert.throws(() => mxfp4StoredOrder(new Uint8Array(32)), /not whole 128-element K blocks/);
+  });
+});
+
+describe("the device layout of packed rows", () => {
+  it("puts K block b of row n at 64-byte block b·rows + n, in the device order, quarters swizzled", () => {
+    const r = rng(seed ^ 0x1a70);
+    const [rows, k] = [7, 384];
+    const stored = Uint8Array.from({ length: (rows * k) / 2 }, () => Math.floor(r() * 256));
+    const device = mxfp4DeviceLayout(stored, k);
+    const ordered = mxfp4DeviceOrder(stored);
+    for (let n = 0; n < rows; n++)
+      for (let b = 0; b < k / 128; b++) {
+        for (let q = 0; q < 4; q++) {
+          const from = (n * (k / 128) + b) * 64 + 16 * q;
+          const to = (b * rows + n) * 64 + 16 * (q ^ ((n >> 1) & 3));
+          assert.deepEqual(
+            device.subarray(to, to + 16),
+            ordered.subarray(from, from + 16),
+            `n${n} b${b} q${q}`,
+          );
+        }
+      }
+    assert.deepEqual(mxfp4StoredLayout(device, k), stored);
+    // One row: the device order alone (row 0's quarters stay in place).
+    const row = stored.subarray(0, k / 2);
+    assert.deepEqual(mxfp4DeviceLayout(row, k), mxfp4DeviceOrder(row));
+  });
+
+  it("refuses bytes that are not whole rows, and a bad K", () => {
+    assert.throws(() => mxfp4DeviceLayout(new Uint8Array(64 * 5), 256), /not whole rows of 128/);
+    assert.throws(() => mxfp4StoredLayout(new Uint8Array(64), 96), /multiple of 128/);
   });
 });
 

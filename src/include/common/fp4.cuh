@@ -53,6 +53,16 @@ MEGAMOE_HD int fp4_max_byte(unsigned int scales4) {
   return m;
 }
 
+// Smallest of the four scale bytes: the block takes the fast tables when it is within 11 of the largest.
+MEGAMOE_HD int fp4_min_byte(unsigned int scales4) {
+  int m = static_cast<int>(scales4 & 0xffu);
+  for (int g = 1; g < kFp4GroupsPerBlock; g++) {
+    const int b = static_cast<int>((scales4 >> (8 * g)) & 0xffu);
+    m = b < m ? b : m;
+  }
+  return m;
+}
+
 // ref = max − 127 − 6, in [−133, 121] for bytes ≤ 0xFE.
 MEGAMOE_HD int fp4_block_ref(unsigned int scales4) { return fp4_max_byte(scales4) - kE8m0Bias - kFp4Top; }
 
@@ -191,7 +201,18 @@ MEGAMOE_HD unsigned int prmt(unsigned int a, unsigned int b, unsigned int c) {
 // sign(H_v) at 8v + 3. So one 16-byte load gives a lane a row's block, the low 16 bits are the
 // magnitude selectors of L for `prmt` and the high 16 those of H, and the signs sit at bit 7 of each
 // byte (L) or move there with one shift (H). docs/numerics.md states the order; src/numerics/fp4.ts
-// mxfp4DeviceOrder is its host form and fp4_convert.cu's megamoe_fp4_device_order puts weights in it.
+// mxfp4DeviceOrder is its host form.
+//
+// The device layout places those blocks K-block-major over a tensor's stacked rows (all experts' [rows,
+// K/2] matrices, or a GEMM's G·N rows): [K/128][rows][64 bytes], so that a TMA box of one K block's
+// consecutive rows is one contiguous run instead of 64-byte pieces a row apart, and stores each block's
+// quarters already swizzled (fp4_layout_quarter). The kernels' packed maps are then 3-D and unswizzled
+// with two rows per TMA row, {128 bytes, rows / 2, K blocks}, as wide as FP8's: a load names
+// (0, row / 2, kb). mxfp4DeviceLayout is the host form, fp4_convert.cu's megamoe_fp4_device_layout puts
+// weights in it.
+
+// The 64-byte row of the device layout holding K block kb of row `row` of `rows` stacked rows.
+MEGAMOE_HD int fp4_layout_row(int row, int rows, int kb) { return kb * rows + row; }
 
 // Word (q, s) of the device order, from a K block in the stored order.
 MEGAMOE_HD unsigned int fp4_order_word(const unsigned char* block, int q, int s) {
@@ -205,13 +226,19 @@ MEGAMOE_HD unsigned int fp4_order_word(const unsigned char* block, int q, int s)
   return w;
 }
 
-// Element e's 4-bit code in a K block of 64 bytes in the device order (the inverse of fp4_order_word).
-MEGAMOE_HD unsigned int fp4_ordered_code(const unsigned char* block, int e) {
+// Where the device layout keeps quarter q (16 bytes: lane quad q's words) of row `row`'s 64-byte block:
+// where the 64-byte swizzle puts it in shared memory, so that a plain copy of a box of rows (its first
+// row a multiple of 8, its base 512-byte aligned) lands the image the kernels read.
+MEGAMOE_HD int fp4_layout_quarter(int row, int q) { return q ^ ((row >> 1) & 3); }
+
+// Element e's 4-bit code in row `row`'s K block of 64 bytes in the device layout (quarters swizzled; the
+// inverse of fp4_order_word with fp4_layout_quarter).
+MEGAMOE_HD unsigned int fp4_layout_code(const unsigned char* block, int row, int e) {
   const int s = e / 32;
   const int high = (e % 32) / 16;
   const int q = (e % 16) / 4;
   const int v = e % 4;
-  const unsigned char* p = block + 16 * q + 4 * s;
+  const unsigned char* p = block + 16 * fp4_layout_quarter(row, q) + 4 * s;
   const unsigned int w = p[0] | (p[1] << 8) | (p[2] << 16) | (static_cast<unsigned int>(p[3]) << 24);
   const unsigned int mag = (w >> (high != 0 ? 16 + 4 * v : 4 * v)) & 7u;
   const unsigned int sign = (w >> (high != 0 ? 8 * v + 3 : 8 * v + 7)) & 1u;

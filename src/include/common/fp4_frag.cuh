@@ -42,57 +42,71 @@ MEGAMOE_HD bool fp4_warp_all(bool p) {
 #endif
 }
 
-// The four e4m3 A registers of each k32 step of a 64-row slab and one K block, for warpgroup thread
-// `thread`: a[s][i] is register i of step s. `packed` is the slab's first packed row (device order,
-// 64B-swizzled as above), `words` its first row's UE8M0 word (u32 per row, group g in byte g).
-// sw_bits[rh] receives the fp32 bits of 2^ref of row half rh (fp4_frag_row). `Mem` as
-// fp4_stage_convert's (ld32 and ld128). All 32 lanes of the warp must call it together (the device
-// picks the table path per warp).
+// A thread's two rows of a slab's K block: their UE8M0 words and their packed words (w[rh][s]: step s).
 template <class Mem>
-MEGAMOE_HD void fp4_fragment_k128(const Mem& mem, unsigned packed, unsigned words, int thread, unsigned (&a)[4][4],
-                                  unsigned (&sw_bits)[2]) {
+MEGAMOE_HD void fp4_fragment_load(const Mem& mem, unsigned packed, unsigned words, int thread, unsigned (&s4)[2],
+                                  unsigned (&w)[2][4]) {
   const unsigned quad = static_cast<unsigned>(thread) & 3u;
-  unsigned s4[2];
-  unsigned w[2][4];
-  // Every load first, so that their latencies overlap.
   MEGAMOE_UNROLL
   for (int rh = 0; rh < 2; ++rh) {
     const unsigned r = fp4_frag_row(thread, rh);
     s4[rh] = mem.ld32(words + 4u * r);
     mem.ld128(packed + 64u * r + 16u * (quad ^ ((r >> 1) & 3u)), w[rh]);
   }
-  unsigned max[2];
-  unsigned b[2][4];
-  bool fast = true;
+}
+
+// The four e4m3 A registers of each k32 step of a 64-row slab and one K block, for warpgroup thread
+// `thread`, with the fast tables and no branch: a[s][i] is register i of step s. `packed` is the slab's
+// first packed row (device order, 64B-swizzled as above), `words` its first row's UE8M0 word (u32 per
+// row, group g in byte g). sw_bits[rh] receives the fp32 bits of 2^ref of row half rh (fp4_frag_row).
+// `Mem` as fp4_stage_convert's (ld32 and ld128). Returns whether a group of the thread's rows lies more
+// than 11 binades under its block's largest: the fast tables are then wrong for it, and the warp must
+// convert again with fp4_fragment_k128_exact.
+template <class Mem>
+MEGAMOE_HD bool fp4_fragment_k128_fast(const Mem& mem, unsigned packed, unsigned words, int thread,
+                                       unsigned (&a)[4][4], unsigned (&sw_bits)[2]) {
+  unsigned s4[2];
+  unsigned w[2][4];
+  fp4_fragment_load(mem, packed, words, thread, s4, w);
+  bool exact = false;
   MEGAMOE_UNROLL
   for (int rh = 0; rh < 2; ++rh) {
-    const unsigned s = s4[rh];
-    max[rh] = static_cast<unsigned>(fp4_max_byte(s));
+    const unsigned max = static_cast<unsigned>(fp4_max_byte(s4[rh]));
+    exact = exact || static_cast<unsigned>(fp4_min_byte(s4[rh])) + 11u < max;
+    sw_bits[rh] = fp32_pow2_bits(static_cast<int>(max) - kE8m0Bias - kFp4Top);
     MEGAMOE_UNROLL
     for (int g = 0; g < 4; ++g) {
-      b[rh][g] = (s >> (8 * g)) & 0xffu;
-      fast = fast && b[rh][g] + 11u >= max[rh];  // the group within 11 binades of the block's largest
+      const unsigned b = (s4[rh] >> (8 * g)) & 0xffu;
+      fp4x8_to_e4m3(w[rh][g], fp4_table_fast(b + 12u - max), a[g][rh], a[g][2 + rh]);
     }
-    sw_bits[rh] = fp32_pow2_bits(static_cast<int>(max[rh]) - kE8m0Bias - kFp4Top);
   }
-  // One path per warp: the rare slow tables (fp4_table_of_byte also gives the fast ones) run on every
-  // lane when any lane needs them, so the branch never diverges.
-  Fp4Table t[2][4];
-  if (fp4_warp_all(fast)) {
-    MEGAMOE_UNROLL
-    for (int rh = 0; rh < 2; ++rh)
-      MEGAMOE_UNROLL
-      for (int g = 0; g < 4; ++g) t[rh][g] = fp4_table_fast(b[rh][g] + 12u - max[rh]);
-  } else {
-    MEGAMOE_UNROLL
-    for (int rh = 0; rh < 2; ++rh)
-      MEGAMOE_UNROLL
-      for (int g = 0; g < 4; ++g) t[rh][g] = fp4_table_of_byte(b[rh][g], max[rh]);
-  }
+  return exact;
+}
+
+// The same registers with the exact tables (fp4_table_of_byte, which also gives the fast ones).
+template <class Mem>
+MEGAMOE_HD void fp4_fragment_k128_exact(const Mem& mem, unsigned packed, unsigned words, int thread,
+                                        unsigned (&a)[4][4]) {
+  unsigned s4[2];
+  unsigned w[2][4];
+  fp4_fragment_load(mem, packed, words, thread, s4, w);
   MEGAMOE_UNROLL
-  for (int rh = 0; rh < 2; ++rh)
+  for (int rh = 0; rh < 2; ++rh) {
+    const unsigned max = static_cast<unsigned>(fp4_max_byte(s4[rh]));
     MEGAMOE_UNROLL
-    for (int s = 0; s < 4; ++s) fp4x8_to_e4m3(w[rh][s], t[rh][s], a[s][rh], a[s][2 + rh]);
+    for (int g = 0; g < 4; ++g) {
+      fp4x8_to_e4m3(w[rh][g], fp4_table_of_byte((s4[rh] >> (8 * g)) & 0xffu, max), a[g][rh], a[g][2 + rh]);
+    }
+  }
+}
+
+// Both: the fast pass, then the exact one when any lane of the warp needs it (so the branch never
+// diverges). All 32 lanes of the warp must call it together.
+template <class Mem>
+MEGAMOE_HD void fp4_fragment_k128(const Mem& mem, unsigned packed, unsigned words, int thread, unsigned (&a)[4][4],
+                                  unsigned (&sw_bits)[2]) {
+  const bool exact = fp4_fragment_k128_fast(mem, packed, words, thread, a, sw_bits);
+  if (!fp4_warp_all(!exact)) fp4_fragment_k128_exact(mem, packed, words, thread, a);
 }
 
 }  // namespace megamoe

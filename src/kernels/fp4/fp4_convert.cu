@@ -3,7 +3,7 @@
 // weight tiles in shared memory instead; this kernel is what test/gpu/fp4-convert.test.ts compares with
 // the CPU rule (the fast path, and the exact path as a second entry point), and a way to materialize
 // the FP8 form of FP4 weights on the device. A third entry point puts packed weights into the device
-// order the FP4 kernels read (fp4.cuh), in place.
+// layout the FP4 kernels read (fp4.cuh).
 //
 //   packed  uint8 [rows, K/2]     element 2j in the low nibble of byte j
 //   scales  uint8 [rows, K/32]    UE8M0, none 0xFF (checked on the host)
@@ -60,20 +60,30 @@ extern "C" __global__ void __launch_bounds__(128) megamoe_fp4_to_e4m3_exact(cons
   sw[i] = megamoe::fp4_block_scale(s);
 }
 
-// Stored order → device order (fp4.cuh), in place: `packed` [blocks, 64 bytes] as stored (element 2j in
-// the low nibble of byte j of its row's K block). One thread per K block of a row: four 16-byte loads,
-// four 16-byte stores of the words (q, 0..3).
-extern "C" __global__ void __launch_bounds__(128) megamoe_fp4_device_order(unsigned char* __restrict__ packed,
-                                                                           unsigned int blocks) {
+// Stored rows → the device layout (fp4.cuh): `src` holds `rows` rows of K/2 bytes as stored (element 2j in
+// the low nibble of byte j), written as rows first_row .. first_row + rows of `dst`, the [K/128][dst_rows]
+// 64-byte blocks of a tensor in the device layout. One thread per written block, so a warp's stores are
+// contiguous: four 16-byte loads of the source block, four 16-byte stores of its words (q, 0..3), each
+// quarter where the layout keeps it.
+extern "C" __global__ void __launch_bounds__(128) megamoe_fp4_device_layout(const unsigned char* __restrict__ src,
+                                                                            unsigned char* __restrict__ dst,
+                                                                            unsigned int rows,
+                                                                            unsigned int k_blocks,
+                                                                            unsigned int dst_rows,
+                                                                            unsigned int first_row) {
   const unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= blocks) return;
+  if (i >= rows * k_blocks) return;
+  const unsigned int kb = i / rows;
+  const unsigned int n = i - kb * rows;
   alignas(16) unsigned char in[64];
-  uint4* p = reinterpret_cast<uint4*>(packed + 64ull * i);
+  const uint4* from = reinterpret_cast<const uint4*>(src + 64ull * (static_cast<unsigned long long>(n) * k_blocks + kb));
 #pragma unroll
-  for (int j = 0; j < 4; j++) reinterpret_cast<uint4*>(in)[j] = p[j];
+  for (int j = 0; j < 4; j++) reinterpret_cast<uint4*>(in)[j] = from[j];
+  const unsigned int row = first_row + n;
+  uint4* to = reinterpret_cast<uint4*>(dst + 64ull * (static_cast<unsigned long long>(kb) * dst_rows + row));
 #pragma unroll
   for (int q = 0; q < 4; q++) {
-    p[q] = make_uint4(megamoe::fp4_order_word(in, q, 0), megamoe::fp4_order_word(in, q, 1),
-                      megamoe::fp4_order_word(in, q, 2), megamoe::fp4_order_word(in, q, 3));
+    to[megamoe::fp4_layout_quarter(static_cast<int>(row), q)] = make_uint4(megamoe::fp4_order_word(in, q, 0), megamoe::fp4_order_word(in, q, 1),
+                       megamoe::fp4_order_word(in, q, 2), megamoe::fp4_order_word(in, q, 3));
   }
 }

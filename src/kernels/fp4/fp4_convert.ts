@@ -9,7 +9,7 @@ import { QUANT_BLOCK } from "../../config/config.js";
 import {
   compileKernel,
   type Device,
-  type DeviceTensor,
+  DeviceTensor,
   expectOnDevice,
   expectOperand,
   KernelArgs,
@@ -24,8 +24,8 @@ export const FP4_CONVERT_KERNELS = {
   fast: "megamoe_fp4_to_e4m3",
   exact: "megamoe_fp4_to_e4m3_exact",
 } as const;
-/** Stored order → the FP4 kernels' device order, in place. */
-export const FP4_DEVICE_ORDER_KERNEL = "megamoe_fp4_device_order";
+/** Stored rows → rows of a tensor in the FP4 kernels' device layout. */
+export const FP4_DEVICE_LAYOUT_KERNEL = "megamoe_fp4_device_layout";
 const THREADS = 128;
 
 export interface Fp4ConvertArgs {
@@ -75,40 +75,68 @@ export function convertFp4ToFp8(
   kernel.launch(Math.ceil(blocks / THREADS), THREADS, 0, stream, launchArgs);
 }
 
-/**
- * Puts packed MXFP4 weights (uint8, row-major, rows of whole 128-element K blocks, in the stored order:
- * element 2j in the low nibble of byte j) into the device order the FP4 kernels read (docs/numerics.md,
- * "the device order"; `mxfp4DeviceOrder` is the host form), in place on `stream`. `bytes` (default all
- * of `packed`) from byte `offset` (default 0), both multiples of 64. Applying it twice scrambles the
- * weights: it is the load-time step between the stored bytes and the kernels.
- */
-export function orderFp4PackedOnDevice(
-  device: Device,
-  packed: DeviceTensor,
-  stream: Stream | null,
-  offset = 0,
-  bytes = packed.numel - offset,
-): void {
-  const where = "orderFp4PackedOnDevice";
-  if (packed.dtype !== "uint8") throw new TypeError(`${where}: packed must be uint8, got ${packed.dtype}`);
-  expectOnDevice(where, "packed", packed, device);
-  const block = QUANT_BLOCK / 2;
-  if (
-    !Number.isInteger(offset) ||
-    !Number.isInteger(bytes) ||
-    offset < 0 ||
-    bytes < 0 ||
-    offset % block !== 0 ||
-    bytes % block !== 0 ||
-    offset + bytes > packed.numel
-  ) {
+/** Rows and bytes per row of a packed tensor [R, K/2] or [G, N, K/2] (R = G·N), K a multiple of 128. */
+function packedRows(where: string, name: string, t: DeviceTensor, device: Device): [number, number] {
+  if (t.dtype !== "uint8") throw new TypeError(`${where}: ${name} must be uint8, got ${t.dtype}`);
+  expectOnDevice(where, name, t, device);
+  const shape = t.shape;
+  const width = shape[shape.length - 1] ?? 0;
+  if ((shape.length !== 2 && shape.length !== 3) || width === 0 || width % (QUANT_BLOCK / 2) !== 0) {
     throw new RangeError(
-      `${where}: bytes ${bytes} from offset ${offset} must be whole 64-byte K blocks within the tensor's ${packed.numel}`,
+      `${where}: ${name} must be [R, K/2] or [G, N, K/2] with K a positive multiple of 128, got [${shape.join(", ")}]`,
     );
   }
-  const blocks = bytes / block;
-  if (blocks === 0) return;
-  const kernel = loadKernel(device, compileKernel({ source: FP4_CONVERT_SOURCE }), FP4_DEVICE_ORDER_KERNEL);
-  const args = new KernelArgs(2).ptr(0, packed.ptr + BigInt(offset)).u32(1, blocks);
-  kernel.launch(Math.ceil(blocks / THREADS), THREADS, 0, stream, args);
+  return [t.numel / width, width];
+}
+
+/**
+ * Writes `src`, packed MXFP4 rows as stored (uint8 [rows, K/2], element 2j in the low nibble of byte j),
+ * as rows `firstRow` .. `firstRow + rows` of `dst`, a packed tensor in the device layout the FP4 kernels
+ * read (docs/numerics.md "the device layout": [K/128, R, 64 bytes], each 64-byte block in the device
+ * order; `mxfp4DeviceLayout` is the host form), queued on `stream`. `src` and `dst` must not overlap.
+ */
+export function writeFp4LayoutOnDevice(
+  device: Device,
+  dst: DeviceTensor,
+  firstRow: number,
+  src: DeviceTensor,
+  stream: Stream | null,
+): void {
+  const where = "writeFp4LayoutOnDevice";
+  const [dstRows, width] = packedRows(where, "dst", dst, device);
+  const [rows, srcWidth] = packedRows(where, "src", src, device);
+  if (srcWidth !== width) throw new RangeError(`${where}: src rows are ${srcWidth} bytes, dst rows ${width}`);
+  if (!Number.isInteger(firstRow) || firstRow < 0 || firstRow + rows > dstRows) {
+    throw new RangeError(`${where}: rows ${firstRow} .. ${firstRow + rows} are not within dst's ${dstRows}`);
+  }
+  const kBlocks = (2 * width) / QUANT_BLOCK;
+  if (rows === 0) return;
+  const kernel = loadKernel(device, compileKernel({ source: FP4_CONVERT_SOURCE }), FP4_DEVICE_LAYOUT_KERNEL);
+  const args = new KernelArgs(6)
+    .ptr(0, src.ptr)
+    .ptr(1, dst.ptr)
+    .u32(2, rows)
+    .u32(3, kBlocks)
+    .u32(4, dstRows)
+    .u32(5, firstRow);
+  kernel.launch(Math.ceil((rows * kBlocks) / THREADS), THREADS, 0, stream, args);
+}
+
+/**
+ * Puts packed MXFP4 weights (uint8 [R, K/2] or [G, N, K/2], stored order) into the device layout in
+ * place (`writeFp4LayoutOnDevice` from a scratch copy the size of the tensor), on `stream`; returns once
+ * done, the scratch freed. Applying it twice scrambles the weights: it is the load-time step between
+ * the stored bytes and the kernels.
+ */
+export function orderFp4PackedOnDevice(device: Device, packed: DeviceTensor, stream: Stream | null): void {
+  const [rows, width] = packedRows("orderFp4PackedOnDevice", "packed", packed, device);
+  if (rows === 0) return;
+  const scratch = DeviceTensor.empty(device, "uint8", [rows, width]);
+  try {
+    device.copyDtoD(scratch.ptr, packed.ptr, rows * width, stream);
+    writeFp4LayoutOnDevice(device, packed, 0, scratch, stream);
+  } finally {
+    (stream ?? device.nullStream).synchronize();
+    scratch.dispose();
+  }
 }

@@ -8,9 +8,10 @@
  * for every row r of group g, P_b the block's sum of e4m3 products (tensor cores, fp32).
  *
  * Layouts (row-major): a e4m3 [M, K] and aScales fp32 [K/128, M_pad] as for FP8; b uint8 [G·N, K/2]
- * (or [G, N, K/2]), the packed e2m1 codes in the device order (the load-time transform of the stored
- * bytes, element 2j in the low nibble of byte j: `mxfp4DeviceOrder` on the host or
- * `orderFp4PackedOnDevice` in place; docs/numerics.md); bScales
+ * (or [G, N, K/2]) bytes holding the packed e2m1 codes in the device layout (the load-time transform of
+ * the stored bytes, element 2j in the low nibble of byte j, into each group's [K/128, N, 64 bytes]:
+ * `mxfp4DeviceLayout(b, N, K)` on the host or `orderFp4PackedOnDevice` of [G, N, K/2] in place;
+ * docs/numerics.md); bScales
  * uint8 [K/128, G·N·4]: the load-time transform of the UE8M0 bytes [G·N, K/32] (`fp4GemmScaleWords`):
  * row n's four bytes of K block b, contiguous, at (b, 4n), so that a K block's scales of a tile's rows are
  * one TMA box; groupOffsets int32 [G+1]; out fp32 or bf16 [M, N].
@@ -26,7 +27,7 @@ import {
 } from "../../cuda/index.js";
 import { E8M0_NAN, MXFP4_GROUP } from "../../numerics/fp4.js";
 import {
-  encodeFp4RowsMap,
+  encodeFp4LayoutMap,
   encodeFp4ScaleWordsMap,
   encodeFp8RowsMap,
   encodeScaleColumnsMap,
@@ -84,7 +85,7 @@ export function fp4GemmScaleWords(scales: Uint8Array, rows: number, k: number): 
 
 /**
  * The FP8 grouped GEMM's operands, with B as FP4: `b` uint8 [G·N, K/2] or [G, N, K/2] (packed e2m1 in
- * the device order: mxfp4DeviceOrder / orderFp4PackedOnDevice) and `bScales` uint8 [K/128, G·N·4]
+ * the device layout: mxfp4DeviceLayout / orderFp4PackedOnDevice) and `bScales` uint8 [K/128, G·N·4]
  * (fp4GemmScaleWords); `tile` one of
  * FP4_GEMM_TILE_NAMES.
  */
@@ -135,7 +136,7 @@ function encodeMaps(entry: GemmKernel, plan: GroupedGemmPlan, args: GroupedGemmF
   const { blockM, blockN } = plan.tile;
   const rows = groups * n;
   encodeFp8RowsMap(entry.args.tensorMap(0), args.a.ptr, k, mTotal, blockM);
-  encodeFp4RowsMap(entry.args.tensorMap(1), args.b.ptr, k, rows, blockN);
+  encodeFp4LayoutMap(entry.args.tensorMap(1), args.b.ptr, k, rows, blockN);
   encodeScaleColumnsMap(entry.args.tensorMap(2), args.aScales.ptr, k, aScalesRows(mTotal), blockM + 4);
   encodeFp4ScaleWordsMap(entry.args.tensorMap(3), args.bScales.ptr, k, rows, blockN);
   entry.mapsKey = mapsKey;

@@ -32,8 +32,10 @@
 //   N (output columns), K, NUM_GROUPS, OUT_BF16 0|1, B_FP4 0|1.
 //
 // FP4 weights (B_FP4 1, kernel megamoe_fp4_grouped_gemm; docs/numerics.md "FP4 experts (MXFP4)"):
-//   B    uint8 [G·N, K/2]         packed e2m1 in the device order (common/fp4.cuh); TMA map, box
-//                                 {64, BLOCK_N}, 64-byte swizzle: half the bytes of FP8 B
+//   B    uint8 [K/128, G·N, 64]  packed e2m1 in the device layout (common/fp4.cuh: K-block-major,
+//                                 quarters pre-swizzled); 3-D TMA map {128, G·N/2, K/128}, box
+//                                 {128, BLOCK_N/2, 1}, unswizzled: half the bytes of FP8 B, one
+//                                 contiguous run per box
 //   bs   u32 [K/128, G·N]         the four UE8M0 bytes of each row's K block (group g in byte g): the
 //                                 host's load-time transform of [G·N, K/32]; TMA map, box {BLOCK_N, 1}
 // The TMA completes a stage's `loaded` barrier; warps 1..3 of the producer warpgroup then convert the
@@ -223,7 +225,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
         tma_load_2d(a_smem + stage * kATileBytes, &map_a, bar, kb * kBlockK, t.row0);
         tma_load_2d(sa_smem + stage * kSaStride, &map_sa, bar, t.row0 & ~3, kb);
 #if B_FP4
-        tma_load_2d(base + kOffPacked + stage * kPackedTileBytes, &map_b, bar, kb * (kBlockK / 2), b_row);
+        tma_load_3d(base + kOffPacked + stage * kPackedTileBytes, &map_b, bar, 0, b_row >> 1, kb);
         tma_load_2d(base + kOffBScales + stage * kBScaleBytes, &map_bs, bar, b_row, kb);
 #else
         tma_load_2d(b_smem + stage * kBTileBytes, &map_b, bar, kb * kBlockK, b_row);
@@ -645,19 +647,21 @@ extern "C" __global__ void __launch_bounds__(256)
   if (group < 0) return;
   const long long b_row_index = static_cast<long long>(group) * kShapeN + col;
   const unsigned char* a_row = a + static_cast<long long>(row) * kShapeK;
-  const unsigned char* b_row = b + b_row_index * (kShapeK / 2);
   float acc = 0.0f;
   for (int kb = 0; kb < kKBlocks; ++kb) {
     const unsigned s4 = b_scales4[static_cast<long long>(kb) * kGroups * kShapeN + b_row_index];
     const int ref = megamoe::fp4_block_ref(s4);
-    const unsigned char* block = b_row + kb * (kBlockK / 2);  // in the device order
+    // In the device layout (fp4.cuh): K block kb of B row b_row_index, its quarters swizzled.
+    const int b_row = static_cast<int>(b_row_index);
+    const unsigned char* block =
+        b + static_cast<long long>(megamoe::fp4_layout_row(b_row, kGroups * kShapeN, kb)) * (kBlockK / 2);
     double block_sum = 0.0;
     for (int k = kb * kBlockK; k < (kb + 1) * kBlockK; k += 2) {
       const int d = static_cast<int>((s4 >> (8 * ((k % kBlockK) / megamoe::kFp4Group))) & 0xffu) -
                     megamoe::kE8m0Bias - ref;
       const unsigned short w2 = static_cast<unsigned short>(
-          megamoe::e2m1_to_e4m3_exact(megamoe::fp4_ordered_code(block, k % kBlockK), d) |
-          (megamoe::e2m1_to_e4m3_exact(megamoe::fp4_ordered_code(block, k % kBlockK + 1), d) << 8));
+          megamoe::e2m1_to_e4m3_exact(megamoe::fp4_layout_code(block, b_row, k % kBlockK), d) |
+          (megamoe::e2m1_to_e4m3_exact(megamoe::fp4_layout_code(block, b_row, k % kBlockK + 1), d) << 8));
       const unsigned short a2 = *reinterpret_cast<const unsigned short*>(a_row + k);
       unsigned a_half2, b_half2;  // e4m3x2 → f16x2 is exact
       asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(a_half2) : "h"(a2));

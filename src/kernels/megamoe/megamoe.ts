@@ -25,7 +25,7 @@ import {
 import { checkDeviceMemory, type DeviceMoEWeights } from "../device-weights.js";
 import { aScalesRows } from "../gemm/grouped_gemm.js";
 import {
-  encodeFp4RowsMap,
+  encodeFp4LayoutMap,
   encodeFp4ScaleWordsMap,
   encodeFp8RowsMap,
   encodeScaleColumnsMap,
@@ -387,9 +387,9 @@ export class FusedMoEKernel {
       encodeFp8RowsMap(args.tensorMap(2), routed.w1.ptr, H, E * 2 * I, WEIGHT_BOX_ROWS);
       encodeFp8RowsMap(args.tensorMap(6), routed.w2.ptr, I, E * H, WEIGHT_BOX_ROWS);
     } else {
-      // MXFP4 routed experts: packed rows (device order) in maps 2 and 6, their UE8M0 words in 8 and 9.
-      encodeFp4RowsMap(args.tensorMap(2), fp4.w1.ptr, H, E * 2 * I, WEIGHT_BOX_ROWS);
-      encodeFp4RowsMap(args.tensorMap(6), fp4.w2.ptr, I, E * H, WEIGHT_BOX_ROWS);
+      // MXFP4 routed experts: packed rows (device layout) in maps 2 and 6, their UE8M0 words in 8 and 9.
+      encodeFp4LayoutMap(args.tensorMap(2), fp4.w1.ptr, H, E * 2 * I, WEIGHT_BOX_ROWS);
+      encodeFp4LayoutMap(args.tensorMap(6), fp4.w2.ptr, I, E * H, WEIGHT_BOX_ROWS);
       encodeFp4ScaleWordsMap(args.tensorMap(8), fp4.w1Scales.ptr, H, E * 2 * I, WEIGHT_BOX_ROWS);
       encodeFp4ScaleWordsMap(args.tensorMap(9), fp4.w2Scales.ptr, I, E * H, WEIGHT_BOX_ROWS);
     }

@@ -36,8 +36,6 @@ export function fusedSwapAB(blockM: FusedBlockM): boolean {
   return blockM < 64;
 }
 export const FUSED_BLOCK_N = 256;
-/** Threads per CTA: two math warpgroups and one producer warpgroup. */
-export const FUSED_THREADS = 384;
 export const FUSED_MIN_STAGES = 2;
 export const FUSED_MAX_STAGES = 8;
 /**
@@ -55,6 +53,17 @@ export const FUSED_FP4_SWAP_MAX_STAGES = 8;
 /** Whether a layer and block M build the register path (megamoe.cu kFp4Regs). */
 export function fusedFp4Registers(c: MoEConfig, blockM: FusedBlockM): boolean {
   return expertFormatOf(c) === "fp4" && fusedSwapAB(blockM);
+}
+/** Math warps per CTA (megamoe_config.cuh kMathWarps): four warpgroups in the register path at block M 16, else two. */
+function fusedMathWarps(c: MoEConfig, blockM: FusedBlockM): number {
+  return fusedFp4Registers(c, blockM) && blockM === 16 ? 16 : 8;
+}
+/**
+ * Threads per CTA (megamoe_config.cuh kThreads): the math warpgroups (four in the register path at block
+ * M 16, where the math threads' conversion sets the time, else two) and the producer warpgroup.
+ */
+export function fusedThreads(c: MoEConfig, blockM: FusedBlockM): number {
+  return 32 * fusedMathWarps(c, blockM) + 128;
 }
 /** Int32 words of the workspace before the per-group and per-block arrays (the kernel's Counter enum). */
 export const FUSED_COUNTER_WORDS = 8;
@@ -119,11 +128,11 @@ export function fusedSharedBytes(c: MoEConfig, stages: number, blockM: FusedBloc
   const bars = 2 * stages + 4 + (converters ? stages : 0) + (expand ? 1 : 0);
   const offAmax = offBars + 8 * bars + (converters ? 4 * stages : 0);
   // The L1 epilogue's amax exchange: [2][64] floats, or per math warp and row when swap-AB.
-  const mathWarps = (FUSED_THREADS - 128) / 32;
+  const mathWarps = fusedMathWarps(c, blockM);
   const offOffsets = offAmax + Math.max(2 * 64, fusedSwapAB(blockM) ? mathWarps * blockM : 0) * 4;
   const offStaging = alignUp(offOffsets + 4 * (groups + 1) * 2 + 4 * groups + 16, 16);
   // One staging area per math warp (all but the producer warpgroup), at the narrow pitch.
-  const bytes = offStaging + ((FUSED_THREADS - 128) / 32) * stagingAreaBytes(STAGING_PITCH_NARROW);
+  const bytes = offStaging + mathWarps * stagingAreaBytes(STAGING_PITCH_NARROW);
   return bytes + 1024;
 }
 

@@ -16,7 +16,8 @@ namespace {
 // chunk.
 constexpr int kCombineChunks = kHidden / 256;
 constexpr int kCombineRows = kTopK + 1;
-constexpr int kCombineUnroll = kCombineRows <= 7 ? 4 : (kCombineRows <= 14 ? 2 : 1);
+constexpr int kCombineUnrollWide = kCombineRows <= 7 ? 4 : (kCombineRows <= 14 ? 2 : 1);  // 216+ registers
+constexpr int kCombineUnroll = kMathRegisters >= 216 ? kCombineUnrollWide : (kCombineUnrollWide + 1) / 2;
 
 // Combine of chunks [chunk_begin, chunk_end) of one token by one warp, with the unfused moe_combine's
 // rule and order: slots ascending, then the shared expert (weight 1: w·y is then y exactly, as that

@@ -77,7 +77,11 @@ constexpr bool kFp4Regs = kBFp4 && kSwapAB;
 constexpr bool kExpand = FP4_EXPAND != 0;
 constexpr int kBlockN = 256;     // L1: 128 gate + 128 up channels; L2: 256 output columns
 constexpr int kBlockK = 128;
-constexpr int kMathThreads = 256;
+// Math warpgroups: two, or four in the FP4 register builds of BLOCK_M 16, where the conversion in the
+// math threads sets the time and two warps per scheduler left it waiting on latencies; there each takes
+// one m64 wave. (BLOCK_M 32's pipelined register path spills at the 104 registers four leave.)
+constexpr int kMathWarpgroups = kFp4Regs && kBlockM == 16 ? 4 : 2;
+constexpr int kMathThreads = 128 * kMathWarpgroups;
 constexpr int kThreads = kMathThreads + 128;  // + the producer warpgroup
 constexpr int kMathWarps = kMathThreads / 32;
 // FP4, 64- and 128-row tiles: warps 1..3 of the producer warpgroup turn each routed stage's packed
@@ -105,12 +109,14 @@ static_assert(!kFp4Regs || kBlockM == 16 || kBlockM == 32, "the register path ha
 static_assert(!kExpand || (kBFp4 && !kSwapAB), "FP4_EXPAND: FP4 experts, 64- or 128-row tiles");
 
 
-// Registers: the producer warpgroup gives its share to the two math warpgroups. The three warpgroups
-// hold 384 · 168 = 64512 registers from the launch and setmaxnreg only moves them (a sum above that leaves
-// setmaxnreg.inc waiting forever): 2·128·224 + 128·56 = 64512 (the math code needs more than 208, the
-// producer more than 40).
-// The EP build's FP4 converter builds (BLOCK_M 64, 128) spill at 56 producer registers: 72 there, the
-// math warpgroups 216 (2·128·216 + 128·72 = 64512).
+// Registers: the producer warpgroup gives its share to the math warpgroups. The CTA holds kThreads ·
+// kLaunchRegisters from the launch and setmaxnreg only moves them (a sum above that leaves
+// setmaxnreg.inc waiting forever). Each of the 4 schedulers has 16384 and holds every fourth warp, in
+// steps of 8 registers per thread: 168 for 12 warps, 96 for 20. Two math warpgroups: 2·128·224 + 128·56 =
+// 64512 = 384·168 (the math code needs more than 208, the producer more than 40); the EP build's FP4
+// converter builds (BLOCK_M 64, 128) spill at 56 producer registers: 72 there, the math warpgroups 216
+// (2·128·216 + 128·72 = 64512). Four: 4·128·104 + 128·56 = 60416 ≤ 640·96.
+constexpr int kLaunchRegisters = (16384 / (kThreads / 128) / 32) & ~7;
 #if defined(EP_RANKS) && EP_RANKS > 1
 constexpr bool kEpConverters = kBFp4 && !kFp4Regs && !kExpand;
 #else
@@ -122,7 +128,8 @@ constexpr int kProducerRegisters = kEpConverters ? 72 : 56;
 // exchange the L1 rows' amax and publish together. A tile adds this many to its done counter.
 constexpr bool kWarpgroupPublish = kBlockM == 128;
 constexpr int kPublishesPerTile = kWarpgroupPublish ? 2 : 1;
-constexpr int kMathRegisters = kEpConverters ? 216 : 224;
-static_assert(2 * 128 * kMathRegisters + 128 * kProducerRegisters <= kThreads * 168, "setmaxnreg moves, never adds");
+constexpr int kMathRegisters = kMathWarpgroups == 4 ? 104 : kEpConverters ? 216 : 224;
+static_assert(kMathThreads * kMathRegisters + 128 * kProducerRegisters <= kThreads * kLaunchRegisters,
+              "setmaxnreg moves, never adds");
 
 }  // namespace

@@ -15,7 +15,9 @@ constexpr int kCountChunkSlots = 4096;
 constexpr int kMaxPlaceChunkTokens = 64;  // about T / CTAs: every CTA takes a share, in few claims
 constexpr int kRowVectorsPerLane = (kHidden / 16 + 31) / 32;  // 16-byte pieces of a row per lane
 constexpr int kRowScalesPerLane = (kHiddenBlocks + 31) / 32;  // its scale blocks per lane
-constexpr int kPlaceRowsInFlight = kRowVectorsPerLane <= 8 ? 3 : 2;  // what 168 registers hold
+// What the launch's registers per thread hold: 168 with two math warpgroups; at 96 (four, and 20 warps
+// placing rather than 12) one row.
+constexpr int kPlaceRowsInFlight = kLaunchRegisters >= 168 ? (kRowVectorsPerLane <= 8 ? 3 : 2) : 1;
 
 __device__ __forceinline__ int group_inter(int group) { return group == kExperts ? kSharedInter : kInter; }
 
@@ -72,20 +74,26 @@ __device__ __forceinline__ void build_groups(const int* counts, int shared_rows,
   }
 }
 
-// One FP8 row and its scales in a warp's registers: lane l holds 16-byte pieces l, l + 32, … and scale
-// blocks l, l + 32, …
+// A warp moves a row in kPlaceRowParts parts (two where a row's 14 pieces per lane would not fit the
+// launch's 96 registers: pro with four math warpgroups).
+constexpr int kPlaceRowParts = kLaunchRegisters >= 168 || kRowVectorsPerLane <= 8 ? 1 : 2;
+constexpr int kPartVectors = (kRowVectorsPerLane + kPlaceRowParts - 1) / kPlaceRowParts;
+
+// Part `part` of one FP8 row in a warp's registers: lane l holds 16-byte pieces l, l + 32, … of it; the
+// first part also the scale blocks l, l + 32, …
 struct RowPieces {
-  u32x4 piece[kRowVectorsPerLane];
+  u32x4 piece[kPartVectors];
   float scale[kRowScalesPerLane];
 };
 
-__device__ __forceinline__ void load_token_row(const Operands& op, int t, int lane, RowPieces& r) {
+__device__ __forceinline__ void load_token_row(const Operands& op, int t, int lane, int part, RowPieces& r) {
   const unsigned char* src = op.xq + static_cast<long long>(t) * kHidden;
 #pragma unroll
-  for (int j = 0; j < kRowVectorsPerLane; ++j) {
-    const int v = lane + 32 * j;
+  for (int j = 0; j < kPartVectors; ++j) {
+    const int v = lane + 32 * (part * kPartVectors + j);
     if (v < kHidden / 16) r.piece[j] = megamoe::ld_nc_v4(src + 16 * v);
   }
+  if (part != 0) return;
 #pragma unroll
   for (int j = 0; j < kRowScalesPerLane; ++j) {
     const int b = lane + 32 * j;
@@ -93,19 +101,21 @@ __device__ __forceinline__ void load_token_row(const Operands& op, int t, int la
   }
 }
 
-__device__ __forceinline__ void store_pool_row(const Operands& op, int row, int lane, const RowPieces& r) {
+__device__ __forceinline__ void store_pool_row(const Operands& op, int row, int lane, int part, const RowPieces& r) {
   unsigned char* dst = op.pool_x + static_cast<long long>(row) * kHidden;
 #pragma unroll
-  for (int j = 0; j < kRowVectorsPerLane; ++j) {
-    const int v = lane + 32 * j;
+  for (int j = 0; j < kPartVectors; ++j) {
+    const int v = lane + 32 * (part * kPartVectors + j);
     if (v < kHidden / 16) megamoe::st_v4(dst + 16 * v, r.piece[j]);
   }
+  if (part != 0) return;
 #pragma unroll
   for (int j = 0; j < kRowScalesPerLane; ++j) {
     const int b = lane + 32 * j;
     if (b < kHiddenBlocks) megamoe::st_f32(op.pool_x_scales + static_cast<long long>(b) * op.r_pad + row, r.scale[j]);
   }
 }
+
 
 // Phase 3: every routed (token, slot), and each token for the shared expert, copied to its pool row, a
 // chunk of tokens per claim. Returns the number of chunks.
@@ -156,6 +166,7 @@ __device__ __forceinline__ int place_rows(const Operands& op, const Workspace& w
       const int lane_token = (r0 + lane) / (kTopK + 1);
       while (pending != 0) {
         unsigned targets[kPlaceRowsInFlight];
+        int tokens[kPlaceRowsInFlight];  // for the later parts
         RowPieces pieces[kPlaceRowsInFlight];
 #pragma unroll
         for (int q = 0; q < kPlaceRowsInFlight; ++q) {
@@ -163,12 +174,22 @@ __device__ __forceinline__ int place_rows(const Operands& op, const Workspace& w
           const int token = __shfl_sync(0xffffffffu, lane_token, first);
           targets[q] = pending != 0 ? __ballot_sync(0xffffffffu, lane_token == token) & pending : 0u;
           pending &= ~targets[q];
-          if (targets[q] != 0) load_token_row(op, t0 + token, lane, pieces[q]);
+          tokens[q] = t0 + token;
+          if (targets[q] != 0) load_token_row(op, t0 + token, lane, 0, pieces[q]);
         }
 #pragma unroll
-        for (int q = 0; q < kPlaceRowsInFlight; ++q) {
-          for (unsigned left = targets[q]; left != 0; left &= left - 1) {
-            store_pool_row(op, __shfl_sync(0xffffffffu, row, __ffs(left) - 1), lane, pieces[q]);
+        for (int part = 0; part < kPlaceRowParts; ++part) {
+          if (part > 0) {
+#pragma unroll
+            for (int q = 0; q < kPlaceRowsInFlight; ++q) {
+              if (targets[q] != 0) load_token_row(op, tokens[q], lane, part, pieces[q]);
+            }
+          }
+#pragma unroll
+          for (int q = 0; q < kPlaceRowsInFlight; ++q) {
+            for (unsigned left = targets[q]; left != 0; left &= left - 1) {
+              store_pool_row(op, __shfl_sync(0xffffffffu, row, __ffs(left) - 1), lane, part, pieces[q]);
+            }
           }
         }
       }

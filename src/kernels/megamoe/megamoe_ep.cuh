@@ -418,15 +418,17 @@ __device__ __forceinline__ void ep_offsets(const EpOperands& ep, const SharedSta
   __syncthreads();
 }
 
-// A token's FP8 row and scales from a rank's buffer (this one's or a peer's) into a warp's registers.
-__device__ __forceinline__ void ep_load_row(const EpOperands& ep, int src, int t, int lane, RowPieces& r) {
+// Part `part` of a token's FP8 row (and with the first, its scales) from a rank's buffer (this one's or
+// a peer's) into a warp's registers, as load_token_row.
+__device__ __forceinline__ void ep_load_row(const EpOperands& ep, int src, int t, int lane, int part, RowPieces& r) {
   const unsigned char* q = ep_at<unsigned char>(ep, src, kRegXq, static_cast<long long>(t) * kHidden);
   const float* s = ep_at<float>(ep, src, kRegXs, 4ll * t * kHiddenBlocks);
 #pragma unroll
-  for (int j = 0; j < kRowVectorsPerLane; ++j) {
-    const int v = lane + 32 * j;
+  for (int j = 0; j < kPartVectors; ++j) {
+    const int v = lane + 32 * (part * kPartVectors + j);
     if (v < kHidden / 16) r.piece[j] = megamoe::ld_cg_v4(q + 16 * v);
   }
+  if (part != 0) return;
 #pragma unroll
   for (int j = 0; j < kRowScalesPerLane; ++j) {
     const int b = lane + 32 * j;
@@ -480,10 +482,13 @@ __device__ __forceinline__ void ep_place(const Operands& op, const EpOperands& e
         ep.pool_source[2 * row + 1] = t;
       }
     }
-    RowPieces pieces;
-    ep_load_row(ep, src, t, lane, pieces);
-    for (unsigned left = __ballot_sync(0xffffffffu, row >= 0); left != 0; left &= left - 1) {
-      store_pool_row(op, __shfl_sync(0xffffffffu, row, __ffs(left) - 1), lane, pieces);
+#pragma unroll
+    for (int part = 0; part < kPlaceRowParts; ++part) {
+      RowPieces pieces;
+      ep_load_row(ep, src, t, lane, part, pieces);
+      for (unsigned left = __ballot_sync(0xffffffffu, row >= 0); left != 0; left &= left - 1) {
+        store_pool_row(op, __shfl_sync(0xffffffffu, row, __ffs(left) - 1), lane, part, pieces);
+      }
     }
     fence_proxy_async_global();  // the rows are read by TMA (async proxy) in another CTA
     __syncwarp();

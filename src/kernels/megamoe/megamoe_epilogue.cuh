@@ -102,61 +102,88 @@ __device__ __forceinline__ void l2_epilogue(const Operands& op, const MathContex
 }
 
 // Swap-AB L1 epilogue: SwiGLU of each (channel, row) in registers, the row's amax over the 128 channels
-// (the 8 lanes of a column, then the 8 warps through shared memory), FP8 codes staged as the tile's
-// [row][128 channels] bytes across the math warps' areas and copied out by all 256 threads.
+// (the 8 lanes of a column, then the gate warps through shared memory), FP8 codes staged as the tile's
+// [row][128 channels] bytes across the math warps' areas and copied out by every math thread. The gate
+// warps are warpgroups 0 and 1; with four math warpgroups the up sums of 2 and 3 first move to the gate
+// thread at the same position, through the upper half of the staging areas, once both up warpgroups have
+// copied out their last L2 tile from there (barrier 7; the stage ring lets one run ahead of the other).
 constexpr unsigned kSwapL1Pitch = kStagedRowBytes + 16;
-constexpr unsigned kSwapL2Pitch = 2 * kStagedRowBytes + 16;  // a warpgroup's 128 bf16 columns of a row
-static_assert(!kSwapAB || kBlockM * kSwapL1Pitch <= kMathWarps * kStagingWarpBytes, "L1 swap staging");
+constexpr int kSwapWgColumns = 64 * kSwapWaves;  // L2 output columns per math warpgroup
+constexpr unsigned kSwapL2Pitch = 2 * kSwapWgColumns + 16;  // a warpgroup's bf16 columns of a row
+constexpr int kSwapGateWarps = 8;
+constexpr unsigned kSwapUpExchange = kMathWarps / 2 * kStagingWarpBytes;  // offset in the staging areas
+static_assert(!kSwapAB || kBlockM * kSwapL1Pitch <= kSwapUpExchange, "L1 swap staging");
+static_assert(kSwapWaves == 2 || 256 * kSwapAcc * 4 <= kSwapUpExchange, "L1 swap up exchange");
 static_assert(!kSwapAB || kBlockM * kSwapL2Pitch <= 4 * kStagingWarpBytes, "L2 swap staging");
 
 __device__ __forceinline__ void l1_epilogue_swap(const Operands& op, const MathContext& m, const Task& task,
                                                  float (&acc)[2][kAccum], int frag_row, int frag_col) {
   const bool clamp_on = op.has_clamp != 0;
   const int warp = static_cast<int>(threadIdx.x / 32);
-  float amax[kSwapColGroups][2];
+  const bool gate = kSwapWaves == 2 || m.warpgroup < 2;  // every warpgroup with two
+  if constexpr (kSwapWaves == 1) {
+    const unsigned exchange = m.staging_all + kSwapUpExchange + (threadIdx.x % 256) * 4;
+    if (!gate) {
+      named_barrier_sync(7, 256);
 #pragma unroll
-  for (int j = 0; j < kSwapColGroups; ++j) {
+      for (int i = 0; i < kSwapAcc; ++i) store_shared_f32(exchange + i * 256 * 4, acc[0][i]);
+    }
+    named_barrier_sync(2, kMathThreads);
+    if (gate) {
 #pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      float a = 0.0f;
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int i = 4 * j + 2 * half + e;
-        acc[0][i] = megamoe::swiglu(acc[0][i], acc[1][i], clamp_on, op.clamp);
-        a = fmaxf(a, fabsf(acc[0][i]));
-      }
-#pragma unroll
-      for (int d = 4; d <= 16; d <<= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, d));
-      amax[j][e] = a;
+      for (int i = 0; i < kSwapAcc; ++i) acc[1][i] = load_shared_f32(exchange + i * 256 * 4);
     }
   }
-  if (m.lane < 4) {
+  float amax[kSwapColGroups][2];
+  if (gate) {
 #pragma unroll
-    for (int j = 0; j < kSwapColGroups; ++j)
+    for (int j = 0; j < kSwapColGroups; ++j) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        store_shared_f32(m.amax_smem + static_cast<unsigned>(warp * kBlockM + 8 * j + frag_col + e) * 4, amax[j][e]);
+        float a = 0.0f;
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int i = 4 * j + 2 * half + e;
+          acc[0][i] = megamoe::swiglu(acc[0][i], acc[1][i], clamp_on, op.clamp);
+          a = fmaxf(a, fabsf(acc[0][i]));
+        }
+#pragma unroll
+        for (int d = 4; d <= 16; d <<= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, d));
+        amax[j][e] = a;
       }
+    }
+    if (m.lane < 4) {
+#pragma unroll
+      for (int j = 0; j < kSwapColGroups; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          store_shared_f32(m.amax_smem + static_cast<unsigned>(warp * kBlockM + 8 * j + frag_col + e) * 4, amax[j][e]);
+        }
+    }
   }
   named_barrier_sync(2, kMathThreads);
-  const int channel0 = 64 * m.warpgroup + frag_row;  // of the tile's 128; and + 8
+  if (gate) {
+    const int channel0 = 64 * m.warpgroup + frag_row;  // of the tile's 128; and + 8
 #pragma unroll
-  for (int j = 0; j < kSwapColGroups; ++j) {
+    for (int j = 0; j < kSwapColGroups; ++j) {
 #pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int col = 8 * j + frag_col + e;
-      float a = 0.0f;
+      for (int e = 0; e < 2; ++e) {
+        const int col = 8 * j + frag_col + e;
+        float a = 0.0f;
 #pragma unroll
-      for (int w = 0; w < kMathWarps; ++w) a = fmaxf(a, load_shared_f32(m.amax_smem + static_cast<unsigned>(w * kBlockM + col) * 4));
-      const megamoe::GroupScale s = megamoe::activation_scale<kUe8m0>(a);
+        for (int w = 0; w < kSwapGateWarps; ++w) {
+          a = fmaxf(a, load_shared_f32(m.amax_smem + static_cast<unsigned>(w * kBlockM + col) * 4));
+        }
+        const megamoe::GroupScale s = megamoe::activation_scale<kUe8m0>(a);
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const float x = megamoe::mul_rn(acc[0][4 * j + 2 * half + e], s.inv);
-        store_shared_u8(m.staging_all + static_cast<unsigned>(col) * kSwapL1Pitch + channel0 + 8 * half,
-                        megamoe::e4m3_from_float(x));
-      }
-      if (threadIdx.x < 4 && task.row0 + col < task.row_end) {
-        megamoe::st_f32(op.pool_h_scales + static_cast<long long>(task.n) * op.r_pad + task.row0 + col, s.scale);
+        for (int half = 0; half < 2; ++half) {
+          const float x = megamoe::mul_rn(acc[0][4 * j + 2 * half + e], s.inv);
+          store_shared_u8(m.staging_all + static_cast<unsigned>(col) * kSwapL1Pitch + channel0 + 8 * half,
+                          megamoe::e4m3_from_float(x));
+        }
+        if (threadIdx.x < 4 && task.row0 + col < task.row_end) {
+          megamoe::st_f32(op.pool_h_scales + static_cast<long long>(task.n) * op.r_pad + task.row0 + col, s.scale);
+        }
       }
     }
   }
@@ -167,13 +194,13 @@ __device__ __forceinline__ void l1_epilogue_swap(const Operands& op, const MathC
                                              static_cast<int>(threadIdx.x), kMathThreads);
 }
 
-// Swap-AB L2 epilogue: each warpgroup stages its 128 output columns of the tile's rows as bf16
-// ([row][128 columns] across its warps' areas) and copies them out.
+// Swap-AB L2 epilogue: each warpgroup stages its output columns of the tile's rows as bf16
+// ([row][kSwapWgColumns] across its warps' areas) and copies them out.
 __device__ __forceinline__ void l2_epilogue_swap(const Operands& op, const MathContext& m, const Task& task,
                                                  const float (&acc)[2][kAccum], int frag_row, int frag_col) {
   const unsigned staging = m.staging_all + static_cast<unsigned>(m.warpgroup) * 4 * kStagingWarpBytes;
 #pragma unroll
-  for (int wave = 0; wave < 2; ++wave)
+  for (int wave = 0; wave < kSwapWaves; ++wave)
 #pragma unroll
     for (int j = 0; j < kSwapColGroups; ++j)
 #pragma unroll
@@ -181,15 +208,15 @@ __device__ __forceinline__ void l2_epilogue_swap(const Operands& op, const MathC
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int col = 8 * j + frag_col + e;
-          const int column = 64 * wave + frag_row + 8 * half;  // of the warpgroup's 128
+          const int column = 64 * wave + frag_row + 8 * half;  // of the warpgroup's
           const unsigned bits = megamoe::bf16x2_from_floats(acc[wave][4 * j + 2 * half + e], 0.0f);
           store_shared_u16(staging + static_cast<unsigned>(col) * kSwapL2Pitch + 2 * column,
                            static_cast<unsigned short>(bits & 0xffffu));
         }
   named_barrier_sync(3 + m.warpgroup, 128);
   unsigned char* const y_rows = reinterpret_cast<unsigned char*>(
-      op.y + static_cast<long long>(task.row0) * kHidden + task.n * kBlockN + 128 * m.warpgroup);
-  copy_out_staged_tile<2 * kStagedRowBytes, kSwapL2Pitch>(staging, y_rows, 2 * kHidden,
+      op.y + static_cast<long long>(task.row0) * kHidden + task.n * kBlockN + kSwapWgColumns * m.warpgroup);
+  copy_out_staged_tile<2 * kSwapWgColumns, kSwapL2Pitch>(staging, y_rows, 2 * kHidden,
                                                           min(kBlockM, task.row_end - task.row0),
                                                           static_cast<int>(threadIdx.x % 128), 128);
 }

@@ -46,15 +46,18 @@ __device__ __forceinline__ int tile_b_row1(bool l1, int b_row0, int inter) {
   return l1 ? b_row0 + inter : b_row0 + kQuant;
 }
 
-// A routed FP4 stage by TMA: K block kb's packed nibbles of both 128-row B boxes (64-byte swizzle) at
-// `packed` and their UE8M0 words at `words`, each box's half after the other's; one barrier for all four.
+// A routed FP4 stage by TMA: K block kb's packed nibbles of both 128-row B boxes at `packed` and their
+// UE8M0 words at `words`, each box's half after the other's; one barrier for all four. The device layout
+// (fp4.cuh) is K-block-major with each block's quarters pre-swizzled: a 3-D map of two 64-byte rows per
+// 128-byte TMA row lands the same 64-byte-swizzled image (the halved rows are computed here: kept across
+// the loop, they spilled the producer).
 constexpr unsigned kPackedBoxBytes = (kBlockN / 2) * megamoe::fp4_stage::kPackedRowBytes;
 constexpr unsigned kWordsBoxBytes = (kBlockN / 2) * megamoe::fp4_stage::kRowWordBytes;
 __device__ __forceinline__ void load_packed_stage(unsigned packed, unsigned words, const TensorMap* map_b,
                                                   const TensorMap* map_words, unsigned bar, int kb, int b_row0,
                                                   int b_row1) {
-  tma_load_2d(packed, map_b, bar, kb * (kBlockK / 2), b_row0);
-  tma_load_2d(packed + kPackedBoxBytes, map_b, bar, kb * (kBlockK / 2), b_row1);
+  tma_load_3d(packed, map_b, bar, 0, opaque_i32(b_row0) >> 1, kb);
+  tma_load_3d(packed + kPackedBoxBytes, map_b, bar, 0, opaque_i32(b_row1) >> 1, kb);
   tma_load_2d(words, map_words, bar, b_row0, kb);
   tma_load_2d(words + kWordsBoxBytes, map_words, bar, b_row1, kb);
 }

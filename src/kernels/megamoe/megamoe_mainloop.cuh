@@ -145,28 +145,155 @@ __device__ __forceinline__ void tile_mainloop(const MathContext& m, const Task& 
 // ---------------------------------------------------------------------------------------------------
 // Swap-AB tiles (BLOCK_M 16 or 32). The wgmma's A operand is 64 rows of the stage's B (weight) tile and
 // its B operand the stage's kBlockM pool rows, so D[64 weight rows × kBlockM rows]: a thread holds
-// weight rows frag_row and + 8 and pool rows (columns) 8j + frag_col + {0, 1}. Warpgroup w takes two
-// m64 waves: L1 the gate rows and the up rows of channels 64w .. 64w + 63 (B rows 64w and 128 + 64w: a
-// thread holds gate and up of the same channel and row), L2 output columns 128w .. 128w + 127 (B rows
-// 128w and 128w + 64). The promotion multiplies the same two scales as the other tiles (the row's times
-// the weight block's), so the sums are theirs.
+// weight rows frag_row and + 8 and pool rows (columns) 8j + frag_col + {0, 1}. With two math warpgroups,
+// warpgroup w takes two m64 waves: L1 the gate rows and the up rows of channels 64w .. 64w + 63 (B rows
+// 64w and 128 + 64w: a thread holds gate and up of the same channel and row), L2 output columns 128w ..
+// 128w + 127 (B rows 128w and 128w + 64). With four (the FP4 register builds) warpgroup w takes one wave,
+// B rows 64w .. 64w + 63: L1 warpgroups 0 and 1 the gate rows, 2 and 3 the up rows of the same channels
+// (the L1 epilogue pairs them through shared memory), L2 output columns 64w .. 64w + 63. The promotion
+// multiplies the same two scales as the other tiles (the row's times the weight block's), so the sums are
+// theirs.
 constexpr int kSwapAcc = kSwapAB ? kBlockM / 2 : 8;  // fp32 accumulators per thread of one m64 × n(kBlockM) wave
 constexpr int kSwapColGroups = kSwapAcc / 4;         // groups of 8 pool rows (columns) per wave
+constexpr int kSwapWaves = 4 / kMathWarpgroups;      // m64 waves per math warpgroup
 
 template <bool kL1>
 struct SwapSplit {
-  __device__ static int b_row(int wave, int w) { return kL1 ? 128 * wave + 64 * w : 128 * w + 64 * wave; }
-  __device__ static int sw_row(int wave, int w) { return kL1 ? wave : w; }
+  __device__ static int b_row(int wave, int w) {
+    if constexpr (kSwapWaves == 1) return 64 * w;
+    return kL1 ? 128 * wave + 64 * w : 128 * w + 64 * wave;
+  }
+  // The weight-scale row (of the tile's two 128-row blocks) of a wave: b_row / 128.
+  __device__ static int sw_row(int wave, int w) {
+    if constexpr (kSwapWaves == 1) return w / 2;
+    return kL1 ? wave : w;
+  }
 };
 
 // kFp4Regs: swap_mainloop with each thread's A fragments converted from the stage's packed rows
-// (common/fp4_frag.cuh) and wgmma taking A from registers. Per K block both waves are converted first,
-// then issued as two groups; wave 0 is promoted while wave 1 runs. The conversion's rare slow-table
-// branch thus runs with no wgmma in flight. The shared expert (FP8) takes two stages per K block, B box
-// 0 (rows 0..127) with A, then box 1 (rows 128..255): one stage wait per loop step (a second wait site
-// in the loop made ptxas spill).
+// (common/fp4_frag.cuh) and wgmma taking A from registers. With one wave per warpgroup (four math
+// warpgroups, BLOCK_M 16) a routed (FP4) tile is pipelined by one K block: block kb + 1 is converted into
+// the other fragment buffer while the tensor cores run block kb, then kb is promoted and its stage
+// released, then kb + 1 issued, so the conversion (ALU) and the wgmmas overlap instead of alternating.
+// ptxas keeps a wgmma in flight only across straight-line code (a divergent path, such as a barrier's
+// spin loop or the exact-table branch, makes it wait): so stage kb + 1 is waited for before kb is
+// issued, and the rare exact-table pass of kb + 1 runs after kb is finished. The shared expert (FP8)
+// takes two stages per K block, B box 0 (rows 0..127) with A, then box 1 (rows 128..255): one stage wait
+// per loop step (a second wait site in the loop made ptxas spill).
+__device__ __forceinline__ void advance_stage(int& stage, unsigned& phase) {
+  if (++stage == kStages) {
+    stage = 0;
+    phase ^= 1u;
+  }
+}
+
+using Fp4Frags = unsigned[4][4];  // a thread's A fragments of a K block
+
+// The K block in stage s: its fast-table fragments (fp4_frag.cuh) and row scales; whether the warp
+// must convert it again with the exact tables (fp4_regs_exact).
 template <bool kL1>
-__device__ __forceinline__ void swap_mainloop_regs(const MathContext& m, const Task& task, unsigned sw_rows,
+__device__ __forceinline__ bool fp4_regs_convert(const MathContext& m, int s, Fp4Frags& frag, unsigned (&sw_bits)[2]) {
+  const int b_row = SwapSplit<kL1>::b_row(0, m.warpgroup);
+  const bool exact = megamoe::fp4_fragment_k128_fast(
+      megamoe::fp4_stage::SharedMem{}, m.b_smem + s * kPackedStageBytes + b_row * megamoe::fp4_stage::kPackedRowBytes,
+      m.row_scales + s * kRowWordsStageBytes + b_row * 4, static_cast<int>(threadIdx.x % 128), frag, sw_bits);
+  return !megamoe::fp4_warp_all(!exact);
+}
+
+template <bool kL1>
+__device__ __forceinline__ void fp4_regs_exact(const MathContext& m, int s, Fp4Frags& frag) {
+  const int b_row = SwapSplit<kL1>::b_row(0, m.warpgroup);
+  megamoe::fp4_fragment_k128_exact(
+      megamoe::fp4_stage::SharedMem{}, m.b_smem + s * kPackedStageBytes + b_row * megamoe::fp4_stage::kPackedRowBytes,
+      m.row_scales + s * kRowWordsStageBytes + b_row * 4, static_cast<int>(threadIdx.x % 128), frag);
+}
+
+// Issues the K block in stage s. The fragments are final before the fence (wgmma reads them behind the
+// compiler); the partials are written, not read, by the first step.
+__device__ __forceinline__ void fp4_regs_issue(const MathContext& m, int s, float (&partial)[kSwapAcc], Fp4Frags& frag) {
+#pragma unroll
+  for (int k = 0; k < 4; ++k) fence_operands(frag[k]);
+  const unsigned a_stage = m.a_smem + s * kATileBytes;
+  wgmma_fence();
+  wgmma_e4m3_rs_first(partial, frag[0], smem_descriptor(a_stage));
+#pragma unroll
+  for (int k = 1; k < 4; ++k) wgmma_e4m3_rs(partial, frag[k], smem_descriptor(a_stage + k * 32), 1);
+  wgmma_commit();
+}
+
+// The K block in stage s, issued from `frag`: waited for, promoted (a scale per weight row, the
+// accumulator's rows frag_row and + 8; the CPU rule's three roundings), its stage handed back.
+__device__ __forceinline__ void fp4_regs_finish(const MathContext& m, const Task& task, int s, int frag_col,
+                                                float (&partial)[kSwapAcc], Fp4Frags& frag,
+                                                const unsigned (&sw_bits)[2], float (&acc)[2][kAccum]) {
+  const unsigned sa = m.sa_smem + s * kSaStride + ((task.row0 & 3) + frag_col) * 4;
+  float sa_col[kSwapColGroups][2];
+#pragma unroll
+  for (int j = 0; j < kSwapColGroups; ++j) {
+    sa_col[j][0] = load_shared_f32(sa + 8 * j * 4);
+    sa_col[j][1] = load_shared_f32(sa + (8 * j + 1) * 4);
+  }
+  wgmma_wait<0>();
+  fence_registers(partial);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) fence_operands(frag[k]);
+  const float sw_lo = megamoe::fp32_from_bits(sw_bits[0]);
+  const float sw_hi = megamoe::fp32_from_bits(sw_bits[1]);
+#pragma unroll
+  for (int j = 0; j < kSwapColGroups; ++j)
+#pragma unroll
+    for (int i = 4 * j; i < 4 * j + 4; ++i) {
+      const float scale = megamoe::mul_rn(sa_col[j][i & 1], (i & 2) != 0 ? sw_hi : sw_lo);
+      acc[0][i] = megamoe::add_rn(acc[0][i], megamoe::mul_rn(partial[i], scale));
+    }
+  __syncwarp();  // the lanes read the stage's words and A scales with plain loads
+  if (m.lane == 0) mbar_arrive(m.empty_bar + 8 * s);
+}
+
+// A routed tile's K blocks, pipelined by one. One step: stage `next` waited for, block `cur` issued,
+// `next` converted under it, `cur` finished, then `next`'s exact pass if any lane needs one. The
+// fragment buffers alternate, so the loop takes K blocks in pairs (the indices stay compile-time).
+template <bool kL1>
+__device__ __forceinline__ void swap_mainloop_regs_fp4(const MathContext& m, const Task& task, int& stage,
+                                                       unsigned& phase, float (&acc)[2][kAccum], int frag_col) {
+  float partial[kSwapAcc];
+  Fp4Frags frag0, frag1;
+  unsigned sw0[2], sw1[2];
+  int s0 = stage;
+  wait_stage_full(m, s0, phase);
+  if (fp4_regs_convert<kL1>(m, s0, frag0, sw0)) fp4_regs_exact<kL1>(m, s0, frag0);
+  advance_stage(stage, phase);
+  const auto step = [&](int cur, Fp4Frags& frag_cur, const unsigned (&sw_cur)[2], int next, Fp4Frags& frag_next,
+                        unsigned (&sw_next)[2]) {
+    wait_stage_full(m, next, phase);
+    fp4_regs_issue(m, cur, partial, frag_cur);
+    const bool exact = fp4_regs_convert<kL1>(m, next, frag_next, sw_next);
+    fp4_regs_finish(m, task, cur, frag_col, partial, frag_cur, sw_cur, acc);
+    if (exact) fp4_regs_exact<kL1>(m, next, frag_next);
+    advance_stage(stage, phase);
+  };
+  int kb = 1;
+  for (; kb + 1 < task.k_blocks; kb += 2) {
+    const int s1 = stage;
+    step(s0, frag0, sw0, s1, frag1, sw1);
+    s0 = stage;
+    step(s1, frag1, sw1, s0, frag0, sw0);
+  }
+  if (kb < task.k_blocks) {
+    const int s1 = stage;
+    step(s0, frag0, sw0, s1, frag1, sw1);
+    fp4_regs_issue(m, s1, partial, frag1);
+    fp4_regs_finish(m, task, s1, frag_col, partial, frag1, sw1, acc);
+  } else {
+    fp4_regs_issue(m, s0, partial, frag0);
+    fp4_regs_finish(m, task, s0, frag_col, partial, frag0, sw0, acc);
+  }
+}
+
+// Two waves per warpgroup (BLOCK_M 32: the pipelined loop spilled there): convert both waves, issue
+// them as two groups, promote wave 0 while wave 1 runs.
+template <bool kL1>
+__device__ __forceinline__ void swap_mainloop_regs_two_waves(const MathContext& m, const Task& task, unsigned sw_rows,
                                                    int& stage, unsigned& phase, float (&acc)[2][kAccum],
                                                    int frag_col) {
   using S = SwapSplit<kL1>;
@@ -262,6 +389,56 @@ __device__ __forceinline__ void swap_mainloop_regs(const MathContext& m, const T
       __syncwarp();
       if (m.lane == 0) mbar_arrive(m.empty_bar + 8 * first);
     }
+    release_stage(m, stage, phase);
+  }
+}
+
+template <bool kL1>
+__device__ __forceinline__ void swap_mainloop_regs(const MathContext& m, const Task& task, unsigned sw_rows,
+                                                   int& stage, unsigned& phase, float (&acc)[2][kAccum],
+                                                   int frag_col) {
+  if constexpr (kSwapWaves == 2) {
+    swap_mainloop_regs_two_waves<kL1>(m, task, sw_rows, stage, phase, acc, frag_col);
+    return;
+  }
+#pragma unroll
+  for (int wave = 0; wave < kSwapWaves; ++wave)
+#pragma unroll
+    for (int i = 0; i < kSwapAcc; ++i) acc[wave][i] = 0.0f;
+  if (task.group != kExperts) {
+    swap_mainloop_regs_fp4<kL1>(m, task, stage, phase, acc, frag_col);
+    return;
+  }
+  float partial[kSwapAcc];
+  int first = stage;  // the stage with A and B box 0
+  for (int step = 0; step < 2 * task.k_blocks; ++step) {
+    wait_stage_full(m, stage, phase);
+    if ((step & 1) == 0) {  // box 0: its K block waits for box 1
+      first = stage;
+      advance_stage(stage, phase);
+      continue;
+    }
+    const unsigned sa = m.sa_smem + first * kSaStride + ((task.row0 & 3) + frag_col) * 4;
+    float sa_col[kSwapColGroups][2];
+#pragma unroll
+    for (int j = 0; j < kSwapColGroups; ++j) {
+      sa_col[j][0] = load_shared_f32(sa + 8 * j * 4);
+      sa_col[j][1] = load_shared_f32(sa + (8 * j + 1) * 4);
+    }
+#pragma unroll
+    for (int wave = 0; wave < kSwapWaves; ++wave) {
+      const float sw = load_shared_f32(sw_rows + (SwapSplit<kL1>::sw_row(wave, m.warpgroup) * kMaxKBlocks + step / 2) * 4);
+      const int b_row = SwapSplit<kL1>::b_row(wave, m.warpgroup);
+      const unsigned box = m.b_smem + (b_row < 128 ? first : stage) * kPackedStageBytes + (b_row % 128) * kBlockK;
+      wgmma_block_k128(partial, box, m.a_smem + first * kATileBytes);
+#pragma unroll
+      for (int j = 0; j < kSwapColGroups; ++j)
+#pragma unroll
+        for (int i = 4 * j; i < 4 * j + 4; ++i) acc[wave][i] = fmaf(partial[i], sa_col[j][i & 1] * sw, acc[wave][i]);
+    }
+    // Box 0's stage back to the producer (release_stage below returns box 1's).
+    __syncwarp();
+    if (m.lane == 0) mbar_arrive(m.empty_bar + 8 * first);
     release_stage(m, stage, phase);
   }
 }

@@ -8,7 +8,6 @@ import { expertFormatOf, type MoEConfig } from "../../config/config.js";
 import type { KernelDefines } from "../variants.js";
 import {
   FUSED_BLOCK_MS,
-  FUSED_THREADS,
   type FusedBlockM,
   fusedDefines,
   fusedExpandProblem,
@@ -16,6 +15,7 @@ import {
   fusedSharedBytes,
   fusedStages,
   fusedSwapAB,
+  fusedThreads,
 } from "./megamoe.variants.js";
 
 /** One launch's configuration. */
@@ -133,7 +133,7 @@ export function planFusedLaunch(
     stages,
     sharedBytes: fusedSharedBytes(c, stages, m, x),
     ctas,
-    threads: FUSED_THREADS,
+    threads: fusedThreads(c, m),
     defines: fusedDefines(c, m, x, stages),
   };
 }
