@@ -602,6 +602,19 @@ function referenceThreads(
   return Math.max(1, Math.min(availableThreads(), work.total, byMemory));
 }
 
+/** A job buffer of n elements, on a SharedArrayBuffer when worker threads will write it. */
+function jobArray<T extends Float32Array | Float64Array>(
+  Ctor: {
+    new (buffer: ArrayBuffer | SharedArrayBuffer): T;
+    new (length: number): T;
+    BYTES_PER_ELEMENT: number;
+  },
+  n: number,
+  shared: boolean,
+): T {
+  return shared ? new Ctor(new SharedArrayBuffer(Ctor.BYTES_PER_ELEMENT * n)) : new Ctor(n);
+}
+
 /** Runs a forward's expert tasks on worker threads when `threads` > 1 (and they start), else here, in order. */
 function runExperts(
   job: ExpertJob,
@@ -653,8 +666,7 @@ export function referenceMoE(
   const { hidden, topK: k } = config;
   const xq = quantizeActivations(x, tokens, hidden, config.scaleFormat);
   const threads = referenceThreads(config, work, "reference", options.threads);
-  const f32 = (n: number) =>
-    threads > 1 ? new Float32Array(new SharedArrayBuffer(4 * n)) : new Float32Array(n);
+  const f32 = (n: number) => jobArray(Float32Array, n, threads > 1);
   const job: ReferenceJob = {
     mode: "reference",
     config,
@@ -705,8 +717,7 @@ export function idealMoE(
     );
   }
   const threads = referenceThreads(config, work, "ideal", options.threads);
-  const f64 = (n: number) =>
-    threads > 1 ? new Float64Array(new SharedArrayBuffer(8 * n)) : new Float64Array(n);
+  const f64 = (n: number) => jobArray(Float64Array, n, threads > 1);
   const job: IdealJob = {
     mode: "ideal",
     config,
