@@ -200,6 +200,18 @@ __device__ __forceinline__ bool fp4_regs_convert(const MathContext& m, int s, Fp
   return !megamoe::fp4_warp_all(!exact);
 }
 
+// Swap-AB: the A (pool row) scales of this thread's accumulator columns in stage s, column group j's
+// rows frag_col + 8j and + 1.
+__device__ __forceinline__ void load_swap_a_scales(const MathContext& m, const Task& task, int s, int frag_col,
+                                                   float (&sa_col)[kSwapColGroups][2]) {
+  const unsigned sa = m.sa_smem + s * kSaStride + ((task.row0 & 3) + frag_col) * 4;
+#pragma unroll
+  for (int j = 0; j < kSwapColGroups; ++j) {
+    sa_col[j][0] = load_shared_f32(sa + 8 * j * 4);
+    sa_col[j][1] = load_shared_f32(sa + (8 * j + 1) * 4);
+  }
+}
+
 template <bool kL1>
 __device__ __forceinline__ void fp4_regs_exact(const MathContext& m, int s, Fp4Frags& frag) {
   const int b_row = SwapSplit<kL1>::b_row(0, m.warpgroup);
@@ -226,13 +238,8 @@ __device__ __forceinline__ void fp4_regs_issue(const MathContext& m, int s, floa
 __device__ __forceinline__ void fp4_regs_finish(const MathContext& m, const Task& task, int s, int frag_col,
                                                 float (&partial)[kSwapAcc], Fp4Frags& frag,
                                                 const unsigned (&sw_bits)[2], float (&acc)[2][kAccum]) {
-  const unsigned sa = m.sa_smem + s * kSaStride + ((task.row0 & 3) + frag_col) * 4;
   float sa_col[kSwapColGroups][2];
-#pragma unroll
-  for (int j = 0; j < kSwapColGroups; ++j) {
-    sa_col[j][0] = load_shared_f32(sa + 8 * j * 4);
-    sa_col[j][1] = load_shared_f32(sa + (8 * j + 1) * 4);
-  }
+  load_swap_a_scales(m, task, s, frag_col, sa_col);
   wgmma_wait<0>();
   fence_registers(partial);
 #pragma unroll
@@ -318,13 +325,8 @@ __device__ __forceinline__ void swap_mainloop_regs_two_waves(const MathContext& 
       continue;
     }
     if (fp4) first = stage;
-    const unsigned sa = m.sa_smem + first * kSaStride + ((task.row0 & 3) + frag_col) * 4;
     float sa_col[kSwapColGroups][2];
-#pragma unroll
-    for (int j = 0; j < kSwapColGroups; ++j) {
-      sa_col[j][0] = load_shared_f32(sa + 8 * j * 4);
-      sa_col[j][1] = load_shared_f32(sa + (8 * j + 1) * 4);
-    }
+    load_swap_a_scales(m, task, first, frag_col, sa_col);
     const unsigned a_stage = m.a_smem + first * kATileBytes;
     if (fp4) {
       unsigned frag[2][4][4];
@@ -418,13 +420,8 @@ __device__ __forceinline__ void swap_mainloop_regs(const MathContext& m, const T
       advance_stage(stage, phase);
       continue;
     }
-    const unsigned sa = m.sa_smem + first * kSaStride + ((task.row0 & 3) + frag_col) * 4;
     float sa_col[kSwapColGroups][2];
-#pragma unroll
-    for (int j = 0; j < kSwapColGroups; ++j) {
-      sa_col[j][0] = load_shared_f32(sa + 8 * j * 4);
-      sa_col[j][1] = load_shared_f32(sa + (8 * j + 1) * 4);
-    }
+    load_swap_a_scales(m, task, first, frag_col, sa_col);
 #pragma unroll
     for (int wave = 0; wave < kSwapWaves; ++wave) {
       const float sw = load_shared_f32(sw_rows + (SwapSplit<kL1>::sw_row(wave, m.warpgroup) * kMaxKBlocks + step / 2) * 4);
@@ -462,13 +459,8 @@ __device__ __forceinline__ void swap_mainloop_smem(const MathContext& m, const T
       sw[wave] = fp4 ? 1.0f : load_shared_f32(sw_rows + (S::sw_row(wave, m.warpgroup) * kMaxKBlocks + kb) * 4);
     }
     wait_stage_full(m, stage, phase);
-    const unsigned sa = m.sa_smem + stage * kSaStride + ((task.row0 & 3) + frag_col) * 4;
     float sa_col[kSwapColGroups][2];
-#pragma unroll
-    for (int j = 0; j < kSwapColGroups; ++j) {
-      sa_col[j][0] = load_shared_f32(sa + 8 * j * 4);
-      sa_col[j][1] = load_shared_f32(sa + (8 * j + 1) * 4);
-    }
+    load_swap_a_scales(m, task, stage, frag_col, sa_col);
     const unsigned a_stage = m.a_smem + stage * kATileBytes;
     const unsigned b_stage = m.b_smem + stage * kBTileBytes;
 #pragma unroll
