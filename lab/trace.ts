@@ -2,7 +2,7 @@
  * On the GPU host: the fused kernel's per-CTA timeline at a few token counts (where the time goes:
  * dispatch phases, waits on dependencies and stages, epilogues, the combine), printed as a table of
  * min / median / max over the CTAs. Lab helper, run by lab/trace.sh from dist-test:
- * node dist-test/lab/trace.js [shape] [T,T,...] [fp8|fp4]
+ * node dist-test/lab/trace.js [shape] [T,T,...] [fp8|fp4|- (the shape's)] [shared: 1|0]
  */
 
 import { forwardOperands } from "../src/bench/layer.js";
@@ -20,11 +20,18 @@ import { randomRouting } from "../src/reference/router.js";
 
 const shape = process.argv[2] ?? "flash-ep8";
 const tokenList = (process.argv[3] ?? "1,64,8192").split(",").map(Number);
-const experts = process.argv[4] as ExpertFormat | undefined;
+const expertsArg = process.argv[4] ?? "-";
+const experts = expertsArg === "-" ? undefined : (expertsArg as ExpertFormat);
 if (experts !== undefined && !EXPERT_FORMATS.includes(experts)) {
   console.error(`trace: the experts are fp8 or fp4, not ${experts}`);
   process.exit(2);
 }
+const sharedArg = process.argv[5] ?? "1";
+if (sharedArg !== "0" && sharedArg !== "1") {
+  console.error(`trace: the shared expert is 1 (on) or 0 (off), not ${sharedArg}`);
+  process.exit(2);
+}
+const shared = sharedArg === "1";
 const device = openDevice(0);
 const maxTokens = Math.max(...tokenList);
 const config = resolveConfig(shape, {
@@ -44,7 +51,7 @@ const fmt = (ns: number) => (Number.isFinite(ns) ? (ns / 1000).toFixed(1).padSta
 
 for (const tokens of tokenList) {
   const operands = forwardOperands(device, config, tokens, randomRouting(7, tokens, config), 7);
-  const f = { ...operands, tokens, shared: true };
+  const f = { ...operands, tokens, shared };
   pipeline.kernel.disableTrace();
   const t = timeKernel(device, (s) => pipeline.forward(f, s), { warmup: 10, iters: 20 });
   pipeline.kernel.enableTrace();
@@ -52,7 +59,7 @@ for (const tokens of tokenList) {
   const rows: FusedTraceRow[] = pipeline.kernel.readTrace();
   pipeline.checkStatus();
   console.log(
-    `\n${shape}${experts === undefined ? "" : ` ${experts}`} T=${tokens}: forward ${t.usMedian.toFixed(1)} µs (untraced median); per-CTA µs min / median / max`,
+    `\n${shape}${experts === undefined ? "" : ` ${experts}`}${shared ? "" : " shared off"} T=${tokens}: forward ${t.usMedian.toFixed(1)} µs (untraced median); per-CTA µs min / median / max`,
   );
   for (const field of FUSED_TRACE_FIELDS) {
     const [lo, mid, hi] = stats(rows.map((r) => r[field]));
@@ -66,7 +73,8 @@ for (const tokens of tokenList) {
   const busy = rows.map((r) => r.mathDone - r.firstTask - r.epilogueNs - r.taskWaitNs - r.stageFullWaitNs);
   const [lo, mid, hi] = stats(busy);
   console.log(`  ${"mainloopBusy".padEnd(18)} ${fmt(lo!)} ${fmt(mid!)} ${fmt(hi!)}`);
-  const flops = 6 * config.hidden * tokens * (config.topK * config.intermediate + sharedIntermediate(config));
+  const inter = config.topK * config.intermediate + (shared ? sharedIntermediate(config) : 0);
+  const flops = 6 * config.hidden * tokens * inter;
   console.log(
     `  mainloops ${(flops / (mid! * 1e-9) / 1e12).toFixed(0)} TFLOP/s (layer FLOPs / median mainloopBusy)`,
   );

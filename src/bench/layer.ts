@@ -349,6 +349,8 @@ export function benchmarkLayer(device: Device, o: LayerBenchOptions): ResultRow[
                 enter: () => {
                   p.kernel.blockM = blockM;
                   p.kernel.fp4Expand = expand;
+                  // Compiled and its buffers allocated before capture (an allocation fails under it).
+                  p.kernel.prepare(tokens);
                 },
                 leave: () => {
                   p.kernel.blockM = "auto";

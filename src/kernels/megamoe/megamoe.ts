@@ -434,9 +434,10 @@ export class FusedMoEKernel {
   }
 
   /**
-   * Compiles and loads, now, the specialization a launch of `tokens` would use: R ranks' launches on one
-   * device must not load a module between them (a load may wait for the device, and a launched rank
-   * waits for the ranks not launched yet).
+   * Compiles and loads, now, the specialization a launch of `tokens` would use, with the expand
+   * variant's images: R ranks' launches on one device must not load a module between them (a load may
+   * wait for the device, and a launched rank waits for the ranks not launched yet), and a forced block M
+   * or variant must be prepared before a graph captures its launch (allocation fails under capture).
    */
   prepare(tokens: number): FusedPlan {
     const plan = this.plan(tokens);
