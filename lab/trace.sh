@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The fused kernel's per-CTA timeline on the GPU host (lab/trace.ts): for each token count, the untraced
-# forward's median time, then min / median / max over the CTAs of every phase the kernel records (dispatch,
-# waits on dependencies and stages, epilogues, the combine). Replaces the timeline steps of the old
+# forward's median time (beside it: after an L2 flush by reads instead of writes, with no flush, and an
+# empty kernel of its launch shape), then min / median / max over the CTAs of every phase the kernel
+# records (dispatch, waits on dependencies and stages, epilogues, the combine). Replaces the timeline steps of the old
 # scripts/gpu-next.sh (PARTs 1, 12-20, 23, 26, 29, 30, 39-40) and scripts/gpu-fused.sh's TRACE_T.
 usage() {
   cat <<HELP

@@ -12,9 +12,10 @@ import {
   resolveConfig,
   sharedIntermediate,
 } from "../src/config/config.js";
-import { openDevice, timeKernel } from "../src/cuda/index.js";
+import { openDevice, type Stream, timeKernel } from "../src/cuda/index.js";
 import { DeviceMoEWeights } from "../src/kernels/device-weights.js";
 import { FUSED_TRACE_FIELDS, type FusedTraceRow } from "../src/kernels/megamoe/megamoe.js";
+import { emptyLaunch, readFlush } from "../src/kernels/probe/probe.js";
 import { FusedPipeline } from "../src/pipeline/fused.js";
 import { randomRouting } from "../src/reference/router.js";
 
@@ -40,6 +41,7 @@ const config = resolveConfig(shape, {
 });
 const weights = DeviceMoEWeights.generate(device, config, 7);
 const pipeline = new FusedPipeline(device, weights, maxTokens);
+const flush = readFlush(device);
 
 const stats = (values: number[]) => {
   const v = values.filter(Number.isFinite).sort((a, b) => a - b);
@@ -53,13 +55,31 @@ for (const tokens of tokenList) {
   const operands = forwardOperands(device, config, tokens, randomRouting(7, tokens, config), 7);
   const f = { ...operands, tokens, shared };
   pipeline.kernel.disableTrace();
-  const t = timeKernel(device, (s) => pipeline.forward(f, s), { warmup: 10, iters: 20 });
+  const forward = (s: Stream) => pipeline.forward(f, s);
+  const t = timeKernel(device, forward, { warmup: 10, iters: 20 });
+  // Beside it: after an L2 flush by reads (no dirty lines to write back), with no flush, and an empty
+  // kernel of the fused kernel's launch shape after the usual flush.
+  const clean = timeKernel(device, forward, {
+    warmup: 10,
+    iters: 20,
+    l2Flush: false,
+    rotate: (_, s) => flush.queue(s),
+  });
+  const warm = timeKernel(device, forward, { warmup: 10, iters: 20, l2Flush: false });
+  const plan = pipeline.kernel.plan(tokens);
+  const empty = timeKernel(device, emptyLaunch(device, plan.ctas, plan.threads, plan.sharedBytes), {
+    iters: 20,
+  });
   pipeline.kernel.enableTrace();
   pipeline.forward(f, null);
   const rows: FusedTraceRow[] = pipeline.kernel.readTrace();
   pipeline.checkStatus();
   console.log(
     `\n${shape}${experts === undefined ? "" : ` ${experts}`}${shared ? "" : " shared off"} T=${tokens}: forward ${t.usMedian.toFixed(1)} µs (untraced median); per-CTA µs min / median / max`,
+  );
+  console.log(
+    `  forward after a read flush ${clean.usMedian.toFixed(1)} µs, with no flush ${warm.usMedian.toFixed(1)} µs; ` +
+      `an empty kernel of this launch (${plan.ctas} × ${plan.threads}, ${plan.sharedBytes} B) ${empty.usMedian.toFixed(1)} µs`,
   );
   for (const field of FUSED_TRACE_FIELDS) {
     const [lo, mid, hi] = stats(rows.map((r) => r[field]));
@@ -80,5 +100,6 @@ for (const tokens of tokenList) {
   );
   operands.dispose();
 }
+flush.dispose();
 pipeline.dispose();
 weights.dispose();

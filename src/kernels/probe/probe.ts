@@ -13,6 +13,7 @@ import {
   KernelArgs,
   loadKernel,
   perDeviceOnce,
+  type Stream,
   TensorMapDataType,
   TensorMapL2Promotion,
   TensorMapSwizzle,
@@ -92,6 +93,46 @@ export function measureReadCeiling(device: Device, bytes = 2 ** 31): { tbps: num
     device.free(src);
     device.free(sink);
   }
+}
+
+/**
+ * An L2 flush by reads, for `timeKernel`'s `rotate` (with `l2Flush: false`): `probe_read` over a buffer of
+ * twice the L2 size, nothing written, leaves the L2 holding clean lines, where the default flush (a
+ * memset) leaves dirty ones that the timed kernel's loads must first write back. Lab diagnosis: how much
+ * of a short run is that write-back.
+ */
+export function readFlush(device: Device): { queue(stream: Stream): void; dispose(): void } {
+  const { read } = probeKernels(device);
+  const size = Math.ceil((2 * device.l2CacheBytes) / 16) * 16;
+  const grid = device.smCount * 2;
+  const src = device.alloc(size);
+  const sink = device.alloc(grid * 4);
+  device.memsetD32(src, 0, size / 4, device.nullStream);
+  const args = new KernelArgs(4)
+    .ptr(0, src)
+    .u64(1, BigInt(size / 16))
+    .ptr(2, sink)
+    .i32(3, 0);
+  return {
+    queue: (stream) => read.launch(grid, 512, 0, stream, args),
+    dispose: () => {
+      device.free(src);
+      device.free(sink);
+    },
+  };
+}
+
+/** Queues an empty kernel of this launch shape: what a launch costs before its first instruction. */
+export function emptyLaunch(
+  device: Device,
+  grid: number,
+  threads: number,
+  sharedBytes: number,
+): (s: Stream) => void {
+  const { empty } = probeKernels(device);
+  if (sharedBytes > 48 * 1024) empty.setMaxDynamicSharedMemory(sharedBytes);
+  const args = new KernelArgs(0);
+  return (stream) => empty.launch(grid, threads, sharedBytes, stream, args);
 }
 
 /** Copy bandwidth over `bytes` (default 2 GiB, capped at a quarter of the device's memory). */
