@@ -71,6 +71,8 @@ export const StreamCaptureMode = { GLOBAL: 0, THREAD_LOCAL: 1, RELAXED: 2 } as c
 
 /** `CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION`. */
 export const LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4;
+/** `CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION`. */
+export const LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6;
 /** Byte layout of `CUlaunchConfig` / `CUlaunchAttribute` on 64-bit Linux (checked against cuda.h by a test). */
 export const LAUNCH_CONFIG_LAYOUT = {
   size: 56,

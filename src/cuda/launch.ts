@@ -6,6 +6,7 @@ import {
   DEFAULT_MAX_DYNAMIC_SHARED_BYTES,
   FunctionAttribute,
   LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
+  LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
   LAUNCH_CONFIG_LAYOUT,
 } from "./driver-constants.js";
 import { alignedHostBytes, type KernelArgs } from "./kernel-args.js";
@@ -73,9 +74,11 @@ export class Kernel {
   /** The `CUfunction`. */
   readonly handle: bigint;
   private maxDynamicShared = DEFAULT_MAX_DYNAMIC_SHARED_BYTES;
-  /** Preallocated `CUlaunchConfig` + one `CUlaunchAttribute` for `launchEx`. */
+  /** Preallocated `CUlaunchConfig` + one `CUlaunchAttribute`: `launchEx`'s cluster, `launchAfterPrevious`'s. */
   private exConfig: DataView | undefined;
   private exConfigAddress = 0n;
+  private pdlConfig: DataView | undefined;
+  private pdlConfigAddress = 0n;
 
   /** @internal use `module.getFunction()` */
   constructor(module: Module, name: string, handle: bigint) {
@@ -162,9 +165,72 @@ export class Kernel {
     args: KernelArgs,
     cluster: Dim3,
   ): void {
+    if (this.exConfig === undefined) {
+      const made = this.createExConfig(LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION);
+      this.exConfig = made.view;
+      this.exConfigAddress = made.address;
+    }
+    const c = this.exConfig;
+    const attr = LAUNCH_CONFIG_LAYOUT.size + 8; // the attribute follows the config (see createExConfig)
+    c.setUint32(attr + LAUNCH_CONFIG_LAYOUT.attributeValue, dimX(cluster), true);
+    c.setUint32(attr + LAUNCH_CONFIG_LAYOUT.attributeValue + 4, dimY(cluster), true);
+    c.setUint32(attr + LAUNCH_CONFIG_LAYOUT.attributeValue + 8, dimZ(cluster), true);
+    this.launchConfigured(
+      c,
+      this.exConfigAddress,
+      grid,
+      block,
+      sharedBytes,
+      stream,
+      args,
+      () => `, cluster ${dimX(cluster)}x${dimY(cluster)}x${dimZ(cluster)}`,
+    );
+  }
+
+  /**
+   * Launch with programmatic stream serialization (`cuLaunchKernelEx`,
+   * CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION): the kernel may start while the previous kernel
+   * on the stream is still finishing, so its launch and prologue overlap that kernel's tail. The kernel
+   * must execute `griddepcontrol.wait` before it touches memory that kernel (or anything before it) wrote
+   * or reads; launched after anything but a kernel it runs as a plain launch.
+   */
+  launchAfterPrevious(
+    grid: Dim3,
+    block: Dim3,
+    sharedBytes: number,
+    stream: Stream | null,
+    args: KernelArgs,
+  ): void {
+    if (this.pdlConfig === undefined) {
+      const made = this.createExConfig(LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION);
+      made.view.setInt32(LAUNCH_CONFIG_LAYOUT.size + 8 + LAUNCH_CONFIG_LAYOUT.attributeValue, 1, true);
+      this.pdlConfig = made.view;
+      this.pdlConfigAddress = made.address;
+    }
+    this.launchConfigured(
+      this.pdlConfig,
+      this.pdlConfigAddress,
+      grid,
+      block,
+      sharedBytes,
+      stream,
+      args,
+      () => ", programmatic stream serialization",
+    );
+  }
+
+  private launchConfigured(
+    c: DataView,
+    address: bigint,
+    grid: Dim3,
+    block: Dim3,
+    sharedBytes: number,
+    stream: Stream | null,
+    args: KernelArgs,
+    detail: () => string,
+  ): void {
     if (sharedBytes > DEFAULT_MAX_DYNAMIC_SHARED_BYTES) this.checkShared(sharedBytes);
     if (currentContext !== this.device.context) this.device.makeCurrent();
-    const c = this.exConfig ?? this.createExConfig();
     const L = LAUNCH_CONFIG_LAYOUT;
     c.setUint32(L.gridDimX, dimX(grid), true);
     c.setUint32(L.gridDimX + 4, dimY(grid), true);
@@ -174,32 +240,22 @@ export class Kernel {
     c.setUint32(L.blockDimX + 8, dimZ(block), true);
     c.setUint32(L.sharedMemBytes, sharedBytes, true);
     c.setBigUint64(L.hStream, stream === null ? 0n : stream.handle, true);
-    const attr = L.size + 8; // the attribute follows the config, 64-bit aligned (see createExConfig)
-    c.setUint32(attr + L.attributeValue, dimX(cluster), true);
-    c.setUint32(attr + L.attributeValue + 4, dimY(cluster), true);
-    c.setUint32(attr + L.attributeValue + 8, dimZ(cluster), true);
-    const code = cu.cuLaunchKernelEx(this.exConfigAddress, this.handle, args.paramsAddress, null);
-    if (code !== 0) {
-      check(
-        "cuLaunchKernelEx",
-        code,
-        `${this.launchDetail(grid, block, sharedBytes)}, cluster ${dimX(cluster)}x${dimY(cluster)}x${dimZ(cluster)}`,
-      );
-    }
+    const code = cu.cuLaunchKernelEx(address, this.handle, args.paramsAddress, null);
+    if (code !== 0)
+      check("cuLaunchKernelEx", code, `${this.launchDetail(grid, block, sharedBytes)}${detail()}`);
     kernelLaunchCount += 1;
   }
 
-  private createExConfig(): DataView {
+  /** A `CUlaunchConfig` with one attribute of this id after it (64-bit aligned), at a fixed host address. */
+  private createExConfig(attributeId: number): { view: DataView; address: bigint } {
     const L = LAUNCH_CONFIG_LAYOUT;
     const attrOffset = L.size + 8;
     const block = alignedHostBytes(attrOffset + L.attributeSize, 16);
     const view = new DataView(block.view.buffer, block.view.byteOffset, block.view.byteLength);
     view.setBigUint64(L.attrs, block.address + BigInt(attrOffset), true);
     view.setUint32(L.numAttrs, 1, true);
-    view.setUint32(attrOffset, LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, true);
-    this.exConfig = view;
-    this.exConfigAddress = block.address;
-    return view;
+    view.setUint32(attrOffset, attributeId, true);
+    return { view, address: block.address };
   }
 
   private launchDetail(grid: Dim3, block: Dim3, sharedBytes: number): string {

@@ -139,20 +139,29 @@ describe("against the mock libcuda", { skip }, () => {
     module.unload();
   });
 
-  test("launch and launchEx pass grid, block, shared bytes and cluster through", () => {
+  test("launch, launchEx and launchAfterPrevious pass grid, block, shared bytes and attributes through", () => {
     const module = device.loadModule(fakeCubin(["cluster_ids", "other_kernel"]));
     const other = module.getFunction("other_kernel");
-    const last = new Uint32Array(8);
+    const last = new Uint32Array(9);
     const args = new KernelArgs(1).ptr(0, 0n);
     other.launch([3, 4, 5], [32, 2, 1], 1000, null, args);
     mockLastLaunch(last);
-    assert.deepEqual([...last], [3, 4, 5, 32, 2, 1, 1000, 1]);
+    assert.deepEqual([...last], [3, 4, 5, 32, 2, 1, 1000, 1, 0]);
     other.setMaxDynamicSharedMemory(100_000);
     assert.equal(other.getAttribute(8), 100_000);
     const stream = device.createStream();
     other.launchEx([8, 2, 1], 64, 100_000, stream, args, [4, 1, 1]);
     mockLastLaunch(last);
-    assert.deepEqual([...last], [8, 2, 1, 64, 1, 1, 100_000, 4]);
+    assert.deepEqual([...last], [8, 2, 1, 64, 1, 1, 100_000, 4, 0]);
+    // Programmatic stream serialization: the attribute's value reaches the driver, the cluster stays 1;
+    // the cluster launch after it keeps its own attribute.
+    other.launchAfterPrevious([7, 1, 1], 96, 100_000, stream, args);
+    mockLastLaunch(last);
+    assert.deepEqual([...last], [7, 1, 1, 96, 1, 1, 100_000, 1, 1]);
+    other.launchEx([8, 2, 1], 64, 0, stream, args, [2, 1, 1]);
+    mockLastLaunch(last);
+    assert.deepEqual([...last], [8, 2, 1, 64, 1, 1, 0, 2, 0]);
+    assert.throws(() => other.launchAfterPrevious(1, 32, 200_000, stream, args), /limit set is 100000/);
     assert.throws(
       () => other.launchEx(6, 64, 0, stream, args, 4),
       /cuLaunchKernelEx failed: CUDA_ERROR_INVALID_CLUSTER_SIZE.*cluster 4x1x1/,

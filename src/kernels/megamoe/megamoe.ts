@@ -488,7 +488,7 @@ export class FusedMoEKernel {
     const spec = this.specialization(plan.blockM, plan.expand);
     trace?.fill(0, stream);
     spec.args.struct(mapCount(this.config), this.operands);
-    spec.kernel.launch(plan.ctas, plan.threads, plan.sharedBytes, stream, spec.args);
+    spec.kernel.launchAfterPrevious(plan.ctas, plan.threads, plan.sharedBytes, stream, spec.args);
   }
 
   /**
