@@ -7,6 +7,17 @@
 
 namespace megamoe {
 
+// ---- Programmatic dependent launch (sm_90) ----
+
+// Lets the next kernel on the stream, if launched with programmatic stream serialization, start once
+// every block of this one has passed here (its launch and prologue then overlap this kernel's rest);
+// what it reads of this kernel's writes still waits for wait_for_previous_grid.
+__device__ __forceinline__ void allow_next_grid_launch() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+
+// Waits until the kernel this one may overlap has completed and its writes are visible; a no-op for a
+// plain launch.
+__device__ __forceinline__ void wait_for_previous_grid() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
 // ---- IEEE-rounded fp32 arithmetic (no .ftz, never contracted into an FMA) ----
 
 // x * y rounded to nearest even: what Math.fround(x * y) gives on the CPU.

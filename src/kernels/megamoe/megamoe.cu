@@ -133,7 +133,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
   // Launched after the kernel that wrote the rows (quantization, the norm or the gate) with programmatic
   // stream serialization: the launch and the prologue above overlap its tail; nothing it wrote, and no
   // operand, is read before this.
-  wait_for_previous_grid();
+  megamoe::wait_for_previous_grid();
 
 #if EP_RANKS > 1
   // ---- 1-3. count, describe, publish; offsets; place (megamoe_ep.cuh)

@@ -43,6 +43,9 @@ static_assert(kLanesPerGroup * 8 == megamoe::kQuantGroup, "a half-warp must cove
 extern "C" __global__ void __launch_bounds__(kMaxThreads, 4)
     megamoe_quantize_act(const void* __restrict__ x, void* __restrict__ q, float* __restrict__ scales,
                          unsigned int tokens) {
+  // The fused kernel after this one may launch now (its prologue needs nothing from here): safe this
+  // early since it waits for this grid's end before it reads the rows.
+  megamoe::allow_next_grid_launch();
   const unsigned int groups = tokens * static_cast<unsigned int>(kGroupsPerToken);
   const unsigned int steps = (groups + kGroupsPerStep - 1) / kGroupsPerStep;
   const unsigned int lane = threadIdx.x & 31u;
