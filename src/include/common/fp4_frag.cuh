@@ -51,7 +51,7 @@ MEGAMOE_HD void fp4_fragment_load(const Mem& mem, unsigned packed, unsigned word
   for (int rh = 0; rh < 2; ++rh) {
     const unsigned r = fp4_frag_row(thread, rh);
     s4[rh] = mem.ld32(words + 4u * r);
-    mem.ld128(packed + 64u * r + 16u * (quad ^ ((r >> 1) & 3u)), w[rh]);
+    mem.ld128(packed + 64u * r + 16u * static_cast<unsigned>(fp4_layout_quarter(static_cast<int>(r), static_cast<int>(quad))), w[rh]);
   }
 }
 

@@ -86,19 +86,27 @@ struct RowPieces {
   float scale[kRowScalesPerLane];
 };
 
-__device__ __forceinline__ void load_token_row(const Operands& op, int t, int lane, int part, RowPieces& r) {
-  const unsigned char* src = op.xq + static_cast<long long>(t) * kHidden;
+// Part `part` of the FP8 row at `q` (and with the first part, its scales at `s`) into a warp's registers.
+// kPeer: a rank's buffer other CTAs and ranks write, read through L2 (ld.cg); else this launch's input
+// rows, read-only (ld.nc).
+template <bool kPeer>
+__device__ __forceinline__ void load_row_part(const unsigned char* q, const float* s, int lane, int part, RowPieces& r) {
 #pragma unroll
   for (int j = 0; j < kPartVectors; ++j) {
     const int v = lane + 32 * (part * kPartVectors + j);
-    if (v < kHidden / 16) r.piece[j] = megamoe::ld_nc_v4(src + 16 * v);
+    if (v < kHidden / 16) r.piece[j] = kPeer ? megamoe::ld_cg_v4(q + 16 * v) : megamoe::ld_nc_v4(q + 16 * v);
   }
   if (part != 0) return;
 #pragma unroll
   for (int j = 0; j < kRowScalesPerLane; ++j) {
     const int b = lane + 32 * j;
-    if (b < kHiddenBlocks) r.scale[j] = op.x_scales[static_cast<long long>(t) * kHiddenBlocks + b];
+    if (b < kHiddenBlocks) r.scale[j] = kPeer ? __ldcg(s + b) : s[b];
   }
+}
+
+__device__ __forceinline__ void load_token_row(const Operands& op, int t, int lane, int part, RowPieces& r) {
+  load_row_part<false>(op.xq + static_cast<long long>(t) * kHidden, op.x_scales + static_cast<long long>(t) * kHiddenBlocks,
+                       lane, part, r);
 }
 
 __device__ __forceinline__ void store_pool_row(const Operands& op, int row, int lane, int part, const RowPieces& r) {

@@ -421,19 +421,8 @@ __device__ __forceinline__ void ep_offsets(const EpOperands& ep, const SharedSta
 // Part `part` of a token's FP8 row (and with the first, its scales) from a rank's buffer (this one's or
 // a peer's) into a warp's registers, as load_token_row.
 __device__ __forceinline__ void ep_load_row(const EpOperands& ep, int src, int t, int lane, int part, RowPieces& r) {
-  const unsigned char* q = ep_at<unsigned char>(ep, src, kRegXq, static_cast<long long>(t) * kHidden);
-  const float* s = ep_at<float>(ep, src, kRegXs, 4ll * t * kHiddenBlocks);
-#pragma unroll
-  for (int j = 0; j < kPartVectors; ++j) {
-    const int v = lane + 32 * (part * kPartVectors + j);
-    if (v < kHidden / 16) r.piece[j] = megamoe::ld_cg_v4(q + 16 * v);
-  }
-  if (part != 0) return;
-#pragma unroll
-  for (int j = 0; j < kRowScalesPerLane; ++j) {
-    const int b = lane + 32 * j;
-    if (b < kHiddenBlocks) r.scale[j] = __ldcg(s + b);
-  }
+  load_row_part<true>(ep_at<unsigned char>(ep, src, kRegXq, static_cast<long long>(t) * kHidden),
+                      ep_at<float>(ep, src, kRegXs, 4ll * t * kHiddenBlocks), lane, part, r);
 }
 
 // Place: a warp per claimed item, the inbox rows in (source, row) order, then this rank's tokens for

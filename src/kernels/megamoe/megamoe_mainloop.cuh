@@ -65,10 +65,7 @@ __device__ __forceinline__ void wait_stage_full(const MathContext& m, int stage,
 __device__ __forceinline__ void release_stage(const MathContext& m, int& stage, unsigned& phase) {
   if constexpr (kBFp4) __syncwarp();
   if (m.lane == 0) mbar_arrive(m.empty_bar + 8 * stage);
-  if (++stage == kStages) {
-    stage = 0;
-    phase ^= 1u;
-  }
+  advance_stage(stage, phase);
 }
 
 // FP4 builds with 128-row tiles promote each n128 chunk as two n64 halves (see tile_mainloop).
@@ -180,13 +177,6 @@ struct SwapSplit {
 // issued, and the rare exact-table pass of kb + 1 runs after kb is finished. The shared expert (FP8)
 // takes two stages per K block, B box 0 (rows 0..127) with A, then box 1 (rows 128..255): one stage wait
 // per loop step (a second wait site in the loop made ptxas spill).
-__device__ __forceinline__ void advance_stage(int& stage, unsigned& phase) {
-  if (++stage == kStages) {
-    stage = 0;
-    phase ^= 1u;
-  }
-}
-
 using Fp4Frags = unsigned[4][4];  // a thread's A fragments of a K block
 
 // The K block in stage s: its fast-table fragments (fp4_frag.cuh) and row scales; whether the warp
@@ -318,10 +308,7 @@ __device__ __forceinline__ void swap_mainloop_regs_two_waves(const MathContext& 
     wait_stage_full(m, stage, phase);
     if (!fp4 && (step & 1) == 0) {  // the shared expert's box 0: its K block waits for box 1
       first = stage;
-      if (++stage == kStages) {
-        stage = 0;
-        phase ^= 1u;
-      }
+      advance_stage(stage, phase);
       continue;
     }
     if (fp4) first = stage;

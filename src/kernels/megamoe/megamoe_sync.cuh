@@ -70,4 +70,12 @@ __device__ __forceinline__ int cta_claim(int* counter, int* broadcast) {
   return *broadcast;
 }
 
+// The next stage of a ring of kStages, the parity flipping at each wrap.
+__device__ __forceinline__ void advance_stage(int& stage, unsigned& phase) {
+  if (++stage == kStages) {
+    stage = 0;
+    phase ^= 1u;
+  }
+}
+
 }  // namespace
