@@ -103,15 +103,25 @@ function allocPair(device: Device, experts: number, hidden: number, inter: numbe
 }
 
 /**
- * Scratch for one expert's packed W1 and W2 in the stored order, from which `writeFp4LayoutOnDevice`
- * puts them into the pair's device layout (K-block-major over all experts' rows).
+ * Scratch for one expert's packed W1 and W2 in the stored order: `write` puts them into expert e's rows of
+ * a pair in the device layout (K-block-major over all experts' rows, `writeFp4LayoutOnDevice`);
+ * `dispose` waits for `stream` before freeing it.
  */
-function fp4ExpertScratch(device: Device, hidden: number, inter: number) {
+function fp4ExpertScratch(device: Device, hidden: number, inter: number, stream: Stream | null) {
   const t = DeviceTensor.empty(device, "uint8", [(3 * inter * hidden) / 2]);
+  const w1 = t.view([2 * inter, hidden / 2]);
+  const w2 = t.view([hidden, inter / 2], inter * hidden);
   return {
-    w1: t.view([2 * inter, hidden / 2]),
-    w2: t.view([hidden, inter / 2], inter * hidden),
-    dispose: () => t.dispose(),
+    w1,
+    w2,
+    write: (pair: DeviceFp4ExpertPair, e: number) => {
+      writeFp4LayoutOnDevice(device, pair.w1, e * 2 * inter, w1, stream);
+      writeFp4LayoutOnDevice(device, pair.w2, e * hidden, w2, stream);
+    },
+    dispose: () => {
+      (stream ?? device.nullStream).synchronize();
+      t.dispose();
+    },
   };
 }
 
@@ -374,7 +384,7 @@ export class DeviceMoEWeights {
     const w1Size = 2 * I * H;
     const w1Blocks = w1Size / QUANT_BLOCK ** 2;
     const fp4 = this.routedFp4;
-    const scratch = fp4 === null ? null : fp4ExpertScratch(device, H, I);
+    const scratch = fp4 === null ? null : fp4ExpertScratch(device, H, I, stream);
     try {
       for (let e = 0; e < E; e++) {
         const { w1, w2 } = expertMatrixSpecs(c, firstExpert + e);
@@ -385,8 +395,7 @@ export class DeviceMoEWeights {
           const l2 = { kind: "gemm", totalRows: E * H, firstRow: e * H } as const;
           generateMxfp4OnDevice(device, seed, w1, scratch.w1, 0, fp4.w1Scales, l1, stream);
           generateMxfp4OnDevice(device, seed, w2, scratch.w2, 0, fp4.w2Scales, l2, stream);
-          writeFp4LayoutOnDevice(device, fp4.w1, e * 2 * I, scratch.w1, stream);
-          writeFp4LayoutOnDevice(device, fp4.w2, e * H, scratch.w2, stream);
+          scratch.write(fp4, e);
           continue;
         }
         const r = this.routed;
@@ -403,10 +412,7 @@ export class DeviceMoEWeights {
         );
       }
     } finally {
-      if (scratch !== null) {
-        (stream ?? device.nullStream).synchronize();
-        scratch.dispose();
-      }
+      scratch?.dispose();
     }
     const s = this.shared;
     if (s !== null) {
@@ -507,7 +513,7 @@ export class DeviceMoEWeights {
     const stage1 = new Uint8Array((chunk * 2 * I * H) / MXFP4_GROUP);
     const stage2 = new Uint8Array((chunk * H * I) / MXFP4_GROUP);
     let inexact = 0;
-    const scratch = fp4ExpertScratch(device, H, I);
+    const scratch = fp4ExpertScratch(device, H, I, stream);
     try {
       for (let first = 0; first < E; first += chunk) {
         const n = Math.min(chunk, E - first);
@@ -521,8 +527,7 @@ export class DeviceMoEWeights {
           inexact += countFp4ToFp8Inexact(x.w1) + countFp4ToFp8Inexact(x.w2);
           device.copyHtoD(scratch.w1.ptr, x.w1.packed, w1Packed, stream);
           device.copyHtoD(scratch.w2.ptr, x.w2.packed, w1Packed / 2, stream);
-          writeFp4LayoutOnDevice(device, r.w1, e * 2 * I, scratch.w1, stream);
-          writeFp4LayoutOnDevice(device, r.w2, e * H, scratch.w2, stream);
+          scratch.write(r, e);
           scatterScaleWords(s1, fp4GemmScaleWords(x.w1.scales, 2 * I, H), i, n, 2 * I, H / QUANT_BLOCK);
           scatterScaleWords(s2, fp4GemmScaleWords(x.w2.scales, H, I), i, n, H, I / QUANT_BLOCK);
           // The copies read host memory the source may reuse or drop for the next expert.
@@ -534,7 +539,6 @@ export class DeviceMoEWeights {
         stream?.synchronize();
       }
     } finally {
-      (stream ?? device.nullStream).synchronize();
       scratch.dispose();
     }
     this.exactness = { elements: E * 3 * I * H, inexact };

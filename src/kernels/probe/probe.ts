@@ -7,6 +7,7 @@
  */
 import {
   compileKernel,
+  DEFAULT_MAX_DYNAMIC_SHARED_BYTES,
   type Device,
   encodeTensorMapTiled,
   type Kernel,
@@ -130,7 +131,7 @@ export function emptyLaunch(
   sharedBytes: number,
 ): (s: Stream) => void {
   const { empty } = probeKernels(device);
-  if (sharedBytes > 48 * 1024) empty.setMaxDynamicSharedMemory(sharedBytes);
+  if (sharedBytes > DEFAULT_MAX_DYNAMIC_SHARED_BYTES) empty.setMaxDynamicSharedMemory(sharedBytes);
   const args = new KernelArgs(0);
   return (stream) => empty.launch(grid, threads, sharedBytes, stream, args);
 }
