@@ -18,6 +18,13 @@ __device__ __forceinline__ void allow_next_grid_launch() { asm volatile("griddep
 // plain launch.
 __device__ __forceinline__ void wait_for_previous_grid() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 
+// A kernel of a chain launched with programmatic stream serialization (the norm, the gate): waits for
+// the previous kernel, then lets the next one launch, so each launch overlaps one kernel's body.
+__device__ __forceinline__ void chain_after_previous_grid() {
+  wait_for_previous_grid();
+  allow_next_grid_launch();
+}
+
 // ---- IEEE-rounded fp32 arithmetic (no .ftz, never contracted into an FMA) ----
 
 // x * y rounded to nearest even: what Math.fround(x * y) gives on the CPU.

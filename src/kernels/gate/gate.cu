@@ -150,6 +150,7 @@ extern "C" __global__ void __launch_bounds__(kThreads)
     megamoe_gate_logits(const void* __restrict__ x, const void* __restrict__ w, double* __restrict__ partial,
                         unsigned int tokens, unsigned int hidden, unsigned int splits,
                         unsigned int steps_per_split) {
+  megamoe::chain_after_previous_grid();  // launched with programmatic stream serialization (gate.ts)
   const unsigned int lane = threadIdx.x & 31u;
   MEGAMOE_GATE_LOGITS_UNIT(kTokensPerTile);
 
@@ -213,6 +214,7 @@ extern "C" __global__ void __launch_bounds__(kThreads)
     megamoe_gate_logits_exact(const void* __restrict__ x, const void* __restrict__ w, double* __restrict__ partial,
                               unsigned int tokens, unsigned int hidden, unsigned int splits,
                               unsigned int steps_per_split) {
+  megamoe::chain_after_previous_grid();  // launched with programmatic stream serialization (gate.ts)
   const unsigned int lane = threadIdx.x & 31u;
   MEGAMOE_GATE_LOGITS_UNIT(kExactTokensPerTile);
 
@@ -387,6 +389,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
   __shared__ float slot_score[kWarps][kMaxTopK];
   __shared__ int slot_id[kWarps][kMaxTopK];
 
+  megamoe::chain_after_previous_grid();  // launched with programmatic stream serialization (gate.ts)
   const unsigned int lane = threadIdx.x & 31u;
   const unsigned int warp = threadIdx.x >> 5;
   const unsigned int t = blockIdx.x * kWarps + warp;
@@ -511,6 +514,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
   __shared__ float slot_score[kWarps][kMaxTopK];
   __shared__ int slot_id[kWarps][kMaxTopK];
 
+  megamoe::chain_after_previous_grid();  // launched with programmatic stream serialization (gate.ts)
   const unsigned int lane = threadIdx.x & 31u;
   const unsigned int warp = threadIdx.x >> 5;
   const unsigned int t = blockIdx.x * kWarps + warp;

@@ -411,7 +411,7 @@ export function routeOnDevice(
     .u32(4, H)
     .u32(5, plan.splits)
     .u32(6, plan.stepsPerSplit);
-  k.logits[plan.logits].launch(plan.logitsBlocks, 32 * WARPS_PER_BLOCK, 0, stream, k.logitsArgs);
+  k.logits[plan.logits].launchAfterPrevious(plan.logitsBlocks, 32 * WARPS_PER_BLOCK, 0, stream, k.logitsArgs);
   if (r.hashRouted === true) {
     const tid2eid = gate.tid2eid!; // checkOperands: present for a hash-routed config, as is tokenIds
     k.selectHashArgs
@@ -428,7 +428,7 @@ export function routeOnDevice(
       .ptr(10, out.ids.ptr)
       .ptr(11, out.weights.ptr)
       .ptr(12, out.logits?.ptr ?? 0n);
-    k.selectHash.launch(plan.selectBlocks, 32 * WARPS_PER_BLOCK, 0, stream, k.selectHashArgs);
+    k.selectHash.launchAfterPrevious(plan.selectBlocks, 32 * WARPS_PER_BLOCK, 0, stream, k.selectHashArgs);
     return;
   }
   k.selectArgs
@@ -445,5 +445,5 @@ export function routeOnDevice(
     .ptr(10, out.ids.ptr)
     .ptr(11, out.weights.ptr)
     .ptr(12, out.logits?.ptr ?? 0n);
-  k.select.launch(plan.selectBlocks, 32 * WARPS_PER_BLOCK, 0, stream, k.selectArgs);
+  k.select.launchAfterPrevious(plan.selectBlocks, 32 * WARPS_PER_BLOCK, 0, stream, k.selectArgs);
 }

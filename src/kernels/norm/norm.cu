@@ -84,6 +84,9 @@ extern "C" __global__ void __launch_bounds__(kThreads)
     megamoe_rmsnorm(const void* __restrict__ x, const void* __restrict__ streams, const float* __restrict__ mix,
                     unsigned int n, const void* __restrict__ weight, float eps, void* __restrict__ y,
                     void* __restrict__ q, float* __restrict__ scales, unsigned int tokens) {
+  // Launched with programmatic stream serialization (norm.ts): nothing is read or written before the
+  // kernel that wrote x has finished.
+  megamoe::chain_after_previous_grid();
   const unsigned int lane = threadIdx.x & 31u;
   const unsigned int t = (blockIdx.x * kThreads + threadIdx.x) >> 5;
   if (t >= tokens) return;  // warp-uniform

@@ -149,5 +149,11 @@ export function rmsNormOnDevice(
     .ptr(7, out.fp8?.q.ptr ?? 0n)
     .ptr(8, out.fp8?.scales.ptr ?? 0n)
     .u32(9, tokens);
-  k.kernel.launch(Math.ceil(tokens / NORM_TOKENS_PER_BLOCK), 32 * NORM_TOKENS_PER_BLOCK, 0, stream, k.args);
+  k.kernel.launchAfterPrevious(
+    Math.ceil(tokens / NORM_TOKENS_PER_BLOCK),
+    32 * NORM_TOKENS_PER_BLOCK,
+    0,
+    stream,
+    k.args,
+  );
 }
