@@ -287,6 +287,28 @@ __device__ __forceinline__ void swap_mainloop_regs_fp4(const MathContext& m, con
   }
 }
 
+// One of the shared expert's FP8 K blocks in the register builds, once both of its stages are full (its
+// 32 KB tile is one 128-row box per stage, both operands from shared memory): every wave of the
+// warpgroup, then box 0's stage back to the producer (the caller's release_stage returns box 1's).
+template <bool kL1>
+__device__ __forceinline__ void swap_shared_block_regs(const MathContext& m, unsigned sw_rows, int kb, int first, int stage,
+                                                       const float (&sa_col)[kSwapColGroups][2],
+                                                       float (&partial)[kSwapAcc], float (&acc)[2][kAccum]) {
+#pragma unroll
+  for (int wave = 0; wave < kSwapWaves; ++wave) {
+    const float sw = load_shared_f32(sw_rows + (SwapSplit<kL1>::sw_row(wave, m.warpgroup) * kMaxKBlocks + kb) * 4);
+    const int b_row = SwapSplit<kL1>::b_row(wave, m.warpgroup);
+    const unsigned box = m.b_smem + (b_row < 128 ? first : stage) * kPackedStageBytes + (b_row % 128) * kBlockK;
+    wgmma_block_k128(partial, box, m.a_smem + first * kATileBytes);
+#pragma unroll
+    for (int j = 0; j < kSwapColGroups; ++j)
+#pragma unroll
+      for (int i = 4 * j; i < 4 * j + 4; ++i) acc[wave][i] = fmaf(partial[i], sa_col[j][i & 1] * sw, acc[wave][i]);
+  }
+  __syncwarp();
+  if (m.lane == 0) mbar_arrive(m.empty_bar + 8 * first);
+}
+
 // Two waves per warpgroup (BLOCK_M 32: the pipelined loop spilled there): convert both waves, issue
 // them as two groups, promote wave 0 while wave 1 runs.
 template <bool kL1>
@@ -360,23 +382,7 @@ __device__ __forceinline__ void swap_mainloop_regs_two_waves(const MathContext& 
           }
       }
     } else {
-      const int kb = step >> 1;
-#pragma unroll
-      for (int wave = 0; wave < 2; ++wave) {
-        const float sw = load_shared_f32(sw_rows + (S::sw_row(wave, m.warpgroup) * kMaxKBlocks + kb) * 4);
-        const int b_row = S::b_row(wave, m.warpgroup);
-        const unsigned box = m.b_smem + (b_row < 128 ? first : stage) * kPackedStageBytes + (b_row % 128) * kBlockK;
-        wgmma_block_k128(partial[0], box, a_stage);
-#pragma unroll
-        for (int j = 0; j < kSwapColGroups; ++j)
-#pragma unroll
-          for (int i = 4 * j; i < 4 * j + 4; ++i) {
-            acc[wave][i] = fmaf(partial[0][i], sa_col[j][i & 1] * sw, acc[wave][i]);
-          }
-      }
-      // Box 0's stage back to the producer (release_stage below returns box 1's).
-      __syncwarp();
-      if (m.lane == 0) mbar_arrive(m.empty_bar + 8 * first);
+      swap_shared_block_regs<kL1>(m, sw_rows, step >> 1, first, stage, sa_col, partial[0], acc);
     }
     release_stage(m, stage, phase);
   }
@@ -409,20 +415,7 @@ __device__ __forceinline__ void swap_mainloop_regs(const MathContext& m, const T
     }
     float sa_col[kSwapColGroups][2];
     load_swap_a_scales(m, task, first, frag_col, sa_col);
-#pragma unroll
-    for (int wave = 0; wave < kSwapWaves; ++wave) {
-      const float sw = load_shared_f32(sw_rows + (SwapSplit<kL1>::sw_row(wave, m.warpgroup) * kMaxKBlocks + step / 2) * 4);
-      const int b_row = SwapSplit<kL1>::b_row(wave, m.warpgroup);
-      const unsigned box = m.b_smem + (b_row < 128 ? first : stage) * kPackedStageBytes + (b_row % 128) * kBlockK;
-      wgmma_block_k128(partial, box, m.a_smem + first * kATileBytes);
-#pragma unroll
-      for (int j = 0; j < kSwapColGroups; ++j)
-#pragma unroll
-        for (int i = 4 * j; i < 4 * j + 4; ++i) acc[wave][i] = fmaf(partial[i], sa_col[j][i & 1] * sw, acc[wave][i]);
-    }
-    // Box 0's stage back to the producer (release_stage below returns box 1's).
-    __syncwarp();
-    if (m.lane == 0) mbar_arrive(m.empty_bar + 8 * first);
+    swap_shared_block_regs<kL1>(m, sw_rows, step / 2, first, stage, sa_col, partial, acc);
     release_stage(m, stage, phase);
   }
 }
