@@ -216,7 +216,7 @@ describe("fused MoE kernel: host-side facts", () => {
     );
   });
 
-  test("the FP4 expand variant: FP8's stages, row scales and a worker buffer; picked from 512 rows per expert", () => {
+  test("the FP4 expand variant: FP8's stages, row scales and a worker buffer; picked from 288 rows per expert", () => {
     const ep8 = resolveConfig("flash-ep8");
     const ep8fp4 = resolveConfig("flash-ep8", { expertFormat: "fp4" });
     // A stage adds 256 row scales (1 KB); the workers' buffer (50 KB) leaves three stages at 64 and 128.
@@ -236,7 +236,7 @@ describe("fused MoE kernel: host-side facts", () => {
     assert.throws(() => fusedDefines(ep8, 128, true), /FP4 experts/);
     // 32 experts × (16 × 32 L1 + 16 × 16 L2 stages) × (32 KB + 1 KB): 0.83 GB.
     assert.equal(fusedExpandImageBytes(ep8fp4), 32 * (16 * 32 + 16 * 16) * 33 * 1024);
-    const tokens = Math.ceil((FUSED_EXPAND_MIN_ROWS * ep8fp4.numExperts) / ep8fp4.topK); // 2731
+    const tokens = Math.ceil((FUSED_EXPAND_MIN_ROWS * ep8fp4.numExperts) / ep8fp4.topK); // 1536
     const p = planFusedLaunch(ep8fp4, tokens, 132);
     assert.ok(p.expand && p.blockM === 128);
     assert.match(describeFusedPlan(p), /BLOCK_M=128 expand stages=3 /);
@@ -264,8 +264,8 @@ describe("fused MoE kernel: host-side facts", () => {
     assert.equal(fusedExpandFromTokens(resolveConfig("flash", { expertFormat: "fp4" }), 8192), null);
     assert.match(
       describeLayerWeights({ ...ep8fp4, maxTokens: 8192 }),
-      /453\.3 MB on a GPU \(\+ 830\.5 MB of e4m3 stages from T = 2731\)$/,
+      /453\.3 MB on a GPU \(\+ 830\.5 MB of e4m3 stages from T = 1536\)$/,
     );
-    assert.match(describeLayerWeights({ ...ep8fp4, maxTokens: 2048 }), /on a GPU$/);
+    assert.match(describeLayerWeights({ ...ep8fp4, maxTokens: 1535 }), /on a GPU$/);
   });
 });
