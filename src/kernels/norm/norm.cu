@@ -12,7 +12,8 @@
 //   r         div_rn(1, sqrt_rn(add_rn(div_rn(ss, H), eps)))
 //   y         bf16(mul_rn(mul_rn(x, r), weight))
 // The row is read twice (the second time from L1/L2): the first pass sums the squares, the second
-// normalizes. With the pre-mix the second pass recomputes x from the streams, bit-identically.
+// normalizes, each in batches of kBatch steps whose loads are in flight together. With the pre-mix the
+// second pass recomputes x from the streams, bit-identically.
 //
 // Compile-time parameters:
 //   HIDDEN       channels per token (multiple of 128)
@@ -37,6 +38,7 @@ constexpr int kVector = 8;                             // bf16 channels per 16-b
 constexpr int kVectors = HIDDEN / kVector;             // per row
 constexpr int kSteps = (kVectors + 31) / 32;           // warp steps per row (the last may be half)
 constexpr int kThreads = 128;                          // 4 tokens per block
+constexpr int kBatch = kSteps < 8 ? kSteps : 8;        // steps whose loads are in flight together
 
 __device__ __forceinline__ float sqrt_rn(float x) {
   float r;
@@ -75,6 +77,29 @@ __device__ __forceinline__ void load_x(const unsigned char* x, const unsigned ch
   }
 }
 
+// Steps i0 … i0 + kBatch − 1 of token t's row (those within it) into f, their loads issued together.
+__device__ __forceinline__ void load_batch(const unsigned char* x, const unsigned char* streams, const float* mix,
+                                           unsigned int n, unsigned int t, unsigned int lane, int i0,
+                                           float (&f)[kBatch][8]) {
+  const auto within = [&](int b) { return i0 + b < kSteps && (i0 + b) * 32u + lane < kVectors; };
+  if (n == 0) {
+    megamoe::u32x4 raw[kBatch];
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      if (within(b)) raw[b] = ld_v4(x + (static_cast<unsigned long long>(t) * HIDDEN + ((i0 + b) * 32u + lane) * kVector) * 2u);
+    }
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      if (within(b)) unpack8(raw[b], f[b]);
+    }
+    return;
+  }
+#pragma unroll
+  for (int b = 0; b < kBatch; ++b) {
+    if (within(b)) load_x(x, streams, mix, n, t, (i0 + b) * 32u + lane, f[b]);
+  }
+}
+
 }  // namespace
 
 // x: bf16 [T, H] (read when n == 0); streams: bf16 [T, n, H] and mix: fp32 [T, n] (read when n > 0);
@@ -94,16 +119,20 @@ extern "C" __global__ void __launch_bounds__(kThreads)
   const unsigned char* sb = static_cast<const unsigned char*>(streams);
   const unsigned char* wb = static_cast<const unsigned char*>(weight);
 
-  // Pass 1: this lane's partial sum of squares, channels in increasing order.
+  // Pass 1: this lane's partial sum of squares, channels in increasing order. A batch of steps' loads
+  // goes out before their sums, so a row costs a few memory round trips rather than one per step.
   float partial = 0.0f;
-#pragma unroll 4
-  for (int i = 0; i < kSteps; ++i) {
-    const unsigned int v = i * 32u + lane;
-    if (v < kVectors) {
-      float f[8];
-      load_x(xb, sb, mix, n, t, v, f);
+#pragma unroll 1
+  for (int i0 = 0; i0 < kSteps; i0 += kBatch) {
+    float f[kBatch][8];
+    load_batch(xb, sb, mix, n, t, lane, i0, f);
 #pragma unroll
-      for (int k = 0; k < 8; ++k) partial = megamoe::add_rn(partial, megamoe::mul_rn(f[k], f[k]));
+    for (int b = 0; b < kBatch; ++b) {
+      const unsigned int v = (i0 + b) * 32u + lane;
+      if (i0 + b < kSteps && v < kVectors) {
+#pragma unroll
+        for (int k = 0; k < 8; ++k) partial = megamoe::add_rn(partial, megamoe::mul_rn(f[b][k], f[b][k]));
+      }
     }
   }
 #pragma unroll
@@ -113,44 +142,55 @@ extern "C" __global__ void __launch_bounds__(kThreads)
   const float mean = megamoe::div_rn(partial, static_cast<float>(HIDDEN));
   const float r = megamoe::div_rn(1.0f, sqrt_rn(megamoe::add_rn(mean, eps)));
 
-  // Pass 2: normalize, round to bf16, and quantize each half-warp's 128-channel group.
+  // Pass 2: normalize, round to bf16, and quantize each half-warp's 128-channel group; batched as pass 1.
   unsigned char* yb = static_cast<unsigned char*>(y);
   unsigned char* qb = static_cast<unsigned char*>(q);
-  for (int i = 0; i < kSteps; ++i) {
-    const unsigned int v = i * 32u + lane;
-    const bool active = v < kVectors;  // half-warp-uniform: kVectors is a multiple of 16
-    float f[8];
-    unsigned int packed[4] = {0u, 0u, 0u, 0u};
-    float rounded[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-    float amax = 0.0f;
-    if (active) {
-      load_x(xb, sb, mix, n, t, v, f);
-      float w[8];
-      unpack8(ld_v4(wb + v * kVector * 2u), w);
+#pragma unroll 1
+  for (int i0 = 0; i0 < kSteps; i0 += kBatch) {
+    megamoe::u32x4 wv[kBatch];
 #pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        packed[k] = megamoe::bf16x2_from_floats(megamoe::mul_rn(megamoe::mul_rn(f[2 * k], r), w[2 * k]),
-                                                megamoe::mul_rn(megamoe::mul_rn(f[2 * k + 1], r), w[2 * k + 1]));
-        rounded[2 * k] = megamoe::bf16x2_low_to_float(packed[k]);
-        rounded[2 * k + 1] = megamoe::bf16x2_high_to_float(packed[k]);
-        amax = fmaxf(amax, fmaxf(fabsf(rounded[2 * k]), fabsf(rounded[2 * k + 1])));
-      }
-      const unsigned long long offset = static_cast<unsigned long long>(t) * HIDDEN + v * kVector;
-      if (yb != nullptr) {
-        megamoe::st_v4(yb + offset * 2u, megamoe::u32x4{packed[0], packed[1], packed[2], packed[3]});
-      }
+    for (int b = 0; b < kBatch; ++b) {
+      const unsigned int v = (i0 + b) * 32u + lane;
+      if (i0 + b < kSteps && v < kVectors) wv[b] = ld_v4(wb + v * kVector * 2u);
     }
-    if (qb != nullptr) {  // uniform: every lane reaches the shuffles
-      amax = megamoe::half_warp_max(amax);
+    float f[kBatch][8];
+    load_batch(xb, sb, mix, n, t, lane, i0, f);
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      if (i0 + b >= kSteps) break;  // warp-uniform
+      const unsigned int v = (i0 + b) * 32u + lane;
+      const bool active = v < kVectors;  // half-warp-uniform: kVectors is a multiple of 16
+      unsigned int packed[4] = {0u, 0u, 0u, 0u};
+      float rounded[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+      float amax = 0.0f;
       if (active) {
-        const megamoe::GroupScale s = megamoe::activation_scale<SCALE_UE8M0 != 0>(amax);
-        unsigned int lo, hi;
-        megamoe::quantize8(rounded, s.inv, lo, hi);
+        float w[8];
+        unpack8(wv[b], w);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          packed[k] = megamoe::bf16x2_from_floats(megamoe::mul_rn(megamoe::mul_rn(f[b][2 * k], r), w[2 * k]),
+                                                  megamoe::mul_rn(megamoe::mul_rn(f[b][2 * k + 1], r), w[2 * k + 1]));
+          rounded[2 * k] = megamoe::bf16x2_low_to_float(packed[k]);
+          rounded[2 * k + 1] = megamoe::bf16x2_high_to_float(packed[k]);
+          amax = fmaxf(amax, fmaxf(fabsf(rounded[2 * k]), fabsf(rounded[2 * k + 1])));
+        }
         const unsigned long long offset = static_cast<unsigned long long>(t) * HIDDEN + v * kVector;
-        megamoe::st_v2(qb + offset, lo, hi);
-        if ((lane & 15u) == 0u) {
-          megamoe::st_f32(scales + static_cast<unsigned long long>(t) * (HIDDEN / megamoe::kQuantGroup) + v / 16u,
-                          s.scale);
+        if (yb != nullptr) {
+          megamoe::st_v4(yb + offset * 2u, megamoe::u32x4{packed[0], packed[1], packed[2], packed[3]});
+        }
+      }
+      if (qb != nullptr) {  // uniform: every lane reaches the shuffles
+        amax = megamoe::half_warp_max(amax);
+        if (active) {
+          const megamoe::GroupScale s = megamoe::activation_scale<SCALE_UE8M0 != 0>(amax);
+          unsigned int lo, hi;
+          megamoe::quantize8(rounded, s.inv, lo, hi);
+          const unsigned long long offset = static_cast<unsigned long long>(t) * HIDDEN + v * kVector;
+          megamoe::st_v2(qb + offset, lo, hi);
+          if ((lane & 15u) == 0u) {
+            megamoe::st_f32(scales + static_cast<unsigned long long>(t) * (HIDDEN / megamoe::kQuantGroup) + v / 16u,
+                            s.scale);
+          }
         }
       }
     }
