@@ -59,13 +59,9 @@ __device__ __forceinline__ void unpack8(const megamoe::u32x4& v, float (&f)[8]) 
   }
 }
 
-// The fp32 input values of vector `v` of token `t`: the bf16 row, or the pre-mix of the n streams.
-__device__ __forceinline__ void load_x(const unsigned char* x, const unsigned char* streams, const float* mix,
-                                       unsigned int n, unsigned int t, unsigned int v, float (&f)[8]) {
-  if (n == 0) {
-    unpack8(ld_v4(x + (static_cast<unsigned long long>(t) * HIDDEN + v * kVector) * 2u), f);
-    return;
-  }
+// The fp32 input values of vector `v` of token `t` as the pre-mix of its n streams.
+__device__ __forceinline__ void premix_x(const unsigned char* streams, const float* mix, unsigned int n,
+                                         unsigned int t, unsigned int v, float (&f)[8]) {
 #pragma unroll
   for (int k = 0; k < 8; ++k) f[k] = 0.0f;
   for (unsigned int j = 0; j < n; ++j) {
@@ -77,7 +73,8 @@ __device__ __forceinline__ void load_x(const unsigned char* x, const unsigned ch
   }
 }
 
-// Steps i0 … i0 + kBatch − 1 of token t's row (those within it) into f, their loads issued together.
+// Steps i0 … i0 + kBatch − 1 of token t's input (those within the row) into f: the bf16 row (n = 0), its
+// loads issued together, or the pre-mix of the n streams.
 __device__ __forceinline__ void load_batch(const unsigned char* x, const unsigned char* streams, const float* mix,
                                            unsigned int n, unsigned int t, unsigned int lane, int i0,
                                            float (&f)[kBatch][8]) {
@@ -96,7 +93,7 @@ __device__ __forceinline__ void load_batch(const unsigned char* x, const unsigne
   }
 #pragma unroll
   for (int b = 0; b < kBatch; ++b) {
-    if (within(b)) load_x(x, streams, mix, n, t, (i0 + b) * 32u + lane, f[b]);
+    if (within(b)) premix_x(streams, mix, n, t, (i0 + b) * 32u + lane, f[b]);
   }
 }
 
