@@ -6,19 +6,24 @@ usage() {
 usage: lab/profile.sh [options]
   --kernel K        fused (megamoe_fused, through bench --impl fused), unfused-gemm (the unfused pipeline's
                     grouped GEMMs, bench --impl unfused), gemm (lab/gemm-tiles.js, the plan's or --tiles'
-                    tile), torch-gemm (the peer's torch._scaled_grouped_mm) (default fused)
-  --shape NAME      fused, unfused-gemm: preset (default flash-ep8, shared expert off)
-  --tokens N        fused, unfused-gemm: token count (default 4096)
-  --experts FMT     fused, unfused-gemm: the routed experts' format, fp8 or fp4 (default the shape's)
+                    tile), torch-gemm (the peer's torch._scaled_grouped_mm), step (the norm, the gate's
+                    kernels and the fused kernel of a one-block decode step, bench --impl step, shared
+                    expert on) (default fused)
+  --shape NAME      fused, unfused-gemm, step: preset (default flash-ep8, shared expert off but in step)
+  --tokens N        fused, unfused-gemm, step: token count (default 4096)
+  --experts FMT     fused, unfused-gemm, step: the routed experts' format, fp8 or fp4 (default the shape's)
   --m N             gemm, torch-gemm: rows per group (default 4096)
   --tiles SPEC      gemm: as lab/gemm.sh's (default plan)
   --what W          summary: speed of light, workload, warp state, scheduler, launch, tensor-pipe and
                     memory rates (default); stalls: each stall reason per issue; sass: per-instruction
-                    stall samples as CSV (SourceCounters); clock: duration and SM clock of every launch, CSV
+                    stall samples as CSV (SourceCounters); clock: duration and SM clock of every launch, CSV;
+                    times: every launch's duration, CSV, and per kernel and grid the launches and median /
+                    min / max µs (lab/kernel-times.ts; ncu flushes caches before each kernel)
   --launch-skip N   launches to skip before the profiled one (default 0)
-  --launch-count N  launches to profile (default 1; clock: every launch)
+  --launch-count N  launches to profile (default 1; clock, times: every launch)
 $LAB_COMMON_HELP
-Writes ncu-KERNEL-WHAT.txt (or .csv; sass: also the .ncu-rep) and the command's log ncu-KERNEL-WHAT.log.
+Writes ncu-KERNEL-WHAT.txt (or .csv; sass: also the .ncu-rep; times: .csv and .txt) and the command's log
+ncu-KERNEL-WHAT.log.
 HELP
 }
 source "$(dirname "$0")/lib.sh"
@@ -44,10 +49,11 @@ fused) filter=(-k megamoe_fused); cmd=(node dist/cli/main.js bench --impl fused 
 unfused-gemm) filter=(-k megamoe_fp8_grouped_gemm); cmd=(node dist/cli/main.js bench --impl unfused --shape "$shape" --shared 0 --tokens "$tokens" "${experts[@]}" --iters 20) ;;
 gemm) filter=(-k megamoe_fp8_grouped_gemm); cmd=(node dist-test/lab/gemm-tiles.js --tiles "$tiles" --m "$m") ;;
 torch-gemm) filter=(); cmd=(python3 "$LAB_ROOT/$PEER" --grouped-gemm-only --m-per-group "$m" --iters 20) ;;
-*) lab_die "--kernel fused, unfused-gemm, gemm or torch-gemm" ;;
+step) filter=(-k "regex:megamoe_(rmsnorm|gate|fused|quantize)"); cmd=(node dist/cli/main.js bench --impl step --shape "$shape" --tokens "$tokens" "${experts[@]}" --layers 1 --iters 20) ;;
+*) lab_die "--kernel fused, unfused-gemm, gemm, torch-gemm or step" ;;
 esac
 launches=(--launch-skip "$skip")
-[[ $what == clock && -z $count ]] || launches+=(--launch-count "${count:-1}")
+[[ ($what == clock || $what == times) && -z $count ]] || launches+=(--launch-count "${count:-1}")
 base=$OUT_DIR/ncu-$kernel${tag_experts:-}$LAB_TAG-$what
 case $what in
 summary)
@@ -76,6 +82,11 @@ clock)
     --metrics gpu__time_duration.sum,sm__cycles_elapsed.avg.per_second "${cmd[@]}" >"$base.csv" 2>"$base.log"
   rc=$?
   echo "ncu rc=$rc, $(wc -l <"$base.csv") lines in $base.csv" ;;
-*) lab_die "--what summary, stalls, sass or clock" ;;
+times)
+  timeout 300 ncu --clock-control none "${filter[@]}" "${launches[@]}" --csv --metrics gpu__time_duration.sum \
+    "${cmd[@]}" >"$base.csv" 2>"$base.log"
+  rc=$?
+  node dist-test/lab/kernel-times.js "$base.csv" | tee "$base.txt" || rc=1 ;;
+*) lab_die "--what summary, stalls, sass, clock or times" ;;
 esac
 lab_finish $rc
