@@ -8,7 +8,10 @@ usage: lab/sweep.sh [options]
   --shape LIST      presets, comma-separated (default flash-ep8)
   --shared 0|1|both shared expert off, on, or both (default both)
   --tokens LIST     token counts (default 1,2,4,...,8192)
-  --impl LIST       our implementations (default fused,unfused)
+  --impl LIST       our implementations (default fused,unfused), or step: the decode step (bench --impl step,
+                    --layers blocks of norm, gate and fused layer in one graph, shared expert on; no peer,
+                    plot or --shared)
+  --layers N        step: MoE blocks in the step (default 8)
   --experts LIST    routed experts' formats, comma-separated (fp8, fp4; default the shape's): bench
                     --experts, one sweep each, the format in the file names
   --configs         also time every block M of the fused kernel (bench --configs)
@@ -23,12 +26,12 @@ usage: lab/sweep.sh [options]
                     files are named by "baseline" (one folder) or each folder's name, and "this"
 $LAB_COMMON_HELP
 Writes, per shape and shared setting: torch-SHAPE-sharedS.json (the peer), layers-SHAPE-sharedS.json and
-.svg (our rows beside the peer's; with --define, the file names carry the defines).
+.svg (our rows beside the peer's; with --define, the file names carry the defines); step: step-SHAPE.json.
 HELP
 }
 source "$(dirname "$0")/lib.sh"
 shapes=flash-ep8 shared=both tokens=1,2,4,8,16,32,64,128,256,512,1024,2048,4096,8192 impl=fused,unfused
-configs="" rounds=2 iters=20 peer=1 peer_file="" seconds=200 baselines=() experts=""
+configs="" rounds=2 iters=20 peer=1 peer_file="" seconds=200 baselines=() experts="" layers=8
 while (($#)); do
   case $1 in
   -h | --help) usage; exit 0 ;;
@@ -39,6 +42,7 @@ while (($#)); do
   --experts) experts=$2; shift 2 ;;
   --configs) configs=--configs; shift ;;
   --rounds) rounds=$2; shift 2 ;;
+  --layers) layers=$2; shift 2 ;;
   --iters) iters=$2; shift 2 ;;
   --no-peer) peer=0; shift ;;
   --peer-file) peer_file=$2; shift 2 ;;
@@ -57,6 +61,14 @@ while (($#)); do
   esac
 done
 case $shared in both) shared="1 0" ;; 0 | 1) ;; *) lab_die "--shared 0, 1 or both" ;; esac
+# The step always runs the shared expert and has no peer, plot or rounds of its own (bench --impl step).
+step=0
+if [[ $impl == step ]]; then
+  step=1 shared=1 peer=0
+  [[ -z $configs ]] || lab_die "--configs times the fused kernel's block Ms, not the step"
+elif [[ ,$impl, == *,step,* ]]; then
+  lab_die "--impl step runs alone (the step is not a layer pipeline)"
+fi
 [[ -z $peer_file ]] || peer_file=$(cd "$(dirname "$peer_file")" && pwd)/$(basename "$peer_file")
 lab_setup
 rc=0
@@ -73,13 +85,15 @@ for shape in ${shapes//,/ }; do
     fi
     # One sweep per experts' format ("shape": the shape's own, no --experts, no suffix in the names).
     for fmt in ${formats:-shape}; do
-      name=$shape-shared$s
+      name=$shape-shared$s prefix=layers case_args=(--shared "$s")
+      ((step)) && name=$shape prefix=step case_args=(--layers "$layers")
       experts_args=()
       [[ $fmt == shape ]] || { name=$name-$fmt; experts_args=(--experts "$fmt"); }
       if ((${#baselines[@]} == 0)); then
-        timeout "$seconds" node dist/cli/main.js bench --impl "$impl" $configs --shape "$shape" --shared "$s" \
-          "${experts_args[@]}" --tokens "$tokens" --iters "$iters" --rounds "$rounds" "${peer_args[@]}" \
-          --out "$OUT_DIR/layers-$name$LAB_TAG.json" --plot "$OUT_DIR/layers-$name$LAB_TAG.svg" 2>&1 | lab_table
+        out_args=(--out "$OUT_DIR/$prefix-$name$LAB_TAG.json")
+        ((step)) || out_args+=(--rounds "$rounds" --plot "$OUT_DIR/$prefix-$name$LAB_TAG.svg")
+        timeout "$seconds" node dist/cli/main.js bench --impl "$impl" $configs --shape "$shape" "${case_args[@]}" \
+          "${experts_args[@]}" --tokens "$tokens" --iters "$iters" "${peer_args[@]}" "${out_args[@]}" 2>&1 | lab_table
         ((PIPESTATUS[0] == 0)) || rc=1
         continue
       fi
@@ -88,8 +102,8 @@ for shape in ${shapes//,/ }; do
           build=${entry%%=*} dir=${entry#*=}
           echo "== $name round $r: $build ($dir)"
           (cd "$dir" && timeout "$seconds" node dist/cli/main.js bench --impl "$impl" $configs --shape "$shape" \
-            --shared "$s" "${experts_args[@]}" --tokens "$tokens" --iters "$iters" "${peer_args[@]}" \
-            --out "$OUT_DIR/layers-$name-$build-r$r$LAB_TAG.json") 2>&1 | lab_table
+            "${case_args[@]}" "${experts_args[@]}" --tokens "$tokens" --iters "$iters" "${peer_args[@]}" \
+            --out "$OUT_DIR/$prefix-$name-$build-r$r$LAB_TAG.json") 2>&1 | lab_table
           ((PIPESTATUS[0] == 0)) || rc=1
         done
       done
