@@ -73,27 +73,32 @@ __device__ __forceinline__ void premix_x(const unsigned char* streams, const flo
   }
 }
 
+// Lane `lane`'s vector of step i, and whether the row has it (the last step may be half).
+__device__ __forceinline__ unsigned int step_vector(int i, unsigned int lane) { return i * 32u + lane; }
+__device__ __forceinline__ bool in_row(int i, unsigned int lane) { return i < kSteps && step_vector(i, lane) < kVectors; }
+
 // Steps i0 … i0 + kBatch − 1 of token t's input (those within the row) into f: the bf16 row (n = 0), its
 // loads issued together, or the pre-mix of the n streams.
 __device__ __forceinline__ void load_batch(const unsigned char* x, const unsigned char* streams, const float* mix,
                                            unsigned int n, unsigned int t, unsigned int lane, int i0,
                                            float (&f)[kBatch][8]) {
-  const auto within = [&](int b) { return i0 + b < kSteps && (i0 + b) * 32u + lane < kVectors; };
   if (n == 0) {
     megamoe::u32x4 raw[kBatch];
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
-      if (within(b)) raw[b] = ld_v4(x + (static_cast<unsigned long long>(t) * HIDDEN + ((i0 + b) * 32u + lane) * kVector) * 2u);
+      if (in_row(i0 + b, lane)) {
+        raw[b] = ld_v4(x + (static_cast<unsigned long long>(t) * HIDDEN + step_vector(i0 + b, lane) * kVector) * 2u);
+      }
     }
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
-      if (within(b)) unpack8(raw[b], f[b]);
+      if (in_row(i0 + b, lane)) unpack8(raw[b], f[b]);
     }
     return;
   }
 #pragma unroll
   for (int b = 0; b < kBatch; ++b) {
-    if (within(b)) premix_x(streams, mix, n, t, (i0 + b) * 32u + lane, f[b]);
+    if (in_row(i0 + b, lane)) premix_x(streams, mix, n, t, step_vector(i0 + b, lane), f[b]);
   }
 }
 
@@ -125,8 +130,7 @@ extern "C" __global__ void __launch_bounds__(kThreads)
     load_batch(xb, sb, mix, n, t, lane, i0, f);
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
-      const unsigned int v = (i0 + b) * 32u + lane;
-      if (i0 + b < kSteps && v < kVectors) {
+      if (in_row(i0 + b, lane)) {
 #pragma unroll
         for (int k = 0; k < 8; ++k) partial = megamoe::add_rn(partial, megamoe::mul_rn(f[b][k], f[b][k]));
       }
@@ -147,8 +151,7 @@ extern "C" __global__ void __launch_bounds__(kThreads)
     megamoe::u32x4 wv[kBatch];
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
-      const unsigned int v = (i0 + b) * 32u + lane;
-      if (i0 + b < kSteps && v < kVectors) wv[b] = ld_v4(wb + v * kVector * 2u);
+      if (in_row(i0 + b, lane)) wv[b] = ld_v4(wb + step_vector(i0 + b, lane) * kVector * 2u);
     }
     float f[kBatch][8];
     load_batch(xb, sb, mix, n, t, lane, i0, f);

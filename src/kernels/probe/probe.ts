@@ -74,26 +74,43 @@ function probeBytes(device: Device, bytes: number): number {
  */
 export function measureReadCeiling(device: Device, bytes = 2 ** 31): { tbps: number; bytes: number } {
   const size = probeBytes(device, bytes);
+  const probe = readStream(device, size);
+  try {
+    const t = timeKernel(device, probe.queue, { warmup: 3, iters: 20, l2Flush: false });
+    return { tbps: size / (t.usMedian * 1e-6) / 1e12, bytes: size };
+  } finally {
+    probe.dispose();
+  }
+}
+
+/** `probe_read` over a buffer of `size` bytes (a multiple of 16), nothing written, queued on demand. */
+function readStream(device: Device, size: number): { queue(stream: Stream): void; dispose(): void } {
   const { read } = probeKernels(device);
   const grid = device.smCount * 2;
   const src = device.alloc(size);
-  const sink = device.alloc(grid * 4);
+  let sink = 0n;
+  const free = () => {
+    device.free(src);
+    if (sink !== 0n) device.free(sink);
+  };
   try {
+    sink = device.alloc(grid * 4);
     device.memsetD32(src, 0x3c003c00, size / 4, device.nullStream);
     device.memsetD32(sink, 0, grid, device.nullStream);
-    const vectors = size / 16;
-    // write_sink = 0: the kernel only reads (see probe.cu).
-    const args = new KernelArgs(4).ptr(0, src).u64(1, BigInt(vectors)).ptr(2, sink).i32(3, 0);
-    const t = timeKernel(device, (s) => read.launch(grid, 512, 0, s, args), {
-      warmup: 3,
-      iters: 20,
-      l2Flush: false,
-    });
-    return { tbps: size / (t.usMedian * 1e-6) / 1e12, bytes: size };
-  } finally {
-    device.free(src);
-    device.free(sink);
+  } catch (e) {
+    free();
+    throw e;
   }
+  // write_sink = 0: the kernel only reads (see probe.cu).
+  const args = new KernelArgs(4)
+    .ptr(0, src)
+    .u64(1, BigInt(size / 16))
+    .ptr(2, sink)
+    .i32(3, 0);
+  return {
+    queue: (stream) => read.launch(grid, 512, 0, stream, args),
+    dispose: free,
+  };
 }
 
 /**
@@ -103,24 +120,7 @@ export function measureReadCeiling(device: Device, bytes = 2 ** 31): { tbps: num
  * of a short run is that write-back.
  */
 export function readFlush(device: Device): { queue(stream: Stream): void; dispose(): void } {
-  const { read } = probeKernels(device);
-  const size = Math.ceil((2 * device.l2CacheBytes) / 16) * 16;
-  const grid = device.smCount * 2;
-  const src = device.alloc(size);
-  const sink = device.alloc(grid * 4);
-  device.memsetD32(src, 0, size / 4, device.nullStream);
-  const args = new KernelArgs(4)
-    .ptr(0, src)
-    .u64(1, BigInt(size / 16))
-    .ptr(2, sink)
-    .i32(3, 0);
-  return {
-    queue: (stream) => read.launch(grid, 512, 0, stream, args),
-    dispose: () => {
-      device.free(src);
-      device.free(sink);
-    },
-  };
+  return readStream(device, Math.ceil((2 * device.l2CacheBytes) / 16) * 16);
 }
 
 /** Queues an empty kernel of this launch shape: what a launch costs before its first instruction. */
