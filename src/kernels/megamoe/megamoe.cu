@@ -5,10 +5,12 @@
 // rounding of docs/numerics.md, bit-identical to the unfused pipeline (src/pipeline/unfused.ts).
 //
 // Phases, all inside one launch of one CTA per SM. Every piece of work is *claimed* from a global
-// counter, and a CTA claims the next phase's work only once the previous phase's counter is exhausted;
-// so every wait is on work already claimed by a running CTA that needs nothing from a later phase, and
-// the kernel cannot deadlock even when fewer CTAs than the grid are resident.
-//   1. count    chunks of the routing -> per-expert row counts (global atomics)
+// counter, and a CTA claims the next phase's work only once the previous phase's counter is exhausted
+// (or, with one chunk of slots, counts them itself); so every wait is on work already claimed by a
+// running CTA that needs nothing from a later phase, and the kernel cannot deadlock even when fewer CTAs
+// than the grid are resident.
+//   1. count    chunks of the routing -> per-expert row counts (global atomics); up to 4096 slots every
+//               CTA counts them all in shared memory instead, claiming its first place chunk meanwhile
 //   2. offsets  every CTA scans the counts: expert e's rows in the pool are [offset[e], offset[e + 1]),
 //               cut into 128-row blocks; the shared expert is one more group over all T tokens, last
 //   3. place    chunks of tokens: each routed (token, slot) takes a row of its expert (global atomics),
@@ -144,17 +146,17 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
   ep_place(op, ep, work, cta, epoch, shared_rows);
 #else
   // ---- 1. count
-  const int count_chunks = (slots + kCountChunkSlots - 1) / kCountChunkSlots;
+  // One chunk's worth of slots (decode and mid T): every CTA counts them all in its own histogram, so
+  // none waits for another's atomics, and claims its first placement chunk meanwhile (the claim needs no
+  // count; the chunk's work needs only this CTA's). More: chunks counted by the grid into the workspace.
+  const bool local_counts = slots <= kCountChunkSlots;
+  const int count_chunks = local_counts ? 1 : (slots + kCountChunkSlots - 1) / kCountChunkSlots;
+  if (local_counts && tid == 0) broadcast[1] = atomicAdd(ws + kPlaceClaim, 1);
   for (;;) {
-    const int chunk = cta_claim(ws + kCountClaim, broadcast);
+    const int chunk = local_counts ? 0 : cta_claim(ws + kCountClaim, broadcast);
     if (chunk >= count_chunks) break;
-    for (int g = tid; g < kGroups; g += kThreads) hist[g] = 0;
-    __syncthreads();
-    const int end = min(slots, (chunk + 1) * kCountChunkSlots);
-    for (int i = chunk * kCountChunkSlots + tid; i < end; i += kThreads) {
-      const int e = op.ids[i];
-      if (e >= 0 && e < kExperts) atomicAdd(hist + e, 1);
-    }
+    count_slots(op, hist, chunk * kCountChunkSlots, min(slots, (chunk + 1) * kCountChunkSlots));
+    if (local_counts) break;  // the histogram is the counts
     __syncthreads();
     for (int g = tid; g < kExperts; g += kThreads) {
       if (hist[g] != 0) atomicAdd(counts + g, hist[g]);
@@ -165,15 +167,18 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
 
   // ---- 2. offsets (every CTA, from the finished counts)
   if (tid == 0) {
-    wait_at_least(ws + kCountDone, count_chunks, op.status, kStatusCountWait, count_chunks);
+    if (!local_counts) wait_at_least(ws + kCountDone, count_chunks, op.status, kStatusCountWait, count_chunks);
     trace_time(op.trace, kTraceCountsReady);
   }
   __syncthreads();
   const int shared_rows = op.use_shared != 0 && kSharedInter > 0 ? op.tokens : 0;
-  if (warp == 0) build_groups(counts, shared_rows, offsets, blocks);
+  if (warp == 0) {
+    if (local_counts) build_groups<true>(hist, shared_rows, offsets, blocks);
+    else build_groups<false>(counts, shared_rows, offsets, blocks);
+  }
   __syncthreads();
 
-  const int place_chunks = place_rows(op, work, cta, shared_rows);
+  const int place_chunks = place_rows(op, work, cta, shared_rows, local_counts);
 #endif
 
   if (tid == 0) trace_time(op.trace, kTracePlaced);

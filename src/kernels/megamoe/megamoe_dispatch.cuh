@@ -33,8 +33,22 @@ __device__ __forceinline__ int group_of_block(const int* blocks, int block) {
   return lo;
 }
 
+// Routed slots [begin, end) counted per expert into the CTA's histogram, zeroed first (the caller
+// synchronizes before reading it).
+__device__ __forceinline__ void count_slots(const Operands& op, int* hist, int begin, int end) {
+  const int tid = static_cast<int>(threadIdx.x);
+  for (int g = tid; g < kGroups; g += kThreads) hist[g] = 0;
+  __syncthreads();
+  for (int i = begin + tid; i < end; i += kThreads) {
+    const int e = op.ids[i];
+    if (e >= 0 && e < kExperts) atomicAdd(hist + e, 1);
+  }
+}
+
 // Row offsets and first blocks of every group from the counts, by one warp (a run of groups per lane,
-// then a warp scan of the runs). counts[g] for g < kExperts from the workspace, the shared expert's T.
+// then a warp scan of the runs). counts[g] for g < kExperts from the CTA's histogram (kLocal, shared
+// memory) or the workspace, the shared expert's T.
+template <bool kLocal>
 __device__ __forceinline__ void build_groups(const int* counts, int shared_rows, int* offsets, int* blocks) {
   constexpr int kPerLane = (kGroups + 31) / 32;
   const int lane = static_cast<int>(threadIdx.x & 31u);
@@ -43,7 +57,7 @@ __device__ __forceinline__ void build_groups(const int* counts, int shared_rows,
   int rows = 0;
   int nblocks = 0;
   for (int g = first; g < last; ++g) {
-    const int c = g == kExperts ? shared_rows : load_cg(counts + g);
+    const int c = g == kExperts ? shared_rows : kLocal ? counts[g] : load_cg(counts + g);
     offsets[g] = c;  // the count, for now
     rows += c;
     nblocks += (c + kBlockM - 1) / kBlockM;
@@ -126,17 +140,18 @@ __device__ __forceinline__ void store_pool_row(const Operands& op, int row, int 
 
 
 // Phase 3: every routed (token, slot), and each token for the shared expert, copied to its pool row, a
-// chunk of tokens per claim. Returns the number of chunks.
+// chunk of tokens per claim. `claimed_first`: the CTA's first claim was made earlier, its chunk in
+// cta.broadcast[1]. Returns the number of chunks.
 __device__ __forceinline__ int place_rows(const Operands& op, const Workspace& work, const SharedState& cta,
-                                          int shared_rows) {
+                                          int shared_rows, bool claimed_first) {
   const int tid = static_cast<int>(threadIdx.x);
   const int lane = tid & 31;
   const int warp = tid >> 5;
   const int place_tokens =
       max(1, min(kMaxPlaceChunkTokens, (op.tokens + static_cast<int>(gridDim.x) - 1) / static_cast<int>(gridDim.x)));
   const int place_chunks = (op.tokens + place_tokens - 1) / place_tokens;
-  for (;;) {
-    const int chunk = cta_claim(work.counters + kPlaceClaim, cta.broadcast);
+  for (bool first = claimed_first;; first = false) {
+    const int chunk = first ? cta.broadcast[1] : cta_claim(work.counters + kPlaceClaim, cta.broadcast);
     if (chunk >= place_chunks) break;
     const int t0 = chunk * place_tokens;
     const int items = (min(op.tokens, t0 + place_tokens) - t0) * (kTopK + 1);
