@@ -44,8 +44,11 @@ const WARPS_PER_BLOCK = 4;
 const TOKENS_PER_TILE = { fast: 16, exact: 8 } as const;
 const STEP_CHANNELS = 32;
 const MAX_TOP_K = 64;
-/** Warps of logits work per SM the split heuristic aims for (memory latency wants many in flight). */
-const TARGET_WARPS_PER_SM = 16;
+/**
+ * Warps of logits work per SM the split heuristic aims for: beyond a few, more splits only add partials
+ * for the select kernel to sum (16 took the decode step at flash-ep8 T = 128 about 1% longer).
+ */
+const TARGET_WARPS_PER_SM = 4;
 /**
  * Partial loads per select-kernel lane the split heuristic allows: the select kernel adds each logit's
  * partials in split order, one lane per logit and ⌈E/32⌉ logits per lane, so splits × ⌈E/32⌉ loads lie
