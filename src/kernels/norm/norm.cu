@@ -4,7 +4,8 @@
 // (the layout and the bits of quant.cu run on the bf16 rows).
 //
 // Numerics (docs/numerics.md, "RMSNorm and the pre-mix"; CPU: src/reference/norm.ts). One warp owns
-// a token. Lane l owns the 8-channel vectors v = l, l + 32, l + 64, … (one 16-byte bf16 load each), so a
+// a token (megamoe_rmsnorm_wide, for few tokens, spreads a token's loads over a block and keeps this
+// order, below). Lane l owns the 8-channel vectors v = l, l + 32, l + 64, … (one 16-byte bf16 load each), so a
 // step of the warp covers 256 contiguous channels and each half-warp one 128-channel quantization group.
 //   pre-mix   x = add_rn(… add_rn(add_rn(0, mul_rn(w0, s0)), mul_rn(w1, s1)) …)
 //   squares   each lane sums mul_rn(x, x) over its channels in increasing order (add_rn), then an xor
@@ -77,28 +78,83 @@ __device__ __forceinline__ void premix_x(const unsigned char* streams, const flo
 __device__ __forceinline__ unsigned int step_vector(int i, unsigned int lane) { return i * 32u + lane; }
 __device__ __forceinline__ bool in_row(int i, unsigned int lane) { return i < kSteps && step_vector(i, lane) < kVectors; }
 
-// Steps i0 … i0 + kBatch − 1 of token t's input (those within the row) into f: the bf16 row (n = 0), its
+// Steps i0 … i0 + kCount − 1 of token t's input (those within the row) into f: the bf16 row (n = 0), its
 // loads issued together, or the pre-mix of the n streams.
+template <int kCount>
 __device__ __forceinline__ void load_batch(const unsigned char* x, const unsigned char* streams, const float* mix,
                                            unsigned int n, unsigned int t, unsigned int lane, int i0,
-                                           float (&f)[kBatch][8]) {
+                                           float (&f)[kCount][8]) {
   if (n == 0) {
-    megamoe::u32x4 raw[kBatch];
+    megamoe::u32x4 raw[kCount];
 #pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
+    for (int b = 0; b < kCount; ++b) {
       if (in_row(i0 + b, lane)) {
         raw[b] = ld_v4(x + (static_cast<unsigned long long>(t) * HIDDEN + step_vector(i0 + b, lane) * kVector) * 2u);
       }
     }
 #pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
+    for (int b = 0; b < kCount; ++b) {
       if (in_row(i0 + b, lane)) unpack8(raw[b], f[b]);
     }
     return;
   }
 #pragma unroll
-  for (int b = 0; b < kBatch; ++b) {
+  for (int b = 0; b < kCount; ++b) {
     if (in_row(i0 + b, lane)) premix_x(streams, mix, n, t, step_vector(i0 + b, lane), f[b]);
+  }
+}
+
+// r = 1 / sqrt(mean(x²) + eps) from the lanes' partial sums of squares (xor butterfly: every lane gets
+// the same sum).
+__device__ __forceinline__ float inverse_rms(float partial, float eps) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    partial = megamoe::add_rn(partial, __shfl_xor_sync(0xffffffffu, partial, offset));
+  }
+  const float mean = megamoe::div_rn(partial, static_cast<float>(HIDDEN));
+  return megamoe::div_rn(1.0f, sqrt_rn(megamoe::add_rn(mean, eps)));
+}
+
+// Step i of token t's output from its input values f and weights wv (lane `lane`'s vector): normalize,
+// round to bf16, and quantize each half-warp's 128-channel group. Every lane of the warp calls it
+// (the FP8 scale takes a half-warp max).
+__device__ __forceinline__ void emit_step(const float (&f)[8], const megamoe::u32x4& wv, float r, unsigned int t,
+                                          int i, unsigned int lane, unsigned char* yb, unsigned char* qb,
+                                          float* scales) {
+  const unsigned int v = step_vector(i, lane);
+  const bool active = v < kVectors;  // half-warp-uniform: kVectors is a multiple of 16
+  unsigned int packed[4] = {0u, 0u, 0u, 0u};
+  float rounded[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+  float amax = 0.0f;
+  if (active) {
+    float w[8];
+    unpack8(wv, w);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      packed[k] = megamoe::bf16x2_from_floats(megamoe::mul_rn(megamoe::mul_rn(f[2 * k], r), w[2 * k]),
+                                              megamoe::mul_rn(megamoe::mul_rn(f[2 * k + 1], r), w[2 * k + 1]));
+      rounded[2 * k] = megamoe::bf16x2_low_to_float(packed[k]);
+      rounded[2 * k + 1] = megamoe::bf16x2_high_to_float(packed[k]);
+      amax = fmaxf(amax, fmaxf(fabsf(rounded[2 * k]), fabsf(rounded[2 * k + 1])));
+    }
+    const unsigned long long offset = static_cast<unsigned long long>(t) * HIDDEN + v * kVector;
+    if (yb != nullptr) {
+      megamoe::st_v4(yb + offset * 2u, megamoe::u32x4{packed[0], packed[1], packed[2], packed[3]});
+    }
+  }
+  if (qb != nullptr) {  // uniform: every lane reaches the shuffles
+    amax = megamoe::half_warp_max(amax);
+    if (active) {
+      const megamoe::GroupScale s = megamoe::activation_scale<SCALE_UE8M0 != 0>(amax);
+      unsigned int lo, hi;
+      megamoe::quantize8(rounded, s.inv, lo, hi);
+      const unsigned long long offset = static_cast<unsigned long long>(t) * HIDDEN + v * kVector;
+      megamoe::st_v2(qb + offset, lo, hi);
+      if ((lane & 15u) == 0u) {
+        megamoe::st_f32(scales + static_cast<unsigned long long>(t) * (HIDDEN / megamoe::kQuantGroup) + v / 16u,
+                        s.scale);
+      }
+    }
   }
 }
 
@@ -136,12 +192,7 @@ extern "C" __global__ void __launch_bounds__(kThreads)
       }
     }
   }
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    partial = megamoe::add_rn(partial, __shfl_xor_sync(0xffffffffu, partial, offset));
-  }
-  const float mean = megamoe::div_rn(partial, static_cast<float>(HIDDEN));
-  const float r = megamoe::div_rn(1.0f, sqrt_rn(megamoe::add_rn(mean, eps)));
+  const float r = inverse_rms(partial, eps);
 
   // Pass 2: normalize, round to bf16, and quantize each half-warp's 128-channel group; batched as pass 1.
   unsigned char* yb = static_cast<unsigned char*>(y);
@@ -158,41 +209,72 @@ extern "C" __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
       if (i0 + b >= kSteps) break;  // warp-uniform
-      const unsigned int v = (i0 + b) * 32u + lane;
-      const bool active = v < kVectors;  // half-warp-uniform: kVectors is a multiple of 16
-      unsigned int packed[4] = {0u, 0u, 0u, 0u};
-      float rounded[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-      float amax = 0.0f;
-      if (active) {
-        float w[8];
-        unpack8(wv[b], w);
+      emit_step(f[b], wv[b], r, t, i0 + b, lane, yb, qb, scales);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Few tokens (norm.ts picks it up to one token per SM): a block of kWideWarps warps per token, so the
+// row's loads are one round trip instead of a warp's few. Warp w loads steps [w·kWideSteps, …) of the
+// input and the weight and keeps them; the squares go through shared memory to warp 0, whose lanes add
+// them in the one-warp kernel's order (lane l: its channels in increasing order), so r and every output
+// bit are that kernel's. Same arguments; grid = T, block = 32 · kWideWarps.
+
+constexpr int kWideSteps = (kSteps + 7) / 8;                        // steps per warp
+constexpr int kWideWarps = (kSteps + kWideSteps - 1) / kWideSteps;  // at most 8
+constexpr int kWideThreads = 32 * kWideWarps;
+
+extern "C" __global__ void __launch_bounds__(kWideThreads)
+    megamoe_rmsnorm_wide(const void* __restrict__ x, const void* __restrict__ streams, const float* __restrict__ mix,
+                         unsigned int n, const void* __restrict__ weight, float eps, void* __restrict__ y,
+                         void* __restrict__ q, float* __restrict__ scales, unsigned int tokens) {
+  __shared__ float squares[kSteps * 8][32];  // [step · 8 + channel][lane]: conflict-free both ways
+  __shared__ float broadcast_r;
+  megamoe::chain_after_previous_grid();  // as megamoe_rmsnorm
+  const unsigned int lane = threadIdx.x & 31u;
+  const int warp = static_cast<int>(threadIdx.x >> 5);
+  const unsigned int t = blockIdx.x;
+  if (t >= tokens) return;  // block-uniform
+  const int i0 = warp * kWideSteps;
+  const unsigned char* wb = static_cast<const unsigned char*>(weight);
+
+  // Pass 1: this warp's steps of the input and the weight, and their squares into shared memory.
+  megamoe::u32x4 wv[kWideSteps];
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          packed[k] = megamoe::bf16x2_from_floats(megamoe::mul_rn(megamoe::mul_rn(f[b][2 * k], r), w[2 * k]),
-                                                  megamoe::mul_rn(megamoe::mul_rn(f[b][2 * k + 1], r), w[2 * k + 1]));
-          rounded[2 * k] = megamoe::bf16x2_low_to_float(packed[k]);
-          rounded[2 * k + 1] = megamoe::bf16x2_high_to_float(packed[k]);
-          amax = fmaxf(amax, fmaxf(fabsf(rounded[2 * k]), fabsf(rounded[2 * k + 1])));
-        }
-        const unsigned long long offset = static_cast<unsigned long long>(t) * HIDDEN + v * kVector;
-        if (yb != nullptr) {
-          megamoe::st_v4(yb + offset * 2u, megamoe::u32x4{packed[0], packed[1], packed[2], packed[3]});
-        }
-      }
-      if (qb != nullptr) {  // uniform: every lane reaches the shuffles
-        amax = megamoe::half_warp_max(amax);
-        if (active) {
-          const megamoe::GroupScale s = megamoe::activation_scale<SCALE_UE8M0 != 0>(amax);
-          unsigned int lo, hi;
-          megamoe::quantize8(rounded, s.inv, lo, hi);
-          const unsigned long long offset = static_cast<unsigned long long>(t) * HIDDEN + v * kVector;
-          megamoe::st_v2(qb + offset, lo, hi);
-          if ((lane & 15u) == 0u) {
-            megamoe::st_f32(scales + static_cast<unsigned long long>(t) * (HIDDEN / megamoe::kQuantGroup) + v / 16u,
-                            s.scale);
-          }
-        }
+  for (int b = 0; b < kWideSteps; ++b) {
+    if (in_row(i0 + b, lane)) wv[b] = ld_v4(wb + step_vector(i0 + b, lane) * kVector * 2u);
+  }
+  float f[kWideSteps][8];
+  load_batch(static_cast<const unsigned char*>(x), static_cast<const unsigned char*>(streams), mix, n, t, lane,
+             i0, f);
+#pragma unroll
+  for (int b = 0; b < kWideSteps; ++b) {
+    if (in_row(i0 + b, lane)) {
+#pragma unroll
+      for (int k = 0; k < 8; ++k) squares[(i0 + b) * 8 + k][lane] = megamoe::mul_rn(f[b][k], f[b][k]);
+    }
+  }
+  __syncthreads();
+  if (warp == 0) {
+    float partial = 0.0f;
+    for (int i = 0; i < kSteps; ++i) {
+      if (in_row(i, lane)) {
+#pragma unroll
+        for (int k = 0; k < 8; ++k) partial = megamoe::add_rn(partial, squares[i * 8 + k][lane]);
       }
     }
+    const float r = inverse_rms(partial, eps);
+    if (lane == 0) broadcast_r = r;
+  }
+  __syncthreads();
+  const float r = broadcast_r;
+
+  // Pass 2: this warp's steps from its registers.
+#pragma unroll
+  for (int b = 0; b < kWideSteps; ++b) {
+    if (i0 + b >= kSteps) break;  // warp-uniform
+    emit_step(f[b], wv[b], r, t, i0 + b, lane, static_cast<unsigned char*>(y), static_cast<unsigned char*>(q),
+              scales);
   }
 }

@@ -4,8 +4,9 @@
  * `rmsNorm` / `premixRmsNorm` (src/reference/norm.ts), and its FP8 output bit-exact with running
  * `quantizeOnDevice` on its bf16 output.
  *
- * One warp per token, 4 tokens per block; kernels specialized per (hidden, scale format) and memoized
- * per device like the quantization kernel's.
+ * One warp per token, 4 tokens per block; up to one token per SM, a block per token instead
+ * (megamoe_rmsnorm_wide: the row's loads spread over its warps, the same bits). Kernels specialized per
+ * (hidden, scale format) and memoized per device like the quantization kernel's.
  */
 
 import { QUANT_BLOCK, SCALE_FORMATS, type ScaleFormat } from "../../config/config.js";
@@ -26,6 +27,7 @@ import { normDefines } from "./norm.variants.js";
 
 export const NORM_KERNEL_SOURCE = "norm/norm.cu";
 export const NORM_KERNEL_NAME = "megamoe_rmsnorm";
+export const NORM_WIDE_KERNEL_NAME = "megamoe_rmsnorm_wide";
 /** Tokens per block (norm.cu's kThreads / 32). */
 export const NORM_TOKENS_PER_BLOCK = 4;
 
@@ -43,7 +45,15 @@ export interface NormOutputs {
 
 interface NormKernel {
   kernel: Kernel;
+  wide: Kernel;
   args: KernelArgs;
+}
+
+/** Warps of megamoe_rmsnorm_wide's block for `hidden` (norm.cu's kWideWarps): a warp step is 256 channels. */
+export function normWideWarps(hidden: number): number {
+  const steps = Math.ceil(hidden / 256);
+  const perWarp = Math.ceil(steps / 8);
+  return Math.ceil(steps / perWarp);
 }
 
 const normKernels = perDeviceMemo<string, NormKernel>();
@@ -51,7 +61,11 @@ const normKernels = perDeviceMemo<string, NormKernel>();
 function normKernelFor(device: Device, hidden: number, format: ScaleFormat): NormKernel {
   return normKernels(device, `${hidden}:${format}`, () => {
     const compiled = compileKernel({ source: NORM_KERNEL_SOURCE, defines: normDefines(hidden, format) });
-    return { kernel: loadKernel(device, compiled, NORM_KERNEL_NAME), args: new KernelArgs(10) };
+    return {
+      kernel: loadKernel(device, compiled, NORM_KERNEL_NAME),
+      wide: loadKernel(device, compiled, NORM_WIDE_KERNEL_NAME),
+      args: new KernelArgs(10),
+    };
   });
 }
 
@@ -149,11 +163,17 @@ export function rmsNormOnDevice(
     .ptr(7, out.fp8?.q.ptr ?? 0n)
     .ptr(8, out.fp8?.scales.ptr ?? 0n)
     .u32(9, tokens);
-  k.kernel.launchAfterPrevious(
-    Math.ceil(tokens / NORM_TOKENS_PER_BLOCK),
-    32 * NORM_TOKENS_PER_BLOCK,
-    0,
-    stream,
-    k.args,
-  );
+  // Up to a token per SM a warp per token leaves the row's few round trips exposed; a block per token
+  // takes them at once.
+  if (tokens <= device.smCount) {
+    k.wide.launchAfterPrevious(tokens, 32 * normWideWarps(hidden), 0, stream, k.args);
+  } else {
+    k.kernel.launchAfterPrevious(
+      Math.ceil(tokens / NORM_TOKENS_PER_BLOCK),
+      32 * NORM_TOKENS_PER_BLOCK,
+      0,
+      stream,
+      k.args,
+    );
+  }
 }
