@@ -4,9 +4,9 @@
 // (the layout and the bits of quant.cu run on the bf16 rows).
 //
 // Numerics (docs/numerics.md, "RMSNorm and the pre-mix"; CPU: src/reference/norm.ts). One warp owns
-// a token (megamoe_rmsnorm_wide, for few tokens, spreads a token's loads over a block and keeps this
-// order, below). Lane l owns the 8-channel vectors v = l, l + 32, l + 64, … (one 16-byte bf16 load each), so a
-// step of the warp covers 256 contiguous channels and each half-warp one 128-channel quantization group.
+// a token (megamoe_rmsnorm_wide, below, spreads a token's loads over a block and keeps this order).
+// Lane l owns the 8-channel vectors v = l, l + 32, l + 64, … (one 16-byte bf16 load each), so a step
+// of the warp covers 256 contiguous channels and each half-warp one 128-channel quantization group.
 //   pre-mix   x = add_rn(… add_rn(add_rn(0, mul_rn(w0, s0)), mul_rn(w1, s1)) …)
 //   squares   each lane sums mul_rn(x, x) over its channels in increasing order (add_rn), then an xor
 //             butterfly over offsets 16, 8, 4, 2, 1 (commutative adds: every lane ends with the same sum)
