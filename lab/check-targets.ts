@@ -7,7 +7,7 @@
  *                  (more than one CTA, few enough that racecheck stays short), each output equal to
  *                  the unfused pipeline's bit for bit
  *   gate           the router (both logits paths) on tiny (E = 8, grouped sigmoid) and E = 64 softmax
- *   norm           RMSNorm with FP8 output, plain rows and the 4-stream pre-mix, H = 256 and 384
+ *   norm           RMSNorm with FP8 output, plain rows and the 4-stream pre-mix, H = 256, 384 and 4096
  *   ep RANKS [fp8|fp4] [BLOCK_M] [expand]  expert parallelism inside the fused kernel: RANKS virtual
  *                  ranks (one launch each, on its own stream) of tiny with 16 experts, uneven tokens, a
  *                  masked token and a hot expert, at BLOCK_M (default the heuristic's; "expand" forces
@@ -196,7 +196,8 @@ function gate(device: Device): number {
 /** RMSNorm with bf16 and FP8 outputs; checks every output element was written and is finite. */
 function norm(device: Device): number {
   let failures = 0;
-  for (const hidden of [256, 384]) {
+  // 4096: the few-token kernel's full block of 8 warps (T = 7), beside the one-warp kernel (T = 300).
+  for (const hidden of [256, 384, 4096]) {
     for (const tokens of TOKENS) {
       for (const streams of [0, 4]) {
         const owned: DeviceTensor[] = [];
