@@ -104,6 +104,16 @@ __device__ __forceinline__ void load_batch(const unsigned char* x, const unsigne
   }
 }
 
+// The weight's vectors of steps i0 … i0 + kCount − 1 that lane `lane` owns (those within the row).
+template <int kCount>
+__device__ __forceinline__ void load_weights(const unsigned char* weight, unsigned int lane, int i0,
+                                             megamoe::u32x4 (&wv)[kCount]) {
+#pragma unroll
+  for (int b = 0; b < kCount; ++b) {
+    if (in_row(i0 + b, lane)) wv[b] = ld_v4(weight + step_vector(i0 + b, lane) * kVector * 2u);
+  }
+}
+
 // r = 1 / sqrt(mean(x²) + eps) from the lanes' partial sums of squares (xor butterfly: every lane gets
 // the same sum).
 __device__ __forceinline__ float inverse_rms(float partial, float eps) {
@@ -200,10 +210,7 @@ extern "C" __global__ void __launch_bounds__(kThreads)
 #pragma unroll 1
   for (int i0 = 0; i0 < kSteps; i0 += kBatch) {
     megamoe::u32x4 wv[kBatch];
-#pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      if (in_row(i0 + b, lane)) wv[b] = ld_v4(wb + step_vector(i0 + b, lane) * kVector * 2u);
-    }
+    load_weights(wb, lane, i0, wv);
     float f[kBatch][8];
     load_batch(xb, sb, mix, n, t, lane, i0, f);
 #pragma unroll
@@ -237,14 +244,10 @@ extern "C" __global__ void __launch_bounds__(kWideThreads)
   const unsigned int t = blockIdx.x;
   if (t >= tokens) return;  // block-uniform
   const int i0 = warp * kWideSteps;
-  const unsigned char* wb = static_cast<const unsigned char*>(weight);
 
   // Pass 1: this warp's steps of the input and the weight, and their squares into shared memory.
   megamoe::u32x4 wv[kWideSteps];
-#pragma unroll
-  for (int b = 0; b < kWideSteps; ++b) {
-    if (in_row(i0 + b, lane)) wv[b] = ld_v4(wb + step_vector(i0 + b, lane) * kVector * 2u);
-  }
+  load_weights(static_cast<const unsigned char*>(weight), lane, i0, wv);
   float f[kWideSteps][8];
   load_batch(static_cast<const unsigned char*>(x), static_cast<const unsigned char*>(streams), mix, n, t, lane,
              i0, f);

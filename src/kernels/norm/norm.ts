@@ -46,6 +46,8 @@ export interface NormOutputs {
 interface NormKernel {
   kernel: Kernel;
   wide: Kernel;
+  /** Threads of the wide kernel's block for this hidden size. */
+  wideThreads: number;
   args: KernelArgs;
 }
 
@@ -64,6 +66,7 @@ function normKernelFor(device: Device, hidden: number, format: ScaleFormat): Nor
     return {
       kernel: loadKernel(device, compiled, NORM_KERNEL_NAME),
       wide: loadKernel(device, compiled, NORM_WIDE_KERNEL_NAME),
+      wideThreads: 32 * normWideWarps(hidden),
       args: new KernelArgs(10),
     };
   });
@@ -166,7 +169,7 @@ export function rmsNormOnDevice(
   // Up to a token per SM a warp per token leaves the row's few round trips exposed; a block per token
   // takes them at once.
   if (tokens <= device.smCount) {
-    k.wide.launchAfterPrevious(tokens, 32 * normWideWarps(hidden), 0, stream, k.args);
+    k.wide.launchAfterPrevious(tokens, k.wideThreads, 0, stream, k.args);
   } else {
     k.kernel.launchAfterPrevious(
       Math.ceil(tokens / NORM_TOKENS_PER_BLOCK),
