@@ -90,14 +90,14 @@ MEGAMOE_HD float fp4_block_scale(unsigned int scales4) { return fp32_from_bits(f
 // .e4m3x2.f32 of the exact value; d ≤ 6 never saturates). Works in units of 2^−9, e4m3's smallest
 // subnormal: the e2m1 magnitude is M · 0.5 with M ∈ {0, 1, 2, 3, 4, 6, 8, 12}, so the value is
 // V = M · 2^(d + 8) units.
-MEGAMOE_HD unsigned int e2m1_to_e4m3_exact(unsigned int code, int d) {
+MEGAMOE_HD constexpr unsigned int e2m1_to_e4m3_exact(unsigned int code, int d) {
   const unsigned int sign = (code & 8u) << 4;
   const unsigned int e = (code >> 1) & 3u;
   const unsigned int mant = code & 1u;
   // M = mantissa·... : code 1 is the subnormal 0.5 (M = 1); normal codes are (2 + mant) << (e − 1).
   const unsigned int M = e == 0 ? mant : (2u + mant) << (e - 1);
   const int shift = d + 8;
-  unsigned int v;
+  unsigned int v = 0;
   if (shift >= 0) {
     v = M << shift;  // ≤ 12 · 2^14: fits
   } else {
@@ -151,18 +151,36 @@ struct Fp4Table {
 // e = d + 6, one multiply-add per word (no carries between bytes: every byte stays below 0x80).
 MEGAMOE_HD Fp4Table fp4_table_fast(unsigned int e) { return Fp4Table{e * 0x08080800u + 0x0c080000u, e * 0x08080808u + 0x1c181410u}; }
 
-// Below d = −5, per entry (rare: a group more than 11 binades under its block's largest). The loops stay
-// rolled on the device, where this is the converters' cold path.
+// Below d = −5 (rare: a group more than 11 binades under its block's largest), per entry: word `half`
+// holds the codes of magnitudes 4·half … 4·half + 3.
+MEGAMOE_HD constexpr unsigned int fp4_table_word(int d, int half) {
+  unsigned int word = 0;
+  for (int m = 4 * half; m < 4 * half + 4; m++) {
+    if (m > 0) word |= e2m1_to_e4m3_exact(static_cast<unsigned int>(m), d) << (8 * (m - 4 * half));
+  }
+  return word;
+}
+
+#if defined(__CUDA_ARCH__)
+// The device's copy of the tables of d = −12 … −6 (lo and hi words), made at compile time.
+__constant__ unsigned int kFp4LowTables[14] = {
+    fp4_table_word(-12, 0), fp4_table_word(-12, 1), fp4_table_word(-11, 0), fp4_table_word(-11, 1),
+    fp4_table_word(-10, 0), fp4_table_word(-10, 1), fp4_table_word(-9, 0),  fp4_table_word(-9, 1),
+    fp4_table_word(-8, 0),  fp4_table_word(-8, 1),  fp4_table_word(-7, 0),  fp4_table_word(-7, 1),
+    fp4_table_word(-6, 0),  fp4_table_word(-6, 1)};
+#endif
+
+// Any d ≤ 6. Below −12 every magnitude rounds to 0 (M · 2^(d + 8) is under half a subnormal step); on
+// the device −12 … −6 are a constant-bank load, so this cold path stays a few instructions at each of
+// the many sites it is inlined at.
 MEGAMOE_HD Fp4Table fp4_table(int d) {
   if (d >= -5) return fp4_table_fast(static_cast<unsigned int>(d + 6));
-  unsigned int lo = 0;
-  unsigned int hi = 0;
-  for (int m = 1; m < 8; m++) {
-    const unsigned int code = e2m1_to_e4m3_exact(static_cast<unsigned int>(m), d);
-    if (m < 4) lo |= code << (8 * m);
-    else hi |= code << (8 * (m - 4));
-  }
-  return Fp4Table{lo, hi};
+  if (d < -12) return Fp4Table{0u, 0u};
+#if defined(__CUDA_ARCH__)
+  return Fp4Table{kFp4LowTables[2 * (d + 12)], kFp4LowTables[2 * (d + 12) + 1]};
+#else
+  return Fp4Table{fp4_table_word(d, 0), fp4_table_word(d, 1)};
+#endif
 }
 
 // The table of a group of byte b in a block whose largest byte is `max`: d + 6 = b − max + 12, and the

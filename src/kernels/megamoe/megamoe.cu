@@ -500,10 +500,13 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
     const bool l1 = task.kind == kTaskL1;
 
     if constexpr (kSwapAB) {
-      if (l1) swap_mainloop<true>(m, task, sw_rows, stage, phase, acc, frag_col);
+      // One m64 wave per warpgroup: the L1 and L2 mainloops are the same code, inlined once (a smaller
+      // loop for the instruction cache).
+      if (kSwapWaves == 1 || l1) swap_mainloop<true>(m, task, sw_rows, stage, phase, acc, frag_col);
       else swap_mainloop<false>(m, task, sw_rows, stage, phase, acc, frag_col);
     } else {
-      if (l1) tile_mainloop<true>(m, task, sw_rows, stage, phase, acc);
+      // 128-row tiles split both kinds alike (Split): one copy here too.
+      if (kBlockM == 128 || l1) tile_mainloop<true>(m, task, sw_rows, stage, phase, acc);
       else tile_mainloop<false>(m, task, sw_rows, stage, phase, acc);
     }
     // The slot (task and weight scales) is read: the producer may reuse it. Every reader arrives (an
