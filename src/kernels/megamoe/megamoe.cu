@@ -347,7 +347,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
         // words (64-byte swizzle, fp4_frag.cuh), A and A scales, all to `full`. A shared-expert K block
         // is two: step 2kb brings B box 0 with A, step 2kb + 1 box 1, each into the stage's packed area.
         const int steps = fp4 ? task.k_blocks : 2 * task.k_blocks;
-        const int early = steps < kStages ? steps : kStages;
+        const int early = steps < kEarlyStages ? steps : kEarlyStages;
         const int first_stage = stage;
         const auto load_a = [&](int s, int step) {
           const unsigned b = full_bar + 8 * s;
@@ -401,7 +401,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
         }
         continue;
       }
-      const int early = task.k_blocks < kStages ? task.k_blocks : kStages;
+      const int early = task.k_blocks < kEarlyStages ? task.k_blocks : kEarlyStages;
       const int first_stage = stage;
       for (int kb = 0; kb < task.k_blocks; ++kb) {
         const unsigned long long t_empty = trace_clock(op.trace);
