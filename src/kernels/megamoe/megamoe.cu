@@ -499,14 +499,13 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
     if (task.kind == kTaskNone) break;
     const bool l1 = task.kind == kTaskL1;
 
+    // Where both kinds split alike the L1 mainloop serves both: one copy, a smaller loop for the
+    // instruction cache.
     if constexpr (kSwapAB) {
-      // One m64 wave per warpgroup: the L1 and L2 mainloops are the same code, inlined once (a smaller
-      // loop for the instruction cache).
-      if (kSwapWaves == 1 || l1) swap_mainloop<true>(m, task, sw_rows, stage, phase, acc, frag_col);
+      if (kKindsSplitAlike || l1) swap_mainloop<true>(m, task, sw_rows, stage, phase, acc, frag_col);
       else swap_mainloop<false>(m, task, sw_rows, stage, phase, acc, frag_col);
     } else {
-      // 128-row tiles split both kinds alike (Split): one copy here too.
-      if (kBlockM == 128 || l1) tile_mainloop<true>(m, task, sw_rows, stage, phase, acc);
+      if (kKindsSplitAlike || l1) tile_mainloop<true>(m, task, sw_rows, stage, phase, acc);
       else tile_mainloop<false>(m, task, sw_rows, stage, phase, acc);
     }
     // The slot (task and weight scales) is read: the producer may reuse it. Every reader arrives (an

@@ -116,25 +116,24 @@ static_assert(!kExpand || (kBFp4 && !kSwapAB), "FP4_EXPAND: FP4 experts, 64- or 
 // Registers: the producer warpgroup gives its share to the math warpgroups. The CTA holds kThreads ·
 // kLaunchRegisters from the launch and setmaxnreg only moves them (a sum above that leaves
 // setmaxnreg.inc waiting forever). Each of the 4 schedulers has 16384 and holds every fourth warp, in
-// steps of 8 registers per thread: 168 for 12 warps, 96 for 20. Two math warpgroups: 2·128·224 + 128·56 =
-// 64512 = 384·168 (the math code needs more than 208, the producer more than 40); the EP build's FP4
-// converter builds (BLOCK_M 64, 128) spill at 56 producer registers: 72 there, the math warpgroups 216
-// (2·128·216 + 128·72 = 64512). Four: 4·128·104 + 128·64 = 640·96 (at 56 the producer spilled
-// in the smallest FP4 build).
+// steps of 8 registers per thread: 168 for 12 warps, 96 for 20. The math warpgroups take what their code
+// needs and the producer the rest: two math warpgroups 224 (the math code needs more than 208), the
+// producer 56 (it needs more than 40); the EP build's FP4 converter builds (BLOCK_M 64, 128) spill at 56
+// producer registers: math 216 there, the producer 72. Four math warpgroups 104, the producer 64 (at 56
+// it spilled in the smallest FP4 build).
 constexpr int kLaunchRegisters = (16384 / (kThreads / 128) / 32) & ~7;
 #if defined(EP_RANKS) && EP_RANKS > 1
 constexpr bool kEpConverters = kBFp4 && !kFp4Regs && !kExpand;
 #else
 constexpr bool kEpConverters = false;
 #endif
-constexpr int kProducerRegisters = kEpConverters ? 72 : kMathWarpgroups == 4 ? 64 : 56;
+constexpr int kMathRegisters = kMathWarpgroups == 4 ? 104 : kEpConverters ? 216 : 224;
+constexpr int kProducerRegisters = (kThreads * kLaunchRegisters - kMathThreads * kMathRegisters) / 128;
+static_assert(kProducerRegisters % 8 == 0 && kProducerRegisters >= 56, "setmaxnreg's steps; the producer's need");
 // With BLOCK_M 128 each math warpgroup owns its 64 rows of a tile outright and publishes them itself, so
 // the two drift apart by up to the stage ring instead of meeting at the end of every tile; at 64 they
 // exchange the L1 rows' amax and publish together. A tile adds this many to its done counter.
 constexpr bool kWarpgroupPublish = kBlockM == 128;
 constexpr int kPublishesPerTile = kWarpgroupPublish ? 2 : 1;
-constexpr int kMathRegisters = kMathWarpgroups == 4 ? 104 : kEpConverters ? 216 : 224;
-static_assert(kMathThreads * kMathRegisters + 128 * kProducerRegisters <= kThreads * kLaunchRegisters,
-              "setmaxnreg moves, never adds");
 
 }  // namespace

@@ -167,6 +167,10 @@ struct SwapSplit {
   }
 };
 
+// Whether an L1 and an L2 tile split alike (Split, SwapSplit: 128-row tiles, or one m64 wave per
+// warpgroup): the kernel then inlines one mainloop for both kinds.
+constexpr bool kKindsSplitAlike = kSwapAB ? kSwapWaves == 1 : kBlockM == 128;
+
 // kFp4Regs: swap_mainloop with each thread's A fragments converted from the stage's packed rows
 // (common/fp4_frag.cuh) and wgmma taking A from registers. With one wave per warpgroup (four math
 // warpgroups, BLOCK_M 16) a routed (FP4) tile is pipelined by one K block: block kb + 1 is converted into
