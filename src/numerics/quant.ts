@@ -12,11 +12,11 @@
 
 import { QUANT_BLOCK, type ScaleFormat } from "../config/config.js";
 import { decodeE4m3Array, E4M3_DECODE, e4m3FromBits, FP8_E4M3_MAX } from "./fp8.js";
+import { F32_MAX } from "./fp32.js";
 
 /** Floor of amax, so an all-zero group gets a tiny finite scale instead of a division by zero. */
 export const MIN_AMAX = Math.fround(1e-10);
 
-const F32_MAX = 3.4028234663852886e38;
 const F32_EXP_MASK = 0x7f800000;
 const F32_MANTISSA_MASK = 0x007fffff;
 

@@ -17,6 +17,7 @@ import {
 import { bf16BitsToF32, f32ToBf16Bits, roundToBf16 } from "../numerics/bf16.js";
 import { dequantizeMxfp4, type Fp4AsFp8, mxfp4RowsToFp8 } from "../numerics/fp4.js";
 import { decodeE4m3Array, E4M3_DECODE } from "../numerics/fp8.js";
+import { fmaF32 } from "../numerics/fp32.js";
 import { quantizeActivations, quantizeRow128 } from "../numerics/quant.js";
 import { generateNumberedExpert } from "../weights/generate.js";
 import {
@@ -166,8 +167,8 @@ function blockScaledGemm(
           p0 += a0[i] * v;
           p1 += a1[i] * v;
         }
-        acc0 = promote(acc0, p0, rowScales[t][b], wScale[b]);
-        acc1 = promote(acc1, p1, rowScales[t + 1][b], wScale[b]);
+        acc0 = promoteBlock(acc0, p0, rowScales[t][b], wScale[b]);
+        acc1 = promoteBlock(acc1, p1, rowScales[t + 1][b], wScale[b]);
       }
       out[t][r] = acc0;
       out[t + 1][r] = acc1;
@@ -179,16 +180,19 @@ function blockScaledGemm(
         let partial = 0;
         const end = (b + 1) * QUANT_BLOCK;
         for (let i = b * QUANT_BLOCK; i < end; i++) partial += a[i] * wRow[i];
-        acc = promote(acc, partial, rowScales[t][b], wScale[b]);
+        acc = promoteBlock(acc, partial, rowScales[t][b], wScale[b]);
       }
       out[t][r] = acc;
     }
   }
 }
 
-/** One K block's promotion: acc + fp32(partial) · fp32(scale_a · scale_w), each step rounded to fp32. */
-function promote(acc: number, partial: number, scaleA: number, scaleW: number): number {
-  return Math.fround(acc + Math.fround(Math.fround(partial) * Math.fround(scaleA * scaleW)));
+/**
+ * One K block's promotion: fp32(acc + fp32(partial) · fp32(scale_a · scale_w)), the product and the sum
+ * rounded once together (the GPU's fmaf).
+ */
+export function promoteBlock(acc: number, partial: number, scaleA: number, scaleW: number): number {
+  return fmaF32(Math.fround(partial), Math.fround(scaleA * scaleW), acc);
 }
 
 /** Both matrices of an expert in either format, as the GEMMs read them. */

@@ -3,13 +3,13 @@
  * fp8_grouped_gemm.cu) against the CPU rule of docs/numerics.md "FP4 experts (MXFP4)", bit for bit:
  *
  *   q8, sw = mxfp4RowsToFp8(W)                          (per weight row and K block: codes and 2^ref)
- *   acc    = fp32(acc + fp32(fp32(Σ_block a·q8) · fp32(sa[b, r] · sw[n, b])))   blocks in K order
+ *   acc    = fp32(acc + fp32(Σ_block a·q8) · fp32(sa[b, r] · sw[n, b]))   one rounding (fmaf), blocks in K order
  *
  * Two kinds of data:
  *  - exact: each activation row uses one 32-group per K block (the others are zero) with values in
  *    {0, ±1, ±2, ±3}·2^e, so every block sum has at most ~10 significant bits and the tensor cores sum
  *    it exactly: the fast kernel must then equal the CPU rule in every bit (conversion, per-column
- *    scales, the promotion's three roundings, subnormal scale products and all);
+ *    scales, the promotion's roundings, subnormal scale products and all);
  *  - random: random e4m3 activations; the tensor cores' fp32 block sums round differently from the
  *    exact sums, so the fast kernel is compared with tolerances, while the CUDA-core reference kernel
  *    (exact conversion, block sums in double) must still equal the CPU rule in every bit.
@@ -48,6 +48,7 @@ import { describeDefines, SM90_SHARED_OPTIN_BYTES } from "../../src/kernels/vari
 import { bf16BitsToF32, f32ToBf16Bits } from "../../src/numerics/bf16.js";
 import { type Fp4AsFp8, mxfp4DeviceLayout, mxfp4RowsToFp8 } from "../../src/numerics/fp4.js";
 import { E4M3_DECODE, encodeE4m3 } from "../../src/numerics/fp8.js";
+import { promoteBlock } from "../../src/reference/moe.js";
 import { availability, describeGpu, testDevice } from "../helpers/gpu.js";
 import { rng, testSeed } from "../helpers/random.js";
 
@@ -154,8 +155,7 @@ function specRow(p: Problem, row: number, weights: (g: number) => Fp4AsFp8): Flo
       let partial = 0;
       for (let i = b * QUANT_BLOCK; i < (b + 1) * QUANT_BLOCK; i++)
         partial += a[i] * E4M3_DECODE[w.q[col * k + i]];
-      const s = Math.fround(p.aScales[b * mPad + row] * w.scales[col * kBlocks + b]);
-      acc = Math.fround(acc + Math.fround(Math.fround(partial) * s));
+      acc = promoteBlock(acc, partial, p.aScales[b * mPad + row], w.scales[col * kBlocks + b]);
     }
     out[col] = acc;
   }

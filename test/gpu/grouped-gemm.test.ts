@@ -44,6 +44,7 @@ import { formatGroupedGemmPlan, type GemmOutDtype, planGroupedGemm } from "../..
 import { describeDefines } from "../../src/kernels/variants.js";
 import { bf16BitsToF32, f32ToBf16Bits } from "../../src/numerics/bf16.js";
 import { E4M3_DECODE } from "../../src/numerics/fp8.js";
+import { promoteBlock } from "../../src/reference/moe.js";
 import { availability, describeGpu } from "../helpers/gpu.js";
 import { rng, testSeed } from "../helpers/random.js";
 
@@ -140,8 +141,7 @@ function specRow(p: HostProblem, row: number, weights: (g: number) => Float32Arr
       let partial = 0;
       const end = (b + 1) * QUANT_BLOCK;
       for (let i = b * QUANT_BLOCK; i < end; i++) partial += a[i] * w[base + i];
-      const scale = Math.fround(sa[b] * p.bScales[swBase + b]);
-      acc = Math.fround(acc + Math.fround(Math.fround(partial) * scale));
+      acc = promoteBlock(acc, partial, sa[b], p.bScales[swBase + b]);
     }
     out[col] = acc;
   }

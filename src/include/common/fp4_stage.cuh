@@ -56,8 +56,8 @@ __device__ __forceinline__ void convert_tile(unsigned packed, unsigned scales4, 
   fp4_stage_convert<kRows, kThreads, kDepth>(mem, packed, scales4, b_tile, sw, thread);
 }
 
-// acc += partial · (sa · sw[column]) for an m64 × nN wgmma fragment whose weight rows are its columns,
-// the three steps rounded separately as the CPU rule does. sw_cols is the shared address of the fp32
+// acc += partial · (sa · sw[column]) for an m64 × nN wgmma fragment whose weight rows are its columns:
+// the scale product rounded, then one fmaf, as the CPU rule does. sw_cols is the shared address of the fp32
 // scale of this thread's first column (frag_col of the chunk); element pair i covers columns
 // 8i + frag_col + {0, 1}, on rows frag_row (sa_lo) and + 8 (sa_hi). kFirst as sm90::promote_block's.
 template <int kFirst = 0, int kCount, int kAccCount>
@@ -69,10 +69,10 @@ __device__ __forceinline__ void promote_columns(float (&acc)[kAccCount], const f
     float w0, w1;
     asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(w0), "=f"(w1) : "r"(sw_cols + 32 * i));
     float* const a = acc + kFirst + 4 * i;
-    a[0] = add_rn(a[0], mul_rn(partial[4 * i + 0], mul_rn(sa_lo, w0)));
-    a[1] = add_rn(a[1], mul_rn(partial[4 * i + 1], mul_rn(sa_lo, w1)));
-    a[2] = add_rn(a[2], mul_rn(partial[4 * i + 2], mul_rn(sa_hi, w0)));
-    a[3] = add_rn(a[3], mul_rn(partial[4 * i + 3], mul_rn(sa_hi, w1)));
+    a[0] = fma_rn(partial[4 * i + 0], mul_rn(sa_lo, w0), a[0]);
+    a[1] = fma_rn(partial[4 * i + 1], mul_rn(sa_lo, w1), a[1]);
+    a[2] = fma_rn(partial[4 * i + 2], mul_rn(sa_hi, w0), a[2]);
+    a[3] = fma_rn(partial[4 * i + 3], mul_rn(sa_hi, w1), a[3]);
   }
 }
 

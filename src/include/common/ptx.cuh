@@ -34,6 +34,15 @@ __device__ __forceinline__ float mul_rn(float x, float y) {
   return r;
 }
 
+// x * y + z rounded once to nearest even: what fmaF32(x, y, z) gives on the CPU (src/numerics/fp32.ts).
+// An asm statement like its neighbours, so that ptxas schedules the promotions that use it as it does
+// theirs (with fmaf it hoisted a promotion's scale loads and spilled in the FP4 GEMM's pipelined tile).
+__device__ __forceinline__ float fma_rn(float x, float y, float z) {
+  float r;
+  asm("fma.rn.f32 %0, %1, %2, %3;" : "=f"(r) : "f"(x), "f"(y), "f"(z));
+  return r;
+}
+
 // x / y correctly rounded (the division the CPU reference does), never the fast approximation.
 __device__ __forceinline__ float div_rn(float x, float y) {
   float r;

@@ -3,7 +3,7 @@
  * (kernel megamoe_fp4_grouped_gemm). The rule is docs/numerics.md "FP4 experts (MXFP4)": each weight
  * row's 128-deep K block becomes e4m3 codes relative to ref = max(its four UE8M0 bytes) − 133 and
  *
- *   out[r, n] = acc over K blocks b of fp32(acc + fp32(fp32(P_b(r, n)) · fp32(sa[b, r] · 2^ref[n, b])))
+ *   out[r, n] = acc over K blocks b of fmaf(fp32(P_b(r, n)), fp32(sa[b, r] · 2^ref[n, b]), acc)
  *
  * for every row r of group g, P_b the block's sum of e4m3 products (tensor cores, fp32).
  *

@@ -44,8 +44,7 @@
 // arrive on `full` (common/fp4_stage.cuh). The converters are the producer warpgroup's idle warps, so the math warpgroups keep
 // every register and cycle for wgmma and promotion, and the conversion (about 1.8 SASS instructions per
 // element, two items in flight per thread) overlaps the wgmmas of earlier stages. The promotion multiplies each accumulator element by
-// its own scale: s = sa[r, kb] · sw[n, kb], then acc = acc + partial · s, each step one IEEE rounding
-// (mul_rn, add_rn: no FMA), the order of the CPU rule.
+// its own scale: s = sa[r, kb] · sw[n, kb] (rounded), then acc = fmaf(partial, s, acc), the CPU rule.
 
 #include "fp8_grouped_gemm_config.cuh"
 #include "common/fp4_stage.cuh"
@@ -626,7 +625,7 @@ extern "C" __global__ void __launch_bounds__(256)
 // FP4 reference: the CPU rule itself on CUDA cores, one thread per output element. Each weight element is
 // converted by fp4.cuh's exact path, each block's 128 products are summed in double (exact: e4m3
 // products have at most 8 significant bits within 2^-18 .. 2^17), rounded once to fp32, and promoted
-// with the rule's three roundings: bit-identical to the CPU reference on any data. Operands as the fast
+// with the rule's fmaf: bit-identical to the CPU reference on any data. Operands as the fast
 // kernel's, through plain pointers (bs: the u32 scale words [K/128, G·N]).
 extern "C" __global__ void __launch_bounds__(256)
     megamoe_fp4_grouped_gemm_reference(const unsigned char* __restrict__ a, const unsigned char* __restrict__ b,
@@ -679,7 +678,7 @@ extern "C" __global__ void __launch_bounds__(256)
     const float partial = __double2float_rn(block_sum);
     const float scale = megamoe::mul_rn(a_scales[static_cast<long long>(kb) * m_pad + row],
                                         megamoe::fp32_from_bits(megamoe::fp32_pow2_bits(ref)));
-    acc = megamoe::add_rn(acc, megamoe::mul_rn(partial, scale));
+    acc = megamoe::fma_rn(partial, scale, acc);
   }
   if constexpr (kOutBf16) {
     unsigned short bits;

@@ -228,7 +228,7 @@ __device__ __forceinline__ void fp4_regs_issue(const MathContext& m, int s, floa
 }
 
 // The K block in stage s, issued from `frag`: waited for, promoted (a scale per weight row, the
-// accumulator's rows frag_row and + 8; the CPU rule's three roundings), its stage handed back.
+// accumulator's rows frag_row and + 8; the CPU rule's fmaf), its stage handed back.
 __device__ __forceinline__ void fp4_regs_finish(const MathContext& m, const Task& task, int s, int frag_col,
                                                 float (&partial)[kSwapAcc], Fp4Frags& frag,
                                                 const unsigned (&sw_bits)[2], float (&acc)[2][kAccum]) {
@@ -245,7 +245,7 @@ __device__ __forceinline__ void fp4_regs_finish(const MathContext& m, const Task
 #pragma unroll
     for (int i = 4 * j; i < 4 * j + 4; ++i) {
       const float scale = megamoe::mul_rn(sa_col[j][i & 1], (i & 2) != 0 ? sw_hi : sw_lo);
-      acc[0][i] = megamoe::add_rn(acc[0][i], megamoe::mul_rn(partial[i], scale));
+      acc[0][i] = megamoe::fma_rn(partial[i], scale, acc[0][i]);
     }
   __syncwarp();  // the lanes read the stage's words and A scales with plain loads
   if (m.lane == 0) mbar_arrive(m.empty_bar + 8 * s);
@@ -374,7 +374,7 @@ __device__ __forceinline__ void swap_mainloop_regs_two_waves(const MathContext& 
         fence_registers(partial[wave]);
 #pragma unroll
         for (int k = 0; k < 4; ++k) fence_operands(frag[wave][k]);
-        // A scale per weight row (the accumulator's rows frag_row and + 8), the CPU rule's three roundings.
+        // A scale per weight row (the accumulator's rows frag_row and + 8), the CPU rule's fmaf.
         const float sw_lo = megamoe::fp32_from_bits(sw_bits[wave][0]);
         const float sw_hi = megamoe::fp32_from_bits(sw_bits[wave][1]);
 #pragma unroll
@@ -382,7 +382,7 @@ __device__ __forceinline__ void swap_mainloop_regs_two_waves(const MathContext& 
 #pragma unroll
           for (int i = 4 * j; i < 4 * j + 4; ++i) {
             const float s = megamoe::mul_rn(sa_col[j][i & 1], (i & 2) != 0 ? sw_hi : sw_lo);
-            acc[wave][i] = megamoe::add_rn(acc[wave][i], megamoe::mul_rn(partial[wave][i], s));
+            acc[wave][i] = megamoe::fma_rn(partial[wave][i], s, acc[wave][i]);
           }
       }
     } else {
@@ -451,8 +451,8 @@ __device__ __forceinline__ void swap_mainloop_smem(const MathContext& m, const T
     for (int wave = 0; wave < 2; ++wave) {
       wgmma_block_k128(partial, b_stage + S::b_row(wave, m.warpgroup) * kBlockK, a_stage);
       if (fp4) {
-        // A scale per weight row, here the accumulator's rows frag_row and + 8; the CPU rule's three
-        // roundings (as fp4_stage::promote_columns).
+        // A scale per weight row, here the accumulator's rows frag_row and + 8; the CPU rule's fmaf (as
+        // fp4_stage::promote_columns).
         const int row = S::b_row(wave, m.warpgroup) + ((threadIdx.x / 32) & 3) * 16 + m.lane / 4;
         const unsigned scales = m.row_scales + stage * kRowScalesStageBytes;
         const float sw_lo = load_shared_f32(scales + row * 4);
@@ -462,7 +462,7 @@ __device__ __forceinline__ void swap_mainloop_smem(const MathContext& m, const T
 #pragma unroll
           for (int i = 4 * j; i < 4 * j + 4; ++i) {
             const float s = megamoe::mul_rn(sa_col[j][i & 1], (i & 2) != 0 ? sw_hi : sw_lo);
-            acc[wave][i] = megamoe::add_rn(acc[wave][i], megamoe::mul_rn(partial[i], s));
+            acc[wave][i] = megamoe::fma_rn(partial[i], s, acc[wave][i]);
           }
       } else {
 #pragma unroll
