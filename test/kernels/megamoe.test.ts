@@ -76,12 +76,14 @@ describe("fused MoE kernel: host-side facts", () => {
     assert.deepEqual(fusedBlockMsUpTo(ep8, 32), [16]);
     assert.deepEqual(fusedBlockMsUpTo(ep8, 8192), [16, 32, 64, 128]);
     assert.deepEqual(fusedBlockMsUpTo(resolveConfig("flash"), 1000), [16, 32, 64]);
-    // FP4 experts: 16 up to 12 rows, 32 up to 32.
+    // FP4 experts: 16 up to 12 rows, 32 up to 30.
     const ep8fp4 = resolveConfig("flash-ep8", { expertFormat: "fp4" });
     assert.equal(fusedBlockM(ep8fp4, 64), 16); // 12 rows per expert
     assert.equal(fusedBlockM(ep8fp4, 65), 32);
-    assert.equal(fusedBlockM(ep8fp4, 170), 32); // 31.9
-    assert.equal(fusedBlockM(ep8fp4, 171), 64); // 32.06
+    assert.equal(fusedBlockM(ep8fp4, 160), 32); // 30 rows per expert
+    assert.equal(fusedBlockM(ep8fp4, 161), 64); // 30.2
+    assert.equal(fusedBlockM(resolveConfig("flash", { expertFormat: "fp4" }), 1280), 32); // 30
+    assert.equal(fusedBlockM(resolveConfig("flash", { expertFormat: "fp4" }), 1365), 64); // 31.99
     assert.equal(fusedBlockM(ep8fp4, 341), 64);
     assert.equal(fusedBlockM(resolveConfig("pro", { expertFormat: "fp4" }), 4096), 128);
   });

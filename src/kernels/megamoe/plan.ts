@@ -48,14 +48,15 @@ export function fusedLayerProblem(config: MoEConfig): string | null {
  * and 32 while λ ≤ 16 (an expert's rows then rarely pass one block: a second block streams the expert's
  * weights again), 64 below 64 (the A tile would be mostly padding at 128), else 128 (twice the rows per
  * B tile streamed: half the weight traffic per row). FP4 experts keep the swap-AB tiles longer, 16 while
- * λ ≤ 12 and 32 while λ ≤ 32: their math threads convert the weights faster than the 64-row tiles'
- * converter warps do, which outweighs converting an expert's weights once per block (docs/decisions.md).
+ * λ ≤ 12 and 32 while λ ≤ 30: their math threads convert the weights faster than the 64-row tiles'
+ * converter warps do, which outweighs converting an expert's weights once per block; past 30 rows on
+ * average too many experts need a second 32-row block (docs/decisions.md).
  */
 export function fusedBlockM(c: MoEConfig, tokens: number): FusedBlockM {
   const rows = (tokens * c.topK) / c.numExperts;
   const fp4 = expertFormatOf(c) === "fp4";
   if (rows <= (fp4 ? 12 : 6)) return 16;
-  if (rows <= (fp4 ? 32 : 16)) return 32;
+  if (rows <= (fp4 ? 30 : 16)) return 32;
   // At exactly 64 rows 128 won on the H200 (pro, T = 4096: 7705 vs 8230 µs, docs/decisions.md).
   return rows < 64 ? 64 : 128;
 }
