@@ -13,18 +13,11 @@ import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { after, before, describe, it } from "node:test";
-import { fileURLToPath } from "node:url";
 import { F32_MAX, fmaF32 } from "../../src/numerics/fp32.js";
+import { buildFixture, findCxx } from "../helpers/host-cxx.js";
 import { rngU32, testSeed } from "../helpers/random.js";
 
 const seed = testSeed("fp32");
-
-function findCxx(): string | null {
-  for (const cxx of ["g++", "c++", "clang++"]) {
-    if (spawnSync(cxx, ["--version"]).status === 0) return cxx;
-  }
-  return null;
-}
 
 const f32 = new Float32Array(1);
 const u32 = new Uint32Array(f32.buffer);
@@ -46,17 +39,8 @@ describe("fmaF32 rounds as C's fmaf", { skip }, () => {
 
   before(() => {
     dir = fs.mkdtempSync(path.join(os.tmpdir(), "megamoe-fmaf-"));
-    exe = path.join(dir, "fmaf_ref");
-    const source = fileURLToPath(new URL("../fixtures/fmaf_reference.cpp", import.meta.url));
-    // -ffp-contract=off and no fast-math: fmaf itself is the operation under test.
-    const r = spawnSync(
-      cxx!,
-      ["-std=c++17", "-O1", "-ffp-contract=off", "-Wall", "-Werror", "-o", exe, source],
-      {
-        encoding: "utf8",
-      },
-    );
-    if (r.status !== 0) throw new Error(`${cxx} failed (${r.status}):\n${r.stderr}`);
+    // -ffp-contract=off: fmaf itself is the operation under test, nothing else fused.
+    exe = buildFixture(cxx!, dir, "fmaf_reference", ["-ffp-contract=off"]);
   });
 
   after(() => {

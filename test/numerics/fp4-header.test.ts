@@ -20,21 +20,14 @@ import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { after, before, describe, it } from "node:test";
-import { fileURLToPath } from "node:url";
 import { type Mxfp4, mxfp4RowsToFp8 } from "../../src/numerics/fp4.js";
+import { buildFixture, findCxx } from "../helpers/host-cxx.js";
 import { rngU32, testSeed } from "../helpers/random.js";
 
 const seed = testSeed("fp4-header");
 
 const RECORD_IN = 68;
 const RECORD_OUT = 264;
-
-function findCxx(): string | null {
-  for (const cxx of ["g++", "c++", "clang++"]) {
-    if (spawnSync(cxx, ["--version"]).status === 0) return cxx;
-  }
-  return null;
-}
 
 /** A batch of blocks: row i of a [rows, 128] MXFP4 matrix is block i. */
 class Blocks {
@@ -77,13 +70,7 @@ describe("fp4.cuh converts FP4 blocks as mxfp4RowsToFp8 does", { skip }, () => {
 
   before(() => {
     dir = fs.mkdtempSync(path.join(os.tmpdir(), "megamoe-fp4conv-"));
-    exe = path.join(dir, "fp4conv");
-    const source = fileURLToPath(new URL("../fixtures/fp4_convert.cpp", import.meta.url));
-    const include = fileURLToPath(new URL("../../src/include", import.meta.url));
-    const r = spawnSync(cxx!, ["-std=c++17", "-O1", "-Wall", "-Werror", `-I${include}`, "-o", exe, source], {
-      encoding: "utf8",
-    });
-    if (r.status !== 0) throw new Error(`${cxx} failed (${r.status}):\n${r.stderr}`);
+    exe = buildFixture(cxx!, dir, "fp4_convert");
   });
 
   after(() => {
@@ -163,17 +150,7 @@ describe("fp4.cuh converts FP4 blocks as mxfp4RowsToFp8 does", { skip }, () => {
 
   /** Builds test/fixtures/NAME.cpp against the device headers, runs it with the seed, expects "ok N". */
   const runFixture = (name: string) => {
-    const exe = path.join(dir, name);
-    const source = fileURLToPath(new URL(`../fixtures/${name}.cpp`, import.meta.url));
-    const include = fileURLToPath(new URL("../../src/include", import.meta.url));
-    const build = spawnSync(
-      cxx!,
-      ["-std=c++17", "-O1", "-Wall", "-Werror", `-I${include}`, "-o", exe, source],
-      {
-        encoding: "utf8",
-      },
-    );
-    if (build.status !== 0) throw new Error(`${cxx} failed (${build.status}):\n${build.stderr}`);
+    const exe = buildFixture(cxx!, dir, name);
     const r = spawnSync(exe, [String(seed >>> 0)], { encoding: "utf8" });
     assert.equal(r.status, 0, r.stdout + r.stderr);
     assert.match(r.stdout, /^ok \d+/);
