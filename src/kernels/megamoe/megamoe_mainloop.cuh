@@ -424,23 +424,23 @@ __device__ __forceinline__ void swap_mainloop_regs(const MathContext& m, const T
   }
 }
 
-// The other swap-AB builds: both operands from shared memory.
+// The FP8 swap-AB builds: both operands from shared memory (the FP4 ones take the register path).
 template <bool kL1>
 __device__ __forceinline__ void swap_mainloop_smem(const MathContext& m, const Task& task, unsigned sw_rows,
                                                    int& stage, unsigned& phase, float (&acc)[2][kAccum],
                                                    int frag_col) {
+  static_assert(!kBFp4, "FP4 swap-AB tiles convert in registers (swap_mainloop_regs)");
   using S = SwapSplit<kL1>;
   float partial[kSwapAcc];
 #pragma unroll
   for (int wave = 0; wave < 2; ++wave)
 #pragma unroll
     for (int i = 0; i < kSwapAcc; ++i) acc[wave][i] = 0.0f;
-  const bool fp4 = kBFp4 && task.group != kExperts;
   for (int kb = 0; kb < task.k_blocks; ++kb) {
     float sw[2];
 #pragma unroll
     for (int wave = 0; wave < 2; ++wave) {
-      sw[wave] = fp4 ? 1.0f : load_shared_f32(sw_rows + (S::sw_row(wave, m.warpgroup) * kMaxKBlocks + kb) * 4);
+      sw[wave] = load_shared_f32(sw_rows + (S::sw_row(wave, m.warpgroup) * kMaxKBlocks + kb) * 4);
     }
     wait_stage_full(m, stage, phase);
     float sa_col[kSwapColGroups][2];
@@ -450,28 +450,10 @@ __device__ __forceinline__ void swap_mainloop_smem(const MathContext& m, const T
 #pragma unroll
     for (int wave = 0; wave < 2; ++wave) {
       wgmma_block_k128(partial, b_stage + S::b_row(wave, m.warpgroup) * kBlockK, a_stage);
-      if (fp4) {
-        // A scale per weight row, here the accumulator's rows frag_row and + 8; the CPU rule's fmaf (as
-        // fp4_stage::promote_columns).
-        const int row = S::b_row(wave, m.warpgroup) + ((threadIdx.x / 32) & 3) * 16 + m.lane / 4;
-        const unsigned scales = m.row_scales + stage * kRowScalesStageBytes;
-        const float sw_lo = load_shared_f32(scales + row * 4);
-        const float sw_hi = load_shared_f32(scales + (row + 8) * 4);
 #pragma unroll
-        for (int j = 0; j < kSwapColGroups; ++j)
+      for (int j = 0; j < kSwapColGroups; ++j)
 #pragma unroll
-          for (int i = 4 * j; i < 4 * j + 4; ++i) {
-            const float s = megamoe::mul_rn(sa_col[j][i & 1], (i & 2) != 0 ? sw_hi : sw_lo);
-            acc[wave][i] = megamoe::fma_rn(partial[i], s, acc[wave][i]);
-          }
-      } else {
-#pragma unroll
-        for (int j = 0; j < kSwapColGroups; ++j)
-#pragma unroll
-          for (int i = 4 * j; i < 4 * j + 4; ++i) {
-            acc[wave][i] = fmaf(partial[i], sa_col[j][i & 1] * sw[wave], acc[wave][i]);
-          }
-      }
+        for (int i = 4 * j; i < 4 * j + 4; ++i) acc[wave][i] = fmaf(partial[i], sa_col[j][i & 1] * sw[wave], acc[wave][i]);
     }
     release_stage(m, stage, phase);
   }
