@@ -12,7 +12,7 @@ const F32_OVERFLOW_MIDPOINT = 2 ** 128 - 2 ** 103;
 const f32 = new Float32Array(1);
 const u32 = new Uint32Array(f32.buffer);
 
-/** The fp32 value next to fp32 `x` (finite or ±inf) in the direction of `toward` (≠ x). */
+/** The finite fp32 next to finite fp32 `x` in the direction of `toward` (≠ x); past the largest, inf. */
 function nextF32(x: number, toward: number): number {
   if (x === 0) return toward > 0 ? 2 ** -149 : -(2 ** -149);
   f32[0] = x;
