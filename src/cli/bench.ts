@@ -187,7 +187,8 @@ export function resultsTable(rows: readonly ResultRow[], peer: readonly ResultRo
 
 /**
  * With --configs: per token count, the fused kernel's time with the heuristic's block M against the
- * best forced configuration.
+ * best forced configuration. Where the best is the heuristic's own tile, the gap is between two runs of
+ * one kernel (the clock's drift), and the line says so.
  */
 export function configLines(rows: readonly ResultRow[]): string[] {
   const lines: string[] = [];
@@ -197,10 +198,17 @@ export function configLines(rows: readonly ResultRow[]): string[] {
     if (forced.length === 0 || picked === undefined) continue;
     const best = forced.reduce((a, b) => (b.us_median < a.us_median ? b : a));
     const off = (100 * (picked.us_median - best.us_median)) / best.us_median;
+    const sameTile =
+      best.block_m === picked.block_m && (best.fp4_expand === true) === (picked.fp4_expand === true);
+    const verdict =
+      off <= 0
+        ? "the best"
+        : sameTile
+          ? `the same tile, run again: ${off.toFixed(1)}% apart`
+          : `+${off.toFixed(1)}%`;
     lines.push(
       `T=${tokens}: heuristic BLOCK_M ${picked.block_m}${picked.fp4_expand === true ? " expand" : ""} ` +
-        `${picked.us_median.toFixed(1)} µs, best ${best.impl} ` +
-        `${best.us_median.toFixed(1)} µs (${off <= 0 ? "the best" : `+${off.toFixed(1)}%`})`,
+        `${picked.us_median.toFixed(1)} µs, best ${best.impl} ${best.us_median.toFixed(1)} µs (${verdict})`,
     );
   }
   return lines;
