@@ -206,6 +206,21 @@ __device__ __forceinline__ void load_swap_a_scales(const MathContext& m, const T
   }
 }
 
+// Swap-AB FP4: one wave's K block into its accumulators with a scale per weight row, the accumulator's
+// rows frag_row (sw_bits[0], the fp32 bits of 2^ref) and + 8 (sw_bits[1]); the CPU rule's fmaf.
+__device__ __forceinline__ void promote_swap_fp4(float (&acc)[kAccum], const float (&partial)[kSwapAcc],
+                                                 const float (&sa_col)[kSwapColGroups][2], const unsigned (&sw_bits)[2]) {
+  const float sw_lo = megamoe::fp32_from_bits(sw_bits[0]);
+  const float sw_hi = megamoe::fp32_from_bits(sw_bits[1]);
+#pragma unroll
+  for (int j = 0; j < kSwapColGroups; ++j)
+#pragma unroll
+    for (int i = 4 * j; i < 4 * j + 4; ++i) {
+      const float scale = megamoe::mul_rn(sa_col[j][i & 1], (i & 2) != 0 ? sw_hi : sw_lo);
+      acc[i] = megamoe::fma_rn(partial[i], scale, acc[i]);
+    }
+}
+
 template <bool kL1>
 __device__ __forceinline__ void fp4_regs_exact(const MathContext& m, int s, Fp4Frags& frag) {
   const int b_row = SwapSplit<kL1>::b_row(0, m.warpgroup);
@@ -227,8 +242,8 @@ __device__ __forceinline__ void fp4_regs_issue(const MathContext& m, int s, floa
   wgmma_commit();
 }
 
-// The K block in stage s, issued from `frag`: waited for, promoted (a scale per weight row, the
-// accumulator's rows frag_row and + 8; the CPU rule's fmaf), its stage handed back.
+// The K block in stage s, issued from `frag`: waited for, promoted (promote_swap_fp4), its stage handed
+// back.
 __device__ __forceinline__ void fp4_regs_finish(const MathContext& m, const Task& task, int s, int frag_col,
                                                 float (&partial)[kSwapAcc], Fp4Frags& frag,
                                                 const unsigned (&sw_bits)[2], float (&acc)[2][kAccum]) {
@@ -238,15 +253,7 @@ __device__ __forceinline__ void fp4_regs_finish(const MathContext& m, const Task
   fence_registers(partial);
 #pragma unroll
   for (int k = 0; k < 4; ++k) fence_operands(frag[k]);
-  const float sw_lo = megamoe::fp32_from_bits(sw_bits[0]);
-  const float sw_hi = megamoe::fp32_from_bits(sw_bits[1]);
-#pragma unroll
-  for (int j = 0; j < kSwapColGroups; ++j)
-#pragma unroll
-    for (int i = 4 * j; i < 4 * j + 4; ++i) {
-      const float scale = megamoe::mul_rn(sa_col[j][i & 1], (i & 2) != 0 ? sw_hi : sw_lo);
-      acc[0][i] = megamoe::fma_rn(partial[i], scale, acc[0][i]);
-    }
+  promote_swap_fp4(acc[0], partial, sa_col, sw_bits);
   __syncwarp();  // the lanes read the stage's words and A scales with plain loads
   if (m.lane == 0) mbar_arrive(m.empty_bar + 8 * s);
 }
@@ -374,16 +381,7 @@ __device__ __forceinline__ void swap_mainloop_regs_two_waves(const MathContext& 
         fence_registers(partial[wave]);
 #pragma unroll
         for (int k = 0; k < 4; ++k) fence_operands(frag[wave][k]);
-        // A scale per weight row (the accumulator's rows frag_row and + 8), the CPU rule's fmaf.
-        const float sw_lo = megamoe::fp32_from_bits(sw_bits[wave][0]);
-        const float sw_hi = megamoe::fp32_from_bits(sw_bits[wave][1]);
-#pragma unroll
-        for (int j = 0; j < kSwapColGroups; ++j)
-#pragma unroll
-          for (int i = 4 * j; i < 4 * j + 4; ++i) {
-            const float s = megamoe::mul_rn(sa_col[j][i & 1], (i & 2) != 0 ? sw_hi : sw_lo);
-            acc[wave][i] = megamoe::fma_rn(partial[wave][i], s, acc[wave][i]);
-          }
+        promote_swap_fp4(acc[wave], partial[wave], sa_col, sw_bits[wave]);
       }
     } else {
       swap_shared_block_regs<kL1>(m, sw_rows, step >> 1, first, stage, sa_col, partial[0], acc);
@@ -453,7 +451,9 @@ __device__ __forceinline__ void swap_mainloop_smem(const MathContext& m, const T
 #pragma unroll
       for (int j = 0; j < kSwapColGroups; ++j)
 #pragma unroll
-        for (int i = 4 * j; i < 4 * j + 4; ++i) acc[wave][i] = fmaf(partial[i], sa_col[j][i & 1] * sw[wave], acc[wave][i]);
+        for (int i = 4 * j; i < 4 * j + 4; ++i) {
+          acc[wave][i] = fmaf(partial[i], sa_col[j][i & 1] * sw[wave], acc[wave][i]);
+        }
     }
     release_stage(m, stage, phase);
   }
