@@ -4,6 +4,7 @@ import { type MoEConfig, resolveConfig } from "../../src/config/config.js";
 import { InputError, MoELayer } from "../../src/layer.js";
 import { bf16BitsToF32, f32ToBf16Bits } from "../../src/numerics/bf16.js";
 import { E4M3_DECODE } from "../../src/numerics/fp8.js";
+import { fmaF32 } from "../../src/numerics/fp32.js";
 import { quantizeActivations } from "../../src/numerics/quant.js";
 import { calcDiff, relativeError } from "../../src/reference/metrics.js";
 import { idealMoE, type Routing, referenceMoE } from "../../src/reference/moe.js";
@@ -33,10 +34,8 @@ function naiveMoE(
     for (let b = 0; b < w.cols / B; b++) {
       let p = 0;
       for (let i = b * B; i < (b + 1) * B; i++) p += E4M3_DECODE[a[i]] * E4M3_DECODE[w.q[n * w.cols + i]];
-      acc = Math.fround(
-        acc +
-          Math.fround(Math.fround(p) * Math.fround(sa[b] * w.scales[Math.floor(n / B) * (w.cols / B) + b])),
-      );
+      // One rounding of acc + fp32(p) · fp32(sa · sw) (fmaF32: checked against C's fmaf on its own).
+      acc = fmaF32(Math.fround(p), Math.fround(sa[b] * w.scales[Math.floor(n / B) * (w.cols / B) + b]), acc);
     }
     return acc;
   };
