@@ -206,19 +206,23 @@ __device__ __forceinline__ void load_swap_a_scales(const MathContext& m, const T
   }
 }
 
-// Swap-AB FP4: one wave's K block into its accumulators with a scale per weight row, the accumulator's
-// rows frag_row (sw_bits[0], the fp32 bits of 2^ref) and + 8 (sw_bits[1]); the CPU rule's fmaf.
-__device__ __forceinline__ void promote_swap_fp4(float (&acc)[kAccum], const float (&partial)[kSwapAcc],
-                                                 const float (&sa_col)[kSwapColGroups][2], const unsigned (&sw_bits)[2]) {
-  const float sw_lo = megamoe::fp32_from_bits(sw_bits[0]);
-  const float sw_hi = megamoe::fp32_from_bits(sw_bits[1]);
+// Swap-AB: one wave's K block into its accumulators, the CPU rule's fp32(acc + partial · fp32(sa · sw)):
+// sa per accumulator column (sa_col), sw per accumulator row, frag_row (sw_lo) and + 8 (sw_hi). FP8
+// weights pass their block's scale twice; FP4 each weight row's 2^ref.
+__device__ __forceinline__ void promote_swap(float (&acc)[kAccum], const float (&partial)[kSwapAcc],
+                                             const float (&sa_col)[kSwapColGroups][2], float sw_lo, float sw_hi) {
 #pragma unroll
   for (int j = 0; j < kSwapColGroups; ++j)
 #pragma unroll
     for (int i = 4 * j; i < 4 * j + 4; ++i) {
-      const float scale = megamoe::mul_rn(sa_col[j][i & 1], (i & 2) != 0 ? sw_hi : sw_lo);
-      acc[i] = megamoe::fma_rn(partial[i], scale, acc[i]);
+      acc[i] = fmaf(partial[i], sa_col[j][i & 1] * ((i & 2) != 0 ? sw_hi : sw_lo), acc[i]);
     }
+}
+
+// promote_swap with FP4 rows' scales as fp32 bits (fp4_frag.cuh's sw_bits).
+__device__ __forceinline__ void promote_swap_fp4(float (&acc)[kAccum], const float (&partial)[kSwapAcc],
+                                                 const float (&sa_col)[kSwapColGroups][2], const unsigned (&sw_bits)[2]) {
+  promote_swap(acc, partial, sa_col, megamoe::fp32_from_bits(sw_bits[0]), megamoe::fp32_from_bits(sw_bits[1]));
 }
 
 template <bool kL1>
@@ -311,10 +315,7 @@ __device__ __forceinline__ void swap_shared_block_regs(const MathContext& m, uns
     const int b_row = SwapSplit<kL1>::b_row(wave, m.warpgroup);
     const unsigned box = m.b_smem + (b_row < 128 ? first : stage) * kPackedStageBytes + (b_row % 128) * kBlockK;
     wgmma_block_k128(partial, box, m.a_smem + first * kATileBytes);
-#pragma unroll
-    for (int j = 0; j < kSwapColGroups; ++j)
-#pragma unroll
-      for (int i = 4 * j; i < 4 * j + 4; ++i) acc[wave][i] = fmaf(partial[i], sa_col[j][i & 1] * sw, acc[wave][i]);
+    promote_swap(acc[wave], partial, sa_col, sw, sw);
   }
   __syncwarp();
   if (m.lane == 0) mbar_arrive(m.empty_bar + 8 * first);
@@ -448,12 +449,7 @@ __device__ __forceinline__ void swap_mainloop_smem(const MathContext& m, const T
 #pragma unroll
     for (int wave = 0; wave < 2; ++wave) {
       wgmma_block_k128(partial, b_stage + S::b_row(wave, m.warpgroup) * kBlockK, a_stage);
-#pragma unroll
-      for (int j = 0; j < kSwapColGroups; ++j)
-#pragma unroll
-        for (int i = 4 * j; i < 4 * j + 4; ++i) {
-          acc[wave][i] = fmaf(partial[i], sa_col[j][i & 1] * sw[wave], acc[wave][i]);
-        }
+      promote_swap(acc[wave], partial, sa_col, sw[wave], sw[wave]);
     }
     release_stage(m, stage, phase);
   }
