@@ -13,12 +13,13 @@ import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { after, before, describe, it } from "node:test";
-import { fileURLToPath } from "node:url";
 import { decodeE8m0, E2M1_DECODE, encodeE2m1, encodeE8m0 } from "../../src/numerics/fp4.js";
+import { buildFixture, findCxx } from "../helpers/host-cxx.js";
 import { rngU32, testSeed } from "../helpers/random.js";
 
 const seed = testSeed("cuda-fp4-exact");
 
+/** The host compiler and the CUDA include folder holding cuda_fp4.h, or null without either. */
 function findCompiler(): { cxx: string; include: string } | null {
   const roots = [process.env.CUDA_HOME, "/usr/local/cuda", "/usr/local/cuda-13.0"].filter(
     (d): d is string => d !== undefined && d !== "",
@@ -26,11 +27,8 @@ function findCompiler(): { cxx: string; include: string } | null {
   const include = roots
     .map((r) => path.join(r, "include"))
     .find((d) => fs.existsSync(path.join(d, "cuda_fp4.h")));
-  if (include === undefined) return null;
-  for (const cxx of ["g++", "c++", "clang++"]) {
-    if (spawnSync(cxx, ["--version"]).status === 0) return { cxx, include };
-  }
-  return null;
+  const cxx = include === undefined ? null : findCxx();
+  return include === undefined || cxx === null ? null : { cxx, include };
 }
 
 const f32 = new Float32Array(1);
@@ -90,11 +88,8 @@ describe("FP4 codecs match CUDA bit for bit", { skip }, () => {
 
   before(() => {
     dir = fs.mkdtempSync(path.join(os.tmpdir(), "megamoe-fp4-"));
-    exe = path.join(dir, "fp4ref");
-    const source = fileURLToPath(new URL("../fixtures/fp4_reference.cpp", import.meta.url));
     const { cxx, include } = compiler!;
-    const r = spawnSync(cxx, ["-std=c++17", "-O1", `-I${include}`, "-o", exe, source], { encoding: "utf8" });
-    if (r.status !== 0) throw new Error(`${cxx} failed (${r.status}):\n${r.stderr}`);
+    exe = buildFixture(cxx, dir, "fp4_reference", [`-I${include}`]);
   });
 
   after(() => {
