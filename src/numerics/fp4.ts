@@ -458,10 +458,49 @@ function convertGroup(packed: Uint8Array, p: number, t: Uint8Array, q: Uint8Arra
   return inexact;
 }
 
+/** Rows of the blocks that take one reference where their bytes allow it (the 128 × 128 cast's). */
+export const FP4_CAST_BLOCK_ROWS = 128;
+
 /**
- * Converts rows [r0, r1) of an MXFP4 matrix to e4m3 codes relative to each row's per-K-block reference
- * exponent (docs/numerics.md): for a group with byte b in a block with reference ref, each element is
- * e4m3(e2m1 · 2^(b − 127 − ref)), rounded to nearest even (exact when b ≥ max − 14).
+ * The reference byte (the UE8M0 byte the codes are relative to) of each row's 128-deep K blocks, rows
+ * [r0, r1), [r1 − r0, cols/128], by docs/numerics.md's rule: a 128 × 128 block (rows 128i … 128i + 127 of
+ * the matrix, the last one shorter; one K block) whose bytes span at most 14 takes its largest byte for
+ * every row, as DeepSeek's cast does (exact there); any other block takes each row's largest of its own
+ * four bytes.
+ */
+export function fp4ReferenceBytes(m: Mxfp4, r0 = 0, r1 = m.rows): Uint8Array {
+  const kBlocks = m.cols / QUANT_BLOCK;
+  const groupsPerRow = m.cols / MXFP4_GROUP;
+  const out = new Uint8Array((r1 - r0) * kBlocks);
+  for (let b0 = r0 - (r0 % FP4_CAST_BLOCK_ROWS); b0 < r1; b0 += FP4_CAST_BLOCK_ROWS) {
+    const b1 = Math.min(b0 + FP4_CAST_BLOCK_ROWS, m.rows);
+    for (let kb = 0; kb < kBlocks; kb++) {
+      let lo = 255;
+      let hi = 0;
+      for (let r = b0; r < b1; r++) {
+        for (let g = 0; g < GROUPS_PER_BLOCK; g++) {
+          const v = m.scales[r * groupsPerRow + kb * GROUPS_PER_BLOCK + g];
+          if (v < lo) lo = v;
+          if (v > hi) hi = v;
+        }
+      }
+      const cast = hi - lo <= FP4_TO_FP8_EXACT_SPREAD;
+      for (let r = Math.max(b0, r0); r < Math.min(b1, r1); r++) {
+        const at = r * groupsPerRow + kb * GROUPS_PER_BLOCK;
+        out[(r - r0) * kBlocks + kb] = cast
+          ? hi
+          : fp4BlockRefExponent(m.scales, at) + E8M0_BIAS + FP4_TO_FP8_TOP;
+      }
+    }
+  }
+  return out;
+}
+
+/**
+ * Converts rows [r0, r1) of an MXFP4 matrix to e4m3 codes relative to the reference each row takes in
+ * each 128-deep K block (fp4ReferenceBytes; docs/numerics.md): for a group with byte b under reference
+ * byte M, ref = M − 127 − 6 and each element is e4m3(e2m1 · 2^(b − 127 − ref)), rounded to nearest even
+ * (exact when b ≥ M − 14).
  */
 export function mxfp4RowsToFp8(m: Mxfp4, r0 = 0, r1 = m.rows, what = "mxfp4RowsToFp8"): Fp4AsFp8 {
   checkMxfp4(what, m);
@@ -475,16 +514,21 @@ export function mxfp4RowsToFp8(m: Mxfp4, r0 = 0, r1 = m.rows, what = "mxfp4RowsT
   const n = (r1 - r0) * cols;
   const q = new Uint8Array(n);
   const scales = new Float32Array((r1 - r0) * kBlocks);
+  // The rows' whole 128-row blocks, whose bytes choose the references.
+  const blockEnd = Math.min(Math.ceil(r1 / FP4_CAST_BLOCK_ROWS) * FP4_CAST_BLOCK_ROWS, m.rows);
+  for (let r = r0 - (r0 % FP4_CAST_BLOCK_ROWS); r < blockEnd; r++) {
+    for (let g = 0; g < groupsPerRow; g++) {
+      if (m.scales[r * groupsPerRow + g] === E8M0_NAN) {
+        throw new RangeError(`${what}: UE8M0 scale byte 0xFF (NaN) at row ${r}, K group ${g}`);
+      }
+    }
+  }
+  const references = fp4ReferenceBytes(m, r0, r1);
   let inexact = 0;
   for (let r = r0; r < r1; r++) {
     for (let kb = 0; kb < kBlocks; kb++) {
       const sAt = r * groupsPerRow + kb * GROUPS_PER_BLOCK;
-      for (let g = 0; g < GROUPS_PER_BLOCK; g++) {
-        if (m.scales[sAt + g] === E8M0_NAN) {
-          throw new RangeError(`${what}: UE8M0 scale byte 0xFF (NaN) at row ${r}, K group ${kb * 4 + g}`);
-        }
-      }
-      const ref = fp4BlockRefExponent(m.scales, sAt);
+      const ref = references[(r - r0) * kBlocks + kb] - E8M0_BIAS - FP4_TO_FP8_TOP;
       scales[(r - r0) * kBlocks + kb] = 2 ** ref;
       for (let g = 0; g < GROUPS_PER_BLOCK; g++) {
         const t = fp4ToFp8Table(m.scales[sAt + g] - E8M0_BIAS - ref);

@@ -7,6 +7,7 @@ import {
   e2m1At,
   encodeE2m1,
   FP4_TO_FP8_EXACT_SPREAD,
+  fp4ReferenceBytes,
   type Mxfp4,
   mxfp4DeviceLayout,
   mxfp4DeviceOrder,
@@ -14,6 +15,7 @@ import {
   mxfp4ScaleByte,
   mxfp4StoredLayout,
   mxfp4StoredOrder,
+  mxfp4ToFp8Blocks,
   packE2m1,
   quantizeMxfp4,
   unpackE2m1,
@@ -291,5 +293,82 @@ describe("FP4 → FP8 conversion (per row, per 128-deep K block)", () => {
     assert.equal(countFp4ToFp8Inexact(two), 32 - 4);
     const nan = { ...two, scales: Uint8Array.from([200, 170, 200, 200, 10, 255, 12, 16]) };
     assert.throws(() => countFp4ToFp8Inexact(nan), /0xFF/);
+  });
+});
+
+describe("FP4 → FP8 references: the 128 × 128 cast's where its bytes allow", () => {
+  // 300 rows (blocks of 128, 128 and 44 rows) × 256 columns (two K blocks). Row r's bytes in K block 0:
+  // 120 − (r mod 9), a span of 8 in every block; in K block 1: 90 − (r mod 9), except that row 200 has a
+  // group 20 below its others, which makes the second block's K block 1 span 28.
+  const rows = 300;
+  const cols = 256;
+  const scales = new Uint8Array(rows * 8);
+  for (let r = 0; r < rows; r++) {
+    scales.fill(120 - (r % 9), 8 * r, 8 * r + 4);
+    scales.fill(90 - (r % 9), 8 * r + 4, 8 * r + 8);
+  }
+  scales[8 * 200 + 5] -= 20;
+  const m: Mxfp4 = {
+    packed: packE2m1(Uint8Array.from({ length: rows * cols }, (_, i) => (i * 7) % 16)),
+    scales,
+    rows,
+    cols,
+  };
+  const refs = fp4ReferenceBytes(m);
+
+  it("gives every row of an exact block the block's largest byte, and each row its own elsewhere", () => {
+    for (let r = 0; r < rows; r++) {
+      assert.equal(refs[2 * r], 120, `row ${r}, K block 0`);
+      const own = 90 - (r % 9);
+      assert.equal(refs[2 * r + 1], r >= 128 && r < 256 ? own : 90, `row ${r}, K block 1`);
+    }
+  });
+
+  it("converts with those references, as the cast does where it is exact, exactly where a row spans ≤ 14", () => {
+    const conv = mxfp4RowsToFp8(m, 0, 256);
+    const cast = mxfp4ToFp8Blocks({
+      packed: m.packed.subarray(0, (256 * cols) / 2),
+      scales: scales.subarray(0, 256 * 8),
+      rows: 256,
+      cols,
+    });
+    const exact = dequantizeMxfp4(m);
+    // Only row 200's own K block 1 spans more than 14 (its group 20 below the rest), as before the rule.
+    assert.ok(conv.inexact > 0);
+    assert.equal(conv.inexact, mxfp4RowsToFp8(m, 200, 201).inexact);
+    for (let r = 0; r < 256; r++) {
+      for (let kb = 0; kb < 2; kb++) {
+        const ref = 2 ** (refs[2 * r + kb] - 133);
+        assert.equal(conv.scales[2 * r + kb], ref);
+        for (let k = kb * 128; k < kb * 128 + 128; k++) {
+          if (r === 200 && kb === 1) continue;
+          assert.equal(E4M3_DECODE[conv.q[r * cols + k]] * ref, exact[r * cols + k], `row ${r}, k ${k}`);
+          // The cast's codes wherever its block is exact (K block 0 everywhere, K block 1 in block 0).
+          if (kb === 0 || r < 128) assert.equal(conv.q[r * cols + k], cast.q[r * cols + k]);
+        }
+      }
+    }
+  });
+
+  it("gives a range of rows the references their whole blocks choose", () => {
+    const whole = mxfp4RowsToFp8(m);
+    for (const [r0, r1] of [
+      [0, 1],
+      [100, 140],
+      [199, 201],
+      [250, 300],
+      [290, 300],
+    ]) {
+      const part = mxfp4RowsToFp8(m, r0, r1);
+      assert.deepEqual(part.q, whole.q.subarray(r0 * cols, r1 * cols), `rows [${r0}, ${r1})`);
+      assert.deepEqual(part.scales, whole.scales.subarray(2 * r0, 2 * r1), `rows [${r0}, ${r1})`);
+      assert.deepEqual(fp4ReferenceBytes(m, r0, r1), refs.subarray(2 * r0, 2 * r1));
+    }
+  });
+
+  it("refuses a NaN byte anywhere in the rows' blocks", () => {
+    const nan = { ...m, scales: scales.slice() };
+    nan.scales[8 * 5] = 0xff;
+    assert.throws(() => mxfp4RowsToFp8(nan, 100, 101), /0xFF/);
   });
 });

@@ -150,8 +150,8 @@ describe("reference MoE layer with FP4 experts", () => {
   });
 
   it("equals the FP8 path on DeepSeek's 128×128 cast (convert.py) wherever that cast is exact", () => {
-    // Unlike the test above, rows of a 128-row block get different references (each row's bytes are
-    // lowered by r mod 5): the cast scales each row's codes by a power of two, which promotion undoes.
+    // Unlike the test above, the rows of a 128-row block have different largest bytes (each row's bytes
+    // are lowered by r mod 5); the block spans at most 14, so the rule takes the cast's reference.
     const rowShifted = (m: Mxfp4Matrix): Mxfp4Matrix => {
       const perRow = m.cols / 32;
       const scales = m.scales.map((b, i) => b - (Math.floor(i / perRow) % 5));
@@ -171,8 +171,8 @@ describe("reference MoE layer with FP4 experts", () => {
           assert.equal(c.inexact, 0);
           return { q: c.q, scales: c.scales, rows: m.rows, cols: m.cols };
         };
-        const perRow = mxfp4RowsToFp8(w1).scales;
-        assert.notEqual(perRow[0], perRow[w1.cols / 128], "rows 0 and 1 have different references");
+        assert.notEqual(w1.scales[0], w1.scales[w1.cols / 32], "rows 0 and 1 have different bytes");
+        assert.deepEqual(mxfp4RowsToFp8(w1).q, mxfp4ToFp8Blocks(w1).q, "the cast's codes");
         fp4Experts.push({ format: "fp4", w1, w2 });
         fp8Experts.push({ w1: cast(w1), w2: cast(w2) });
       }
