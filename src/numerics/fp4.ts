@@ -500,9 +500,16 @@ export function fp4ReferenceBytes(m: Mxfp4, r0 = 0, r1 = m.rows): Uint8Array {
  * Converts rows [r0, r1) of an MXFP4 matrix to e4m3 codes relative to the reference each row takes in
  * each 128-deep K block (fp4ReferenceBytes; docs/numerics.md): for a group with byte b under reference
  * byte M, ref = M − 127 − 6 and each element is e4m3(e2m1 · 2^(b − 127 − ref)), rounded to nearest even
- * (exact when b ≥ M − 14).
+ * (exact when b ≥ M − 14). `references` ([r1 − r0, cols/128], each at least its row's largest byte there)
+ * replaces the rule's, as a kernel handed other references would convert (the header tests).
  */
-export function mxfp4RowsToFp8(m: Mxfp4, r0 = 0, r1 = m.rows, what = "mxfp4RowsToFp8"): Fp4AsFp8 {
+export function mxfp4RowsToFp8(
+  m: Mxfp4,
+  r0 = 0,
+  r1 = m.rows,
+  what = "mxfp4RowsToFp8",
+  references?: Uint8Array,
+): Fp4AsFp8 {
   checkMxfp4(what, m);
   if (m.cols % QUANT_BLOCK !== 0) throw new RangeError(`${what}: cols ${m.cols} is not a multiple of 128`);
   if (!(Number.isInteger(r0) && Number.isInteger(r1) && 0 <= r0 && r0 <= r1 && r1 <= m.rows)) {
@@ -523,12 +530,28 @@ export function mxfp4RowsToFp8(m: Mxfp4, r0 = 0, r1 = m.rows, what = "mxfp4RowsT
       }
     }
   }
-  const references = fp4ReferenceBytes(m, r0, r1);
+  if (references !== undefined) {
+    if (references.length !== (r1 - r0) * kBlocks) {
+      throw new RangeError(
+        `${what}: ${references.length} references for ${r1 - r0} rows of ${kBlocks} K blocks`,
+      );
+    }
+    for (let i = 0; i < references.length; i++) {
+      const at = (r0 + Math.floor(i / kBlocks)) * groupsPerRow + (i % kBlocks) * GROUPS_PER_BLOCK;
+      if (
+        references[i] > 254 ||
+        references[i] < fp4BlockRefExponent(m.scales, at) + E8M0_BIAS + FP4_TO_FP8_TOP
+      ) {
+        throw new RangeError(`${what}: reference byte ${references[i]} below its row's largest, or 0xFF`);
+      }
+    }
+  }
+  const refs = references ?? fp4ReferenceBytes(m, r0, r1);
   let inexact = 0;
   for (let r = r0; r < r1; r++) {
     for (let kb = 0; kb < kBlocks; kb++) {
       const sAt = r * groupsPerRow + kb * GROUPS_PER_BLOCK;
-      const ref = references[(r - r0) * kBlocks + kb] - E8M0_BIAS - FP4_TO_FP8_TOP;
+      const ref = refs[(r - r0) * kBlocks + kb] - E8M0_BIAS - FP4_TO_FP8_TOP;
       scales[(r - r0) * kBlocks + kb] = 2 ** ref;
       for (let g = 0; g < GROUPS_PER_BLOCK; g++) {
         const t = fp4ToFp8Table(m.scales[sAt + g] - E8M0_BIAS - ref);

@@ -18,7 +18,12 @@ import {
   orderFp4PackedOnDevice,
   writeFp4LayoutOnDevice,
 } from "../../src/kernels/fp4/fp4_convert.js";
-import { type Mxfp4, mxfp4DeviceLayout, mxfp4RowsToFp8 } from "../../src/numerics/fp4.js";
+import {
+  fp4BlockRefExponent,
+  type Mxfp4,
+  mxfp4DeviceLayout,
+  mxfp4RowsToFp8,
+} from "../../src/numerics/fp4.js";
 import { availability, describeGpu, testDevice } from "../helpers/gpu.js";
 import { rngU32, testSeed } from "../helpers/random.js";
 
@@ -49,7 +54,13 @@ const bitsOf = (x: number) => {
 
 function runBoth(m: Mxfp4): string[] {
   const d = testDevice();
-  const want = mxfp4RowsToFp8(m);
+  // The conversion kernels take each row's own reference (the kernels' 128 × 128 blocks choose theirs
+  // around them).
+  const own = Uint8Array.from(
+    { length: (m.rows * m.cols) / 128 },
+    (_, i) => fp4BlockRefExponent(m.scales, 4 * i) + 133,
+  );
+  const want = mxfp4RowsToFp8(m, 0, m.rows, "fp4-convert", own);
   const made: DeviceTensor[] = [];
   const keep = <T extends DeviceTensor>(t: T) => {
     made.push(t);

@@ -26,16 +26,25 @@ import { rngU32, testSeed } from "../helpers/random.js";
 
 const seed = testSeed("fp4-header");
 
-const RECORD_IN = 68;
+const RECORD_IN = 69;
 const RECORD_OUT = 264;
 
 /** A batch of blocks: row i of a [rows, 128] MXFP4 matrix is block i. */
 class Blocks {
   scales: number[] = [];
   packed: number[] = [];
-  add(bytes: readonly number[], codes: (k: number) => number): void {
+  /** Per block the reference byte the header is handed (0xFF: the row's own largest). */
+  refs: number[] = [];
+  add(bytes: readonly number[], codes: (k: number) => number, ref = 0xff): void {
     this.scales.push(...bytes);
     for (let j = 0; j < 64; j++) this.packed.push(codes(2 * j) | (codes(2 * j + 1) << 4));
+    this.refs.push(ref);
+  }
+  /** The references as mxfp4RowsToFp8 takes them: 0xFF made the row's own largest byte. */
+  references(): Uint8Array {
+    return Uint8Array.from(this.refs, (ref, r) =>
+      ref === 0xff ? Math.max(...this.scales.slice(4 * r, 4 * r + 4)) : ref,
+    );
   }
   get rows(): number {
     return this.scales.length / 4;
@@ -53,29 +62,10 @@ class Blocks {
     for (let r = 0; r < this.rows; r++) {
       out.set(this.scales.slice(4 * r, 4 * r + 4), r * RECORD_IN);
       out.set(this.packed.slice(64 * r, 64 * r + 64), r * RECORD_IN + 4);
+      out[r * RECORD_IN + 68] = this.refs[r];
     }
     return out;
   }
-}
-
-/**
- * mxfp4RowsToFp8 of each row alone: the header converts a row's K block relative to the largest of its
- * own four bytes (a lone row is its own 128-row block); the kernels choose a block's reference around it.
- */
-function perRowConversion(m: Mxfp4): { q: Uint8Array; scales: Float32Array } {
-  const q = new Uint8Array(m.rows * m.cols);
-  const scales = new Float32Array((m.rows * m.cols) / 128);
-  for (let r = 0; r < m.rows; r++) {
-    const row = mxfp4RowsToFp8({
-      packed: m.packed.subarray((r * m.cols) / 2, ((r + 1) * m.cols) / 2),
-      scales: m.scales.subarray((r * m.cols) / 32, ((r + 1) * m.cols) / 32),
-      rows: 1,
-      cols: m.cols,
-    });
-    q.set(row.q, r * m.cols);
-    scales.set(row.scales, (r * m.cols) / 128);
-  }
-  return { q, scales };
 }
 
 const f32 = new Float32Array(1);
@@ -102,7 +92,7 @@ describe("fp4.cuh converts FP4 blocks as mxfp4RowsToFp8 does", { skip }, () => {
     if (r.status !== 0) throw new Error(`fp4conv failed (${r.status}): ${r.stderr}`);
     const out = new Uint8Array(r.stdout.buffer, r.stdout.byteOffset, r.stdout.byteLength);
     assert.equal(out.length, blocks.rows * RECORD_OUT);
-    const want = perRowConversion(blocks.matrix());
+    const want = mxfp4RowsToFp8(blocks.matrix(), 0, blocks.rows, "fp4-header", blocks.references());
     const bad: string[] = [];
     for (let row = 0; row < blocks.rows && bad.length < 20; row++) {
       const rec = out.subarray(row * RECORD_OUT, (row + 1) * RECORD_OUT);
@@ -184,6 +174,18 @@ describe("fp4.cuh converts FP4 blocks as mxfp4RowsToFp8 does", { skip }, () => {
     runFixture("fp4_frag");
   });
 
+  it("references above the row's own (a 128 × 128 block's): every maximum byte, 1 to 20 above", () => {
+    const blocks = new Blocks();
+    for (let max = 0; max <= 254; max++) {
+      for (const above of [1, 2, 3, 8, 11, 12, 14, 15, 20]) {
+        if (max + above > 254) continue;
+        const bytes = [max, Math.max(0, max - 3), max, Math.max(0, max - 1)];
+        blocks.add(bytes, (k) => (k * 5 + above) & 15, max + above);
+      }
+    }
+    check(blocks);
+  });
+
   it(`random blocks (seed ${seed})`, () => {
     const next = rngU32(seed);
     const blocks = new Blocks();
@@ -197,7 +199,9 @@ describe("fp4.cuh converts FP4 blocks as mxfp4RowsToFp8 does", { skip }, () => {
         bytes = [0, 1, 2, 3].map(() => base + (next() % (window + 1)));
       }
       const codes = Array.from({ length: 128 }, () => next() & 15);
-      blocks.add(bytes, (k) => codes[k]);
+      // A third of the blocks take a reference above their own largest byte, as a 128 × 128 block's.
+      const own = Math.max(...bytes);
+      blocks.add(bytes, (k) => codes[k], i % 3 === 0 ? Math.min(254, own + (next() % 16)) : 0xff);
     }
     check(blocks);
   });

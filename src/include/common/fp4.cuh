@@ -66,6 +66,15 @@ MEGAMOE_HD int fp4_min_byte(unsigned int scales4) {
 // ref = max − 127 − 6, in [−133, 121] for bytes ≤ 0xFE.
 MEGAMOE_HD int fp4_block_ref(unsigned int scales4) { return fp4_max_byte(scales4) - kE8m0Bias - kFp4Top; }
 
+// The reference byte a row's K block converts relative to (docs/numerics.md): its 128 × 128 block's,
+// `block_ref`, where that block takes one (its bytes span at most 14), else kFp4OwnReference: the largest
+// of the row's own four. A block's reference is at least every one of its rows' largest byte, so no
+// group's offset passes +6.
+constexpr unsigned int kFp4OwnReference = 0xFFu;
+MEGAMOE_HD unsigned int fp4_reference_byte(unsigned int scales4, unsigned int block_ref) {
+  return block_ref != kFp4OwnReference ? block_ref : static_cast<unsigned int>(fp4_max_byte(scales4));
+}
+
 // fp32 bit pattern of 2^e for e in [−149, 127] (subnormal below −126): exact, no float arithmetic.
 MEGAMOE_HD unsigned int fp32_pow2_bits(int e) {
   return e >= -126 ? static_cast<unsigned int>(e + 127) << 23 : 1u << (e + 149);
@@ -125,9 +134,11 @@ MEGAMOE_HD unsigned int fp4_stored_code(const unsigned char* block, int e) {
 }
 
 // One row's 128-deep K block: `packed` 64 bytes (element 2j low nibble of byte j), `scales4` the four
-// UE8M0 bytes (group g in byte g), `out` 128 e4m3 codes. Returns ref (sw = 2^ref).
-MEGAMOE_HD int fp4_block_to_e4m3_exact(const unsigned char* packed, unsigned int scales4, unsigned char* out) {
-  const int ref = fp4_block_ref(scales4);
+// UE8M0 bytes (group g in byte g), `out` 128 e4m3 codes, `block_ref` as fp4_reference_byte's. Returns
+// ref (sw = 2^ref).
+MEGAMOE_HD int fp4_block_to_e4m3_exact(const unsigned char* packed, unsigned int scales4, unsigned char* out,
+                                       unsigned int block_ref = kFp4OwnReference) {
+  const int ref = static_cast<int>(fp4_reference_byte(scales4, block_ref)) - kE8m0Bias - kFp4Top;
   for (int g = 0; g < kFp4GroupsPerBlock; g++) {
     const int d = static_cast<int>((scales4 >> (8 * g)) & 0xffu) - kE8m0Bias - ref;
     for (int j = 0; j < kFp4Group; j++) {
@@ -272,8 +283,9 @@ MEGAMOE_HD void fp4x8_to_e4m3(unsigned int w, Fp4Table t, unsigned int& lo, unsi
 }
 
 // Fast form of fp4_block_to_e4m3_exact (same arguments, stored order, same results).
-MEGAMOE_HD int fp4_block_to_e4m3_fast(const unsigned char* packed, unsigned int scales4, unsigned char* out) {
-  const unsigned int max = static_cast<unsigned int>(fp4_max_byte(scales4));
+MEGAMOE_HD int fp4_block_to_e4m3_fast(const unsigned char* packed, unsigned int scales4, unsigned char* out,
+                                      unsigned int block_ref = kFp4OwnReference) {
+  const unsigned int max = fp4_reference_byte(scales4, block_ref);
   MEGAMOE_UNROLL
   for (int s = 0; s < kFp4GroupsPerBlock; s++) {
     const Fp4Table t = fp4_table_of_byte((scales4 >> (8 * s)) & 0xffu, max);
@@ -299,7 +311,7 @@ MEGAMOE_HD int fp4_block_to_e4m3_fast(const unsigned char* packed, unsigned int 
 // words (q, 0..3), at 64r + 16·(q ^ ((r >> 1) & 3))), `scales4` kRows u32 (row r's four UE8M0 bytes),
 // and receives `b_tile` kRows × 128 e4m3 bytes in the 128-byte swizzle the TMA gives an FP8 tile (row
 // r's 16-byte chunk c at 128r + ((c ^ (r % 8)) << 4), b_tile 128-aligned) and `sw` kRows fp32 bits of
-// 2^ref. `Mem` reads and writes that memory: ld32(a), ld64(a, w[2]), st128(a, w[4]), st32(a, v) on byte
+// 2^ref. `block_refs` byte i is the reference of rows 128i .. 128i + 127 (fp4_reference_byte's block_ref). `Mem` reads and writes that memory: ld32(a), ld64(a, w[2]), st128(a, w[4]), st32(a, v) on byte
 // addresses (shared memory on the device, an array in the host test).
 //
 // Items are (row, half): groups 2·half and 2·half + 1 of a row, 64 elements; item i is row i / 2, half
@@ -314,10 +326,11 @@ MEGAMOE_HD int fp4_block_to_e4m3_fast(const unsigned char* packed, unsigned int 
 // of a warp (16 rows, both halves, one q) meet every bank twice, thanks to the 64-byte swizzle.
 template <int kRows, int kThreads, int kDepth, class Mem>
 MEGAMOE_HD void fp4_stage_convert(Mem& mem, unsigned int packed, unsigned int scales4, unsigned int b_tile,
-                                  unsigned int sw, int thread) {
+                                  unsigned int sw, int thread, unsigned int block_refs = 0xFFFFFFFFu) {
   static_assert(kThreads % 32 == 0, "converters come in whole warps");
   static_assert(kRows % 8 == 0, "the swizzle repeats every 8 rows");
   static_assert(kDepth >= 1, "at least one item in flight");
+  static_assert(kRows <= 512, "four 128-row blocks' references in block_refs");
   constexpr int kItems = 2 * kRows;
   constexpr int kPerThread = (kItems + kThreads - 1) / kThreads;
   constexpr unsigned int kStepIn = 32u * kThreads;    // packed bytes between a thread's items
@@ -348,8 +361,15 @@ MEGAMOE_HD void fp4_stage_convert(Mem& mem, unsigned int packed, unsigned int sc
   // Item k's conversion and stores from its scale word s and words w (w[2c + j]: word (c, 2·half + j)).
   // Returns whether a group lies more than 11 binades under the block's largest: the fast tables are
   // then wrong for it and the item needs the exact ones.
+  // Item k's row lies in 128-row block ((t >> 1) + k · kThreads / 2) / 128.
+  const auto reference = [&](int k, unsigned int s) {
+    // Every row its own (the default, a constant where inlined): no per-row block index to compute.
+    if (block_refs == 0xFFFFFFFFu) return static_cast<unsigned int>(fp4_max_byte(s));
+    const unsigned int row = (t >> 1) + static_cast<unsigned int>(k) * (kThreads / 2);
+    return fp4_reference_byte(s, (block_refs >> (8u * (row >> 7))) & 0xffu);
+  };
   const auto convert = [&](int k, unsigned int s, const unsigned int* w, bool exact_tables) {
-    const unsigned int max = static_cast<unsigned int>(fp4_max_byte(s));
+    const unsigned int max = reference(k, s);
     const unsigned int b0 = prmt(s, 0u, sel0);
     const unsigned int b1 = prmt(s, 0u, sel0 + 1u);
     const Fp4Table t0 = exact_tables ? fp4_table_of_byte(b0, max) : fp4_table_fast(b0 + 12u - max);
@@ -374,7 +394,7 @@ MEGAMOE_HD void fp4_stage_convert(Mem& mem, unsigned int packed, unsigned int sc
       const unsigned int s = s4[k % kDepth];
       const unsigned int b0 = prmt(s, 0u, sel0);
       const unsigned int b1 = prmt(s, 0u, sel0 + 1u);
-      if ((b0 < b1 ? b0 : b1) + 11u < static_cast<unsigned int>(fp4_max_byte(s))) redo |= 1u << k;
+      if ((b0 < b1 ? b0 : b1) + 11u < reference(k, s)) redo |= 1u << k;
       convert(k, s, in[k % kDepth], false);
     }
     load(k + kDepth);

@@ -64,14 +64,15 @@ MEGAMOE_HD void fp4_fragment_load(const Mem& mem, unsigned packed, unsigned word
 // convert again with fp4_fragment_k128_exact.
 template <class Mem>
 MEGAMOE_HD bool fp4_fragment_k128_fast(const Mem& mem, unsigned packed, unsigned words, int thread,
-                                       unsigned (&a)[4][4], unsigned (&sw_bits)[2]) {
+                                       unsigned (&a)[4][4], unsigned (&sw_bits)[2],
+                                       unsigned block_ref = kFp4OwnReference) {
   unsigned s4[2];
   unsigned w[2][4];
   fp4_fragment_load(mem, packed, words, thread, s4, w);
   bool exact = false;
   MEGAMOE_UNROLL
   for (int rh = 0; rh < 2; ++rh) {
-    const unsigned max = static_cast<unsigned>(fp4_max_byte(s4[rh]));
+    const unsigned max = fp4_reference_byte(s4[rh], block_ref);
     exact = exact || static_cast<unsigned>(fp4_min_byte(s4[rh])) + 11u < max;
     sw_bits[rh] = fp32_pow2_bits(static_cast<int>(max) - kE8m0Bias - kFp4Top);
     MEGAMOE_UNROLL
@@ -86,13 +87,13 @@ MEGAMOE_HD bool fp4_fragment_k128_fast(const Mem& mem, unsigned packed, unsigned
 // The same registers with the exact tables (fp4_table_of_byte, which also gives the fast ones).
 template <class Mem>
 MEGAMOE_HD void fp4_fragment_k128_exact(const Mem& mem, unsigned packed, unsigned words, int thread,
-                                        unsigned (&a)[4][4]) {
+                                        unsigned (&a)[4][4], unsigned block_ref = kFp4OwnReference) {
   unsigned s4[2];
   unsigned w[2][4];
   fp4_fragment_load(mem, packed, words, thread, s4, w);
   MEGAMOE_UNROLL
   for (int rh = 0; rh < 2; ++rh) {
-    const unsigned max = static_cast<unsigned>(fp4_max_byte(s4[rh]));
+    const unsigned max = fp4_reference_byte(s4[rh], block_ref);
     MEGAMOE_UNROLL
     for (int g = 0; g < 4; ++g) {
       fp4x8_to_e4m3(w[rh][g], fp4_table_of_byte((s4[rh] >> (8 * g)) & 0xffu, max), a[g][rh], a[g][2 + rh]);
@@ -104,9 +105,9 @@ MEGAMOE_HD void fp4_fragment_k128_exact(const Mem& mem, unsigned packed, unsigne
 // diverges). All 32 lanes of the warp must call it together.
 template <class Mem>
 MEGAMOE_HD void fp4_fragment_k128(const Mem& mem, unsigned packed, unsigned words, int thread, unsigned (&a)[4][4],
-                                  unsigned (&sw_bits)[2]) {
-  const bool exact = fp4_fragment_k128_fast(mem, packed, words, thread, a, sw_bits);
-  if (!fp4_warp_all(!exact)) fp4_fragment_k128_exact(mem, packed, words, thread, a);
+                                  unsigned (&sw_bits)[2], unsigned block_ref = kFp4OwnReference) {
+  const bool exact = fp4_fragment_k128_fast(mem, packed, words, thread, a, sw_bits, block_ref);
+  if (!fp4_warp_all(!exact)) fp4_fragment_k128_exact(mem, packed, words, thread, a, block_ref);
 }
 
 }  // namespace megamoe
