@@ -461,36 +461,58 @@ function convertGroup(packed: Uint8Array, p: number, t: Uint8Array, q: Uint8Arra
 /** Rows of the blocks that take one reference where their bytes allow it (the 128 × 128 cast's). */
 export const FP4_CAST_BLOCK_ROWS = 128;
 
+/** A block reference meaning "each row its own" (fp4.cuh's kFp4OwnReference). */
+export const FP4_OWN_REFERENCE = 0xff;
+
 /**
- * The reference byte (the UE8M0 byte the codes are relative to) of each row's 128-deep K blocks, rows
- * [r0, r1), [r1 − r0, cols/128], by docs/numerics.md's rule: a 128 × 128 block (rows 128i … 128i + 127 of
- * the matrix, the last one shorter; one K block) whose bytes span at most 14 takes its largest byte for
- * every row, as DeepSeek's cast does (exact there); any other block takes each row's largest of its own
- * four bytes.
+ * The references of the 128 × 128 blocks of block rows [b0, b1) (rows 128·b0 … of the matrix, the last
+ * block shorter), [b1 − b0, cols/128]: a block's largest UE8M0 byte where its bytes span at most 14, the
+ * reference the rule takes for all its rows there (DeepSeek's cast, exact), else FP4_OWN_REFERENCE: what
+ * a kernel is handed beside the scale words (fp4.cuh's block_ref).
  */
-export function fp4ReferenceBytes(m: Mxfp4, r0 = 0, r1 = m.rows): Uint8Array {
+export function fp4BlockReferences(
+  m: Mxfp4,
+  b0 = 0,
+  b1 = Math.ceil(m.rows / FP4_CAST_BLOCK_ROWS),
+): Uint8Array {
   const kBlocks = m.cols / QUANT_BLOCK;
   const groupsPerRow = m.cols / MXFP4_GROUP;
-  const out = new Uint8Array((r1 - r0) * kBlocks);
-  for (let b0 = r0 - (r0 % FP4_CAST_BLOCK_ROWS); b0 < r1; b0 += FP4_CAST_BLOCK_ROWS) {
-    const b1 = Math.min(b0 + FP4_CAST_BLOCK_ROWS, m.rows);
+  const out = new Uint8Array((b1 - b0) * kBlocks);
+  for (let b = b0; b < b1; b++) {
+    const rowEnd = Math.min((b + 1) * FP4_CAST_BLOCK_ROWS, m.rows);
     for (let kb = 0; kb < kBlocks; kb++) {
       let lo = 255;
       let hi = 0;
-      for (let r = b0; r < b1; r++) {
+      for (let r = b * FP4_CAST_BLOCK_ROWS; r < rowEnd; r++) {
         for (let g = 0; g < GROUPS_PER_BLOCK; g++) {
           const v = m.scales[r * groupsPerRow + kb * GROUPS_PER_BLOCK + g];
           if (v < lo) lo = v;
           if (v > hi) hi = v;
         }
       }
-      const cast = hi - lo <= FP4_TO_FP8_EXACT_SPREAD;
-      for (let r = Math.max(b0, r0); r < Math.min(b1, r1); r++) {
-        const at = r * groupsPerRow + kb * GROUPS_PER_BLOCK;
-        out[(r - r0) * kBlocks + kb] = cast
-          ? hi
-          : fp4BlockRefExponent(m.scales, at) + E8M0_BIAS + FP4_TO_FP8_TOP;
-      }
+      out[(b - b0) * kBlocks + kb] = hi - lo <= FP4_TO_FP8_EXACT_SPREAD ? hi : FP4_OWN_REFERENCE;
+    }
+  }
+  return out;
+}
+
+/**
+ * The reference byte (the UE8M0 byte the codes are relative to) of each row's 128-deep K blocks, rows
+ * [r0, r1), [r1 − r0, cols/128], by docs/numerics.md's rule: its 128 × 128 block's (fp4BlockReferences)
+ * where the block takes one, else the row's largest of its own four bytes.
+ */
+export function fp4ReferenceBytes(m: Mxfp4, r0 = 0, r1 = m.rows): Uint8Array {
+  const kBlocks = m.cols / QUANT_BLOCK;
+  const groupsPerRow = m.cols / MXFP4_GROUP;
+  const b0 = Math.floor(r0 / FP4_CAST_BLOCK_ROWS);
+  const blocks = fp4BlockReferences(m, b0, Math.ceil(r1 / FP4_CAST_BLOCK_ROWS));
+  const out = new Uint8Array((r1 - r0) * kBlocks);
+  for (let r = r0; r < r1; r++) {
+    for (let kb = 0; kb < kBlocks; kb++) {
+      const block = blocks[(Math.floor(r / FP4_CAST_BLOCK_ROWS) - b0) * kBlocks + kb];
+      const own =
+        fp4BlockRefExponent(m.scales, r * groupsPerRow + kb * GROUPS_PER_BLOCK) + E8M0_BIAS + FP4_TO_FP8_TOP;
+      out[(r - r0) * kBlocks + kb] = block !== FP4_OWN_REFERENCE ? block : own;
     }
   }
   return out;

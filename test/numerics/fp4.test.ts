@@ -6,7 +6,9 @@ import {
   E2M1_DECODE,
   e2m1At,
   encodeE2m1,
+  FP4_OWN_REFERENCE,
   FP4_TO_FP8_EXACT_SPREAD,
+  fp4BlockReferences,
   fp4ReferenceBytes,
   type Mxfp4,
   mxfp4DeviceLayout,
@@ -348,6 +350,11 @@ describe("FP4 → FP8 references: the 128 × 128 cast's where its bytes allow", 
         }
       }
     }
+  });
+
+  it("hands the kernels one byte per 128 × 128 block: the reference, or 0xFF where each row keeps its own", () => {
+    assert.deepEqual(Array.from(fp4BlockReferences(m)), [120, 90, 120, FP4_OWN_REFERENCE, 120, 90]);
+    assert.deepEqual(Array.from(fp4BlockReferences(m, 1, 2)), [120, FP4_OWN_REFERENCE]);
   });
 
   it("gives a range of rows the references their whole blocks choose", () => {
