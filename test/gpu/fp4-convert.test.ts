@@ -15,11 +15,14 @@ import { DeviceTensor } from "../../src/cuda/index.js";
 import {
   convertFp4ToFp8,
   FP4_CONVERT_KERNELS,
+  fp4BlockReferencesOnDevice,
   orderFp4PackedOnDevice,
   writeFp4LayoutOnDevice,
 } from "../../src/kernels/fp4/fp4_convert.js";
+import { fp4GemmScaleWords } from "../../src/kernels/gemm/fp4_grouped_gemm.js";
 import {
   fp4BlockRefExponent,
+  fp4BlockReferences,
   type Mxfp4,
   mxfp4DeviceLayout,
   mxfp4RowsToFp8,
@@ -136,6 +139,41 @@ describeGpu("FP4 → e4m3 conversion on a GPU", () => {
     );
     const bad = runBoth(m);
     assert.deepEqual(bad, [], bad.join("\n"));
+  });
+
+  test(`each 128 × 128 block's reference from the scale words, as fp4BlockReferences (seed ${seed})`, () => {
+    const d = testDevice();
+    const next = rngU32(seed ^ 0x3c3c);
+    // 300 rows (blocks of 128, 128, 44), K = 512: per block row a base byte; some blocks within 14 of it,
+    // some with one row's group 15 or more below.
+    const bases = [100, 180, 20];
+    const wide = new Set([1, 6, 9]); // block row · 4 + K block
+    const m = makeMatrix(
+      300,
+      (r, kb) => {
+        const b = Math.floor(r / 128);
+        const base = bases[b]! - kb;
+        const drop = wide.has(4 * b + kb) && r % 37 === 5 ? 15 + (next() % 10) : next() % 15;
+        return [0, 1, 2, 3].map((g) => Math.max(0, g === 0 ? base - drop : base - (next() % 3)));
+      },
+      () => next() & 15,
+    );
+    const words = DeviceTensor.fromHost(
+      d,
+      "uint8",
+      [512 / 128, 300 * 4],
+      fp4GemmScaleWords(m.scales, 300, 512),
+    );
+    const refs = fp4BlockReferencesOnDevice(d, words, null);
+    try {
+      d.nullStream.synchronize();
+      const want = fp4BlockReferences(m);
+      assert.ok(want.includes(0xff) && want.some((b) => b !== 0xff), "both kinds of block");
+      assert.deepEqual(Array.from(refs.toHost() as Uint8Array), Array.from(want));
+    } finally {
+      refs.dispose();
+      words.dispose();
+    }
   });
 
   test(`the device layout, in place and by rows, against mxfp4DeviceLayout; bad shapes refused (seed ${seed})`, () => {

@@ -87,3 +87,28 @@ extern "C" __global__ void __launch_bounds__(128) megamoe_fp4_device_layout(cons
                        megamoe::fp4_order_word(in, q, 2), megamoe::fp4_order_word(in, q, 3));
   }
 }
+
+// The 128 × 128 blocks' references (docs/numerics.md, "FP4 → FP8 conversion"): for the scale words of
+// `rows` stacked rows, [k_blocks][rows] u32 (a row's four UE8M0 bytes of one K block, as the kernels read
+// them: fp4GemmScaleWords), the block of rows 128i .. 128i + 127 (the last one shorter) and K block b
+// gets its largest byte where its bytes span at most 14, else kFp4OwnReference (each row keeps its own):
+// refs uint8 [ceil(rows / 128)][k_blocks]. One thread per block; a load-time pass.
+extern "C" __global__ void __launch_bounds__(128) megamoe_fp4_block_references(const unsigned int* __restrict__ words,
+                                                                               unsigned char* __restrict__ refs,
+                                                                               unsigned int rows,
+                                                                               unsigned int k_blocks) {
+  const unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+  const unsigned int block_rows = (rows + 127u) / 128u;
+  if (i >= block_rows * k_blocks) return;
+  const unsigned int br = i / k_blocks;
+  const unsigned int kb = i - br * k_blocks;
+  const unsigned int end = rows < 128u * (br + 1u) ? rows : 128u * (br + 1u);
+  int lo = 255;
+  int hi = 0;
+  for (unsigned int r = 128u * br; r < end; ++r) {
+    const unsigned int w = words[static_cast<unsigned long long>(kb) * rows + r];
+    lo = min(lo, megamoe::fp4_min_byte(w));
+    hi = max(hi, megamoe::fp4_max_byte(w));
+  }
+  refs[i] = static_cast<unsigned char>(hi - lo <= 14 ? hi : static_cast<int>(megamoe::kFp4OwnReference));
+}

@@ -26,6 +26,8 @@ export const FP4_CONVERT_KERNELS = {
 } as const;
 /** Stored rows → rows of a tensor in the FP4 kernels' device layout. */
 export const FP4_DEVICE_LAYOUT_KERNEL = "megamoe_fp4_device_layout";
+/** Scale words → each 128 × 128 block's reference byte. */
+export const FP4_BLOCK_REFERENCES_KERNEL = "megamoe_fp4_block_references";
 const THREADS = 128;
 
 export interface Fp4ConvertArgs {
@@ -139,4 +141,42 @@ export function orderFp4PackedOnDevice(device: Device, packed: DeviceTensor, str
     (stream ?? device.nullStream).synchronize();
     scratch.dispose();
   }
+}
+
+/**
+ * Each 128 × 128 block's reference byte, from the scale words the kernels read (`words`: uint8 [K/128,
+ * R·4], row n's four UE8M0 bytes of K block b at (b, 4n), `fp4GemmScaleWords`; R stacked rows, each
+ * matrix's a multiple of 128 so no block spans two): uint8 [⌈R/128⌉, K/128], a block's largest byte where
+ * its bytes span at most 14, else 0xFF (each row its own), as `fp4BlockReferences` gives on the host.
+ * Queued on `stream`; the caller owns the result.
+ */
+export function fp4BlockReferencesOnDevice(
+  device: Device,
+  words: DeviceTensor,
+  stream: Stream | null,
+): DeviceTensor {
+  const where = "fp4BlockReferencesOnDevice";
+  if (words.dtype !== "uint8") throw new TypeError(`${where}: words must be uint8, got ${words.dtype}`);
+  expectOnDevice(where, "words", words, device);
+  const [kBlocks, width] = words.shape;
+  if (
+    words.shape.length !== 2 ||
+    kBlocks === undefined ||
+    width === undefined ||
+    kBlocks < 1 ||
+    width % 4 !== 0
+  ) {
+    throw new RangeError(`${where}: words must be [K/128, R·4], got [${words.shape.join(", ")}]`);
+  }
+  const rows = width / 4;
+  const refs = DeviceTensor.empty(device, "uint8", [Math.ceil(rows / QUANT_BLOCK), kBlocks]);
+  if (rows === 0) return refs;
+  const kernel = loadKernel(
+    device,
+    compileKernel({ source: FP4_CONVERT_SOURCE }),
+    FP4_BLOCK_REFERENCES_KERNEL,
+  );
+  const args = new KernelArgs(4).ptr(0, words.ptr).ptr(1, refs.ptr).u32(2, rows).u32(3, kBlocks);
+  kernel.launch(Math.ceil(refs.numel / THREADS), THREADS, 0, stream, args);
+  return refs;
 }
