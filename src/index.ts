@@ -27,7 +27,7 @@ export {
 } from "./config/config.js";
 export * as cuda from "./cuda/index.js";
 export { DeviceMoEWeights } from "./kernels/device-weights.js";
-export { convertFp4ToFp8, orderFp4PackedOnDevice } from "./kernels/fp4/fp4_convert.js";
+export { convertFp4ToFp8, fp4ReferenceWordsOnDevice, orderFp4PackedOnDevice } from "./kernels/fp4/fp4_convert.js";
 export {
   defaultGateLogits,
   type GateLogits,
@@ -73,6 +73,7 @@ export {
   encodeE8m0,
   type Fp4AsFp8,
   mxfp4DeviceLayout,
+  mxfp4ReferenceWords,
   mxfp4RowsToFp8,
   mxfp4StoredLayout,
   mxfp4ToFp8Blocks,

@@ -8,10 +8,9 @@
  * in the FP4 grouped GEMM's layout (src/kernels/gemm/fp4_grouped_gemm.ts): W1 uint8 [E, 2I, H/2] packed
  * e2m1 codes in the kernels' device layout (`orderFp4PackedOnDevice` of the stored bytes, element 2j in
  * the low nibble of byte j: K-block-major over all experts' rows, [H/128, E·2I, 64 bytes], each 64-byte
- * block in the device order with its quarters pre-swizzled; docs/numerics.md) with UE8M0 scale bytes uint8
- * [H/128, E·2I·4]
- * (`fp4GemmScaleWords` of the [E·2I, H/32] bytes: row n's four bytes of K block b at (b, 4n)), W2 uint8
- * [E, H, I/2] with [I/128, E·H·4]. The shared expert stays FP8. A flash layer is 6.4 GB with FP8 experts
+ * block in the device order with its quarters pre-swizzled; docs/numerics.md) with the scales as
+ * reference words uint8 [H/128, E·2I·4] (`fp4GemmScaleWords` of each expert's [2I, H/32] UE8M0 bytes:
+ * row n's K block b at (b, 4n)), W2 uint8 [E, H, I/2] with [I/128, E·H·4]. The shared expert stays FP8. A flash layer is 6.4 GB with FP8 experts
  * and 3.4 GB with FP4 (`bytes`, `DeviceMoEWeights.bytesFor`).
  *
  * `generate` makes the seeded weights on the device (src/kernels/weightgen), bit-identical to
@@ -42,7 +41,7 @@ import {
   type RoutedExpertWeights,
   weightSourceProblem,
 } from "../weights/types.js";
-import { writeFp4LayoutOnDevice } from "./fp4/fp4_convert.js";
+import { fp4ReferenceWordsOnDevice, writeFp4LayoutOnDevice } from "./fp4/fp4_convert.js";
 import { fp4GemmScaleWords } from "./gemm/fp4_grouped_gemm.js";
 import {
   generateActivationsInto,
@@ -413,6 +412,11 @@ export class DeviceMoEWeights {
       }
     } finally {
       scratch?.dispose();
+    }
+    if (fp4 !== null) {
+      // The generator writes UE8M0 bytes; the kernels read reference words (per matrix's 128-row blocks).
+      fp4ReferenceWordsOnDevice(device, fp4.w1Scales, 0, E * 2 * I, 2 * I, stream);
+      fp4ReferenceWordsOnDevice(device, fp4.w2Scales, 0, E * H, H, stream);
     }
     const s = this.shared;
     if (s !== null) {

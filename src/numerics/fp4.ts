@@ -475,22 +475,87 @@ export function fp4BlockReferences(
   b0 = 0,
   b1 = Math.ceil(m.rows / FP4_CAST_BLOCK_ROWS),
 ): Uint8Array {
-  const kBlocks = m.cols / QUANT_BLOCK;
-  const groupsPerRow = m.cols / MXFP4_GROUP;
+  return blockReferencesOf(m.scales, m.rows, m.cols, b0, b1);
+}
+
+/** fp4BlockReferences on the scale bytes alone ([rows, cols/32]). */
+function blockReferencesOf(
+  scales: Uint8Array,
+  rows: number,
+  cols: number,
+  b0: number,
+  b1: number,
+): Uint8Array {
+  const kBlocks = cols / QUANT_BLOCK;
+  const groupsPerRow = cols / MXFP4_GROUP;
   const out = new Uint8Array((b1 - b0) * kBlocks);
   for (let b = b0; b < b1; b++) {
-    const rowEnd = Math.min((b + 1) * FP4_CAST_BLOCK_ROWS, m.rows);
+    const rowEnd = Math.min((b + 1) * FP4_CAST_BLOCK_ROWS, rows);
     for (let kb = 0; kb < kBlocks; kb++) {
       let lo = 255;
       let hi = 0;
       for (let r = b * FP4_CAST_BLOCK_ROWS; r < rowEnd; r++) {
         for (let g = 0; g < GROUPS_PER_BLOCK; g++) {
-          const v = m.scales[r * groupsPerRow + kb * GROUPS_PER_BLOCK + g];
+          const v = scales[r * groupsPerRow + kb * GROUPS_PER_BLOCK + g];
           if (v < lo) lo = v;
           if (v > hi) hi = v;
         }
       }
       out[(b - b0) * kBlocks + kb] = hi - lo <= FP4_TO_FP8_EXACT_SPREAD ? hi : FP4_OWN_REFERENCE;
+    }
+  }
+  return out;
+}
+
+/** Bit 31 of a reference word: the reference is its 128 × 128 block's (one scale for all its rows). */
+export const FP4_BLOCK_FLAG = 0x80000000;
+/** Bit 30 of a reference word: a group lies more than 11 binades under R (the kernels' exact tables). */
+export const FP4_EXACT_FLAG = 0x40000000;
+/** The offsets the kernels' fast tables hold. */
+const FP4_FAST_OFFSETS = 11;
+/** The largest group offset a reference word stores; every offset from 19 on converts to zeros. */
+const FP4_OFFSET_CLAMP = 31;
+
+/**
+ * The reference words of MXFP4 scale bytes [rows, cols/32] (docs/numerics.md, "the device layout"):
+ * Uint32Array [rows, cols/128], row r's K block kb as the kernels read it (fp4.cuh fp4_reference_word):
+ * bits 0..7 the reference byte R the rule gives it (fp4ReferenceBytes), bits 8 + 5g .. 12 + 5g the
+ * offset min(R − b_g, 31) of group g, bit 30 (FP4_EXACT_FLAG) set where an offset passes 11, bit 31
+ * (FP4_BLOCK_FLAG) set where R is its 128 × 128 block's.
+ * Throws on a 0xFF (NaN) byte, naming its row and K group.
+ */
+export function mxfp4ReferenceWords(scales: Uint8Array, rows: number, cols: number): Uint32Array {
+  checkMxShape("mxfp4ReferenceWords", rows, cols);
+  if (cols % QUANT_BLOCK !== 0)
+    throw new RangeError(`mxfp4ReferenceWords: cols ${cols} is not a multiple of 128`);
+  const groupsPerRow = cols / MXFP4_GROUP;
+  if (scales.length !== rows * groupsPerRow) {
+    throw new RangeError(
+      `mxfp4ReferenceWords: ${scales.length} scale bytes do not fit [${rows}, ${groupsPerRow}]`,
+    );
+  }
+  const nan = scales.indexOf(E8M0_NAN);
+  if (nan >= 0) {
+    throw new RangeError(
+      `mxfp4ReferenceWords: UE8M0 scale byte 0xFF (NaN) at row ${Math.floor(nan / groupsPerRow)}, K group ${nan % groupsPerRow}`,
+    );
+  }
+  const kBlocks = cols / QUANT_BLOCK;
+  const blocks = blockReferencesOf(scales, rows, cols, 0, Math.ceil(rows / FP4_CAST_BLOCK_ROWS));
+  const out = new Uint32Array(rows * kBlocks);
+  for (let r = 0; r < rows; r++) {
+    for (let kb = 0; kb < kBlocks; kb++) {
+      const at = r * groupsPerRow + kb * GROUPS_PER_BLOCK;
+      const block = blocks[Math.floor(r / FP4_CAST_BLOCK_ROWS) * kBlocks + kb];
+      const ref =
+        block !== FP4_OWN_REFERENCE ? block : fp4BlockRefExponent(scales, at) + E8M0_BIAS + FP4_TO_FP8_TOP;
+      let w = ref;
+      for (let g = 0; g < GROUPS_PER_BLOCK; g++) {
+        const o = ref - scales[at + g];
+        w |= Math.min(o, FP4_OFFSET_CLAMP) << (8 + 5 * g);
+        if (o > FP4_FAST_OFFSETS) w |= FP4_EXACT_FLAG;
+      }
+      out[r * kBlocks + kb] = (block !== FP4_OWN_REFERENCE ? w | FP4_BLOCK_FLAG : w) >>> 0;
     }
   }
   return out;

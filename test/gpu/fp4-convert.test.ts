@@ -2,7 +2,8 @@
  * The device build of common/fp4.cuh (src/kernels/fp4/fp4_convert.cu, both paths) against the CPU
  * rule `mxfp4RowsToFp8`, byte for byte: e4m3 codes and the fp32 2^ref per row and K block, on every
  * maximum scale byte 0..254 with spreads 0, 14, 15 and 30, every code in every group, and seeded random
- * rows. The fast path's `prmt` is the one thing the host test (test/numerics/fp4-header.test.ts) can
+ * rows, and rows whose 128 × 128 blocks take one reference (the words' load-time pass on the device against
+ * fp4GemmScaleWords). The fast path's `prmt` is the one thing the host test (test/numerics/fp4-header.test.ts) can
  * only emulate. Outputs are poisoned first, so an element never written is caught. The device layout
  * step (stored → the FP4 kernels' layout, in place, matrix by matrix) against `mxfp4DeviceLayout`, and
  * with bad shapes refused.
@@ -15,16 +16,17 @@ import { DeviceTensor } from "../../src/cuda/index.js";
 import {
   convertFp4ToFp8,
   FP4_CONVERT_KERNELS,
-  fp4BlockReferencesOnDevice,
+  fp4ReferenceWordsOnDevice,
   orderFp4PackedOnDevice,
   writeFp4LayoutOnDevice,
 } from "../../src/kernels/fp4/fp4_convert.js";
 import { fp4GemmScaleWords } from "../../src/kernels/gemm/fp4_grouped_gemm.js";
 import {
-  fp4BlockRefExponent,
+  FP4_BLOCK_FLAG,
   fp4BlockReferences,
   type Mxfp4,
   mxfp4DeviceLayout,
+  mxfp4ReferenceWords,
   mxfp4RowsToFp8,
 } from "../../src/numerics/fp4.js";
 import { availability, describeGpu, testDevice } from "../helpers/gpu.js";
@@ -57,13 +59,10 @@ const bitsOf = (x: number) => {
 
 function runBoth(m: Mxfp4): string[] {
   const d = testDevice();
-  // The conversion kernels take each row's own reference (the kernels' 128 × 128 blocks choose theirs
-  // around them).
-  const own = Uint8Array.from(
-    { length: (m.rows * m.cols) / 128 },
-    (_, i) => fp4BlockRefExponent(m.scales, 4 * i) + 133,
-  );
-  const want = mxfp4RowsToFp8(m, 0, m.rows, "fp4-convert", own);
+  // The kernels read each row's K blocks as the rule's reference words (its 128 × 128 blocks' references
+  // where they take one).
+  const words = mxfp4ReferenceWords(m.scales, m.rows, m.cols);
+  const want = mxfp4RowsToFp8(m, 0, m.rows, "fp4-convert");
   const made: DeviceTensor[] = [];
   const keep = <T extends DeviceTensor>(t: T) => {
     made.push(t);
@@ -72,13 +71,14 @@ function runBoth(m: Mxfp4): string[] {
   const bad: string[] = [];
   try {
     const packed = keep(DeviceTensor.fromHost(d, "uint8", [m.rows, m.cols / 2], m.packed));
-    const scales = keep(DeviceTensor.fromHost(d, "uint8", [m.rows, m.cols / 32], m.scales));
+    const wordBytes = new Uint8Array(words.buffer, words.byteOffset, words.byteLength);
+    const wordsOnDevice = keep(DeviceTensor.fromHost(d, "uint8", [m.rows, m.cols / 32], wordBytes));
     const q = keep(DeviceTensor.empty(d, "uint8", [m.rows, m.cols]));
     const sw = keep(DeviceTensor.empty(d, "fp32", [m.rows, m.cols / 128]));
     for (const path of Object.keys(FP4_CONVERT_KERNELS) as (keyof typeof FP4_CONVERT_KERNELS)[]) {
       q.fill(0xff); // 0xFF is e4m3 NaN: never a result of the conversion
       sw.fill(0xff);
-      convertFp4ToFp8(d, { packed, scales, q, sw, rows: m.rows, k: m.cols }, null, path);
+      convertFp4ToFp8(d, { packed, words: wordsOnDevice, q, sw, rows: m.rows, k: m.cols }, null, path);
       const gotQ = q.toHost() as Uint8Array;
       const gotS = sw.toHost() as Float32Array;
       for (let i = 0; i < gotS.length && bad.length < 20; i++) {
@@ -141,7 +141,7 @@ describeGpu("FP4 → e4m3 conversion on a GPU", () => {
     assert.deepEqual(bad, [], bad.join("\n"));
   });
 
-  test(`each 128 × 128 block's reference from the scale words, as fp4BlockReferences (seed ${seed})`, () => {
+  test(`reference words on the device, as fp4GemmScaleWords; converted as the rule (seed ${seed})`, () => {
     const d = testDevice();
     const next = rngU32(seed ^ 0x3c3c);
     // 300 rows (blocks of 128, 128, 44), K = 512: per block row a base byte; some blocks within 14 of it,
@@ -158,20 +158,48 @@ describeGpu("FP4 → e4m3 conversion on a GPU", () => {
       },
       () => next() & 15,
     );
-    const words = DeviceTensor.fromHost(
-      d,
-      "uint8",
-      [512 / 128, 300 * 4],
-      fp4GemmScaleWords(m.scales, 300, 512),
-    );
-    const refs = fp4BlockReferencesOnDevice(d, words, null);
+    const refs = fp4BlockReferences(m);
+    assert.ok(refs.includes(0xff) && refs.some((b) => b !== 0xff), "both kinds of block");
+    const bad = runBoth(m);
+    assert.deepEqual(bad, [], bad.join("\n"));
+    // Two such matrices as rows 50 .. 650 of a 700-row words tensor, the UE8M0 bytes as the GPU generator
+    // writes them (row n's four bytes of K block b at (b, 4n)); rows outside stay as they were.
+    const total = 700;
+    const raw = new Uint8Array(4 * total * 4).fill(0x5a);
+    const want = raw.slice();
+    const encoded = fp4GemmScaleWords(m.scales, 300, 512);
+    for (let kb = 0; kb < 4; kb++) {
+      for (const first of [50, 350]) {
+        for (let n = 0; n < 300; n++) {
+          raw.set(m.scales.subarray(n * 16 + 4 * kb, n * 16 + 4 * kb + 4), (kb * total + first + n) * 4);
+          want.set(
+            encoded.subarray((kb * 300 + n) * 4, (kb * 300 + n + 1) * 4),
+            (kb * total + first + n) * 4,
+          );
+        }
+      }
+    }
+    const words = DeviceTensor.fromHost(d, "uint8", [4, total * 4], raw);
     try {
+      fp4ReferenceWordsOnDevice(d, words, 50, 600, 300, null);
       d.nullStream.synchronize();
-      const want = fp4BlockReferences(m);
-      assert.ok(want.includes(0xff) && want.some((b) => b !== 0xff), "both kinds of block");
-      assert.deepEqual(Array.from(refs.toHost() as Uint8Array), Array.from(want));
+      const got = words.toHost() as Uint8Array;
+      const firstBad = got.findIndex((v, i) => v !== want[i]);
+      assert.equal(
+        firstBad,
+        -1,
+        `byte ${firstBad} (K block ${Math.floor(firstBad / (4 * total))}, row ${Math.floor((firstBad % (4 * total)) / 4)})`,
+      );
+      const flagged = new Uint32Array(got.buffer, got.byteOffset, got.length / 4).filter(
+        (w) => (w & FP4_BLOCK_FLAG) !== 0,
+      );
+      assert.ok(flagged.length > 0, "some rows take their block's reference");
+      assert.throws(
+        () => fp4ReferenceWordsOnDevice(d, words, 50, 600, 280, null),
+        /whole matrices of 280 rows/,
+      );
+      assert.throws(() => fp4ReferenceWordsOnDevice(d, words, 200, 600, 300, null), /not within the 700/);
     } finally {
-      refs.dispose();
       words.dispose();
     }
   });

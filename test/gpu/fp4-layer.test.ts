@@ -15,7 +15,9 @@
  * - beside each FP4 layer, the FP8 layer of the same seed (same generator matrices quantized to FP8) on
  *   the same inputs and routing: both distances to their FP64 ideals are printed;
  * - MoELayer on the cuda backend with FP4 experts: the fused pipeline by default, the same bits as the
- *   pipelines run directly.
+ *   pipelines run directly;
+ * - tiny with some 128 × 128 blocks spread over 16 binades (a reference per row, a scale per column at
+ *   promotion) beside blocks of one reference: every block M against the unfused pipeline and the CPU.
  *
  * Skips with the reason without a GPU; with MEGAMOE_REQUIRE_GPU=1 it fails instead. The checks at the top
  * need no GPU.
@@ -34,6 +36,7 @@ import {
 import { fusedExpand } from "../../src/kernels/megamoe/plan.js";
 import { DEFAULT_GPU_PIPELINE, MoELayer } from "../../src/layer.js";
 import { bf16BitsToF32 } from "../../src/numerics/bf16.js";
+import { mxfp4ReferenceWords } from "../../src/numerics/fp4.js";
 import { FusedPipeline } from "../../src/pipeline/fused.js";
 import { type MoEPipeline, UnfusedPipeline } from "../../src/pipeline/unfused.js";
 import { layerErrors } from "../../src/reference/error-bounds.js";
@@ -41,6 +44,7 @@ import { calcDiff } from "../../src/reference/metrics.js";
 import { idealMoE, referenceMoE } from "../../src/reference/moe.js";
 import { type RandomRoutingOptions, type Routing, randomRouting } from "../../src/reference/router.js";
 import { GeneratedWeights, generateActivations } from "../../src/weights/generate.js";
+import type { MoEWeightSource, Mxfp4Matrix } from "../../src/weights/types.js";
 import { describeGpu, TestTensors, testDevice } from "../helpers/gpu.js";
 import { checkLayerErrors } from "../helpers/layer-errors.js";
 import { testSeed } from "../helpers/random.js";
@@ -51,7 +55,7 @@ const device = testDevice;
 /** One GPU layer: the CPU source of its weights (for the reference), the device weights, the pipelines. */
 interface GpuLayer {
   config: MoEConfig;
-  source: GeneratedWeights;
+  source: MoEWeightSource;
   weights: DeviceMoEWeights;
   pipeline: UnfusedPipeline;
   /** The fused kernel on the same weights (every shape here fits it). */
@@ -67,14 +71,15 @@ function openLayer(
   config: MoEConfig,
   weightSeed: number,
   maxTokens: number,
-  how: "upload" | "generate",
+  how: "upload" | "generate" | "upload-spread",
   cachedExperts: number,
 ): GpuLayer {
-  const source = new GeneratedWeights(config, weightSeed, { cachedExperts });
+  const generated = new GeneratedWeights(config, weightSeed, { cachedExperts });
+  const source = how === "upload-spread" ? spreadBlocks(generated) : generated;
   const weights =
-    how === "upload"
-      ? DeviceMoEWeights.upload(device(), source)
-      : DeviceMoEWeights.generate(device(), config, weightSeed);
+    how === "generate"
+      ? DeviceMoEWeights.generate(device(), config, weightSeed)
+      : DeviceMoEWeights.upload(device(), source);
   let pipeline: UnfusedPipeline | null = null;
   try {
     pipeline = new UnfusedPipeline(device(), weights, maxTokens);
@@ -84,6 +89,36 @@ function openLayer(
     weights.dispose();
     throw e;
   }
+}
+
+/**
+ * The generator's FP4 experts (one scale byte per matrix: every 128 × 128 block takes one reference) with
+ * the odd experts' bytes lowered by 16 on every third row of alternate blocks: those blocks span 16
+ * binades and keep a reference per row (docs/numerics.md), so the kernels meet both kinds of block.
+ */
+function spreadBlocks(source: MoEWeightSource): MoEWeightSource {
+  const spread = (m: Mxfp4Matrix): Mxfp4Matrix => {
+    const scales = m.scales.slice();
+    const groups = m.cols / 32;
+    for (let r = 0; r < m.rows; r++) {
+      if ((r % 128) % 3 !== 0) continue;
+      for (let g = 0; g < groups; g++) {
+        if ((Math.floor(r / 128) + Math.floor(g / 4)) % 2 === 0 && scales[r * groups + g] >= 16)
+          scales[r * groups + g] -= 16;
+      }
+    }
+    return { ...m, scales };
+  };
+  return {
+    config: source.config,
+    expert: (e) => {
+      const x = source.expert(e);
+      if (x.format !== "fp4" || e % 2 === 0) return x;
+      return { format: "fp4", w1: spread(x.w1), w2: spread(x.w2) };
+    },
+    shared: () => source.shared(),
+    gate: () => source.gate(),
+  };
 }
 
 function closeLayer(l: GpuLayer | null): void {
@@ -337,6 +372,50 @@ describeGpu("FP4 layer on a GPU (unfused pipeline and fused kernel)", () => {
       }
     });
   }
+
+  test("tiny, blocks of one reference beside blocks of a reference per row: every block M, as the CPU", () => {
+    const config = resolveConfig("tiny", { expertFormat: "fp4" });
+    let fp4: GpuLayer | null = null;
+    try {
+      fp4 = openLayer(config, seed + 4, 1024, "upload-spread", config.numExperts);
+      const odd = fp4.source.expert(1);
+      assert.equal(odd.format, "fp4");
+      if (odd.format === "fp4") {
+        const flags = mxfp4ReferenceWords(odd.w1.scales, odd.w1.rows, odd.w1.cols).map((w) => w >>> 31);
+        assert.ok(flags.includes(0) && flags.includes(1), "expert 1 has blocks of both kinds");
+      }
+      const tokens = 129;
+      const x = generateActivations(seed + 40, tokens, config.hidden);
+      const routing = randomRouting(seed + 41, tokens, config, { maskedTokens: [4], hotExpert: 1 });
+      for (const shared of [true, false]) {
+        checkCase("tiny spread blocks", fp4, null, x, tokens, routing, shared, null);
+        const want = runLayer(fp4, x, tokens, routing, shared);
+        for (const blockM of FUSED_BLOCK_MS) {
+          for (const expand of blockM >= 64 ? [false, true] : [false]) {
+            for (const ctas of [1, device().smCount]) {
+              fp4.fused.kernel.blockM = blockM;
+              fp4.fused.kernel.fp4Expand = expand;
+              fp4.fused.kernel.ctas = ctas;
+              try {
+                const got = runLayer(fp4, x, tokens, routing, shared, fp4.fused);
+                assertSameBits(
+                  got,
+                  want,
+                  `spread blocks BLOCK_M ${blockM}${expand ? " expand" : ""}, ${ctas} CTAs, shared ${shared}`,
+                );
+              } finally {
+                fp4.fused.kernel.blockM = "auto";
+                fp4.fused.kernel.fp4Expand = "auto";
+                fp4.fused.kernel.ctas = device().smCount;
+              }
+            }
+          }
+        }
+      }
+    } finally {
+      closeLayer(fp4);
+    }
+  });
 
   test("flash-ep8: against the CPU FP4 layer on sampled tokens, beside FP8 at T = 64", () => {
     const config4 = resolveConfig("flash-ep8", { expertFormat: "fp4", maxTokens: 4096 });

@@ -14,7 +14,8 @@
  *    exact sums, so the fast kernel is compared with tolerances, while the CUDA-core reference kernel
  *    (exact conversion, block sums in double) must still equal the CPU rule in every bit.
  * Weight scale bytes: blocks with spreads 0, 14, 15 and 30 and maxima running over every byte 0..254
- * (the exact cases; the maximum in each group position), and uniform random bytes. Group sizes include
+ * (the exact cases; the maximum in each group position), every other 128 × 128 block within 14 of
+ * one maximum (one reference and one scale for the whole block), and uniform random bytes. Group sizes include
  * empty groups, 1-row groups, rows outside every group and 384 small groups; outputs are poisoned with
  * 0xFF first, and rows of no group must stay poisoned. Every case runs on each FP4 tile and on a grid of
  * one CTA.
@@ -46,7 +47,12 @@ import { aScalesRows, type TensorLike, takeGroupedGemmStatus } from "../../src/k
 import { planGroupedGemm } from "../../src/kernels/gemm/plan.js";
 import { describeDefines, SM90_SHARED_OPTIN_BYTES } from "../../src/kernels/variants.js";
 import { bf16BitsToF32, f32ToBf16Bits } from "../../src/numerics/bf16.js";
-import { type Fp4AsFp8, mxfp4DeviceLayout, mxfp4RowsToFp8 } from "../../src/numerics/fp4.js";
+import {
+  type Fp4AsFp8,
+  mxfp4DeviceLayout,
+  mxfp4ReferenceWords,
+  mxfp4RowsToFp8,
+} from "../../src/numerics/fp4.js";
 import { E4M3_DECODE, encodeE4m3 } from "../../src/numerics/fp8.js";
 import { promoteBlock } from "../../src/reference/moe.js";
 import { availability, describeGpu, testDevice } from "../helpers/gpu.js";
@@ -74,8 +80,17 @@ interface Problem {
 
 const randInt = (n: number) => Math.floor(random() * n);
 
-/** Scale bytes of one weight row's K block: adversarial spreads with maxima over 0..254, or random. */
+/**
+ * Scale bytes of one weight row's K block: adversarial spreads with maxima over 0..254, or random; in the
+ * exact cases every other 128 × 128 block has all its bytes within 14 of one maximum (one reference for
+ * the block, one scale at promotion).
+ */
 function blockBytes(kind: "exact" | "random", row: number, kb: number, maxByte: number): number[] {
+  if (kind === "exact" && (Math.floor(row / 128) + kb) % 2 === 0) {
+    const top = 14 + ((Math.floor(row / 128) * 53 + kb * 29) % (maxByte - 13));
+    const at = (row + kb) % 4;
+    return [0, 1, 2, 3].map((g) => (g === at && row % 128 === 7 ? top : top - randInt(15)));
+  }
   if (kind === "random" || (row + kb) % 5 === 4) return [0, 1, 2, 3].map(() => randInt(maxByte + 1));
   const spread = [0, 14, 15, 30][(row + kb) % 4];
   const max = (row * 37 + kb * 101) % (maxByte + 1);
@@ -181,18 +196,15 @@ function weightCache(p: Problem): (g: number) => Fp4AsFp8 {
 const t = (dtype: TensorLike["dtype"], shape: number[]): TensorLike => ({ dtype, shape });
 
 describe("FP4 grouped GEMM layout and arguments", () => {
-  test("the scale transform puts row n's four bytes of K block b at (b, 4n)", () => {
+  test("the scale transform puts row n's reference word of K block b at (b, 4n)", () => {
     const rows = 3;
     const k = 256;
     const scales = Uint8Array.from({ length: rows * 8 }, (_, i) => i);
     const words = fp4GemmScaleWords(scales, rows, k);
+    const want = mxfp4ReferenceWords(scales, rows, k);
+    const view = new DataView(words.buffer, words.byteOffset, words.byteLength);
     for (let n = 0; n < rows; n++) {
-      for (let b = 0; b < 2; b++) {
-        assert.deepEqual(
-          [...words.subarray((b * rows + n) * 4, (b * rows + n) * 4 + 4)],
-          [...scales.subarray(n * 8 + 4 * b, n * 8 + 4 * b + 4)],
-        );
-      }
+      for (let b = 0; b < 2; b++) assert.equal(view.getUint32((b * rows + n) * 4, true), want[n * 2 + b]);
     }
     const bad = scales.slice();
     bad[13] = 0xff;

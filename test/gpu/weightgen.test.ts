@@ -23,6 +23,7 @@ import {
   DeviceMoEWeights,
   generateActivationsOnDevice,
 } from "../../src/kernels/device-weights.js";
+import { fp4ReferenceWordsOnDevice } from "../../src/kernels/fp4/fp4_convert.js";
 import { fp4GemmScaleWords } from "../../src/kernels/gemm/fp4_grouped_gemm.js";
 import { generateMxfp4OnDevice } from "../../src/kernels/weightgen/weightgen.js";
 import { countFp4ToFp8Inexact, mxfp4DeviceLayout } from "../../src/numerics/fp4.js";
@@ -419,6 +420,9 @@ describeGpu("device weight generator on a GPU: FP4 (MXFP4) experts", () => {
           cpu.packed,
           cols / 2,
         );
+        // The generator writes the UE8M0 bytes in the GEMM's order; the load-time pass makes them words.
+        fp4ReferenceWordsOnDevice(d, gemm, rows, rows, rows, null);
+        d.synchronize();
         const want = fp4GemmScaleWords(cpu.scales, rows, cols);
         assertSameBits(
           `${rows}×${cols} GEMM scale words`,

@@ -6,6 +6,8 @@ import {
   E2M1_DECODE,
   e2m1At,
   encodeE2m1,
+  FP4_BLOCK_FLAG,
+  FP4_EXACT_FLAG,
   FP4_OWN_REFERENCE,
   FP4_TO_FP8_EXACT_SPREAD,
   fp4BlockReferences,
@@ -13,6 +15,7 @@ import {
   type Mxfp4,
   mxfp4DeviceLayout,
   mxfp4DeviceOrder,
+  mxfp4ReferenceWords,
   mxfp4RowsToFp8,
   mxfp4ScaleByte,
   mxfp4StoredLayout,
@@ -377,5 +380,42 @@ describe("FP4 → FP8 references: the 128 × 128 cast's where its bytes allow", 
     const nan = { ...m, scales: scales.slice() };
     nan.scales[8 * 5] = 0xff;
     assert.throws(() => mxfp4RowsToFp8(nan, 100, 101), /0xFF/);
+  });
+
+  it("stores each row's K block as the kernels' reference word: R, offsets, flags", () => {
+    const words = mxfp4ReferenceWords(scales, rows, cols);
+    const blocks = fp4BlockReferences(m);
+    for (let r = 0; r < rows; r++) {
+      for (let kb = 0; kb < 2; kb++) {
+        const w = words[2 * r + kb];
+        const R = refs[2 * r + kb];
+        assert.equal(w & 0xff, R, `row ${r}, K block ${kb}`);
+        const offsets = [0, 1, 2, 3].map((g) => R - scales[8 * r + 4 * kb + g]);
+        assert.deepEqual(
+          [0, 1, 2, 3].map((g) => (w >>> (8 + 5 * g)) & 31),
+          offsets,
+          `row ${r}, K block ${kb}`,
+        );
+        assert.equal(
+          (w & FP4_EXACT_FLAG) !== 0,
+          offsets.some((o) => o > 11),
+          `row ${r}, K block ${kb}`,
+        );
+        const blockRef = blocks[Math.floor(r / 128) * 2 + kb] !== FP4_OWN_REFERENCE;
+        assert.equal((w & FP4_BLOCK_FLAG) !== 0, blockRef, `row ${r}, K block ${kb}`);
+        assert.equal(w & 0x30000000, 0);
+      }
+    }
+    // An offset past 31 is stored as 31 (every offset from 19 converts to zeros alike).
+    const far = mxfp4ReferenceWords(Uint8Array.of(200, 10, 200, 199), 1, 128)[0];
+    assert.equal(far, (200 | (31 << 13) | (1 << 23) | FP4_EXACT_FLAG) >>> 0);
+    assert.throws(
+      () => mxfp4ReferenceWords(Uint8Array.of(1, 2, 0xff, 4), 1, 128),
+      /0xFF \(NaN\) at row 0, K group 2/,
+    );
+    assert.throws(
+      () => mxfp4ReferenceWords(Uint8Array.of(1, 2, 3), 1, 128),
+      /3 scale bytes do not fit \[1, 4\]/,
+    );
   });
 });

@@ -53,7 +53,7 @@ MEGAMOE_HD int fp4_max_byte(unsigned int scales4) {
   return m;
 }
 
-// Smallest of the four scale bytes: the block takes the fast tables when it is within 11 of the largest.
+// Smallest of the four scale bytes (the load-time transform's block spans).
 MEGAMOE_HD int fp4_min_byte(unsigned int scales4) {
   int m = static_cast<int>(scales4 & 0xffu);
   for (int g = 1; g < kFp4GroupsPerBlock; g++) {
@@ -61,18 +61,6 @@ MEGAMOE_HD int fp4_min_byte(unsigned int scales4) {
     m = b < m ? b : m;
   }
   return m;
-}
-
-// ref = max − 127 − 6, in [−133, 121] for bytes ≤ 0xFE.
-MEGAMOE_HD int fp4_block_ref(unsigned int scales4) { return fp4_max_byte(scales4) - kE8m0Bias - kFp4Top; }
-
-// The reference byte a row's K block converts relative to (docs/numerics.md): its 128 × 128 block's,
-// `block_ref`, where that block takes one (its bytes span at most 14), else kFp4OwnReference: the largest
-// of the row's own four. A block's reference is at least every one of its rows' largest byte, so no
-// group's offset passes +6.
-constexpr unsigned int kFp4OwnReference = 0xFFu;
-MEGAMOE_HD unsigned int fp4_reference_byte(unsigned int scales4, unsigned int block_ref) {
-  return block_ref != kFp4OwnReference ? block_ref : static_cast<unsigned int>(fp4_max_byte(scales4));
 }
 
 // fp32 bit pattern of 2^e for e in [−149, 127] (subnormal below −126): exact, no float arithmetic.
@@ -90,8 +78,45 @@ MEGAMOE_HD float fp32_from_bits(unsigned int bits) {
 #endif
 }
 
-// sw = 2^ref of a block, as fp32.
-MEGAMOE_HD float fp4_block_scale(unsigned int scales4) { return fp32_from_bits(fp32_pow2_bits(fp4_block_ref(scales4))); }
+// ---- the reference word: a row's K-block scales as the kernels read them ----
+//
+// The reference byte R a row's K block converts relative to (docs/numerics.md, "FP4 → FP8 conversion")
+// is its 128 × 128 block's largest byte where that block's bytes span at most 14 (`block_ref`), else the
+// largest of the row's own four (kFp4OwnReference). The kernels never see the UE8M0 bytes themselves:
+// the load-time transform (fp4GemmScaleWords, megamoe_fp4_reference_words) stores each row's K block as
+//   bits 0..7        R
+//   bits 8 + 5g ..   o_g = min(R − b_g, 31), g = 0..3: the group's offset under R (31 and more all give 0)
+//   bit 30           some o_g is above 11: that group needs the exact tables (fp4_table_of_offset)
+//   bit 31           R is the block's, so every row of the 128-row block has it and one scale serves them
+// so a converter needs no maximum and the math warps can tell a block of one scale from its rows' words.
+// R is at least each of the row's bytes (a block's largest is at least every row's), so o_g ≥ 0 and no
+// group lands above 2^6: d_g = b_g − 127 − ref = 6 − o_g with ref = R − 127 − 6.
+constexpr unsigned int kFp4OwnReference = 0xFFu;
+constexpr unsigned int kFp4BlockFlag = 0x80000000u;
+constexpr unsigned int kFp4ExactFlag = 0x40000000u;
+constexpr unsigned int kFp4OffsetClamp = 31u;
+
+MEGAMOE_HD unsigned int fp4_reference_word(unsigned int scales4, unsigned int block_ref = kFp4OwnReference) {
+  const unsigned int ref = block_ref != kFp4OwnReference ? block_ref : static_cast<unsigned int>(fp4_max_byte(scales4));
+  unsigned int w = ref | (block_ref != kFp4OwnReference ? kFp4BlockFlag : 0u);
+  for (int g = 0; g < kFp4GroupsPerBlock; g++) {
+    const unsigned int o = ref - ((scales4 >> (8 * g)) & 0xffu);
+    w |= (o < kFp4OffsetClamp ? o : kFp4OffsetClamp) << (8 + 5 * g);
+    if (o > 11u) w |= kFp4ExactFlag;
+  }
+  return w;
+}
+
+MEGAMOE_HD unsigned int fp4_word_offset(unsigned int word, int g) { return (word >> (8 + 5 * g)) & 31u; }
+
+// ref = R − 127 − 6, in [−133, 121] for R ≤ 0xFE.
+MEGAMOE_HD int fp4_word_ref(unsigned int word) { return static_cast<int>(word & 0xffu) - kE8m0Bias - kFp4Top; }
+
+// sw = 2^ref of a row's K block, as fp32 bits.
+MEGAMOE_HD unsigned int fp4_word_scale_bits(unsigned int word) { return fp32_pow2_bits(fp4_word_ref(word)); }
+
+// Whether a group lies more than 11 binades under R: the fast tables are then wrong for it.
+MEGAMOE_HD bool fp4_word_needs_exact(unsigned int word) { return (word & kFp4ExactFlag) != 0u; }
 
 // ---- exact path: one element ----
 
@@ -133,20 +158,17 @@ MEGAMOE_HD unsigned int fp4_stored_code(const unsigned char* block, int e) {
   return (e & 1) != 0 ? byte >> 4 : byte & 0xfu;
 }
 
-// One row's 128-deep K block: `packed` 64 bytes (element 2j low nibble of byte j), `scales4` the four
-// UE8M0 bytes (group g in byte g), `out` 128 e4m3 codes, `block_ref` as fp4_reference_byte's. Returns
-// ref (sw = 2^ref).
-MEGAMOE_HD int fp4_block_to_e4m3_exact(const unsigned char* packed, unsigned int scales4, unsigned char* out,
-                                       unsigned int block_ref = kFp4OwnReference) {
-  const int ref = static_cast<int>(fp4_reference_byte(scales4, block_ref)) - kE8m0Bias - kFp4Top;
+// One row's 128-deep K block: `packed` 64 bytes (element 2j low nibble of byte j), `word` its reference
+// word (fp4_reference_word), `out` 128 e4m3 codes. Returns ref (sw = 2^ref).
+MEGAMOE_HD int fp4_block_to_e4m3_exact(const unsigned char* packed, unsigned int word, unsigned char* out) {
   for (int g = 0; g < kFp4GroupsPerBlock; g++) {
-    const int d = static_cast<int>((scales4 >> (8 * g)) & 0xffu) - kE8m0Bias - ref;
+    const int d = kFp4Top - static_cast<int>(fp4_word_offset(word, g));
     for (int j = 0; j < kFp4Group; j++) {
       const int k = g * kFp4Group + j;
       out[k] = static_cast<unsigned char>(e2m1_to_e4m3_exact(fp4_stored_code(packed, k), d));
     }
   }
-  return ref;
+  return fp4_word_ref(word);
 }
 
 // ---- fast path: four elements per lookup ----
@@ -172,33 +194,42 @@ MEGAMOE_HD constexpr unsigned int fp4_table_word(int d, int half) {
   return word;
 }
 
+// The table of a group o binades under its reference (o = R − b, d = 6 − o, o ≤ 31): from o = 19 every
+// magnitude rounds to 0 (M · 2^(d + 8) is under half a subnormal step). The fast passes take
+// fp4_table_fast(12 − o), right up to o = 11; the exact ones this: one constant-bank load per word on the
+// device, with no branch or select (both cost the register-converting tiles registers they lack).
+#define MEGAMOE_FP4_TABLE(o) fp4_table_word(kFp4Top - (o), 0), fp4_table_word(kFp4Top - (o), 1)
 #if defined(__CUDA_ARCH__)
-// The device's copy of the tables of d = −12 … −6 (lo and hi words), made at compile time.
-__constant__ unsigned int kFp4LowTables[14] = {
-    fp4_table_word(-12, 0), fp4_table_word(-12, 1), fp4_table_word(-11, 0), fp4_table_word(-11, 1),
-    fp4_table_word(-10, 0), fp4_table_word(-10, 1), fp4_table_word(-9, 0),  fp4_table_word(-9, 1),
-    fp4_table_word(-8, 0),  fp4_table_word(-8, 1),  fp4_table_word(-7, 0),  fp4_table_word(-7, 1),
-    fp4_table_word(-6, 0),  fp4_table_word(-6, 1)};
-#endif
-
-// Any d ≤ 6. Below −12 every magnitude rounds to 0 (M · 2^(d + 8) is under half a subnormal step); on
-// the device −12 … −6 are a constant-bank load, so this cold path stays a few instructions at each of
-// the many sites it is inlined at.
-MEGAMOE_HD Fp4Table fp4_table(int d) {
-  if (d >= -5) return fp4_table_fast(static_cast<unsigned int>(d + 6));
-  if (d < -12) return Fp4Table{0u, 0u};
-#if defined(__CUDA_ARCH__)
-  return Fp4Table{kFp4LowTables[2 * (d + 12)], kFp4LowTables[2 * (d + 12) + 1]};
+__constant__ alignas(8) unsigned int kFp4Tables[64] = {
 #else
-  return Fp4Table{fp4_table_word(d, 0), fp4_table_word(d, 1)};
+inline constexpr unsigned int kFp4Tables[64] = {
 #endif
-}
+    MEGAMOE_FP4_TABLE(0),  MEGAMOE_FP4_TABLE(1),  MEGAMOE_FP4_TABLE(2),  MEGAMOE_FP4_TABLE(3),
+    MEGAMOE_FP4_TABLE(4),  MEGAMOE_FP4_TABLE(5),  MEGAMOE_FP4_TABLE(6),  MEGAMOE_FP4_TABLE(7),
+    MEGAMOE_FP4_TABLE(8),  MEGAMOE_FP4_TABLE(9),  MEGAMOE_FP4_TABLE(10), MEGAMOE_FP4_TABLE(11),
+    MEGAMOE_FP4_TABLE(12), MEGAMOE_FP4_TABLE(13), MEGAMOE_FP4_TABLE(14), MEGAMOE_FP4_TABLE(15),
+    MEGAMOE_FP4_TABLE(16), MEGAMOE_FP4_TABLE(17), MEGAMOE_FP4_TABLE(18), MEGAMOE_FP4_TABLE(19),
+    MEGAMOE_FP4_TABLE(20), MEGAMOE_FP4_TABLE(21), MEGAMOE_FP4_TABLE(22), MEGAMOE_FP4_TABLE(23),
+    MEGAMOE_FP4_TABLE(24), MEGAMOE_FP4_TABLE(25), MEGAMOE_FP4_TABLE(26), MEGAMOE_FP4_TABLE(27),
+    MEGAMOE_FP4_TABLE(28), MEGAMOE_FP4_TABLE(29), MEGAMOE_FP4_TABLE(30), MEGAMOE_FP4_TABLE(31)};
+#undef MEGAMOE_FP4_TABLE
 
-// The table of a group of byte b in a block whose largest byte is `max`: d + 6 = b − max + 12, and the
-// fast form holds when b + 11 ≥ max.
-MEGAMOE_HD Fp4Table fp4_table_of_byte(unsigned int b, unsigned int max) {
-  if (b + 11u >= max) return fp4_table_fast(b + 12u - max);
-  return fp4_table(static_cast<int>(b) - static_cast<int>(max) + kFp4Top);
+// On the device one volatile 8-byte constant-bank load: ptxas may not hoist it out of the rare exact
+// pass into the code around it, where its registers spilled the register-converting tiles.
+MEGAMOE_HD Fp4Table fp4_table_of_offset(unsigned int o) {
+#if defined(__CUDA_ARCH__)
+  unsigned int lo;
+  unsigned int hi;
+  // The table's state-space address (the C++ pointer would be a generic one): its mangled name.
+  asm volatile(
+      "{\n.reg .u64 a;\nmov.u64 a, _ZN7megamoe10kFp4TablesE;\nmad.wide.u32 a, %2, 8, a;\n"
+      "ld.const.v2.u32 {%0, %1}, [a];\n}\n"
+      : "=r"(lo), "=r"(hi)
+      : "r"(o));
+  return Fp4Table{lo, hi};
+#else
+  return Fp4Table{kFp4Tables[2u * o], kFp4Tables[2u * o + 1u]};
+#endif
 }
 
 // PTX prmt.b32 (default mode): output byte i is byte (c >> 4i) & 7 of {b:a} (a = bytes 0..3), or that
@@ -283,12 +314,10 @@ MEGAMOE_HD void fp4x8_to_e4m3(unsigned int w, Fp4Table t, unsigned int& lo, unsi
 }
 
 // Fast form of fp4_block_to_e4m3_exact (same arguments, stored order, same results).
-MEGAMOE_HD int fp4_block_to_e4m3_fast(const unsigned char* packed, unsigned int scales4, unsigned char* out,
-                                      unsigned int block_ref = kFp4OwnReference) {
-  const unsigned int max = fp4_reference_byte(scales4, block_ref);
+MEGAMOE_HD int fp4_block_to_e4m3_fast(const unsigned char* packed, unsigned int word, unsigned char* out) {
   MEGAMOE_UNROLL
   for (int s = 0; s < kFp4GroupsPerBlock; s++) {
-    const Fp4Table t = fp4_table_of_byte((scales4 >> (8 * s)) & 0xffu, max);
+    const Fp4Table t = fp4_table_of_offset(fp4_word_offset(word, s));
     MEGAMOE_UNROLL
     for (int q = 0; q < 4; q++) {
       unsigned int lo;
@@ -301,18 +330,19 @@ MEGAMOE_HD int fp4_block_to_e4m3_fast(const unsigned char* packed, unsigned int 
       }
     }
   }
-  return static_cast<int>(max) - kE8m0Bias - kFp4Top;
+  return fp4_word_ref(word);
 }
 
 // ---- one converter thread's share of a weight stage ----
 
 // A stage holds kRows weight rows of one 128-deep K block: `packed` kRows × 64 bytes in the device
 // order as the TMA writes it with the 64-byte swizzle from a 512-aligned base (row r's chunk q, its
-// words (q, 0..3), at 64r + 16·(q ^ ((r >> 1) & 3))), `scales4` kRows u32 (row r's four UE8M0 bytes),
+// words (q, 0..3), at 64r + 16·(q ^ ((r >> 1) & 3))), `ref_words` kRows reference words (fp4_reference_word),
 // and receives `b_tile` kRows × 128 e4m3 bytes in the 128-byte swizzle the TMA gives an FP8 tile (row
 // r's 16-byte chunk c at 128r + ((c ^ (r % 8)) << 4), b_tile 128-aligned) and `sw` kRows fp32 bits of
-// 2^ref. `block_refs` byte i is the reference of rows 128i .. 128i + 127 (fp4_reference_byte's block_ref). `Mem` reads and writes that memory: ld32(a), ld64(a, w[2]), st128(a, w[4]), st32(a, v) on byte
-// addresses (shared memory on the device, an array in the host test).
+// 2^ref, each with its word's kFp4BlockFlag (the sign bit: the promotions take one scale for a flagged
+// chunk, fp4_stage.cuh). `Mem` reads and writes that memory: ld32(a), ld64(a, w[2]), st128(a, w[4]),
+// st32(a, v) on byte addresses (shared memory on the device, an array in the host test).
 //
 // Items are (row, half): groups 2·half and 2·half + 1 of a row, 64 elements; item i is row i / 2, half
 // i % 2, and thread t converts items t + k·kThreads. As kThreads / 2 is a multiple of 8, a thread's half
@@ -325,16 +355,15 @@ MEGAMOE_HD int fp4_block_to_e4m3_fast(const unsigned char* packed, unsigned int 
 // of a quarter warp (four rows, both halves) meets eight distinct chunks of the swizzle; the 8-byte loads
 // of a warp (16 rows, both halves, one q) meet every bank twice, thanks to the 64-byte swizzle.
 template <int kRows, int kThreads, int kDepth, class Mem>
-MEGAMOE_HD void fp4_stage_convert(Mem& mem, unsigned int packed, unsigned int scales4, unsigned int b_tile,
-                                  unsigned int sw, int thread, unsigned int block_refs = 0xFFFFFFFFu) {
+MEGAMOE_HD void fp4_stage_convert(Mem& mem, unsigned int packed, unsigned int ref_words, unsigned int b_tile,
+                                  unsigned int sw, int thread) {
   static_assert(kThreads % 32 == 0, "converters come in whole warps");
   static_assert(kRows % 8 == 0, "the swizzle repeats every 8 rows");
   static_assert(kDepth >= 1, "at least one item in flight");
-  static_assert(kRows <= 512, "four 128-row blocks' references in block_refs");
   constexpr int kItems = 2 * kRows;
   constexpr int kPerThread = (kItems + kThreads - 1) / kThreads;
   constexpr unsigned int kStepIn = 32u * kThreads;    // packed bytes between a thread's items
-  constexpr unsigned int kStepRow = 2u * kThreads;    // scale / sw bytes between them (4 per row)
+  constexpr unsigned int kStepRow = 2u * kThreads;    // word / sw bytes between them (4 per row)
   constexpr unsigned int kStepOut = 64u * kThreads;   // tile bytes between them (128 per row)
   const unsigned int t = static_cast<unsigned int>(thread);
   const unsigned int half = t & 1u;
@@ -345,57 +374,49 @@ MEGAMOE_HD void fp4_stage_convert(Mem& mem, unsigned int packed, unsigned int sc
   // Chunk i (0..3) of the item is tile chunk 4·half + i, at ((4·half + i) ^ (row % 8)) << 4 =
   // out0 ^ (i << 4): b_tile + 128 · row keeps bits 4..6 clear for the XOR.
   const unsigned int out0 = b_tile + 64u * (t & ~1u) + (((4u * half) ^ ((t >> 1) & 7u)) << 4);
-  const unsigned int sel0 = 0x4440u | (2u * half);  // prmt selector of scale byte 2·half, zero-extended
+  const unsigned int shift0 = 8u + 10u * half;  // the offsets of groups 2·half and 2·half + 1
   // A rolling window: item k + kDepth is loaded right after item k is stored, into k's registers.
-  unsigned int s4[kDepth];
+  unsigned int w4[kDepth];
   unsigned int in[kDepth][8];
   // Items k < kFull exist for every thread (known at compile time, so the unrolled loop has no branch there).
   constexpr int kFull = kItems / kThreads;
   const auto valid = [&](int k) { return k < kPerThread && (k < kFull || thread + k * kThreads < kItems); };
   const auto load = [&](int k) {
     if (valid(k)) {
-      s4[k % kDepth] = mem.ld32(scales4 + row_at + k * kStepRow);
+      w4[k % kDepth] = mem.ld32(ref_words + row_at + k * kStepRow);
       for (unsigned int c = 0; c < 4u; ++c) mem.ld64((in0 ^ (c << 4)) + k * kStepIn, in[k % kDepth] + 2 * c);
     }
   };
-  // Item k's conversion and stores from its scale word s and words w (w[2c + j]: word (c, 2·half + j)).
-  // Returns whether a group lies more than 11 binades under the block's largest: the fast tables are
-  // then wrong for it and the item needs the exact ones.
-  // Item k's row lies in 128-row block ((t >> 1) + k · kThreads / 2) / 128.
-  const auto reference = [&](int k, unsigned int s) {
-    // Every row its own (the default, a constant where inlined): no per-row block index to compute.
-    if (block_refs == 0xFFFFFFFFu) return static_cast<unsigned int>(fp4_max_byte(s));
-    const unsigned int row = (t >> 1) + static_cast<unsigned int>(k) * (kThreads / 2);
-    return fp4_reference_byte(s, (block_refs >> (8u * (row >> 7))) & 0xffu);
-  };
-  const auto convert = [&](int k, unsigned int s, const unsigned int* w, bool exact_tables) {
-    const unsigned int max = reference(k, s);
-    const unsigned int b0 = prmt(s, 0u, sel0);
-    const unsigned int b1 = prmt(s, 0u, sel0 + 1u);
-    const Fp4Table t0 = exact_tables ? fp4_table_of_byte(b0, max) : fp4_table_fast(b0 + 12u - max);
-    const Fp4Table t1 = exact_tables ? fp4_table_of_byte(b1, max) : fp4_table_fast(b1 + 12u - max);
+  // The offsets of the item's two groups under its reference.
+  const auto offset = [&](unsigned int word, unsigned int j) { return (word >> (shift0 + 5u * j)) & 31u; };
+  // Item k's conversion and stores from its reference word and packed words w (w[2c + j]: word (c,
+  // 2·half + j)).
+  const auto convert = [&](int k, unsigned int word, const unsigned int* w, bool exact_tables) {
+    const unsigned int o0 = offset(word, 0);
+    const unsigned int o1 = offset(word, 1);
+    const Fp4Table t0 = exact_tables ? fp4_table_of_offset(o0) : fp4_table_fast(12u - o0);
+    const Fp4Table t1 = exact_tables ? fp4_table_of_offset(o1) : fp4_table_fast(12u - o1);
     unsigned int q[16];  // tile chunk 4·half + i in q[4i .. 4i + 3]
     for (int c = 0; c < 4; ++c) fp4x8_to_e4m3(w[2 * c], t0, q[c], q[4 + c]);
     for (int c = 0; c < 4; ++c) fp4x8_to_e4m3(w[2 * c + 1], t1, q[8 + c], q[12 + c]);
     for (unsigned int i = 0; i < 4; ++i) mem.st128((out0 ^ (i << 4)) + k * kStepOut, q + 4 * i);
-    if (half == 0u) mem.st32(sw + row_at + k * kStepRow, fp32_pow2_bits(static_cast<int>(max) - kE8m0Bias - kFp4Top));
-    return (b0 < b1 ? b0 : b1) + 11u < max;
+    if (half == 0u) mem.st32(sw + row_at + k * kStepRow, fp4_word_scale_bits(word) | (word & kFp4BlockFlag));
   };
   MEGAMOE_UNROLL
   for (int k = 0; k < kDepth; ++k) load(k);
   // The main pass takes the fast tables without a branch, so the unrolled items can interleave; an item
-  // with a group more than 11 binades under its block's largest (rare) is marked and converted again,
-  // with the exact tables, after the pass: its stores land before the caller's arrive.
+  // with a group more than 11 binades under its reference (rare) is marked and converted again, with the
+  // exact tables, after the pass: its stores land before the caller's arrive.
   static_assert(kPerThread <= 32, "one bit per item in the redo mask");
   unsigned int redo = 0;
   MEGAMOE_UNROLL
   for (int k = 0; k < kPerThread; ++k) {
     if (valid(k)) {
-      const unsigned int s = s4[k % kDepth];
-      const unsigned int b0 = prmt(s, 0u, sel0);
-      const unsigned int b1 = prmt(s, 0u, sel0 + 1u);
-      if ((b0 < b1 ? b0 : b1) + 11u < reference(k, s)) redo |= 1u << k;
-      convert(k, s, in[k % kDepth], false);
+      const unsigned int word = w4[k % kDepth];
+      const unsigned int o0 = offset(word, 0);
+      const unsigned int o1 = offset(word, 1);
+      if ((o0 > o1 ? o0 : o1) > 11u) redo |= 1u << k;
+      convert(k, word, in[k % kDepth], false);
     }
     load(k + kDepth);
   }
@@ -404,7 +425,7 @@ MEGAMOE_HD void fp4_stage_convert(Mem& mem, unsigned int packed, unsigned int sc
     if ((redo & 1u) != 0u) {
       unsigned int w[8];
       for (unsigned int c = 0; c < 4u; ++c) mem.ld64((in0 ^ (c << 4)) + k * kStepIn, w + 2 * c);
-      convert(k, mem.ld32(scales4 + row_at + k * kStepRow), w, true);
+      convert(k, mem.ld32(ref_words + row_at + k * kStepRow), w, true);
     }
   }
 }

@@ -42,72 +42,57 @@ MEGAMOE_HD bool fp4_warp_all(bool p) {
 #endif
 }
 
-// A thread's two rows of a slab's K block: their UE8M0 words and their packed words (w[rh][s]: step s).
-template <class Mem>
-MEGAMOE_HD void fp4_fragment_load(const Mem& mem, unsigned packed, unsigned words, int thread, unsigned (&s4)[2],
-                                  unsigned (&w)[2][4]) {
-  const unsigned quad = static_cast<unsigned>(thread) & 3u;
-  MEGAMOE_UNROLL
-  for (int rh = 0; rh < 2; ++rh) {
-    const unsigned r = fp4_frag_row(thread, rh);
-    s4[rh] = mem.ld32(words + 4u * r);
-    mem.ld128(packed + 64u * r + 16u * static_cast<unsigned>(fp4_layout_quarter(static_cast<int>(r), static_cast<int>(quad))), w[rh]);
-  }
-}
-
 // The four e4m3 A registers of each k32 step of a 64-row slab and one K block, for warpgroup thread
 // `thread`, with the fast tables and no branch: a[s][i] is register i of step s. `packed` is the slab's
-// first packed row (device order, 64B-swizzled as above), `words` its first row's UE8M0 word (u32 per
-// row, group g in byte g). sw_bits[rh] receives the fp32 bits of 2^ref of row half rh (fp4_frag_row).
-// `Mem` as fp4_stage_convert's (ld32 and ld128). Returns whether a group of the thread's rows lies more
-// than 11 binades under its block's largest: the fast tables are then wrong for it, and the warp must
-// convert again with fp4_fragment_k128_exact.
+// first packed row (device order, 64B-swizzled as above), `ref_words` its first row's reference word
+// (fp4_reference_word, u32 per row). sw_bits[rh] receives the fp32 bits of 2^ref of row half rh
+// (fp4_frag_row). `Mem` as fp4_stage_convert's (ld32 and ld128). Returns whether a group of the thread's
+// rows lies more than 11 binades under its reference: the fast tables are then wrong for it, and the
+// warp must convert again with fp4_fragment_k128_exact. One row at a time: the BLOCK_M 16 builds convert
+// under another block's wgmmas with no register to spare.
 template <class Mem>
-MEGAMOE_HD bool fp4_fragment_k128_fast(const Mem& mem, unsigned packed, unsigned words, int thread,
-                                       unsigned (&a)[4][4], unsigned (&sw_bits)[2],
-                                       unsigned block_ref = kFp4OwnReference) {
-  unsigned s4[2];
-  unsigned w[2][4];
-  fp4_fragment_load(mem, packed, words, thread, s4, w);
+MEGAMOE_HD bool fp4_fragment_k128_fast(const Mem& mem, unsigned packed, unsigned ref_words, int thread,
+                                       unsigned (&a)[4][4], unsigned (&sw_bits)[2]) {
+  const unsigned quad = static_cast<unsigned>(thread) & 3u;
   bool exact = false;
   MEGAMOE_UNROLL
   for (int rh = 0; rh < 2; ++rh) {
-    const unsigned max = fp4_reference_byte(s4[rh], block_ref);
-    exact = exact || static_cast<unsigned>(fp4_min_byte(s4[rh])) + 11u < max;
-    sw_bits[rh] = fp32_pow2_bits(static_cast<int>(max) - kE8m0Bias - kFp4Top);
+    const unsigned r = fp4_frag_row(thread, rh);
+    const unsigned word = mem.ld32(ref_words + 4u * r);
+    unsigned w[4];
+    mem.ld128(packed + 64u * r + 16u * static_cast<unsigned>(fp4_layout_quarter(static_cast<int>(r), static_cast<int>(quad))), w);
+    sw_bits[rh] = fp4_word_scale_bits(word);
+    exact = exact || fp4_word_needs_exact(word);
     MEGAMOE_UNROLL
-    for (int g = 0; g < 4; ++g) {
-      const unsigned b = (s4[rh] >> (8 * g)) & 0xffu;
-      fp4x8_to_e4m3(w[rh][g], fp4_table_fast(b + 12u - max), a[g][rh], a[g][2 + rh]);
-    }
+    for (int g = 0; g < 4; ++g) fp4x8_to_e4m3(w[g], fp4_table_fast(12u - fp4_word_offset(word, g)), a[g][rh], a[g][2 + rh]);
   }
   return exact;
 }
 
-// The same registers with the exact tables (fp4_table_of_byte, which also gives the fast ones).
+// The same registers with the exact tables (fp4_table_of_offset, right for every offset), one row at a
+// time: this rare pass runs beside the other buffer's fragments.
 template <class Mem>
-MEGAMOE_HD void fp4_fragment_k128_exact(const Mem& mem, unsigned packed, unsigned words, int thread,
-                                        unsigned (&a)[4][4], unsigned block_ref = kFp4OwnReference) {
-  unsigned s4[2];
-  unsigned w[2][4];
-  fp4_fragment_load(mem, packed, words, thread, s4, w);
+MEGAMOE_HD void fp4_fragment_k128_exact(const Mem& mem, unsigned packed, unsigned ref_words, int thread,
+                                        unsigned (&a)[4][4]) {
+  const unsigned quad = static_cast<unsigned>(thread) & 3u;
   MEGAMOE_UNROLL
   for (int rh = 0; rh < 2; ++rh) {
-    const unsigned max = fp4_reference_byte(s4[rh], block_ref);
+    const unsigned r = fp4_frag_row(thread, rh);
+    const unsigned word = mem.ld32(ref_words + 4u * r);
+    unsigned w[4];
+    mem.ld128(packed + 64u * r + 16u * static_cast<unsigned>(fp4_layout_quarter(static_cast<int>(r), static_cast<int>(quad))), w);
     MEGAMOE_UNROLL
-    for (int g = 0; g < 4; ++g) {
-      fp4x8_to_e4m3(w[rh][g], fp4_table_of_byte((s4[rh] >> (8 * g)) & 0xffu, max), a[g][rh], a[g][2 + rh]);
-    }
+    for (int g = 0; g < 4; ++g) fp4x8_to_e4m3(w[g], fp4_table_of_offset(fp4_word_offset(word, g)), a[g][rh], a[g][2 + rh]);
   }
 }
 
 // Both: the fast pass, then the exact one when any lane of the warp needs it (so the branch never
 // diverges). All 32 lanes of the warp must call it together.
 template <class Mem>
-MEGAMOE_HD void fp4_fragment_k128(const Mem& mem, unsigned packed, unsigned words, int thread, unsigned (&a)[4][4],
-                                  unsigned (&sw_bits)[2], unsigned block_ref = kFp4OwnReference) {
-  const bool exact = fp4_fragment_k128_fast(mem, packed, words, thread, a, sw_bits, block_ref);
-  if (!fp4_warp_all(!exact)) fp4_fragment_k128_exact(mem, packed, words, thread, a, block_ref);
+MEGAMOE_HD void fp4_fragment_k128(const Mem& mem, unsigned packed, unsigned ref_words, int thread, unsigned (&a)[4][4],
+                                  unsigned (&sw_bits)[2]) {
+  const bool exact = fp4_fragment_k128_fast(mem, packed, ref_words, thread, a, sw_bits);
+  if (!fp4_warp_all(!exact)) fp4_fragment_k128_exact(mem, packed, ref_words, thread, a);
 }
 
 }  // namespace megamoe

@@ -6,7 +6,8 @@
 // layout the FP4 kernels read (fp4.cuh).
 //
 //   packed  uint8 [rows, K/2]     element 2j in the low nibble of byte j
-//   scales  uint8 [rows, K/32]    UE8M0, none 0xFF (checked on the host)
+//   words   u32 [rows, K/128]     each row's K block as its reference word (common/fp4.cuh
+//                                 fp4_reference_word; the host's mxfp4ReferenceWords)
 //   q       uint8 [rows, K]       e4m3 codes
 //   sw      fp32  [rows, K/128]   2^ref
 //
@@ -16,48 +17,47 @@
 namespace {
 
 __device__ __forceinline__ void convert(const unsigned char* __restrict__ packed,
-                                        const unsigned int* __restrict__ scales4, unsigned char* __restrict__ q,
+                                        const unsigned int* __restrict__ words, unsigned char* __restrict__ q,
                                         float* __restrict__ sw, unsigned int blocks) {
   const unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= blocks) return;
-  const unsigned int s = scales4[i];  // the block's four bytes: scales [rows, K/32] is [blocks, 4]
+  const unsigned int s = words[i];
   alignas(16) unsigned char in[64];
   alignas(16) unsigned char out[128];
   const uint4* src = reinterpret_cast<const uint4*>(packed + 64ull * i);
 #pragma unroll
   for (int j = 0; j < 4; j++) reinterpret_cast<uint4*>(in)[j] = src[j];
-  const int ref = megamoe::fp4_block_to_e4m3_fast(in, s, out);
+  megamoe::fp4_block_to_e4m3_fast(in, s, out);
   uint4* dst = reinterpret_cast<uint4*>(q + 128ull * i);
 #pragma unroll
   for (int j = 0; j < 8; j++) dst[j] = reinterpret_cast<const uint4*>(out)[j];
-  sw[i] = megamoe::fp32_from_bits(megamoe::fp32_pow2_bits(ref));
+  sw[i] = megamoe::fp32_from_bits(megamoe::fp4_word_scale_bits(s));
 }
 
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(128) megamoe_fp4_to_e4m3(const unsigned char* __restrict__ packed,
-                                                                      const unsigned int* __restrict__ scales4,
+                                                                      const unsigned int* __restrict__ words,
                                                                       unsigned char* __restrict__ q,
                                                                       float* __restrict__ sw, unsigned int blocks) {
-  convert(packed, scales4, q, sw, blocks);
+  convert(packed, words, q, sw, blocks);
 }
 
 // The exact path one element at a time, straight from and to global memory (a test oracle: no local
 // arrays, so no stack frame).
 extern "C" __global__ void __launch_bounds__(128) megamoe_fp4_to_e4m3_exact(const unsigned char* __restrict__ packed,
-                                                                            const unsigned int* __restrict__ scales4,
+                                                                            const unsigned int* __restrict__ words,
                                                                             unsigned char* __restrict__ q,
                                                                             float* __restrict__ sw,
                                                                             unsigned int blocks) {
   const unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= blocks) return;
-  const unsigned int s = scales4[i];
-  const int ref = megamoe::fp4_block_ref(s);
+  const unsigned int s = words[i];
   for (int k = 0; k < 128; k++) {
-    const int d = static_cast<int>((s >> (8 * (k / megamoe::kFp4Group))) & 0xffu) - megamoe::kE8m0Bias - ref;
+    const int d = megamoe::kFp4Top - static_cast<int>(megamoe::fp4_word_offset(s, k / megamoe::kFp4Group));
     q[128ull * i + k] = static_cast<unsigned char>(megamoe::e2m1_to_e4m3_exact(megamoe::fp4_stored_code(packed + 64ull * i, k), d));
   }
-  sw[i] = megamoe::fp4_block_scale(s);
+  sw[i] = megamoe::fp32_from_bits(megamoe::fp4_word_scale_bits(s));
 }
 
 // Stored rows → the device layout (fp4.cuh): `src` holds `rows` rows of K/2 bytes as stored (element 2j in
@@ -88,27 +88,33 @@ extern "C" __global__ void __launch_bounds__(128) megamoe_fp4_device_layout(cons
   }
 }
 
-// The 128 × 128 blocks' references (docs/numerics.md, "FP4 → FP8 conversion"): for the scale words of
-// `rows` stacked rows, [k_blocks][rows] u32 (a row's four UE8M0 bytes of one K block, as the kernels read
-// them: fp4GemmScaleWords), the block of rows 128i .. 128i + 127 (the last one shorter) and K block b
-// gets its largest byte where its bytes span at most 14, else kFp4OwnReference (each row keeps its own):
-// refs uint8 [ceil(rows / 128)][k_blocks]. One thread per block; a load-time pass.
-extern "C" __global__ void __launch_bounds__(128) megamoe_fp4_block_references(const unsigned int* __restrict__ words,
-                                                                               unsigned char* __restrict__ refs,
-                                                                               unsigned int rows,
-                                                                               unsigned int k_blocks) {
+// The load-time transform of the scale words in place (docs/numerics.md, "FP4 → FP8 conversion";
+// fp4GemmScaleWords is the host's): `words` u32 [k_blocks][total_rows] holds, for rows first_row ..
+// first_row + rows (matrices of matrix_rows stacked rows each), a row's four UE8M0 bytes of a K block
+// (group g in byte g), and receives each one's reference word (common/fp4.cuh fp4_reference_word): a
+// 128 × 128 block (rows 128i .. of its matrix, the last one shorter) whose bytes span at most 14 takes
+// its largest byte for all its rows, else each row its own. One thread per block; a load-time pass.
+extern "C" __global__ void __launch_bounds__(128) megamoe_fp4_reference_words(unsigned int* __restrict__ words,
+                                                                              unsigned int total_rows,
+                                                                              unsigned int first_row,
+                                                                              unsigned int rows,
+                                                                              unsigned int matrix_rows,
+                                                                              unsigned int k_blocks) {
   const unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
-  const unsigned int block_rows = (rows + 127u) / 128u;
-  if (i >= block_rows * k_blocks) return;
-  const unsigned int br = i / k_blocks;
-  const unsigned int kb = i - br * k_blocks;
-  const unsigned int end = rows < 128u * (br + 1u) ? rows : 128u * (br + 1u);
+  const unsigned int per_matrix = (matrix_rows + 127u) / 128u;
+  if (i >= rows / matrix_rows * per_matrix * k_blocks) return;
+  const unsigned int kb = i % k_blocks;
+  const unsigned int block = i / k_blocks;  // over all matrices
+  const unsigned int matrix = block / per_matrix;
+  const unsigned int r0 = first_row + matrix * matrix_rows + 128u * (block % per_matrix);
+  const unsigned int r1 = min(r0 + 128u, first_row + (matrix + 1u) * matrix_rows);
+  unsigned int* row = words + static_cast<unsigned long long>(kb) * total_rows;
   int lo = 255;
   int hi = 0;
-  for (unsigned int r = 128u * br; r < end; ++r) {
-    const unsigned int w = words[static_cast<unsigned long long>(kb) * rows + r];
-    lo = min(lo, megamoe::fp4_min_byte(w));
-    hi = max(hi, megamoe::fp4_max_byte(w));
+  for (unsigned int r = r0; r < r1; ++r) {
+    lo = min(lo, megamoe::fp4_min_byte(row[r]));
+    hi = max(hi, megamoe::fp4_max_byte(row[r]));
   }
-  refs[i] = static_cast<unsigned char>(hi - lo <= 14 ? hi : static_cast<int>(megamoe::kFp4OwnReference));
+  const unsigned int block_ref = hi - lo <= 14 ? static_cast<unsigned int>(hi) : megamoe::kFp4OwnReference;
+  for (unsigned int r = r0; r < r1; ++r) row[r] = megamoe::fp4_reference_word(row[r], block_ref);
 }

@@ -1,8 +1,8 @@
 /**
- * Launcher of fp4_convert.cu: MXFP4 weights [rows, K] (packed nibbles and UE8M0 bytes) → e4m3 codes
- * [rows, K] and fp32 scales [rows, K/128] (2^ref per row and K block), bit-exact with
- * `mxfp4RowsToFp8` (src/numerics/fp4.ts). The scale bytes must hold no 0xFF (NaN): check them on the
- * host (`checkMxfp4Scales`) before they reach the device.
+ * Launcher of fp4_convert.cu: MXFP4 weights [rows, K] (packed nibbles and their reference words, the
+ * scales' load-time form) → e4m3 codes [rows, K] and fp32 scales [rows, K/128] (2^ref per row and K
+ * block), bit-exact with `mxfp4RowsToFp8` (src/numerics/fp4.ts); and the load-time passes: packed rows
+ * into the device layout, UE8M0 scale words into reference words.
  */
 
 import { QUANT_BLOCK } from "../../config/config.js";
@@ -26,15 +26,15 @@ export const FP4_CONVERT_KERNELS = {
 } as const;
 /** Stored rows → rows of a tensor in the FP4 kernels' device layout. */
 export const FP4_DEVICE_LAYOUT_KERNEL = "megamoe_fp4_device_layout";
-/** Scale words → each 128 × 128 block's reference byte. */
-export const FP4_BLOCK_REFERENCES_KERNEL = "megamoe_fp4_block_references";
+/** UE8M0 scale words → reference words, in place. */
+export const FP4_REFERENCE_WORDS_KERNEL = "megamoe_fp4_reference_words";
 const THREADS = 128;
 
 export interface Fp4ConvertArgs {
   /** uint8 [rows, K/2]. */
   packed: DeviceTensor;
-  /** uint8 [rows, K/32]. */
-  scales: DeviceTensor;
+  /** uint8 [rows, K/32]: each row's K blocks' reference words (`mxfp4ReferenceWords`, little-endian). */
+  words: DeviceTensor;
   /** uint8 (or fp8_e4m3) [rows, K], written. */
   q: DeviceTensor;
   /** fp32 [rows, K/128], written. */
@@ -62,7 +62,7 @@ export function convertFp4ToFp8(
     throw new RangeError(`${where}: rows must be ≥ 0 and k a positive multiple of 128, got ${rows}×${k}`);
   }
   expectOperand(where, "packed", args.packed, "uint8", [rows, k / 2], device);
-  expectOperand(where, "scales", args.scales, "uint8", [rows, k / 32], device);
+  expectOperand(where, "words", args.words, "uint8", [rows, k / 32], device);
   expectOperand(where, "q", args.q, args.q.dtype === "uint8" ? "uint8" : "fp8_e4m3", [rows, k], device);
   expectOperand(where, "sw", args.sw, "fp32", [rows, k / QUANT_BLOCK], device);
   const blocks = (rows * k) / QUANT_BLOCK;
@@ -70,7 +70,7 @@ export function convertFp4ToFp8(
   const kernel = loadKernel(device, compileKernel({ source: FP4_CONVERT_SOURCE }), FP4_CONVERT_KERNELS[path]);
   const launchArgs = new KernelArgs(5)
     .ptr(0, args.packed.ptr)
-    .ptr(1, args.scales.ptr)
+    .ptr(1, args.words.ptr)
     .ptr(2, args.q.ptr)
     .ptr(3, args.sw.ptr)
     .u32(4, blocks);
@@ -144,18 +144,21 @@ export function orderFp4PackedOnDevice(device: Device, packed: DeviceTensor, str
 }
 
 /**
- * Each 128 × 128 block's reference byte, from the scale words the kernels read (`words`: uint8 [K/128,
- * R·4], row n's four UE8M0 bytes of K block b at (b, 4n), `fp4GemmScaleWords`; R stacked rows, each
- * matrix's a multiple of 128 so no block spans two): uint8 [⌈R/128⌉, K/128], a block's largest byte where
- * its bytes span at most 14, else 0xFF (each row its own), as `fp4BlockReferences` gives on the host.
- * Queued on `stream`; the caller owns the result.
+ * The load-time transform of FP4 scale words on the device, in place: `words` uint8 [K/128, R·4] holds,
+ * for rows firstRow .. firstRow + rows of its R stacked rows, row n's four UE8M0 bytes of K block b at
+ * (b, 4n) (the GPU generator's "gemm" layout), and receives their reference words, what
+ * `fp4GemmScaleWords` gives on the host for each matrix of `matrixRows` rows (its 128-row blocks from its
+ * first row). The bytes must hold no 0xFF (NaN). Queued on `stream`.
  */
-export function fp4BlockReferencesOnDevice(
+export function fp4ReferenceWordsOnDevice(
   device: Device,
   words: DeviceTensor,
+  firstRow: number,
+  rows: number,
+  matrixRows: number,
   stream: Stream | null,
-): DeviceTensor {
-  const where = "fp4BlockReferencesOnDevice";
+): void {
+  const where = "fp4ReferenceWordsOnDevice";
   if (words.dtype !== "uint8") throw new TypeError(`${where}: words must be uint8, got ${words.dtype}`);
   expectOnDevice(where, "words", words, device);
   const [kBlocks, width] = words.shape;
@@ -168,15 +171,31 @@ export function fp4BlockReferencesOnDevice(
   ) {
     throw new RangeError(`${where}: words must be [K/128, R·4], got [${words.shape.join(", ")}]`);
   }
-  const rows = width / 4;
-  const refs = DeviceTensor.empty(device, "uint8", [Math.ceil(rows / QUANT_BLOCK), kBlocks]);
-  if (rows === 0) return refs;
+  const total = width / 4;
+  const whole = (x: number) => Number.isInteger(x) && x >= 0;
+  if (!(whole(firstRow) && whole(rows) && whole(matrixRows) && matrixRows > 0 && rows % matrixRows === 0)) {
+    throw new RangeError(
+      `${where}: rows ${rows} must be whole matrices of ${matrixRows} rows, from a row ≥ 0 (${firstRow})`,
+    );
+  }
+  if (firstRow + rows > total) {
+    throw new RangeError(
+      `${where}: rows ${firstRow} .. ${firstRow + rows} are not within the ${total} of words`,
+    );
+  }
+  if (rows === 0) return;
   const kernel = loadKernel(
     device,
     compileKernel({ source: FP4_CONVERT_SOURCE }),
-    FP4_BLOCK_REFERENCES_KERNEL,
+    FP4_REFERENCE_WORDS_KERNEL,
   );
-  const args = new KernelArgs(4).ptr(0, words.ptr).ptr(1, refs.ptr).u32(2, rows).u32(3, kBlocks);
-  kernel.launch(Math.ceil(refs.numel / THREADS), THREADS, 0, stream, args);
-  return refs;
+  const args = new KernelArgs(6)
+    .ptr(0, words.ptr)
+    .u32(1, total)
+    .u32(2, firstRow)
+    .u32(3, rows)
+    .u32(4, matrixRows)
+    .u32(5, kBlocks);
+  const blocks = (rows / matrixRows) * Math.ceil(matrixRows / QUANT_BLOCK) * kBlocks;
+  kernel.launch(Math.ceil(blocks / THREADS), THREADS, 0, stream, args);
 }

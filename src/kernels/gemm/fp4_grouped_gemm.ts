@@ -25,7 +25,7 @@ import {
   type Stream,
   type TensorLike,
 } from "../../cuda/index.js";
-import { E8M0_NAN, MXFP4_GROUP } from "../../numerics/fp4.js";
+import { E8M0_NAN, MXFP4_GROUP, mxfp4ReferenceWords } from "../../numerics/fp4.js";
 import {
   encodeFp4LayoutMap,
   encodeFp4ScaleWordsMap,
@@ -53,9 +53,10 @@ export const FP4_GROUPED_GEMM_REFERENCE_KERNEL = "megamoe_fp4_grouped_gemm_refer
 // The load-time transform of the scales
 
 /**
- * UE8M0 bytes [rows, K/32] (row-major, as MXFP4 weights store them) → the kernel's [K/128, rows·4]:
- * row n's four bytes of K block b at (b, 4n .. 4n + 3). Throws naming the row and K group of a 0xFF
- * (NaN) byte: the kernels assume none.
+ * UE8M0 bytes [rows, K/32] (row-major, as MXFP4 weights store them, one matrix: its 128-row blocks
+ * from row 0) → the kernels' [K/128, rows·4]: row n's K block b as its reference word
+ * (mxfp4ReferenceWords, docs/numerics.md) at (b, 4n .. 4n + 3), little-endian. Throws naming the row
+ * and K group of a 0xFF (NaN) byte: the kernels assume none.
  */
 export function fp4GemmScaleWords(scales: Uint8Array, rows: number, k: number): Uint8Array {
   if (!(Number.isInteger(rows) && rows >= 0 && Number.isInteger(k) && k > 0 && k % QUANT_BLOCK === 0)) {
@@ -73,9 +74,11 @@ export function fp4GemmScaleWords(scales: Uint8Array, rows: number, k: number): 
   }
   const kBlocks = k / QUANT_BLOCK;
   const out = new Uint8Array(scales.length);
+  if (rows === 0) return out;
+  const words = mxfp4ReferenceWords(scales, rows, k);
+  const view = new DataView(out.buffer);
   for (let n = 0; n < rows; n++) {
-    for (let b = 0; b < kBlocks; b++)
-      out.set(scales.subarray(n * groups + 4 * b, n * groups + 4 * b + 4), (b * rows + n) * 4);
+    for (let b = 0; b < kBlocks; b++) view.setUint32((b * rows + n) * 4, words[n * kBlocks + b], true);
   }
   return out;
 }

@@ -36,15 +36,18 @@
 //                                 quarters pre-swizzled); 3-D TMA map {128, G·N/2, K/128}, box
 //                                 {128, BLOCK_N/2, 1}, unswizzled: half the bytes of FP8 B, one
 //                                 contiguous run per box
-//   bs   u32 [K/128, G·N]         the four UE8M0 bytes of each row's K block (group g in byte g): the
-//                                 host's load-time transform of [G·N, K/32]; TMA map, box {BLOCK_N, 1}
+//   bs   u32 [K/128, G·N]         each row's K block as its reference word (common/fp4.cuh
+//                                 fp4_reference_word): the host's load-time transform of [G·N, K/32]
+//                                 (fp4GemmScaleWords); TMA map, box {BLOCK_N, 1}
 // The TMA completes a stage's `loaded` barrier; warps 1..3 of the producer warpgroup then convert the
-// packed rows into the B tile (common/fp4.cuh, fast path: e4m3 codes relative to each row's reference
-// exponent, written in the 128-byte swizzle the TMA gives FP8 B) and each row's fp32 scale 2^ref, and
-// arrive on `full` (common/fp4_stage.cuh). The converters are the producer warpgroup's idle warps, so the math warpgroups keep
-// every register and cycle for wgmma and promotion, and the conversion (about 1.8 SASS instructions per
-// element, two items in flight per thread) overlaps the wgmmas of earlier stages. The promotion multiplies each accumulator element by
-// its own scale: s = sa[r, kb] · sw[n, kb] (rounded), then acc = fmaf(partial, s, acc), the CPU rule.
+// packed rows into the B tile (common/fp4.cuh, fast path: e4m3 codes relative to each row's reference,
+// written in the 128-byte swizzle the TMA gives FP8 B) and each row's fp32 scale 2^ref, and arrive on
+// `full` (common/fp4_stage.cuh). The converters are the producer warpgroup's idle warps, so the math
+// warpgroups keep every register and cycle for wgmma and promotion, and the conversion (about 1.8 SASS
+// instructions per element, two items in flight per thread) overlaps the wgmmas of earlier stages. The
+// promotion takes s = sa[r, kb] · sw[n, kb] (rounded), then acc = fmaf(partial, s, acc), the CPU rule:
+// one sw per chunk where its 128-row block has one reference (the FP8 tiles' promotion), else each
+// accumulator column its own.
 
 #include "fp8_grouped_gemm_config.cuh"
 #include "common/fp4_stage.cuh"
@@ -267,6 +270,10 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
   const auto sw_columns = [&](int st, int c) {
     return base + kOffSwCols + st * kBScaleBytes + (wg_col0 + c * kMmaN + frag_col) * 4;
   };
+  // FP4: chunk c's one scale in stage st where its rows share one, else 0 (fp4_stage::chunk_scale_bits).
+  const auto chunk_scale = [&](int st, int c) {
+    return megamoe::fp4_stage::chunk_scale_bits(base + kOffSwCols + st * kBScaleBytes + (wg_col0 + c * kMmaN) * 4);
+  };
   // Weight scales of the next tile travel through registers while the current tile runs.
   float sw_prefetch[kSwPerThread];
   auto load_weight_scales = [&](const Tile& t) {
@@ -412,7 +419,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
       float held_lo = 0.0f, held_hi = 0.0f;
       const auto promote_held = [&](float (&ready)[kAccum]) {
         if constexpr (kBFp4) {
-          megamoe::fp4_stage::promote_columns(promoted[0][0], ready, held_lo, held_hi, sw_columns(held_stage, 0));
+          megamoe::fp4_stage::promote_chunk(promoted[0][0], ready, held_lo, held_hi, chunk_scale(held_stage, 0),
+                                            sw_columns(held_stage, 0));
         } else {
           promote_block(promoted[0][0], ready, held_lo, held_hi);
         }
@@ -469,7 +477,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
         // FP8: one block scale per chunk; FP4: a scale per column, read from the stage at promotion.
         const auto promote = [&](float (&acc)[kAccum], int w, int c) {
           if constexpr (kBFp4) {
-            megamoe::fp4_stage::promote_columns(acc, partial, sa_lo[w], sa_hi[w], sw_columns(stage, c));
+            megamoe::fp4_stage::promote_chunk(acc, partial, sa_lo[w], sa_hi[w], chunk_scale(stage, c),
+                                              sw_columns(stage, c));
           } else {
             promote_block(acc, partial, sa_lo[w] * sw[c], sa_hi[w] * sw[c]);
           }
@@ -648,16 +657,14 @@ extern "C" __global__ void __launch_bounds__(256)
   const unsigned char* a_row = a + static_cast<long long>(row) * kShapeK;
   float acc = 0.0f;
   for (int kb = 0; kb < kKBlocks; ++kb) {
-    const unsigned s4 = b_scales4[static_cast<long long>(kb) * kGroups * kShapeN + b_row_index];
-    const int ref = megamoe::fp4_block_ref(s4);
+    const unsigned word = b_scales4[static_cast<long long>(kb) * kGroups * kShapeN + b_row_index];
     // In the device layout (fp4.cuh): K block kb of B row b_row_index, its quarters swizzled.
     const int b_row = static_cast<int>(b_row_index);
     const unsigned char* block =
         b + static_cast<long long>(megamoe::fp4_layout_row(b_row, kGroups * kShapeN, kb)) * (kBlockK / 2);
     double block_sum = 0.0;
     for (int k = kb * kBlockK; k < (kb + 1) * kBlockK; k += 2) {
-      const int d = static_cast<int>((s4 >> (8 * ((k % kBlockK) / megamoe::kFp4Group))) & 0xffu) -
-                    megamoe::kE8m0Bias - ref;
+      const int d = megamoe::kFp4Top - static_cast<int>(megamoe::fp4_word_offset(word, (k % kBlockK) / megamoe::kFp4Group));
       const unsigned short w2 = static_cast<unsigned short>(
           megamoe::e2m1_to_e4m3_exact(megamoe::fp4_layout_code(block, b_row, k % kBlockK), d) |
           (megamoe::e2m1_to_e4m3_exact(megamoe::fp4_layout_code(block, b_row, k % kBlockK + 1), d) << 8));
@@ -677,7 +684,7 @@ extern "C" __global__ void __launch_bounds__(256)
     }
     const float partial = __double2float_rn(block_sum);
     const float scale = megamoe::mul_rn(a_scales[static_cast<long long>(kb) * m_pad + row],
-                                        megamoe::fp32_from_bits(megamoe::fp32_pow2_bits(ref)));
+                                        megamoe::fp32_from_bits(megamoe::fp4_word_scale_bits(word)));
     acc = megamoe::fma_rn(partial, scale, acc);
   }
   if constexpr (kOutBf16) {

@@ -72,14 +72,15 @@ __device__ __forceinline__ void release_stage(const MathContext& m, int& stage, 
 constexpr bool kHalfChunks = kBFp4 && kBlockM == 128;
 
 // One n64 half of a chunk: B rows b_row .. b_row + 63 into the chunk's accumulators from kFirst on.
-// FP4 tasks: a scale per column from the stage (`scales`: at this thread's first column of B row 0).
+// FP4 tasks: the chunk's one scale (`bits`, fp4_stage::chunk_scale_bits) or a scale per column from the
+// stage (`scales`: at this thread's first column of B row 0).
 template <int kFirst>
 __device__ __forceinline__ void half_chunk(float (&acc)[kAccum], float (&half)[32], unsigned a_stage,
                                            unsigned b_stage, int b_row, bool fp4, float sa_lo, float sa_hi,
-                                           float sw, unsigned scales) {
+                                           float sw, unsigned bits, unsigned scales) {
   wgmma_block_k128(half, a_stage, b_stage + b_row * kBlockK);
   if (fp4) {
-    megamoe::fp4_stage::promote_columns<kFirst>(acc, half, sa_lo, sa_hi, scales + b_row * 4);
+    megamoe::fp4_stage::promote_chunk<kFirst>(acc, half, sa_lo, sa_hi, bits, scales + b_row * 4);
   } else {
     promote_block<kFirst>(acc, half, sa_lo * sw, sa_hi * sw);
   }
@@ -113,22 +114,26 @@ __device__ __forceinline__ void tile_mainloop(const MathContext& m, const Task& 
       if constexpr (kHalfChunks) {
         // FP4 builds, 128-row tiles: each n128 chunk as two n64 wgmmas, so that the promotion's column
         // scales fit beside the two chunks' accumulators (one n128 partial made ptxas spill).
-        const unsigned scales = m.row_scales + stage * kRowScalesStageBytes + 2 * (m.lane & 3) * 4;
+        const unsigned sw_stage = m.row_scales + stage * kRowScalesStageBytes;
+        const unsigned scales = sw_stage + 2 * (m.lane & 3) * 4;
 #pragma unroll
         for (int c = 0; c < S::kChunks; ++c) {
-          half_chunk<0>(acc[c], half, a_stage, b_stage, S::b_row(c, m.warpgroup), fp4, sa_lo, sa_hi, sw[c], scales);
-          half_chunk<32>(acc[c], half, a_stage, b_stage, S::b_row(c, m.warpgroup) + 64, fp4, sa_lo, sa_hi, sw[c],
-                         scales);
+          const int b_row = S::b_row(c, m.warpgroup);
+          const unsigned bits = fp4 ? megamoe::fp4_stage::chunk_scale_bits(sw_stage + b_row * 4) : 0u;
+          half_chunk<0>(acc[c], half, a_stage, b_stage, b_row, fp4, sa_lo, sa_hi, sw[c], bits, scales);
+          half_chunk<32>(acc[c], half, a_stage, b_stage, b_row + 64, fp4, sa_lo, sa_hi, sw[c], bits, scales);
         }
       } else {
 #pragma unroll
         for (int c = 0; c < S::kChunks; ++c) {
           wgmma_block_k128(partial, a_stage, b_stage + S::b_row(c, m.warpgroup) * kBlockK);
           if (fp4) {
-            // A scale per weight row, i.e. per accumulator column (the converters' 2^ref).
-            const int first_column = S::b_row(c, m.warpgroup) + 2 * (m.lane & 3);
-            megamoe::fp4_stage::promote_columns(acc[c], partial, sa_lo, sa_hi,
-                                                m.row_scales + stage * kRowScalesStageBytes + first_column * 4);
+            // The chunk's one scale, or a scale per weight row, i.e. per accumulator column (the
+            // converters' 2^ref).
+            const unsigned sw_chunk = m.row_scales + stage * kRowScalesStageBytes + S::b_row(c, m.warpgroup) * 4;
+            megamoe::fp4_stage::promote_chunk(acc[c], partial, sa_lo, sa_hi,
+                                              megamoe::fp4_stage::chunk_scale_bits(sw_chunk),
+                                              sw_chunk + 2 * (m.lane & 3) * 4);
           } else {
             promote_block(acc[c], partial, sa_lo * sw[c], sa_hi * sw[c]);
           }

@@ -156,8 +156,9 @@ export function generateMatrixOnDevice(
  * Where the UE8M0 bytes of an MXFP4 matrix [rows, cols] go (both 4-byte aligned):
  * - "rows": the plain [rows, cols/32] bytes (row-major, as `generateMxfp4` returns them), from byte
  *   `offset` (a multiple of 4) of the tensor on;
- * - "gemm": the FP4 grouped GEMM's [cols/128, totalRows·4] (`fp4GemmScaleWords` of the [totalRows,
- *   cols/32] bytes of every expert stacked), the matrix being rows firstRow..firstRow+rows−1 of it.
+ * - "gemm": in the FP4 kernels' order [cols/128, totalRows·4] (row n's four bytes of K block b at
+ *   (b, 4n)), the matrix being rows firstRow..firstRow+rows−1 of it: `fp4ReferenceWordsOnDevice` then
+ *   makes them the reference words the kernels read (what `fp4GemmScaleWords` gives on the host).
  */
 export type Mxfp4ScaleLayout =
   | { kind: "rows"; offset: number }
