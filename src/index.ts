@@ -27,7 +27,11 @@ export {
 } from "./config/config.js";
 export * as cuda from "./cuda/index.js";
 export { DeviceMoEWeights } from "./kernels/device-weights.js";
-export { convertFp4ToFp8, fp4ReferenceWordsOnDevice, orderFp4PackedOnDevice } from "./kernels/fp4/fp4_convert.js";
+export {
+  convertFp4ToFp8,
+  fp4ReferenceWordsOnDevice,
+  orderFp4PackedOnDevice,
+} from "./kernels/fp4/fp4_convert.js";
 export {
   defaultGateLogits,
   type GateLogits,
