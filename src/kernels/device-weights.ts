@@ -29,7 +29,12 @@ import {
 } from "../config/config.js";
 import { Device, DeviceTensor, type Stream } from "../cuda/index.js";
 import { checkSeed } from "../numerics/counter-rng.js";
-import { checkMxfp4Scales, countFp4ToFp8Inexact, MXFP4_GROUP } from "../numerics/fp4.js";
+import {
+  checkMxfp4Scales,
+  countFp4PerRowBlocks,
+  countFp4ToFp8Inexact,
+  MXFP4_GROUP,
+} from "../numerics/fp4.js";
 import { expertMatrixSpecs, sharedMatrixSpecs } from "../numerics/generator.js";
 import {
   type BlockQuantized,
@@ -517,6 +522,7 @@ export class DeviceMoEWeights {
     const stage1 = new Uint8Array((chunk * 2 * I * H) / MXFP4_GROUP);
     const stage2 = new Uint8Array((chunk * H * I) / MXFP4_GROUP);
     let inexact = 0;
+    const blocks = { blocks: 0, perRow: 0 };
     const scratch = fp4ExpertScratch(device, H, I, stream);
     try {
       for (let first = 0; first < E; first += chunk) {
@@ -529,6 +535,11 @@ export class DeviceMoEWeights {
           checkMxfp4Matrix(`expert ${e} W1`, x.w1, 2 * I, H);
           checkMxfp4Matrix(`expert ${e} W2`, x.w2, H, I);
           inexact += countFp4ToFp8Inexact(x.w1) + countFp4ToFp8Inexact(x.w2);
+          for (const m of [x.w1, x.w2]) {
+            const b = countFp4PerRowBlocks(m.scales, m.rows, m.cols);
+            blocks.blocks += b.blocks;
+            blocks.perRow += b.perRow;
+          }
           device.copyHtoD(scratch.w1.ptr, x.w1.packed, w1Packed, stream);
           device.copyHtoD(scratch.w2.ptr, x.w2.packed, w1Packed / 2, stream);
           scratch.write(r, e);
@@ -545,7 +556,7 @@ export class DeviceMoEWeights {
     } finally {
       scratch.dispose();
     }
-    this.exactness = { elements: E * 3 * I * H, inexact };
+    this.exactness = { elements: E * 3 * I * H, inexact, blocks: blocks.blocks, perRowBlocks: blocks.perRow };
   }
 
   /** Frees every tensor. Idempotent. */

@@ -507,6 +507,30 @@ function blockReferencesOf(
   return out;
 }
 
+/**
+ * The 128 × 128 blocks of MXFP4 scale bytes [rows, cols/32] (rows 128i … of the matrix, the last one
+ * shorter, per K block) and those whose bytes span more than 14, which keep a reference per row
+ * (fp4BlockReferences' FP4_OWN_REFERENCE).
+ */
+export function countFp4PerRowBlocks(
+  scales: Uint8Array,
+  rows: number,
+  cols: number,
+): { blocks: number; perRow: number } {
+  checkMxShape("countFp4PerRowBlocks", rows, cols);
+  if (cols % QUANT_BLOCK !== 0)
+    throw new RangeError(`countFp4PerRowBlocks: cols ${cols} is not a multiple of 128`);
+  if (scales.length !== (rows * cols) / MXFP4_GROUP) {
+    throw new RangeError(
+      `countFp4PerRowBlocks: ${scales.length} scale bytes do not fit [${rows}, ${cols / MXFP4_GROUP}]`,
+    );
+  }
+  const refs = blockReferencesOf(scales, rows, cols, 0, Math.ceil(rows / FP4_CAST_BLOCK_ROWS));
+  let perRow = 0;
+  for (const r of refs) if (r === FP4_OWN_REFERENCE) perRow++;
+  return { blocks: refs.length, perRow };
+}
+
 /** Bit 31 of a reference word: the reference is its 128 × 128 block's (one scale for all its rows). */
 export const FP4_BLOCK_FLAG = 0x80000000;
 /** Bit 30 of a reference word: a group lies more than 11 binades under R (the kernels' exact tables). */

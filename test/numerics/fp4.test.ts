@@ -1,6 +1,7 @@
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
 import {
+  countFp4PerRowBlocks,
   countFp4ToFp8Inexact,
   dequantizeMxfp4,
   E2M1_DECODE,
@@ -406,6 +407,9 @@ describe("FP4 → FP8 references: the 128 × 128 cast's where its bytes allow", 
         assert.equal(w & 0x30000000, 0);
       }
     }
+    // countFp4PerRowBlocks: six blocks, the one of rows 128..255 in K block 1 kept per row.
+    assert.deepEqual(countFp4PerRowBlocks(scales, rows, cols), { blocks: 6, perRow: 1 });
+    assert.throws(() => countFp4PerRowBlocks(scales, rows, 160), /not a multiple of 128/);
     // An offset past 31 is stored as 31 (every offset from 19 converts to zeros alike).
     const far = mxfp4ReferenceWords(Uint8Array.of(200, 10, 200, 199), 1, 128)[0];
     assert.equal(far, (200 | (31 << 13) | (1 << 23) | FP4_EXACT_FLAG) >>> 0);
