@@ -238,6 +238,44 @@ function assertSameBits(got: Uint16Array, want: Uint16Array, what: string): void
   assert.equal(at, -1, `${what} differs from the unfused pipeline at element ${at}`);
 }
 
+/**
+ * The fused kernel at every block M (and the expand variant at 64 and 128) on each of `ctas` CTA counts:
+ * the unfused pipeline's bits.
+ */
+function everyBlockM(
+  fp4: GpuLayer,
+  x: Uint16Array,
+  tokens: number,
+  routing: Routing,
+  shared: boolean,
+  ctas: readonly number[],
+  label: string,
+): void {
+  const want = runLayer(fp4, x, tokens, routing, shared);
+  const kernel = fp4.fused.kernel;
+  for (const blockM of FUSED_BLOCK_MS) {
+    for (const expand of blockM >= 64 ? [false, true] : [false]) {
+      for (const n of ctas) {
+        kernel.blockM = blockM;
+        kernel.fp4Expand = expand;
+        kernel.ctas = n;
+        try {
+          const got = runLayer(fp4, x, tokens, routing, shared, fp4.fused);
+          assertSameBits(
+            got,
+            want,
+            `${label} BLOCK_M ${blockM}${expand ? " expand" : ""}, ${n} CTAs, shared ${shared}`,
+          );
+        } finally {
+          kernel.blockM = "auto";
+          kernel.fp4Expand = "auto";
+          kernel.ctas = device().smCount;
+        }
+      }
+    }
+  }
+}
+
 /** A case of the sweep: tokens and the routing's edge cases. */
 interface Case {
   tokens: number;
@@ -343,28 +381,7 @@ describeGpu("FP4 layer on a GPU (unfused pipeline and fused kernel)", () => {
         // Every block M of the fused kernel and other scheduling orders: the unfused pipeline's bits.
         const routing = randomRouting(seed + 31, tokens, config4, { maskedTokens: [4], emptyExperts: [1] });
         for (const shared of [true, false]) {
-          const want = runLayer(fp4, x, tokens, routing, shared);
-          for (const blockM of FUSED_BLOCK_MS) {
-            for (const expand of blockM >= 64 ? [false, true] : [false]) {
-              for (const ctas of [1, 3, 17, device().smCount]) {
-                fp4.fused.kernel.blockM = blockM;
-                fp4.fused.kernel.fp4Expand = expand;
-                fp4.fused.kernel.ctas = ctas;
-                try {
-                  const got = runLayer(fp4, x, tokens, routing, shared, fp4.fused);
-                  assertSameBits(
-                    got,
-                    want,
-                    `tiny ${scaleFormat} BLOCK_M ${blockM}${expand ? " expand" : ""}, ${ctas} CTAs, shared ${shared}`,
-                  );
-                } finally {
-                  fp4.fused.kernel.blockM = "auto";
-                  fp4.fused.kernel.fp4Expand = "auto";
-                  fp4.fused.kernel.ctas = device().smCount;
-                }
-              }
-            }
-          }
+          everyBlockM(fp4, x, tokens, routing, shared, [1, 3, 17, device().smCount], `tiny ${scaleFormat}`);
         }
       } finally {
         closeLayer(fp4);
@@ -389,28 +406,7 @@ describeGpu("FP4 layer on a GPU (unfused pipeline and fused kernel)", () => {
       const routing = randomRouting(seed + 41, tokens, config, { maskedTokens: [4], hotExpert: 1 });
       for (const shared of [true, false]) {
         checkCase("tiny spread blocks", fp4, null, x, tokens, routing, shared, null);
-        const want = runLayer(fp4, x, tokens, routing, shared);
-        for (const blockM of FUSED_BLOCK_MS) {
-          for (const expand of blockM >= 64 ? [false, true] : [false]) {
-            for (const ctas of [1, device().smCount]) {
-              fp4.fused.kernel.blockM = blockM;
-              fp4.fused.kernel.fp4Expand = expand;
-              fp4.fused.kernel.ctas = ctas;
-              try {
-                const got = runLayer(fp4, x, tokens, routing, shared, fp4.fused);
-                assertSameBits(
-                  got,
-                  want,
-                  `spread blocks BLOCK_M ${blockM}${expand ? " expand" : ""}, ${ctas} CTAs, shared ${shared}`,
-                );
-              } finally {
-                fp4.fused.kernel.blockM = "auto";
-                fp4.fused.kernel.fp4Expand = "auto";
-                fp4.fused.kernel.ctas = device().smCount;
-              }
-            }
-          }
-        }
+        everyBlockM(fp4, x, tokens, routing, shared, [1, device().smCount], "spread blocks");
       }
     } finally {
       closeLayer(fp4);
