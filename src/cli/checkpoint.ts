@@ -210,29 +210,24 @@ export function runInspect(target: string, opts: InspectOptions = {}): void {
   if (problems.length > 0) process.exitCode = 1;
 }
 
-/**
- * "0 of 3,145,728 routed elements not exact, 0 of 768 128×128 blocks kept per row": how run and inspect
- * say an Fp4Exactness.
- */
+/** "0 of 3,145,728 routed elements not exact": how run and inspect say an Fp4Exactness. */
 export function describeFp4Exactness(x: Fp4Exactness): string {
-  const n = (v: number) => v.toLocaleString("en-US");
-  return `${n(x.inexact)} of ${n(x.elements)} routed elements not exact, ${n(x.perRowBlocks)} of ${n(x.blocks)} 128×128 blocks kept per row`;
+  return `${x.inexact.toLocaleString("en-US")} of ${x.elements.toLocaleString("en-US")} routed elements not exact`;
 }
 
 /** describeFp4Exactness of the blocks together, then "(3 FP4 blocks)", naming the blocks with any. */
 function exactnessLine(byBlock: Map<string, Fp4Exactness>): string {
   if (byBlock.size === 0) return "no FP4 blocks read";
-  const sum: Fp4Exactness = { elements: 0, inexact: 0, blocks: 0, perRowBlocks: 0 };
+  let elements = 0;
+  let inexact = 0;
   for (const x of byBlock.values()) {
-    sum.elements += x.elements;
-    sum.inexact += x.inexact;
-    sum.blocks += x.blocks;
-    sum.perRowBlocks += x.perRowBlocks;
+    elements += x.elements;
+    inexact += x.inexact;
   }
   const where = [...byBlock]
     .filter(([, x]) => x.inexact > 0)
     .map(([b, x]) => `${b} ${x.inexact.toLocaleString("en-US")}`);
-  return `${describeFp4Exactness(sum)} (${byBlock.size} FP4 blocks${where.length > 0 ? `; ${where.join(", ")}` : ""})`;
+  return `${describeFp4Exactness({ elements, inexact })} (${byBlock.size} FP4 blocks${where.length > 0 ? `; ${where.join(", ")}` : ""})`;
 }
 
 function shapeOf(c: MoEConfig): string {

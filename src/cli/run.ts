@@ -272,14 +272,7 @@ export async function runLayer(opts: RunOptions): Promise<void> {
     expertsTouched: experts,
     ranks,
     ...(moved === null ? {} : { rowsReceived: moved.received, rowsSent: moved.sent }),
-    ...(exactness === null
-      ? {}
-      : {
-          fp4Elements: exactness.elements,
-          fp4Inexact: exactness.inexact,
-          fp4Blocks: exactness.blocks,
-          fp4PerRowBlocks: exactness.perRowBlocks,
-        }),
+    ...(exactness === null ? {} : { fp4Elements: exactness.elements, fp4Inexact: exactness.inexact }),
     ms: Number(ms.toFixed(1)),
     checksum: checksum(result.out),
     norm: Number(l2Norm(values).toPrecision(8)),

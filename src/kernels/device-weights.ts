@@ -29,12 +29,7 @@ import {
 } from "../config/config.js";
 import { Device, DeviceTensor, type Stream } from "../cuda/index.js";
 import { checkSeed } from "../numerics/counter-rng.js";
-import {
-  checkMxfp4Scales,
-  countFp4PerRowBlocks,
-  countFp4ToFp8Inexact,
-  MXFP4_GROUP,
-} from "../numerics/fp4.js";
+import { checkMxfp4Scales, countFp4ToFp8Inexact, fp4BlockScales, MXFP4_GROUP } from "../numerics/fp4.js";
 import { expertMatrixSpecs, sharedMatrixSpecs } from "../numerics/generator.js";
 import {
   type BlockQuantized,
@@ -66,13 +61,17 @@ export interface DeviceExpertPair {
 
 /**
  * FP4 routed experts for `experts` experts, in the FP4 grouped GEMM's layout: W1 packed [experts, 2I,
- * H/2] and its scale bytes [H/128, experts·2I·4], W2 packed [experts, H, I/2] and [I/128, experts·H·4].
+ * H/2] and its reference words [H/128, experts·2I·4], W2 packed [experts, H, I/2] and [I/128,
+ * experts·H·4]; and each 128 × 128 block's fp32 scale in the FP8 experts' layout (w1BlockScales [experts,
+ * 2I/128, H/128], w2BlockScales [experts, H/128, I/128]), which the fused kernel's tiles promote with.
  */
 export interface DeviceFp4ExpertPair {
   w1: DeviceTensor<"uint8">;
   w1Scales: DeviceTensor<"uint8">;
   w2: DeviceTensor<"uint8">;
   w2Scales: DeviceTensor<"uint8">;
+  w1BlockScales: DeviceTensor<"fp32">;
+  w2BlockScales: DeviceTensor<"fp32">;
 }
 
 const GIB = 2 ** 30;
@@ -82,8 +81,9 @@ const MEMORY_RESERVE_BYTES = GIB;
 /** Device bytes of one MLP pair (codes and scales) for `experts` experts in `format`. */
 function pairBytes(experts: number, hidden: number, inter: number, format: ExpertFormat = "fp8"): number {
   const elements = 3 * inter * hidden;
-  if (format === "fp4") return experts * (elements / 2 + elements / MXFP4_GROUP);
-  return experts * (elements + (4 * elements) / QUANT_BLOCK ** 2);
+  const blockScales = (4 * elements) / QUANT_BLOCK ** 2;
+  if (format === "fp4") return experts * (elements / 2 + elements / MXFP4_GROUP + blockScales);
+  return experts * (elements + blockScales);
 }
 
 function allocPair(device: Device, experts: number, hidden: number, inter: number): DeviceExpertPair {
@@ -142,6 +142,8 @@ function allocFp4Pair(device: Device, experts: number, hidden: number, inter: nu
       w1Scales: keep(DeviceTensor.empty(device, "uint8", [hidden / b, experts * 2 * inter * 4])),
       w2: keep(DeviceTensor.empty(device, "uint8", [experts, hidden, inter / 2])),
       w2Scales: keep(DeviceTensor.empty(device, "uint8", [inter / b, experts * hidden * 4])),
+      w1BlockScales: keep(DeviceTensor.empty(device, "fp32", [experts, (2 * inter) / b, hidden / b])),
+      w2BlockScales: keep(DeviceTensor.empty(device, "fp32", [experts, hidden / b, inter / b])),
     };
   } catch (e) {
     for (const t of made) t.dispose();
@@ -152,6 +154,7 @@ function allocFp4Pair(device: Device, experts: number, hidden: number, inter: nu
 function disposePair(p: DeviceExpertPair | DeviceFp4ExpertPair | null): void {
   if (p === null) return;
   for (const t of [p.w1, p.w1Scales, p.w2, p.w2Scales]) t.dispose();
+  if ("w1BlockScales" in p) for (const t of [p.w1BlockScales, p.w2BlockScales]) t.dispose();
 }
 
 function checkMatrix(what: string, m: BlockQuantized, rows: number, cols: number): void {
@@ -419,9 +422,10 @@ export class DeviceMoEWeights {
       scratch?.dispose();
     }
     if (fp4 !== null) {
-      // The generator writes UE8M0 bytes; the kernels read reference words (per matrix's 128-row blocks).
-      fp4ReferenceWordsOnDevice(device, fp4.w1Scales, 0, E * 2 * I, 2 * I, stream);
-      fp4ReferenceWordsOnDevice(device, fp4.w2Scales, 0, E * H, H, stream);
+      // The generator writes UE8M0 bytes; the kernels read reference words and block scales (per
+      // matrix's 128-row blocks).
+      fp4ReferenceWordsOnDevice(device, fp4.w1Scales, 0, E * 2 * I, 2 * I, stream, fp4.w1BlockScales);
+      fp4ReferenceWordsOnDevice(device, fp4.w2Scales, 0, E * H, H, stream, fp4.w2BlockScales);
     }
     const s = this.shared;
     if (s !== null) {
@@ -508,7 +512,7 @@ export class DeviceMoEWeights {
    * FP4 experts: the packed codes expert by expert, through a device scratch into the device layout; the
    * scale bytes through `fp4GemmScaleWords`, staged for up to SCALE_CHUNK_EXPERTS experts and copied as
    * one strip per K block (both layouts put an expert's rows of one K block together, K blocks a layer's
-   * E·N rows apart).
+   * E·N rows apart); each expert's block scales (`fp4BlockScales`) as they are.
    */
   private uploadFp4Experts(source: MoEWeightSource, stream: Stream | null): void {
     const r = this.routedFp4!;
@@ -522,7 +526,6 @@ export class DeviceMoEWeights {
     const stage1 = new Uint8Array((chunk * 2 * I * H) / MXFP4_GROUP);
     const stage2 = new Uint8Array((chunk * H * I) / MXFP4_GROUP);
     let inexact = 0;
-    const blocks = { blocks: 0, perRow: 0 };
     const scratch = fp4ExpertScratch(device, H, I, stream);
     try {
       for (let first = 0; first < E; first += chunk) {
@@ -535,11 +538,10 @@ export class DeviceMoEWeights {
           checkMxfp4Matrix(`expert ${e} W1`, x.w1, 2 * I, H);
           checkMxfp4Matrix(`expert ${e} W2`, x.w2, H, I);
           inexact += countFp4ToFp8Inexact(x.w1) + countFp4ToFp8Inexact(x.w2);
-          for (const m of [x.w1, x.w2]) {
-            const b = countFp4PerRowBlocks(m.scales, m.rows, m.cols);
-            blocks.blocks += b.blocks;
-            blocks.perRow += b.perRow;
-          }
+          const bs1 = fp4BlockScales(x.w1);
+          const bs2 = fp4BlockScales(x.w2);
+          device.copyHtoD(r.w1BlockScales.ptr + BigInt(e * bs1.byteLength), bs1, bs1.byteLength, stream);
+          device.copyHtoD(r.w2BlockScales.ptr + BigInt(e * bs2.byteLength), bs2, bs2.byteLength, stream);
           device.copyHtoD(scratch.w1.ptr, x.w1.packed, w1Packed, stream);
           device.copyHtoD(scratch.w2.ptr, x.w2.packed, w1Packed / 2, stream);
           scratch.write(r, e);
@@ -556,7 +558,7 @@ export class DeviceMoEWeights {
     } finally {
       scratch.dispose();
     }
-    this.exactness = { elements: E * 3 * I * H, inexact, blocks: blocks.blocks, perRowBlocks: blocks.perRow };
+    this.exactness = { elements: E * 3 * I * H, inexact };
   }
 
   /** Frees every tensor. Idempotent. */

@@ -458,37 +458,45 @@ function convertGroup(packed: Uint8Array, p: number, t: Uint8Array, q: Uint8Arra
   return inexact;
 }
 
-/** Rows of the blocks that take one reference where their bytes allow it (the 128 × 128 cast's). */
+/** Rows of the blocks that share one reference (the 128 × 128 cast's). */
 export const FP4_CAST_BLOCK_ROWS = 128;
 
-/** A block reference meaning "each row its own" (fp4.cuh's kFp4OwnReference). */
-export const FP4_OWN_REFERENCE = 0xff;
-
 /**
- * The references of the 128 × 128 blocks of block rows [b0, b1) (rows 128·b0 … of the matrix, the last
- * block shorter), [b1 − b0, cols/128]: a block's largest UE8M0 byte where its bytes span at most 14, the
- * reference the rule takes for all its rows there (DeepSeek's cast, exact), else FP4_OWN_REFERENCE: what
- * a kernel is handed beside the scale words (fp4.cuh's block_ref).
+ * The reference bytes of the 128 × 128 blocks of block rows [b0, b1) (rows 128·b0 … of the matrix, the
+ * last block shorter), [b1 − b0, cols/128]: each block's largest UE8M0 byte, the reference every row of
+ * the block takes (DeepSeek's cast; docs/numerics.md).
  */
 export function fp4BlockReferences(
   m: Mxfp4,
   b0 = 0,
   b1 = Math.ceil(m.rows / FP4_CAST_BLOCK_ROWS),
 ): Uint8Array {
-  return blockReferencesOf(m.scales, m.rows, m.cols, b0, b1);
+  return blockReferencesOf(m.scales, m.rows, m.cols, b0, b1).refs;
 }
 
-/** fp4BlockReferences on the scale bytes alone ([rows, cols/32]). */
+/**
+ * Each 128 × 128 block's fp32 weight scale 2^(R − 133) (R its reference byte, fp4BlockReferences),
+ * [⌈rows/128⌉, cols/128]: the FP8 weights' block-scale layout, which the kernels' promotions read.
+ */
+export function fp4BlockScales(m: Mxfp4): Float32Array {
+  return Float32Array.from(fp4BlockReferences(m), (r) => 2 ** (r - E8M0_BIAS - FP4_TO_FP8_TOP));
+}
+
+/**
+ * fp4BlockReferences on the scale bytes alone ([rows, cols/32]), with each block's span (largest −
+ * smallest byte: at most 14 converts exactly).
+ */
 function blockReferencesOf(
   scales: Uint8Array,
   rows: number,
   cols: number,
   b0: number,
   b1: number,
-): Uint8Array {
+): { refs: Uint8Array; spans: Uint8Array } {
   const kBlocks = cols / QUANT_BLOCK;
   const groupsPerRow = cols / MXFP4_GROUP;
-  const out = new Uint8Array((b1 - b0) * kBlocks);
+  const refs = new Uint8Array((b1 - b0) * kBlocks);
+  const spans = new Uint8Array((b1 - b0) * kBlocks);
   for (let b = b0; b < b1; b++) {
     const rowEnd = Math.min((b + 1) * FP4_CAST_BLOCK_ROWS, rows);
     for (let kb = 0; kb < kBlocks; kb++) {
@@ -501,38 +509,13 @@ function blockReferencesOf(
           if (v > hi) hi = v;
         }
       }
-      out[(b - b0) * kBlocks + kb] = hi - lo <= FP4_TO_FP8_EXACT_SPREAD ? hi : FP4_OWN_REFERENCE;
+      refs[(b - b0) * kBlocks + kb] = hi;
+      spans[(b - b0) * kBlocks + kb] = hi - lo;
     }
   }
-  return out;
+  return { refs, spans };
 }
 
-/**
- * The 128 × 128 blocks of MXFP4 scale bytes [rows, cols/32] (rows 128i … of the matrix, the last one
- * shorter, per K block) and those whose bytes span more than 14, which keep a reference per row
- * (fp4BlockReferences' FP4_OWN_REFERENCE).
- */
-export function countFp4PerRowBlocks(
-  scales: Uint8Array,
-  rows: number,
-  cols: number,
-): { blocks: number; perRow: number } {
-  checkMxShape("countFp4PerRowBlocks", rows, cols);
-  if (cols % QUANT_BLOCK !== 0)
-    throw new RangeError(`countFp4PerRowBlocks: cols ${cols} is not a multiple of 128`);
-  if (scales.length !== (rows * cols) / MXFP4_GROUP) {
-    throw new RangeError(
-      `countFp4PerRowBlocks: ${scales.length} scale bytes do not fit [${rows}, ${cols / MXFP4_GROUP}]`,
-    );
-  }
-  const refs = blockReferencesOf(scales, rows, cols, 0, Math.ceil(rows / FP4_CAST_BLOCK_ROWS));
-  let perRow = 0;
-  for (const r of refs) if (r === FP4_OWN_REFERENCE) perRow++;
-  return { blocks: refs.length, perRow };
-}
-
-/** Bit 31 of a reference word: the reference is its 128 × 128 block's (one scale for all its rows). */
-export const FP4_BLOCK_FLAG = 0x80000000;
 /** Bit 30 of a reference word: a group lies more than 11 binades under R (the kernels' exact tables). */
 export const FP4_EXACT_FLAG = 0x40000000;
 /** The offsets the kernels' fast tables hold. */
@@ -544,8 +527,7 @@ const FP4_OFFSET_CLAMP = 31;
  * The reference words of MXFP4 scale bytes [rows, cols/32] (docs/numerics.md, "the device layout"):
  * Uint32Array [rows, cols/128], row r's K block kb as the kernels read it (fp4.cuh fp4_reference_word):
  * bits 0..7 the reference byte R the rule gives it (fp4ReferenceBytes), bits 8 + 5g .. 12 + 5g the
- * offset min(R − b_g, 31) of group g, bit 30 (FP4_EXACT_FLAG) set where an offset passes 11, bit 31
- * (FP4_BLOCK_FLAG) set where R is its 128 × 128 block's.
+ * offset min(R − b_g, 31) of group g, bit 30 (FP4_EXACT_FLAG) set where an offset passes 11.
  * Throws on a 0xFF (NaN) byte, naming its row and K group.
  */
 export function mxfp4ReferenceWords(scales: Uint8Array, rows: number, cols: number): Uint32Array {
@@ -565,21 +547,19 @@ export function mxfp4ReferenceWords(scales: Uint8Array, rows: number, cols: numb
     );
   }
   const kBlocks = cols / QUANT_BLOCK;
-  const blocks = blockReferencesOf(scales, rows, cols, 0, Math.ceil(rows / FP4_CAST_BLOCK_ROWS));
+  const { refs } = blockReferencesOf(scales, rows, cols, 0, Math.ceil(rows / FP4_CAST_BLOCK_ROWS));
   const out = new Uint32Array(rows * kBlocks);
   for (let r = 0; r < rows; r++) {
     for (let kb = 0; kb < kBlocks; kb++) {
       const at = r * groupsPerRow + kb * GROUPS_PER_BLOCK;
-      const block = blocks[Math.floor(r / FP4_CAST_BLOCK_ROWS) * kBlocks + kb];
-      const ref =
-        block !== FP4_OWN_REFERENCE ? block : fp4BlockRefExponent(scales, at) + E8M0_BIAS + FP4_TO_FP8_TOP;
+      const ref = refs[Math.floor(r / FP4_CAST_BLOCK_ROWS) * kBlocks + kb];
       let w = ref;
       for (let g = 0; g < GROUPS_PER_BLOCK; g++) {
         const o = ref - scales[at + g];
         w |= Math.min(o, FP4_OFFSET_CLAMP) << (8 + 5 * g);
         if (o > FP4_FAST_OFFSETS) w |= FP4_EXACT_FLAG;
       }
-      out[r * kBlocks + kb] = (block !== FP4_OWN_REFERENCE ? w | FP4_BLOCK_FLAG : w) >>> 0;
+      out[r * kBlocks + kb] = w >>> 0;
     }
   }
   return out;
@@ -587,22 +567,17 @@ export function mxfp4ReferenceWords(scales: Uint8Array, rows: number, cols: numb
 
 /**
  * The reference byte (the UE8M0 byte the codes are relative to) of each row's 128-deep K blocks, rows
- * [r0, r1), [r1 − r0, cols/128], by docs/numerics.md's rule: its 128 × 128 block's (fp4BlockReferences)
- * where the block takes one, else the row's largest of its own four bytes.
+ * [r0, r1), [r1 − r0, cols/128], by docs/numerics.md's rule: its 128 × 128 block's largest byte
+ * (fp4BlockReferences).
  */
 export function fp4ReferenceBytes(m: Mxfp4, r0 = 0, r1 = m.rows): Uint8Array {
   const kBlocks = m.cols / QUANT_BLOCK;
-  const groupsPerRow = m.cols / MXFP4_GROUP;
   const b0 = Math.floor(r0 / FP4_CAST_BLOCK_ROWS);
   const blocks = fp4BlockReferences(m, b0, Math.ceil(r1 / FP4_CAST_BLOCK_ROWS));
   const out = new Uint8Array((r1 - r0) * kBlocks);
   for (let r = r0; r < r1; r++) {
-    for (let kb = 0; kb < kBlocks; kb++) {
-      const block = blocks[(Math.floor(r / FP4_CAST_BLOCK_ROWS) - b0) * kBlocks + kb];
-      const own =
-        fp4BlockRefExponent(m.scales, r * groupsPerRow + kb * GROUPS_PER_BLOCK) + E8M0_BIAS + FP4_TO_FP8_TOP;
-      out[(r - r0) * kBlocks + kb] = block !== FP4_OWN_REFERENCE ? block : own;
-    }
+    const block = (Math.floor(r / FP4_CAST_BLOCK_ROWS) - b0) * kBlocks;
+    out.set(blocks.subarray(block, block + kBlocks), (r - r0) * kBlocks);
   }
   return out;
 }
@@ -674,50 +649,58 @@ export function mxfp4RowsToFp8(
   return { q, scales, inexact };
 }
 
-/** The span of one 128-deep K block's four UE8M0 bytes (largest − smallest): ≤ 14 converts exactly. */
-export function fp4BlockSpan(scales: Uint8Array, at: number): number {
-  let lo = 255;
-  let hi = 0;
-  for (let g = 0; g < GROUPS_PER_BLOCK; g++) {
-    const v = scales[at + g];
-    if (v < lo) lo = v;
-    if (v > hi) hi = v;
+/**
+ * Whether every 128 × 128 block of MXFP4 scale bytes [rows, cols/32] (rows 128i …, the last block
+ * shorter, per K block) spans at most 14 binades, so that the whole matrix converts to e4m3 exactly.
+ */
+export function fp4BlocksExact(scales: Uint8Array, rows: number, cols: number): boolean {
+  checkMxShape("fp4BlocksExact", rows, cols);
+  if (cols % QUANT_BLOCK !== 0) throw new RangeError(`fp4BlocksExact: cols ${cols} is not a multiple of 128`);
+  if (scales.length !== (rows * cols) / MXFP4_GROUP) {
+    throw new RangeError(
+      `fp4BlocksExact: ${scales.length} scale bytes do not fit [${rows}, ${cols / MXFP4_GROUP}]`,
+    );
   }
-  return hi - lo;
-}
-
-/** Whether every K block of these UE8M0 bytes (rows of whole K blocks) converts to e4m3 exactly. */
-export function fp4ScalesExact(scales: Uint8Array): boolean {
-  for (let at = 0; at < scales.length; at += GROUPS_PER_BLOCK) {
-    if (fp4BlockSpan(scales, at) > FP4_TO_FP8_EXACT_SPREAD) return false;
-  }
-  return true;
+  const { spans } = blockReferencesOf(scales, rows, cols, 0, Math.ceil(rows / FP4_CAST_BLOCK_ROWS));
+  return spans.every((span) => span <= FP4_TO_FP8_EXACT_SPREAD);
 }
 
 /**
  * Inexact elements of the whole matrix's conversion (for the per-layer "n of N elements not exact"):
- * mxfp4RowsToFp8's count without its codes. A K block whose scale bytes span ≤ 14 converts exactly, so
- * only the groups more than 14 below their block's largest byte are looked at element by element; a
- * layer's count costs about one pass over its scale bytes.
+ * mxfp4RowsToFp8's count without its codes. A 128 × 128 block whose scale bytes span ≤ 14 converts
+ * exactly, so only the groups more than 14 below their block's largest byte are looked at element by
+ * element; a layer's count costs about one pass over its scale bytes.
  */
 export function countFp4ToFp8Inexact(m: Mxfp4, what = "countFp4ToFp8Inexact"): number {
   checkMxfp4(what, m);
   checkMxfp4Scales(what, m);
   if (m.cols % QUANT_BLOCK !== 0) throw new RangeError(`${what}: cols ${m.cols} is not a multiple of 128`);
-  const blocks = (m.rows * m.cols) / QUANT_BLOCK;
+  const kBlocks = m.cols / QUANT_BLOCK;
+  const groupsPerRow = m.cols / MXFP4_GROUP;
+  const { refs, spans } = blockReferencesOf(
+    m.scales,
+    m.rows,
+    m.cols,
+    0,
+    Math.ceil(m.rows / FP4_CAST_BLOCK_ROWS),
+  );
   let inexact = 0;
-  for (let b = 0; b < blocks; b++) {
-    const at = b * GROUPS_PER_BLOCK;
-    if (fp4BlockSpan(m.scales, at) <= FP4_TO_FP8_EXACT_SPREAD) continue;
-    const ref = fp4BlockRefExponent(m.scales, at);
-    for (let g = 0; g < GROUPS_PER_BLOCK; g++) {
-      const d = m.scales[at + g] - E8M0_BIAS - ref;
-      if (d >= FP4_TO_FP8_TOP - FP4_TO_FP8_EXACT_SPREAD) continue;
-      const t = fp4ToFp8Table(d);
-      const first = ((at + g) * MXFP4_GROUP) >>> 1;
-      for (let j = 0; j < MXFP4_GROUP / 2; j++) {
-        const byte = m.packed[first + j];
-        inexact += t[16 + (byte & 0xf)] + t[16 + (byte >>> 4)];
+  for (let i = 0; i < refs.length; i++) {
+    if (spans[i] <= FP4_TO_FP8_EXACT_SPREAD) continue;
+    const b = Math.floor(i / kBlocks);
+    const kb = i % kBlocks;
+    const rowEnd = Math.min((b + 1) * FP4_CAST_BLOCK_ROWS, m.rows);
+    for (let r = b * FP4_CAST_BLOCK_ROWS; r < rowEnd; r++) {
+      for (let g = 0; g < GROUPS_PER_BLOCK; g++) {
+        const at = r * groupsPerRow + kb * GROUPS_PER_BLOCK + g;
+        const d = m.scales[at] - refs[i] + FP4_TO_FP8_TOP;
+        if (d >= FP4_TO_FP8_TOP - FP4_TO_FP8_EXACT_SPREAD) continue;
+        const t = fp4ToFp8Table(d);
+        const first = (at * MXFP4_GROUP) >>> 1;
+        for (let j = 0; j < MXFP4_GROUP / 2; j++) {
+          const byte = m.packed[first + j];
+          inexact += t[16 + (byte & 0xf)] + t[16 + (byte >>> 4)];
+        }
       }
     }
   }
@@ -735,11 +718,9 @@ export interface Fp4AsFp8Blocks {
 }
 
 /**
- * DeepSeek's offline cast (V4 `inference/convert.py`, `cast_e2m1fn_to_e4m3fn`): like mxfp4RowsToFp8, but
- * one reference per 128×128 block, ref = (largest scale byte of the block) − 127 − 6, so the result runs
- * on the FP8 kernels as they are. Exact when the block's bytes span ≤ 14 (rounding as mxfp4RowsToFp8
- * beyond); where exact, the reference layer gives the same bits as with the FP4 experts themselves
- * (both scalings are powers of two, docs/numerics.md).
+ * DeepSeek's offline cast (V4 `inference/convert.py`, `cast_e2m1fn_to_e4m3fn`), which is the rule
+ * itself: mxfp4RowsToFp8's codes with its scales as one per 128×128 block, so the result runs on the FP8
+ * kernels as they are and gives the same bits as the FP4 experts (docs/numerics.md).
  */
 export function mxfp4ToFp8Blocks(m: Mxfp4, what = "mxfp4ToFp8Blocks"): Fp4AsFp8Blocks {
   checkMxfp4(what, m);
@@ -748,29 +729,6 @@ export function mxfp4ToFp8Blocks(m: Mxfp4, what = "mxfp4ToFp8Blocks"): Fp4AsFp8B
   if (rows % QUANT_BLOCK !== 0 || cols % QUANT_BLOCK !== 0) {
     throw new RangeError(`${what}: [${rows}, ${cols}] is not a multiple of 128 in both dimensions`);
   }
-  const groupsPerRow = cols / MXFP4_GROUP;
-  const kBlocks = cols / QUANT_BLOCK;
-  const q = new Uint8Array(rows * cols);
-  const scales = new Float32Array((rows / QUANT_BLOCK) * kBlocks);
-  let inexact = 0;
-  for (let br = 0; br < rows / QUANT_BLOCK; br++) {
-    for (let kb = 0; kb < kBlocks; kb++) {
-      let max = 0;
-      for (let r = br * QUANT_BLOCK; r < (br + 1) * QUANT_BLOCK; r++) {
-        for (let g = 0; g < GROUPS_PER_BLOCK; g++) {
-          max = Math.max(max, m.scales[r * groupsPerRow + kb * GROUPS_PER_BLOCK + g]);
-        }
-      }
-      const ref = max - E8M0_BIAS - FP4_TO_FP8_TOP;
-      scales[br * kBlocks + kb] = 2 ** ref;
-      for (let r = br * QUANT_BLOCK; r < (br + 1) * QUANT_BLOCK; r++) {
-        for (let g = 0; g < GROUPS_PER_BLOCK; g++) {
-          const t = fp4ToFp8Table(m.scales[r * groupsPerRow + kb * GROUPS_PER_BLOCK + g] - E8M0_BIAS - ref);
-          const at = r * cols + kb * QUANT_BLOCK + g * MXFP4_GROUP;
-          inexact += convertGroup(m.packed, at >>> 1, t, q, at);
-        }
-      }
-    }
-  }
-  return { q, scales, inexact };
+  const x = mxfp4RowsToFp8(m, 0, rows, what);
+  return { q: x.q, scales: fp4BlockScales(m), inexact: x.inexact };
 }

@@ -5,7 +5,7 @@
  */
 import fs from "node:fs";
 import { QUANT_BLOCK, type ValidatedConfig } from "../config/config.js";
-import { countFp4PerRowBlocks, countFp4ToFp8Inexact, fp4ScalesExact } from "../numerics/fp4.js";
+import { countFp4ToFp8Inexact, fp4BlocksExact } from "../numerics/fp4.js";
 import { E4M3_DECODE } from "../numerics/fp8.js";
 import type { TensorLocation } from "./checkpoint.js";
 import {
@@ -123,9 +123,8 @@ export class CheckpointLayer implements MoEWeightSource {
 
   /**
    * FP4 experts: how many routed elements the kernels' e4m3 form does not hold exactly
-   * (countFp4ToFp8Inexact, docs/numerics.md), and how many 128 × 128 blocks keep a reference per row
-   * (countFp4PerRowBlocks). Reads every expert's scale bytes, and its codes only where a K block spans
-   * more than 14 (an inexact element needs one).
+   * (countFp4ToFp8Inexact, docs/numerics.md). Reads every expert's scale bytes, and its codes only where
+   * a 128 × 128 block spans more than 14 (an inexact element needs one).
    */
   fp4Exactness(): Fp4Exactness {
     const { hidden: h, intermediate: inter, numExperts } = this.config;
@@ -133,8 +132,6 @@ export class CheckpointLayer implements MoEWeightSource {
       throw new CheckpointError(`${this.block}: the routed experts are FP8; exactness applies to FP4 ones`);
     }
     let inexact = 0;
-    let blocks = 0;
-    let perRowBlocks = 0;
     // W1, W3 ([I, H]) and W2 ([H, I]) have as many scale bytes each: one buffer serves all three. W1 and
     // W3 are the kernels' W1 rows 0..I−1 and I..2I−1, so their 128-row blocks are the kernels'.
     const s = new Uint8Array((inter * h) / MXFP4_GROUP);
@@ -145,16 +142,13 @@ export class CheckpointLayer implements MoEWeightSource {
         const [rows, cols] = w === "w2" ? [h, inter] : [inter, h];
         this.read(name(w, "scale"), s);
         checkE8m0(s, this.fileOf(name(w, "scale")), name(w, "scale"), cols / MXFP4_GROUP);
-        exact = exact && fp4ScalesExact(s);
-        const b = countFp4PerRowBlocks(s, rows, cols);
-        blocks += b.blocks;
-        perRowBlocks += b.perRow;
+        exact = exact && fp4BlocksExact(s, rows, cols);
       }
       if (exact) continue;
       const x = this.readFp4(name, inter);
       inexact += countFp4ToFp8Inexact(x.w1) + countFp4ToFp8Inexact(x.w2);
     }
-    return { elements: numExperts * 3 * inter * h, inexact, blocks, perRowBlocks };
+    return { elements: numExperts * 3 * inter * h, inexact };
   }
 
   /** Positioned read of a whole tensor into `into` (byte lengths were checked when the block was opened). */

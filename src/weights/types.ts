@@ -61,16 +61,10 @@ export interface Fp4ExpertWeights {
 /** A routed expert in either format; narrow on `format` ("fp4", or anything else for FP8). */
 export type RoutedExpertWeights = ExpertWeights | Fp4ExpertWeights;
 
-/**
- * A layer's FP4 routed elements and those whose e4m3 form is not exact (countFp4ToFp8Inexact); its
- * 128 × 128 blocks (per matrix and K block) and those kept with a reference per row, their bytes spanning
- * more than 14 (countFp4PerRowBlocks: the kernels promote those with a scale per column).
- */
+/** A layer's FP4 routed elements and those whose e4m3 form is not exact (countFp4ToFp8Inexact). */
 export interface Fp4Exactness {
   elements: number;
   inexact: number;
-  blocks: number;
-  perRowBlocks: number;
 }
 
 /** The FP8 expert, or an error naming `where` for an FP4 one (for paths that only take FP8 so far). */

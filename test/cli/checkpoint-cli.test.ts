@@ -83,10 +83,7 @@ describe("megamoe with a V4 checkpoint", () => {
     }
     const r = megamoe("inspect", ckpt, "--exactness");
     assert.equal(r.code, 0, r.stderr);
-    assert.match(
-      r.stdout,
-      /fp4 → e4m3\s+[\d,]+ of 2,359,296 routed elements not exact, [\d,]+ of 144 128×128 blocks kept per row \(3 FP4 blocks/,
-    );
+    assert.match(r.stdout, /fp4 → e4m3\s+[\d,]+ of 2,359,296 routed elements not exact \(3 FP4 blocks/);
     assert.equal(JSON.parse(megamoe("inspect", ckpt, "--json").stdout).fp4Exactness, undefined);
   });
 

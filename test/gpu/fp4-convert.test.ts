@@ -2,8 +2,8 @@
  * The device build of common/fp4.cuh (src/kernels/fp4/fp4_convert.cu, both paths) against the CPU
  * rule `mxfp4RowsToFp8`, byte for byte: e4m3 codes and the fp32 2^ref per row and K block, on every
  * maximum scale byte 0..254 with spreads 0, 14, 15 and 30, every code in every group, and seeded random
- * rows, and rows whose 128 × 128 blocks take one reference (the words' load-time pass on the device against
- * fp4GemmScaleWords). The fast path's `prmt` is the one thing the host test (test/numerics/fp4-header.test.ts) can
+ * rows, and 128 × 128 blocks of rows with differing bytes, some spanning more than 14 (the words'
+ * load-time pass on the device against fp4GemmScaleWords). The fast path's `prmt` is the one thing the host test (test/numerics/fp4-header.test.ts) can
  * only emulate. Outputs are poisoned first, so an element never written is caught. The device layout
  * step (stored → the FP4 kernels' layout, in place, matrix by matrix) against `mxfp4DeviceLayout`, and
  * with bad shapes refused.
@@ -22,8 +22,7 @@ import {
 } from "../../src/kernels/fp4/fp4_convert.js";
 import { fp4GemmScaleWords } from "../../src/kernels/gemm/fp4_grouped_gemm.js";
 import {
-  FP4_BLOCK_FLAG,
-  fp4BlockReferences,
+  fp4BlocksExact,
   type Mxfp4,
   mxfp4DeviceLayout,
   mxfp4ReferenceWords,
@@ -57,12 +56,23 @@ const bitsOf = (x: number) => {
   return u32[0];
 };
 
-function runBoth(m: Mxfp4): string[] {
+/**
+ * Both conversion paths against the rule. The kernels read each row's K blocks as reference words: the
+ * rule's (its 128 × 128 block's reference), or with `rowsAlone` each row's own largest byte (the rule on
+ * the row as a matrix of its own), so that every maximum byte is converted exactly where it can be.
+ */
+function runBoth(m: Mxfp4, rowsAlone = false): string[] {
   const d = testDevice();
-  // The kernels read each row's K blocks as the rule's reference words (its 128 × 128 blocks' references
-  // where they take one).
-  const words = mxfp4ReferenceWords(m.scales, m.rows, m.cols);
-  const want = mxfp4RowsToFp8(m, 0, m.rows, "fp4-convert");
+  const kBlocks = m.cols / 128;
+  const words = rowsAlone ? new Uint32Array(m.rows * kBlocks) : mxfp4ReferenceWords(m.scales, m.rows, m.cols);
+  if (rowsAlone) {
+    const perRow = m.cols / 32;
+    for (let r = 0; r < m.rows; r++) {
+      words.set(mxfp4ReferenceWords(m.scales.subarray(r * perRow, (r + 1) * perRow), 1, m.cols), r * kBlocks);
+    }
+  }
+  const refs = rowsAlone ? Uint8Array.from(words, (w) => w & 0xff) : undefined;
+  const want = mxfp4RowsToFp8(m, 0, m.rows, "fp4-convert", refs);
   const made: DeviceTensor[] = [];
   const keep = <T extends DeviceTensor>(t: T) => {
     made.push(t);
@@ -121,7 +131,7 @@ describeGpu("FP4 → e4m3 conversion on a GPU", () => {
       },
       (r, k) => (k + r) & 15,
     );
-    const bad = runBoth(m);
+    const bad = runBoth(m, true);
     assert.deepEqual(bad, [], bad.join("\n"));
   });
 
@@ -137,15 +147,17 @@ describeGpu("FP4 → e4m3 conversion on a GPU", () => {
       },
       () => next() & 15,
     );
-    const bad = runBoth(m);
-    assert.deepEqual(bad, [], bad.join("\n"));
+    for (const rowsAlone of [true, false]) {
+      const bad = runBoth(m, rowsAlone);
+      assert.deepEqual(bad, [], `${rowsAlone ? "each row alone" : "the rule"}: ${bad.join("\n")}`);
+    }
   });
 
   test(`reference words on the device, as fp4GemmScaleWords; converted as the rule (seed ${seed})`, () => {
     const d = testDevice();
     const next = rngU32(seed ^ 0x3c3c);
     // 300 rows (blocks of 128, 128, 44), K = 512: per block row a base byte; some blocks within 14 of it,
-    // some with one row's group 15 or more below.
+    // some with one row's group 15 or more below (rounded under the block's reference).
     const bases = [100, 180, 20];
     const wide = new Set([1, 6, 9]); // block row · 4 + K block
     const m = makeMatrix(
@@ -158,8 +170,7 @@ describeGpu("FP4 → e4m3 conversion on a GPU", () => {
       },
       () => next() & 15,
     );
-    const refs = fp4BlockReferences(m);
-    assert.ok(refs.includes(0xff) && refs.some((b) => b !== 0xff), "both kinds of block");
+    assert.ok(!fp4BlocksExact(m.scales, 300, 512), "some blocks span more than 14");
     const bad = runBoth(m);
     assert.deepEqual(bad, [], bad.join("\n"));
     // Two such matrices as rows 50 .. 650 of a 700-row words tensor, the UE8M0 bytes as the GPU generator
@@ -190,10 +201,6 @@ describeGpu("FP4 → e4m3 conversion on a GPU", () => {
         -1,
         `byte ${firstBad} (K block ${Math.floor(firstBad / (4 * total))}, row ${Math.floor((firstBad % (4 * total)) / 4)})`,
       );
-      const flagged = new Uint32Array(got.buffer, got.byteOffset, got.length / 4).filter(
-        (w) => (w & FP4_BLOCK_FLAG) !== 0,
-      );
-      assert.ok(flagged.length > 0, "some rows take their block's reference");
       assert.throws(
         () => fp4ReferenceWordsOnDevice(d, words, 50, 600, 280, null),
         /whole matrices of 280 rows/,

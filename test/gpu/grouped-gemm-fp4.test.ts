@@ -13,9 +13,9 @@
  *  - random: random e4m3 activations; the tensor cores' fp32 block sums round differently from the
  *    exact sums, so the fast kernel is compared with tolerances, while the CUDA-core reference kernel
  *    (exact conversion, block sums in double) must still equal the CPU rule in every bit.
- * Weight scale bytes: blocks with spreads 0, 14, 15 and 30 and maxima running over every byte 0..254
- * (the exact cases; the maximum in each group position), every other 128 × 128 block within 14 of
- * one maximum (one reference and one scale for the whole block), and uniform random bytes. Group sizes include
+ * Weight scale bytes: rows with spreads 0, 14, 15 and 30 and maxima running over every byte 0..254 (the
+ * maximum in each group position; under their 128 × 128 block's reference the rows below its largest
+ * round), every other 128 × 128 block within 14 of one maximum (exact), and uniform random bytes. Group sizes include
  * empty groups, 1-row groups, rows outside every group and 384 small groups; outputs are poisoned with
  * 0xFF first, and rows of no group must stay poisoned. Every case runs on each FP4 tile and on a grid of
  * one CTA.
@@ -82,8 +82,7 @@ const randInt = (n: number) => Math.floor(random() * n);
 
 /**
  * Scale bytes of one weight row's K block: adversarial spreads with maxima over 0..254, or random; in the
- * exact cases every other 128 × 128 block has all its bytes within 14 of one maximum (one reference for
- * the block, one scale at promotion).
+ * "exact" kind every other 128 × 128 block has all its bytes within 14 of one maximum (exact).
  */
 function blockBytes(kind: "exact" | "random", row: number, kb: number, maxByte: number): number[] {
   if (kind === "exact" && (Math.floor(row / 128) + kb) % 2 === 0) {

@@ -1,17 +1,15 @@
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
 import {
-  countFp4PerRowBlocks,
   countFp4ToFp8Inexact,
   dequantizeMxfp4,
   E2M1_DECODE,
   e2m1At,
   encodeE2m1,
-  FP4_BLOCK_FLAG,
   FP4_EXACT_FLAG,
-  FP4_OWN_REFERENCE,
   FP4_TO_FP8_EXACT_SPREAD,
   fp4BlockReferences,
+  fp4BlocksExact,
   fp4ReferenceBytes,
   type Mxfp4,
   mxfp4DeviceLayout,
@@ -224,9 +222,10 @@ function e4m3SubnormalOracle(v: number): number {
   return Math.sign(v) * n * 2 ** -9;
 }
 
-describe("FP4 → FP8 conversion (per row, per 128-deep K block)", () => {
+describe("FP4 → FP8 conversion (per 128-deep K block of a block of rows)", () => {
   // Every row is one K block whose four groups hold all 16 codes twice; the groups' bytes are
-  // [M, M − s, M − ⌊s/2⌋, M − s] (clipped at 0) for every M in 0..254 and s in {0, 14, 15, 30}.
+  // [M, M − s, M − ⌊s/2⌋, M − s] (clipped at 0) for every M in 0..254 and s in {0, 14, 15, 30}. Each row
+  // is converted as a matrix of its own (a 128 × 128 block of one row), so its reference is its own M.
   const spreads = [0, 14, 15, 30];
   const rows = 255 * spreads.length;
   const codes = new Uint8Array(rows * 128);
@@ -240,7 +239,19 @@ describe("FP4 → FP8 conversion (per row, per 128-deep K block)", () => {
     }
   });
   const m: Mxfp4 = { packed: packE2m1(codes), scales, rows, cols: 128 };
-  const conv = mxfp4RowsToFp8(m);
+  const rowOf = (r: number): Mxfp4 => ({
+    packed: m.packed.subarray(64 * r, 64 * (r + 1)),
+    scales: scales.subarray(4 * r, 4 * (r + 1)),
+    rows: 1,
+    cols: 128,
+  });
+  const conv = { q: new Uint8Array(rows * 128), scales: new Float32Array(rows), inexact: 0 };
+  for (let r = 0; r < rows; r++) {
+    const one = mxfp4RowsToFp8(rowOf(r));
+    conv.q.set(one.q, 128 * r);
+    conv.scales[r] = one.scales[0];
+    conv.inexact += one.inexact;
+  }
   const exact = dequantizeMxfp4(m);
 
   it("places the largest group at offset +6 (ref = max − 127 − 6) and never saturates", () => {
@@ -276,16 +287,16 @@ describe("FP4 → FP8 conversion (per row, per 128-deep K block)", () => {
     assert.equal(conv.inexact, expectInexact);
     // Spread 15 (rows with M ≥ 15): each d = −9 group loses ±0.5 and ±1.5 (8 of its 32 elements); the two
     // such groups per row make 16.
-    const row15 = 2 * 255 + 100;
-    const one = mxfp4RowsToFp8(m, row15, row15 + 1);
-    assert.equal(one.inexact, 16);
+    assert.equal(mxfp4RowsToFp8(rowOf(2 * 255 + 100)).inexact, 16);
     // Spread 14 and 0: none.
-    assert.equal(mxfp4RowsToFp8(m, 0, 2 * 255).inexact, 0);
+    for (let r = 0; r < 2 * 255; r++) assert.equal(mxfp4RowsToFp8(rowOf(r)).inexact, 0);
     // The layer's count (only the blocks spanning more than 14 looked at) says the same.
-    assert.equal(countFp4ToFp8Inexact(m), conv.inexact);
+    let counted = 0;
+    for (let r = 0; r < rows; r++) counted += countFp4ToFp8Inexact(rowOf(r));
+    assert.equal(counted, conv.inexact);
   });
 
-  it("treats each K block and row on its own", () => {
+  it("treats each K block on its own", () => {
     // Two blocks in one row: a wide spread in the first must not affect the second.
     const two: Mxfp4 = {
       packed: packE2m1(Uint8Array.from({ length: 256 }, (_, i) => i % 16)),
@@ -302,7 +313,7 @@ describe("FP4 → FP8 conversion (per row, per 128-deep K block)", () => {
   });
 });
 
-describe("FP4 → FP8 references: the 128 × 128 cast's where its bytes allow", () => {
+describe("FP4 → FP8 references: each 128 × 128 block's largest byte (the cast's)", () => {
   // 300 rows (blocks of 128, 128 and 44 rows) × 256 columns (two K blocks). Row r's bytes in K block 0:
   // 120 − (r mod 9), a span of 8 in every block; in K block 1: 90 − (r mod 9), except that row 200 has a
   // group 20 below its others, which makes the second block's K block 1 span 28.
@@ -322,15 +333,16 @@ describe("FP4 → FP8 references: the 128 × 128 cast's where its bytes allow", 
   };
   const refs = fp4ReferenceBytes(m);
 
-  it("gives every row of an exact block the block's largest byte, and each row its own elsewhere", () => {
+  it("gives every row its block's largest byte, that of a block spanning more than 14 too", () => {
     for (let r = 0; r < rows; r++) {
       assert.equal(refs[2 * r], 120, `row ${r}, K block 0`);
-      const own = 90 - (r % 9);
-      assert.equal(refs[2 * r + 1], r >= 128 && r < 256 ? own : 90, `row ${r}, K block 1`);
+      assert.equal(refs[2 * r + 1], 90, `row ${r}, K block 1`);
     }
+    assert.deepEqual(Array.from(fp4BlockReferences(m)), [120, 90, 120, 90, 120, 90]);
+    assert.deepEqual(Array.from(fp4BlockReferences(m, 1, 2)), [120, 90]);
   });
 
-  it("converts with those references, as the cast does where it is exact, exactly where a row spans ≤ 14", () => {
+  it("converts as the cast does, exactly but for the groups more than 14 under their block's largest", () => {
     const conv = mxfp4RowsToFp8(m, 0, 256);
     const cast = mxfp4ToFp8Blocks({
       packed: m.packed.subarray(0, (256 * cols) / 2),
@@ -338,27 +350,40 @@ describe("FP4 → FP8 references: the 128 × 128 cast's where its bytes allow", 
       rows: 256,
       cols,
     });
+    assert.deepEqual(conv.q, cast.q);
+    assert.equal(conv.inexact, cast.inexact);
     const exact = dequantizeMxfp4(m);
-    // Only row 200's own K block 1 spans more than 14 (its group 20 below the rest), as before the rule.
+    // Only row 200's group 1 of K block 1 lies more than 14 under its block's 90 (at 90 − 20 − 2 = 68).
     assert.ok(conv.inexact > 0);
     assert.equal(conv.inexact, mxfp4RowsToFp8(m, 200, 201).inexact);
+    assert.equal(conv.inexact, countFp4ToFp8Inexact(m));
     for (let r = 0; r < 256; r++) {
       for (let kb = 0; kb < 2; kb++) {
         const ref = 2 ** (refs[2 * r + kb] - 133);
         assert.equal(conv.scales[2 * r + kb], ref);
+        assert.equal(cast.scales[Math.floor(r / 128) * 2 + kb], ref);
         for (let k = kb * 128; k < kb * 128 + 128; k++) {
-          if (r === 200 && kb === 1) continue;
+          if (r === 200 && k >= 160 && k < 192) continue;
           assert.equal(E4M3_DECODE[conv.q[r * cols + k]] * ref, exact[r * cols + k], `row ${r}, k ${k}`);
-          // The cast's codes wherever its block is exact (K block 0 everywhere, K block 1 in block 0).
-          if (kb === 0 || r < 128) assert.equal(conv.q[r * cols + k], cast.q[r * cols + k]);
         }
       }
     }
   });
 
-  it("hands the kernels one byte per 128 × 128 block: the reference, or 0xFF where each row keeps its own", () => {
-    assert.deepEqual(Array.from(fp4BlockReferences(m)), [120, 90, 120, FP4_OWN_REFERENCE, 120, 90]);
-    assert.deepEqual(Array.from(fp4BlockReferences(m, 1, 2)), [120, FP4_OWN_REFERENCE]);
+  it("says whether every 128 × 128 block spans at most 14", () => {
+    assert.equal(fp4BlocksExact(scales, rows, cols), false);
+    const narrow = scales.slice();
+    narrow[8 * 200 + 5] += 8;
+    assert.equal(fp4BlocksExact(narrow, rows, cols), true);
+    // Blocks of 100 with one byte 14 above (block 0) or below (block 1): exact; one more row of block 1
+    // at 115, a span of 29 across its rows (each row's own span at most 15): not.
+    const across = new Uint8Array(rows * 8).fill(100);
+    across[8 * 3] = 114;
+    across[8 * 130] = 86;
+    assert.equal(fp4BlocksExact(across, rows, cols), true);
+    across[8 * 131] = 115;
+    assert.equal(fp4BlocksExact(across, rows, cols), false);
+    assert.throws(() => fp4BlocksExact(scales, rows, 160), /not a multiple of 128/);
   });
 
   it("gives a range of rows the references their whole blocks choose", () => {
@@ -383,9 +408,8 @@ describe("FP4 → FP8 references: the 128 × 128 cast's where its bytes allow", 
     assert.throws(() => mxfp4RowsToFp8(nan, 100, 101), /0xFF/);
   });
 
-  it("stores each row's K block as the kernels' reference word: R, offsets, flags", () => {
+  it("stores each row's K block as the kernels' reference word: R, offsets, the exact tables' flag", () => {
     const words = mxfp4ReferenceWords(scales, rows, cols);
-    const blocks = fp4BlockReferences(m);
     for (let r = 0; r < rows; r++) {
       for (let kb = 0; kb < 2; kb++) {
         const w = words[2 * r + kb];
@@ -402,14 +426,9 @@ describe("FP4 → FP8 references: the 128 × 128 cast's where its bytes allow", 
           offsets.some((o) => o > 11),
           `row ${r}, K block ${kb}`,
         );
-        const blockRef = blocks[Math.floor(r / 128) * 2 + kb] !== FP4_OWN_REFERENCE;
-        assert.equal((w & FP4_BLOCK_FLAG) !== 0, blockRef, `row ${r}, K block ${kb}`);
-        assert.equal(w & 0x30000000, 0);
+        assert.equal(w & 0xb0000000, 0);
       }
     }
-    // countFp4PerRowBlocks: six blocks, the one of rows 128..255 in K block 1 kept per row.
-    assert.deepEqual(countFp4PerRowBlocks(scales, rows, cols), { blocks: 6, perRow: 1 });
-    assert.throws(() => countFp4PerRowBlocks(scales, rows, 160), /not a multiple of 128/);
     // An offset past 31 is stored as 31 (every offset from 19 converts to zeros alike).
     const far = mxfp4ReferenceWords(Uint8Array.of(200, 10, 200, 199), 1, 128)[0];
     assert.equal(far, (200 | (31 << 13) | (1 << 23) | FP4_EXACT_FLAG) >>> 0);

@@ -143,12 +143,12 @@ describe("EP variants", () => {
     assert.throws(() => fusedEpDefines(tiny, 3, 32), /8 experts on 3 ranks/);
     assert.throws(() => fusedEpDefines(tiny, 1, 32), /ranks/);
     // tiny at 2, 4 and 8 ranks and flash at 8 with FP8 experts, flash at 8 with FP4: every block M;
-    // flash at 8 with FP4 expanded: 64 and 128.
-    assert.equal(epVariants.length, 5 * FUSED_BLOCK_MS.length + 2);
-    assert.equal(epVariants.filter((v) => v.defines.B_FP4 === 1).length, FUSED_BLOCK_MS.length + 2);
+    // flash at 8 with FP4 expanded: 128.
+    assert.equal(epVariants.length, 5 * FUSED_BLOCK_MS.length + 1);
+    assert.equal(epVariants.filter((v) => v.defines.B_FP4 === 1).length, FUSED_BLOCK_MS.length + 1);
     assert.deepEqual(
       epVariants.filter((v) => v.defines.FP4_EXPAND === 1).map((v) => v.defines.BLOCK_M),
-      [64, 128],
+      [128],
     );
     assert.equal(fusedEpDefines({ ...PRESETS.flash!, expertFormat: "fp4" }, 8, 128, true).FP4_EXPAND, 1);
     assert.ok(epVariants.every((v) => v.noSpill && (v.defines.EP_RANKS as number) >= 2));

@@ -53,16 +53,6 @@ MEGAMOE_HD int fp4_max_byte(unsigned int scales4) {
   return m;
 }
 
-// Smallest of the four scale bytes (the load-time transform's block spans).
-MEGAMOE_HD int fp4_min_byte(unsigned int scales4) {
-  int m = static_cast<int>(scales4 & 0xffu);
-  for (int g = 1; g < kFp4GroupsPerBlock; g++) {
-    const int b = static_cast<int>((scales4 >> (8 * g)) & 0xffu);
-    m = b < m ? b : m;
-  }
-  return m;
-}
-
 // fp32 bit pattern of 2^e for e in [−149, 127] (subnormal below −126): exact, no float arithmetic.
 MEGAMOE_HD unsigned int fp32_pow2_bits(int e) {
   return e >= -126 ? static_cast<unsigned int>(e + 127) << 23 : 1u << (e + 149);
@@ -81,24 +71,19 @@ MEGAMOE_HD float fp32_from_bits(unsigned int bits) {
 // ---- the reference word: a row's K-block scales as the kernels read them ----
 //
 // The reference byte R a row's K block converts relative to (docs/numerics.md, "FP4 → FP8 conversion")
-// is its 128 × 128 block's largest byte where that block's bytes span at most 14 (`block_ref`), else the
-// largest of the row's own four (kFp4OwnReference). The kernels never see the UE8M0 bytes themselves:
-// the load-time transform (fp4GemmScaleWords, megamoe_fp4_reference_words) stores each row's K block as
+// is its 128 × 128 block's largest byte, so every row of a 128-row block has one scale per K block, as
+// FP8 weights do. The kernels never see the UE8M0 bytes themselves: the load-time transform
+// (fp4GemmScaleWords, megamoe_fp4_reference_words) stores each row's K block as
 //   bits 0..7        R
 //   bits 8 + 5g ..   o_g = min(R − b_g, 31), g = 0..3: the group's offset under R (31 and more all give 0)
 //   bit 30           some o_g is above 11: that group needs the exact tables (fp4_table_of_offset)
-//   bit 31           R is the block's, so every row of the 128-row block has it and one scale serves them
-// so a converter needs no maximum and the math warps can tell a block of one scale from its rows' words.
-// R is at least each of the row's bytes (a block's largest is at least every row's), so o_g ≥ 0 and no
-// group lands above 2^6: d_g = b_g − 127 − ref = 6 − o_g with ref = R − 127 − 6.
-constexpr unsigned int kFp4OwnReference = 0xFFu;
-constexpr unsigned int kFp4BlockFlag = 0x80000000u;
+// so a converter needs no maximum. The converters take any R at least each of the row's bytes (o_g ≥ 0,
+// so no group lands above 2^6): d_g = b_g − 127 − ref = 6 − o_g with ref = R − 127 − 6.
 constexpr unsigned int kFp4ExactFlag = 0x40000000u;
 constexpr unsigned int kFp4OffsetClamp = 31u;
 
-MEGAMOE_HD unsigned int fp4_reference_word(unsigned int scales4, unsigned int block_ref = kFp4OwnReference) {
-  const unsigned int ref = block_ref != kFp4OwnReference ? block_ref : static_cast<unsigned int>(fp4_max_byte(scales4));
-  unsigned int w = ref | (block_ref != kFp4OwnReference ? kFp4BlockFlag : 0u);
+MEGAMOE_HD unsigned int fp4_reference_word(unsigned int scales4, unsigned int ref) {
+  unsigned int w = ref;
   for (int g = 0; g < kFp4GroupsPerBlock; g++) {
     const unsigned int o = ref - ((scales4 >> (8 * g)) & 0xffu);
     w |= (o < kFp4OffsetClamp ? o : kFp4OffsetClamp) << (8 + 5 * g);
@@ -339,9 +324,8 @@ MEGAMOE_HD int fp4_block_to_e4m3_fast(const unsigned char* packed, unsigned int 
 // order as the TMA writes it with the 64-byte swizzle from a 512-aligned base (row r's chunk q, its
 // words (q, 0..3), at 64r + 16·(q ^ ((r >> 1) & 3))), `ref_words` kRows reference words (fp4_reference_word),
 // and receives `b_tile` kRows × 128 e4m3 bytes in the 128-byte swizzle the TMA gives an FP8 tile (row
-// r's 16-byte chunk c at 128r + ((c ^ (r % 8)) << 4), b_tile 128-aligned) and `sw` kRows fp32 bits of
-// 2^ref, each with its word's kFp4BlockFlag (the sign bit: the promotions take one scale for a flagged
-// chunk, fp4_stage.cuh). `Mem` reads and writes that memory: ld32(a), ld64(a, w[2]), st128(a, w[4]),
+// r's 16-byte chunk c at 128r + ((c ^ (r % 8)) << 4), b_tile 128-aligned) and, with kScales, `sw` kRows
+// fp32 bits of 2^ref (one value per 128-row block; a promotion reads a chunk's first). `Mem` reads and writes that memory: ld32(a), ld64(a, w[2]), st128(a, w[4]),
 // st32(a, v) on byte addresses (shared memory on the device, an array in the host test).
 //
 // Items are (row, half): groups 2·half and 2·half + 1 of a row, 64 elements; item i is row i / 2, half
@@ -354,7 +338,7 @@ MEGAMOE_HD int fp4_block_to_e4m3_fast(const unsigned char* packed, unsigned int 
 // so the compiler can interleave a thread's items. Shared-memory banks: each 16-byte store
 // of a quarter warp (four rows, both halves) meets eight distinct chunks of the swizzle; the 8-byte loads
 // of a warp (16 rows, both halves, one q) meet every bank twice, thanks to the 64-byte swizzle.
-template <int kRows, int kThreads, int kDepth, class Mem>
+template <int kRows, int kThreads, int kDepth, bool kScales = true, class Mem>
 MEGAMOE_HD void fp4_stage_convert(Mem& mem, unsigned int packed, unsigned int ref_words, unsigned int b_tile,
                                   unsigned int sw, int thread) {
   static_assert(kThreads % 32 == 0, "converters come in whole warps");
@@ -400,7 +384,7 @@ MEGAMOE_HD void fp4_stage_convert(Mem& mem, unsigned int packed, unsigned int re
     for (int c = 0; c < 4; ++c) fp4x8_to_e4m3(w[2 * c], t0, q[c], q[4 + c]);
     for (int c = 0; c < 4; ++c) fp4x8_to_e4m3(w[2 * c + 1], t1, q[8 + c], q[12 + c]);
     for (unsigned int i = 0; i < 4; ++i) mem.st128((out0 ^ (i << 4)) + k * kStepOut, q + 4 * i);
-    if (half == 0u) mem.st32(sw + row_at + k * kStepRow, fp4_word_scale_bits(word) | (word & kFp4BlockFlag));
+    if (kScales && half == 0u) mem.st32(sw + row_at + k * kStepRow, fp4_word_scale_bits(word));
   };
   MEGAMOE_UNROLL
   for (int k = 0; k < kDepth; ++k) load(k);

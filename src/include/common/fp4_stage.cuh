@@ -45,61 +45,20 @@ struct SharedMem {
 //   ref_words kRows u32, row r's reference word (fp4.cuh fp4_reference_word)
 //   b_tile  kRows × 128 bytes of e4m3 in the 128-byte swizzle the TMA gives an FP8 tile (row r's 16-byte
 //           chunk c at r·128 + ((c ^ (r % 8)) << 4)), as one box or several stacked 8-row-aligned boxes
-//   sw      kRows fp32, row r's 2^ref, its sign bit set where the row's 128-row block has one scale
+//   sw      kRows fp32, row r's 2^ref (one value per 128-row block: chunk_scale); only with kScales
 // fp4.cuh fp4_stage_convert is the work (items, banks, the load window; the host test runs it too).
 // kDepth items per thread are loaded ahead: two hold 18 registers, within the 56 the producer warpgroup
 // keeps (three spill there).
-template <int kRows, int kThreads, int kDepth = 2>
+template <int kRows, int kThreads, int kDepth = 2, bool kScales = true>
 __device__ __forceinline__ void convert_tile(unsigned packed, unsigned ref_words, unsigned b_tile, unsigned sw,
                                              int thread) {
   SharedMem mem;
-  fp4_stage_convert<kRows, kThreads, kDepth>(mem, packed, ref_words, b_tile, sw, thread);
+  fp4_stage_convert<kRows, kThreads, kDepth, kScales>(mem, packed, ref_words, b_tile, sw, thread);
 }
 
-// acc += partial · (sa · sw[column]) for an m64 × nN wgmma fragment whose weight rows are its columns:
-// the scale product rounded, then one fmaf, as the CPU rule does. sw_cols is the shared address of the fp32
-// scale of this thread's first column (frag_col of the chunk); element pair i covers columns
-// 8i + frag_col + {0, 1}, on rows frag_row (sa_lo) and + 8 (sa_hi). kFirst as sm90::promote_block's. The
-// scales' sign bits (the converters' block flags) are dropped.
-template <int kFirst = 0, int kCount, int kAccCount>
-__device__ __forceinline__ void promote_columns(float (&acc)[kAccCount], const float (&partial)[kCount], float sa_lo,
-                                                float sa_hi, unsigned sw_cols) {
-  static_assert(kFirst + kCount <= kAccCount, "the accumulators must hold the block");
-#pragma unroll
-  for (int i = 0; i < kCount / 4; ++i) {
-    float w0, w1;
-    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(w0), "=f"(w1) : "r"(sw_cols + 32 * i));
-    w0 = fabsf(w0);
-    w1 = fabsf(w1);
-    float* const a = acc + kFirst + 4 * i;
-    a[0] = fma_rn(partial[4 * i + 0], mul_rn(sa_lo, w0), a[0]);
-    a[1] = fma_rn(partial[4 * i + 1], mul_rn(sa_lo, w1), a[1]);
-    a[2] = fma_rn(partial[4 * i + 2], mul_rn(sa_hi, w0), a[2]);
-    a[3] = fma_rn(partial[4 * i + 3], mul_rn(sa_hi, w1), a[3]);
-  }
-}
-
-// The scale a chunk's weight rows share, as fp32 bits, when the converters flagged them (a 128-row block
-// of one reference, fp4.cuh's reference word): `sw_first` is the stage's fp32 scale of the chunk's first
-// row; chunks of at most 128 rows aligned to their width lie in one block, so that row speaks for all.
-// 0 (no scale of 2^ref is 0) when each row has its own.
-__device__ __forceinline__ unsigned chunk_scale_bits(unsigned sw_first) {
-  const unsigned bits = sm90::load_shared_u32(sw_first);
-  return (bits & kFp4BlockFlag) != 0u ? bits & ~kFp4BlockFlag : 0u;
-}
-
-// A chunk's promotion: one scale per row when its weight rows share one (chunk_scale_bits' `bits`), the
-// FP8 tiles' promotion; else promote_columns. Both are the CPU rule's fp32(acc + partial · fp32(sa · sw)).
-template <int kFirst = 0, int kCount, int kAccCount>
-__device__ __forceinline__ void promote_chunk(float (&acc)[kAccCount], const float (&partial)[kCount], float sa_lo,
-                                              float sa_hi, unsigned bits, unsigned sw_cols) {
-  static_assert(kCount <= 64, "a chunk of at most 128 weight rows");
-  if (bits != 0u) {
-    const float sw = fp32_from_bits(bits);
-    sm90::promote_block<kFirst>(acc, partial, mul_rn(sa_lo, sw), mul_rn(sa_hi, sw));
-  } else {
-    promote_columns<kFirst>(acc, partial, sa_lo, sa_hi, sw_cols);
-  }
-}
+// The weight scale of a chunk of a stage's rows: every row of a 128-row block has its block's reference
+// (fp4.cuh), and chunks of at most 128 rows aligned to their width lie in one block, so the converters'
+// fp32 2^ref of the chunk's first row (`sw_first`) serves the chunk, as an FP8 block scale does.
+__device__ __forceinline__ float chunk_scale(unsigned sw_first) { return sm90::load_shared_f32(sw_first); }
 
 }  // namespace megamoe::fp4_stage

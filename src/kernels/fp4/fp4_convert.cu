@@ -91,15 +91,17 @@ extern "C" __global__ void __launch_bounds__(128) megamoe_fp4_device_layout(cons
 // The load-time transform of the scale words in place (docs/numerics.md, "FP4 → FP8 conversion";
 // fp4GemmScaleWords is the host's): `words` u32 [k_blocks][total_rows] holds, for rows first_row ..
 // first_row + rows (matrices of matrix_rows stacked rows each), a row's four UE8M0 bytes of a K block
-// (group g in byte g), and receives each one's reference word (common/fp4.cuh fp4_reference_word): a
-// 128 × 128 block (rows 128i .. of its matrix, the last one shorter) whose bytes span at most 14 takes
-// its largest byte for all its rows, else each row its own. One thread per block; a load-time pass.
+// (group g in byte g), and receives each one's reference word (common/fp4.cuh fp4_reference_word) under
+// its 128 × 128 block's largest byte R (rows 128i .. of its matrix, the last block shorter), and, unless
+// null, `block_scales` fp32 [matrices, blocks per matrix, k_blocks] receives each block's 2^(R − 133) (the
+// FP8 weights' scale layout). One thread per block; a load-time pass.
 extern "C" __global__ void __launch_bounds__(128) megamoe_fp4_reference_words(unsigned int* __restrict__ words,
                                                                               unsigned int total_rows,
                                                                               unsigned int first_row,
                                                                               unsigned int rows,
                                                                               unsigned int matrix_rows,
-                                                                              unsigned int k_blocks) {
+                                                                              unsigned int k_blocks,
+                                                                              float* __restrict__ block_scales) {
   const unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
   const unsigned int per_matrix = (matrix_rows + 127u) / 128u;
   if (i >= rows / matrix_rows * per_matrix * k_blocks) return;
@@ -109,12 +111,10 @@ extern "C" __global__ void __launch_bounds__(128) megamoe_fp4_reference_words(un
   const unsigned int r0 = first_row + matrix * matrix_rows + 128u * (block % per_matrix);
   const unsigned int r1 = min(r0 + 128u, first_row + (matrix + 1u) * matrix_rows);
   unsigned int* row = words + static_cast<unsigned long long>(kb) * total_rows;
-  int lo = 255;
   int hi = 0;
-  for (unsigned int r = r0; r < r1; ++r) {
-    lo = min(lo, megamoe::fp4_min_byte(row[r]));
-    hi = max(hi, megamoe::fp4_max_byte(row[r]));
+  for (unsigned int r = r0; r < r1; ++r) hi = max(hi, megamoe::fp4_max_byte(row[r]));
+  for (unsigned int r = r0; r < r1; ++r) row[r] = megamoe::fp4_reference_word(row[r], static_cast<unsigned int>(hi));
+  if (block_scales != nullptr) {
+    block_scales[i] = megamoe::fp32_from_bits(megamoe::fp32_pow2_bits(hi - megamoe::kE8m0Bias - megamoe::kFp4Top));
   }
-  const unsigned int block_ref = hi - lo <= 14 ? static_cast<unsigned int>(hi) : megamoe::kFp4OwnReference;
-  for (unsigned int r = r0; r < r1; ++r) row[r] = megamoe::fp4_reference_word(row[r], block_ref);
 }

@@ -148,7 +148,9 @@ export function orderFp4PackedOnDevice(device: Device, packed: DeviceTensor, str
  * for rows firstRow .. firstRow + rows of its R stacked rows, row n's four UE8M0 bytes of K block b at
  * (b, 4n) (the GPU generator's "gemm" layout), and receives their reference words, what
  * `fp4GemmScaleWords` gives on the host for each matrix of `matrixRows` rows (its 128-row blocks from its
- * first row). The bytes must hold no 0xFF (NaN). Queued on `stream`.
+ * first row). With `blockScales` (fp32 [rows/matrixRows, ⌈matrixRows/128⌉, K/128]) it also receives each
+ * 128 × 128 block's fp32 scale 2^(R − 133), what `fp4BlockScales` gives on the host: the FP8 weights'
+ * scale layout, which the fused kernel's tiles read. The bytes must hold no 0xFF (NaN). Queued on `stream`.
  */
 export function fp4ReferenceWordsOnDevice(
   device: Device,
@@ -157,6 +159,7 @@ export function fp4ReferenceWordsOnDevice(
   rows: number,
   matrixRows: number,
   stream: Stream | null,
+  blockScales: DeviceTensor | null = null,
 ): void {
   const where = "fp4ReferenceWordsOnDevice";
   if (words.dtype !== "uint8") throw new TypeError(`${where}: words must be uint8, got ${words.dtype}`);
@@ -183,19 +186,30 @@ export function fp4ReferenceWordsOnDevice(
       `${where}: rows ${firstRow} .. ${firstRow + rows} are not within the ${total} of words`,
     );
   }
+  const blocks = (rows / matrixRows) * Math.ceil(matrixRows / QUANT_BLOCK) * kBlocks;
+  if (blockScales !== null) {
+    if (blockScales.dtype !== "fp32")
+      throw new TypeError(`${where}: blockScales must be fp32, got ${blockScales.dtype}`);
+    expectOnDevice(where, "blockScales", blockScales, device);
+    if (blockScales.numel !== blocks) {
+      throw new RangeError(
+        `${where}: blockScales holds ${blockScales.numel} values, not the ${blocks} of ${rows / matrixRows} matrices × ${Math.ceil(matrixRows / QUANT_BLOCK)} × ${kBlocks} blocks`,
+      );
+    }
+  }
   if (rows === 0) return;
   const kernel = loadKernel(
     device,
     compileKernel({ source: FP4_CONVERT_SOURCE }),
     FP4_REFERENCE_WORDS_KERNEL,
   );
-  const args = new KernelArgs(6)
+  const args = new KernelArgs(7)
     .ptr(0, words.ptr)
     .u32(1, total)
     .u32(2, firstRow)
     .u32(3, rows)
     .u32(4, matrixRows)
-    .u32(5, kBlocks);
-  const blocks = (rows / matrixRows) * Math.ceil(matrixRows / QUANT_BLOCK) * kBlocks;
+    .u32(5, kBlocks)
+    .ptr(6, blockScales?.ptr ?? 0n);
   kernel.launch(Math.ceil(blocks / THREADS), THREADS, 0, stream, args);
 }

@@ -45,9 +45,8 @@
 // `full` (common/fp4_stage.cuh). The converters are the producer warpgroup's idle warps, so the math
 // warpgroups keep every register and cycle for wgmma and promotion, and the conversion (about 1.8 SASS
 // instructions per element, two items in flight per thread) overlaps the wgmmas of earlier stages. The
-// promotion takes s = sa[r, kb] · sw[n, kb] (rounded), then acc = fmaf(partial, s, acc), the CPU rule:
-// one sw per chunk where its 128-row block has one reference (the FP8 tiles' promotion), else each
-// accumulator column its own.
+// promotion takes s = sa[r, kb] · sw[n, kb] (rounded), then acc = fmaf(partial, s, acc), the CPU rule,
+// with one sw per chunk (the rows of a 128-row block share their reference), as the FP8 tiles do.
 
 #include "fp8_grouped_gemm_config.cuh"
 #include "common/fp4_stage.cuh"
@@ -260,19 +259,16 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
   const int scale_thread = math_thread & 127;
   const unsigned staging = base + kOffStaging + static_cast<unsigned>(math_thread / 32) * kStagingWarpBytes;
 
-  // A warp gives its stage back once every lane is done with it: under FP4 the lanes read the column scales
-  // with plain loads, so lane 0's arrive must come after all of theirs.
+  // A warp gives its stage back once every lane is done with it: under FP4 the lanes read the stage's weight
+  // scales with plain loads, so lane 0's arrive must come after all of theirs.
   const auto release_stage = [&](int st) {
     if constexpr (kBFp4) __syncwarp();
     if (lane == 0) mbar_arrive(empty_bar + 8 * st);
   };
-  // FP4: this thread's first column scale of chunk c in stage st (fp32 per B-tile row, see the converters).
-  const auto sw_columns = [&](int st, int c) {
-    return base + kOffSwCols + st * kBScaleBytes + (wg_col0 + c * kMmaN + frag_col) * 4;
-  };
-  // FP4: chunk c's one scale in stage st where its rows share one, else 0 (fp4_stage::chunk_scale_bits).
+  // FP4: chunk c's weight scale in stage st, its 128-row block's (fp4_stage::chunk_scale; the converters
+  // write one fp32 per B-tile row).
   const auto chunk_scale = [&](int st, int c) {
-    return megamoe::fp4_stage::chunk_scale_bits(base + kOffSwCols + st * kBScaleBytes + (wg_col0 + c * kMmaN) * 4);
+    return megamoe::fp4_stage::chunk_scale(base + kOffSwCols + st * kBScaleBytes + (wg_col0 + c * kMmaN) * 4);
   };
   // Weight scales of the next tile travel through registers while the current tile runs.
   float sw_prefetch[kSwPerThread];
@@ -418,20 +414,16 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
       int held_stage = 0;  // the stage of the block in flight
       float held_lo = 0.0f, held_hi = 0.0f;
       const auto promote_held = [&](float (&ready)[kAccum]) {
-        if constexpr (kBFp4) {
-          megamoe::fp4_stage::promote_chunk(promoted[0][0], ready, held_lo, held_hi, chunk_scale(held_stage, 0),
-                                            sw_columns(held_stage, 0));
-        } else {
-          promote_block(promoted[0][0], ready, held_lo, held_hi);
-        }
+        promote_block(promoted[0][0], ready, held_lo, held_hi);
       };
       const auto step = [&](int kb, float (&issue)[kAccum], float (&ready)[kAccum]) {
-        // FP8: the tile's block scale folded into the row scales now; FP4: the column scales at promotion.
-        const float sw = kBFp4 ? 1.0f : load_shared_f32(sw_tile + (sw_row[0] * kKBlocks + kb) * 4);
+        // The block's weight scale folded into the row scales now (FP4: from the stage, once it is full).
+        float sw = kBFp4 ? 1.0f : load_shared_f32(sw_tile + (sw_row[0] * kKBlocks + kb) * 4);
         mbar_wait<true>(full_bar + 8 * stage, phase, status, kStatusMathStalled, stage, iteration);
+        if constexpr (kBFp4) sw = chunk_scale(stage, 0);
         const unsigned sa_stage = sa_smem + stage * kSaStride + (current.row0 & 3) * 4;
-        const float lo = kBFp4 ? load_shared_f32(sa_stage) : load_shared_f32(sa_stage) * sw;
-        const float hi = kBFp4 ? load_shared_f32(sa_stage + 8 * 4) : load_shared_f32(sa_stage + 8 * 4) * sw;
+        const float lo = load_shared_f32(sa_stage) * sw;
+        const float hi = load_shared_f32(sa_stage + 8 * 4) * sw;
         wgmma_issue_k128(issue, a_smem + stage * kATileBytes, b_smem + stage * kBTileBytes);
         if (kb > 0) {
           wgmma_wait<1>();  // block kb - 1 is done
@@ -466,6 +458,10 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
         for (int c = 0; c < kChunksN; ++c) sw[c] = kBFp4 ? 0.0f : load_shared_f32(sw_tile + (sw_row[c] * kKBlocks + kb) * 4);
 
         mbar_wait(full_bar + 8 * stage, phase, status, kStatusMathStalled, stage, iteration);
+        if constexpr (kBFp4) {
+#pragma unroll
+          for (int c = 0; c < kChunksN; ++c) sw[c] = chunk_scale(stage, c);
+        }
 
         const unsigned sa_stage = sa_smem + stage * kSaStride + (current.row0 & 3) * 4;
         float sa_lo[kWavesM], sa_hi[kWavesM];
@@ -474,14 +470,9 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
           sa_lo[w] = load_shared_f32(sa_stage + w * 64 * 4);
           sa_hi[w] = load_shared_f32(sa_stage + (w * 64 + 8) * 4);
         }
-        // FP8: one block scale per chunk; FP4: a scale per column, read from the stage at promotion.
+        // One block scale per chunk.
         const auto promote = [&](float (&acc)[kAccum], int w, int c) {
-          if constexpr (kBFp4) {
-            megamoe::fp4_stage::promote_chunk(acc, partial, sa_lo[w], sa_hi[w], chunk_scale(stage, c),
-                                              sw_columns(stage, c));
-          } else {
-            promote_block(acc, partial, sa_lo[w] * sw[c], sa_hi[w] * sw[c]);
-          }
+          promote_block(acc, partial, sa_lo[w] * sw[c], sa_hi[w] * sw[c]);
         };
 
         const unsigned a_stage = a_smem + stage * kATileBytes;

@@ -47,8 +47,8 @@ export type GemmWeightFormat = "fp8" | "fp4";
 
 /**
  * Tiles with FP4 weights: a stage also holds the packed B rows and their scales, so the 256-wide tiles
- * fit only 3 stages (m128n256 also spills: two n128 chunks with per-column scales at the 224 registers
- * the math warpgroups keep beside the converters). m128n128 (4 stages) and m64n128 (6) remain.
+ * fit only 3 stages (m128n256 also spilled, with a scale per column, at the 224 registers the math
+ * warpgroups keep beside the converters). m128n128 (4 stages) and m64n128 (6) remain.
  */
 export const FP4_GEMM_TILE_NAMES: readonly GemmTileName[] = ["m128n128", "m64n128"];
 

@@ -102,8 +102,8 @@ static_assert(kWavesM * kChunksN * kAccum <= 128, "promoted accumulators would n
 // accumulator: the tensor cores then work on block kb + 1 while it promotes block kb, instead of idling
 // through every promotion (m64n128: 1.2–1.3× on the flash shapes). Two warpgroups already fill each
 // other's promotions (no gain measured, and spills at pro's K), so they keep the plain loop. The
-// promotions stay in K order: the sums are the same. Not with FP4 weights and fp32 output: the
-// per-column promotion beside two live partials spills there (28 bytes at 255 registers).
+// promotions stay in K order: the sums are the same. Not with FP4 weights and fp32 output: it spilled
+// there (28 bytes at 255 registers) with a scale per column, and has not been measured since.
 constexpr bool kPipelined = kMathWarpgroups == 1 && kWavesM == 1 && kChunksN == 1 && (!kBFp4 || kOutBf16);
 
 // Weight scales of one tile: kSwRows rows of kKBlocks values (a 256-wide tile spans two 128-row blocks).

@@ -208,9 +208,9 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
           const int kind = static_cast<int>(load_shared_u32(stage_kinds + 4 * stage));
           if (kind == kStageStop) break;
           if (kind == kStageFp4) {
-            megamoe::fp4_stage::convert_tile<kBlockN, kConverterThreads, kConvertDepth>(
+            megamoe::fp4_stage::convert_tile<kBlockN, kConverterThreads, kConvertDepth, false>(
                 base + kOffPacked + stage * kPackedStageBytes, base + kOffRowWords + stage * kRowWordsStageBytes,
-                base + kOffB + stage * kBTileBytes, base + kOffRowScales + stage * kRowScalesStageBytes, converter);
+                base + kOffB + stage * kBTileBytes, 0u, converter);
             // The wgmmas read the tile through the async proxy: order these generic writes before them.
             asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
           }
@@ -263,8 +263,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
         task.k_blocks = task.kind == kTaskL1 ? kHiddenBlocks : group_inter(task.group) / kQuant;
       }
       *reinterpret_cast<Task*>(smem + kOffTasks + slot * kTaskSlotBytes) = task;
-      // FP4 tasks carry no weight-scale rows: each B row's scale comes with its stage.
-      if (task.kind != kTaskNone && !(kBFp4 && task.group != kExperts)) {
+      // FP4 register tiles promote with each row's scale from its reference word, so they need none.
+      if (task.kind != kTaskNone && !(kFp4Regs && task.group != kExperts)) {
         // The tile's two weight-scale rows, so the math warpgroups start the tile without a global load.
         float* sw = reinterpret_cast<float*>(smem + kOffTasks + slot * kTaskSlotBytes + 32);
         const float* rows = weight_scale_rows(op, task);
@@ -312,7 +312,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
         }
       }
       // FP4: a stage's packed rows and their UE8M0 words, to `loaded` (the converters complete `full`);
-      // expand builds: the stage's image, the e4m3 tile and its row scales, to `full` (A arrives there).
+      // expand builds: the stage's image, the e4m3 tile, to `full` (A arrives there).
       const auto load_fp4_weights = [&](int s, int kb) {
 #if B_FP4
         if constexpr (kExpand) {
@@ -323,7 +323,6 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
           const unsigned char* image = op.images + static_cast<size_t>(chunk) * kImageBytes;
           mbar_expect_tx(bar, kExpandedTxBytes);
           bulk_load(base + kOffB + s * kBTileBytes, image, kBTileBytes, bar);
-          bulk_load(base + kOffRowScales + s * kRowScalesStageBytes, image + kBTileBytes, kRowScalesStageBytes, bar);
         } else {
           const TensorMap* map_words = l1 ? &map_w1_words : &map_w2_words;
           const unsigned bar = loaded_bar + 8 * s;
@@ -470,7 +469,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
   const MathContext m{base + kOffA + static_cast<unsigned>(row_offset) * kBlockK,
                       base + (kFp4Regs ? kOffPacked : kOffB),
                       base + kOffSa + (kSwapAB ? 0u : static_cast<unsigned>(row_offset + frag_row) * 4),
-                      base + (kFp4Regs ? kOffRowWords : kOffRowScales),
+                      base + kOffRowWords,
                       full_bar,
                       empty_bar,
                       base + kOffAmax,

@@ -207,8 +207,7 @@ export class FusedMoEKernel {
   blockM: "auto" | FusedBlockM = "auto";
   /**
    * FP4 experts: expand them into e4m3 stage images in the forward (the expand variant): "auto"
-   * (fusedExpand's choice from the token count), false, or true (every launch with 64- or 128-row
-   * tiles). The images take fusedExpandImageBytes of device memory, allocated with the first
+   * (fusedExpand's choice from the token count), false, or true (every launch with 128-row tiles). The images take fusedExpandImageBytes of device memory, allocated with the first
    * specialization that expands.
    */
   fp4Expand: "auto" | boolean = "auto";
@@ -312,8 +311,11 @@ export class FusedMoEKernel {
         ov.setBigUint64(pointerOffset("x_scales"), own + BigInt(ep.layout.regions.xs.offset), true);
       }
 
-      // FP4 experts: the kernel reads the routed scales through tensor maps, not these pointers.
-      const routedScales = weights.routedFp4 === null ? weights.routed : null;
+      // The tiles promote with each 128 × 128 block's fp32 scale: FP8 experts' own, FP4 experts' block
+      // scales (their converters read the reference words through tensor maps).
+      const fp4 = weights.routedFp4;
+      const routedScales =
+        fp4 === null ? weights.routed : { w1Scales: fp4.w1BlockScales, w2Scales: fp4.w2BlockScales };
       const shared = weights.shared ?? routedScales; // never read when the layer has no shared expert
       const v = this.operandsView;
       const fixed: [OperandPointer, bigint][] = [

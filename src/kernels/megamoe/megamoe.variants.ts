@@ -74,21 +74,20 @@ export const FUSED_COUNTER_WORDS = 8;
  */
 export function fusedExpandProblem(c: MoEConfig, blockM: FusedBlockM): string | null {
   if (expertFormatOf(c) !== "fp4") return "the expand variant is for FP4 experts";
-  if (fusedSwapAB(blockM)) return `the expand variant has 64- and 128-row tiles, not ${blockM}`;
+  if (blockM !== 128) return `the expand variant has 128-row tiles, not ${blockM}`;
   return null;
 }
 
 /**
  * Bytes of the expand variant's stage images: per routed expert, every L1 stage (I/128 tiles × H/128 K
- * blocks) and L2 stage (H/256 × I/128), each the 256 × 128 e4m3 tile and 256 fp32 row scales
- * (megamoe_expand.cuh kImageBytes).
+ * blocks) and L2 stage (H/256 × I/128), each the 256 × 128 e4m3 tile (megamoe_expand.cuh kImageBytes).
  */
 export function fusedExpandImageBytes(c: MoEConfig): number {
   const stages =
     (c.numExperts / c.ranks) *
     ((c.intermediate / QUANT_BLOCK) * (c.hidden / QUANT_BLOCK) +
       (c.hidden / FUSED_BLOCK_N) * (c.intermediate / QUANT_BLOCK));
-  return stages * (FUSED_BLOCK_N * 128 + FUSED_BLOCK_N * 4);
+  return stages * FUSED_BLOCK_N * 128;
 }
 
 /** Why the fused kernel cannot run this shape, or null. */
@@ -119,9 +118,9 @@ export function fusedSharedBytes(c: MoEConfig, stages: number, blockM: FusedBloc
   const aTile = blockM * 128;
   const bTile = regs ? 0 : FUSED_BLOCK_N * 128;
   const saStride = aScaleStageBytes(blockM);
-  const fp4Stage = fp4 ? FUSED_BLOCK_N * (expand ? 4 : 64 + 4 + (regs ? 0 : 4)) : 0;
+  const fp4Stage = fp4 && !expand ? FUSED_BLOCK_N * (64 + 4) : 0; // packed rows and reference words
   const offPacked = stages * (aTile + bTile + saStride);
-  const expandBuffer = expand ? alignUp(FUSED_BLOCK_N * (64 + 4 + 4) + FUSED_BLOCK_N * 128, 1024) : 0;
+  const expandBuffer = expand ? alignUp(FUSED_BLOCK_N * (64 + 4) + FUSED_BLOCK_N * 128, 1024) : 0;
   const offTasks = (fp4 ? alignUp(offPacked, 1024) : offPacked) + stages * fp4Stage + expandBuffer;
   const taskSlot = alignUp(32 + 2 * maxKBlocks * 4, 16); // the Task and its two weight-scale rows
   const offBars = alignUp(offTasks + 2 * taskSlot, 8);
@@ -219,7 +218,7 @@ const oneRankVariants: readonly KernelVariant[] = Object.values(PRESETS).flatMap
 /**
  * The EP build, compiled by CI for no spills: tiny at 2, 4 and 8 ranks and flash at 8 (its 32 local
  * experts, flash-ep8's shape) with FP8 experts, and flash at 8 with FP4 experts; every block M, fp32
- * scales; and flash's FP4 expand variant at 8 ranks (64 and 128 rows).
+ * scales; and flash's FP4 expand variant at 8 ranks.
  */
 export const epVariants: readonly KernelVariant[] = [
   ...[2, 4, 8].map((ranks) => ({ preset: PRESETS.tiny!, ranks })),
@@ -230,11 +229,8 @@ export const epVariants: readonly KernelVariant[] = [
   .flatMap(({ preset, ranks }) =>
     FUSED_BLOCK_MS.map((blockM) => ({ defines: fusedEpDefines(preset, ranks, blockM), noSpill: true })),
   )
-  .concat(
-    ([64, 128] as const).map((blockM) => ({
-      defines: fusedEpDefines({ ...PRESETS.flash!, expertFormat: "fp4" }, 8, blockM, true),
-      noSpill: true,
-    })),
-  );
+  .concat([
+    { defines: fusedEpDefines({ ...PRESETS.flash!, expertFormat: "fp4" }, 8, 128, true), noSpill: true },
+  ]);
 
 export const variants: readonly KernelVariant[] = [...oneRankVariants, ...epVariants];

@@ -110,7 +110,7 @@ static_assert(kExperts >= 1 && kExperts <= 1024, "NUM_EXPERTS must be in 1..1024
 static_assert(kTopK >= 1 && kTopK <= 32, "TOP_K must be in 1..32");
 static_assert(kStages >= 2 && kStages <= 8, "NUM_STAGES must be in 2..8");
 static_assert(!kFp4Regs || kBlockM == 16 || kBlockM == 32, "the register path has n16 and n32 wgmmas");
-static_assert(!kExpand || (kBFp4 && !kSwapAB), "FP4_EXPAND: FP4 experts, 64- or 128-row tiles");
+static_assert(!kExpand || (kBFp4 && kBlockM == 128), "FP4_EXPAND: FP4 experts, 128-row tiles");
 
 
 // Registers: the producer warpgroup gives its share to the math warpgroups. The CTA holds kThreads ·

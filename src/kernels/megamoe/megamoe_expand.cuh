@@ -1,9 +1,9 @@
 // Expansion for FP4 builds at many rows per expert (FP4_EXPAND 1): warps 1..3 of the producer
-// warpgroup, idle there otherwise, turn every routed stage's packed weights into the e4m3 tile and fp32
-// row scales the converter warps of the other builds would make from it, and store the pair as the
-// stage's image, while the tiles run. An expert's stage is then converted once per forward instead of
-// once per row tile, and a routed stage's weights are two linear copies of its image. The conversion is
-// fp4_stage::convert_tile's, so the tiles are the converter builds' bits.
+// warpgroup, idle there otherwise, turn every routed stage's packed weights into the e4m3 tile the
+// converter warps of the other builds would make from it, and store it as the stage's image, while the
+// tiles run. An expert's stage is then converted once per forward instead of once per row tile, and a
+// routed stage's weights are one linear copy of its image. The conversion is fp4_stage::convert_tile's,
+// so the tiles are the converter builds' bits.
 //
 // Chunks (one stage each) in claim order: every expert's W1 (tile n, K block kb), then every expert's W2,
 // the order the tiles need them in; the image of chunk c lies at images + c · kImageBytes. An expert with
@@ -22,7 +22,7 @@ namespace {
 constexpr int kExpandL1Chunks = (kInter / kQuant) * kHiddenBlocks;  // per expert: L1 tiles × K blocks
 constexpr int kExpandL2Chunks = kL2TilesPerBlock * (kInter / kQuant);
 constexpr int kExpandChunks = kExperts * (kExpandL1Chunks + kExpandL2Chunks);
-constexpr unsigned kImageBytes = kBTileBytes + kBlockN * 4;  // the e4m3 tile, then its row scales
+constexpr unsigned kImageBytes = kBTileBytes;  // the e4m3 tile
 
 // The image index of a routed task's stage kb, from the task's first B row (L1: expert · 2I + n · 128,
 // L2: expert · H + n · 256): chunk (expert · I/128 + n) · H/128 + kb of W1, or after all of W1 chunk
@@ -106,15 +106,14 @@ __device__ __forceinline__ void expand_worker(const Operands& op, const Workspac
     if (c >= kExpandChunks) break;
     wait_barrier(bar, phase, op.status, kStatusExpandWait, c);
     phase ^= 1u;
-    megamoe::fp4_stage::convert_tile<kBlockN, kExpandThreads, kConvertDepth>(
-        buf, buf + kExpandWordsOffset, buf + kExpandTileOffset, buf + kExpandScalesOffset, w);
+    megamoe::fp4_stage::convert_tile<kBlockN, kExpandThreads, kConvertDepth, false>(
+        buf, buf + kExpandWordsOffset, buf + kExpandTileOffset, 0u, w);
     // The TMA (async proxy) reads what these generic writes made.
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     named_barrier_sync(kExpandBarrier, kExpandThreads);  // the tile is whole; the packed rows are free
     if (leader) {
       unsigned char* image = op.images + static_cast<size_t>(c) * kImageBytes;
       bulk_store(image, buf + kExpandTileOffset, kBTileBytes);
-      bulk_store(image + kBTileBytes, buf + kExpandScalesOffset, kBlockN * 4);
       bulk_commit();
       claim();  // the next chunk's packed rows land while this image is stored
       // The previous chunk's image is written once at most this newest group is pending.

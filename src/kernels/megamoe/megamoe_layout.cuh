@@ -20,9 +20,10 @@ constexpr unsigned kSaBoxRows = kBlockM + 4;
 constexpr unsigned kSaBytes = kSaBoxRows * 4;
 constexpr unsigned kSaStride = align_up(kSaBytes, 128);
 constexpr unsigned kStageTxBytes = kATileBytes + kBTileBytes + kSaBytes;
-// FP4 stages (routed tasks of a B_FP4 build): the TMA brings the packed rows and their scale words to
-// `loaded`, A and its scales to `full`; the converters write the B tile and each B row's fp32 scale.
-// Expand builds: a stage of a routed task is the expanded tile and its fp32 row scales, one copy each.
+// FP4 stages (routed tasks of a B_FP4 build): the TMA brings the packed rows and their reference words
+// to `loaded`, A and its scales to `full`; the converters write the B tile (the tiles promote with the
+// block scales of the task slot, as FP8's). Expand builds: a stage of a routed task is the expanded tile,
+// one copy.
 constexpr bool kPackedStages = kBFp4 && !kExpand;
 constexpr unsigned kPackedStageBytes = kPackedStages ? kBlockN * megamoe::fp4_stage::kPackedRowBytes : 0u;
 constexpr unsigned kRowWordsStageBytes = kPackedStages ? kBlockN * megamoe::fp4_stage::kRowWordBytes : 0u;
@@ -32,8 +33,7 @@ constexpr unsigned kFp4FullTxBytes = kATileBytes + kSaBytes;
 // everything to `full`. The shared expert's FP8 K block takes two stages, one 128-row box (16 KB, the
 // size of a packed stage) in each stage's packed area; A and its scales ride with the first box.
 constexpr unsigned kBStageBytes = kFp4Regs ? 0u : kBTileBytes;
-constexpr unsigned kRowScalesStageBytes = kBFp4 && !kFp4Regs ? kBlockN * 4u : 0u;
-constexpr unsigned kExpandedTxBytes = kBTileBytes + kRowScalesStageBytes;
+constexpr unsigned kExpandedTxBytes = kBTileBytes;
 constexpr unsigned kFp4RegsTxBytes = kFp4LoadedTxBytes + kFp4FullTxBytes;
 static_assert(!kFp4Regs || kPackedStageBytes == kBHalfBytes, "a shared-expert box fills a packed stage");
 
@@ -69,18 +69,16 @@ constexpr unsigned kOffSa = kOffB + kStages * kBStageBytes;
 // the shared expert's FP8 boxes).
 constexpr unsigned kOffPacked = kBFp4 ? align_up(kOffSa + kStages * kSaStride, 1024) : kOffSa + kStages * kSaStride;
 // Expand builds: the expansion workers' buffer (megamoe_expand.cuh) where the packed stages would be: a
-// stage's packed rows (64-byte swizzle, so at the 1024-aligned start), the e4m3 tile, words and scales.
+// stage's packed rows (64-byte swizzle, so at the 1024-aligned start), the e4m3 tile and the words.
 constexpr unsigned kExpandPackedBytes = kBlockN * megamoe::fp4_stage::kPackedRowBytes;
 constexpr unsigned kExpandWordsBytes = kBlockN * megamoe::fp4_stage::kRowWordBytes;
 constexpr unsigned kExpandTileOffset = kExpandPackedBytes;
 constexpr unsigned kExpandWordsOffset = kExpandTileOffset + kBTileBytes;
-constexpr unsigned kExpandScalesOffset = kExpandWordsOffset + kExpandWordsBytes;
-constexpr unsigned kExpandBufferBytes = kExpand ? align_up(kExpandScalesOffset + kBlockN * 4, 1024) : 0u;
-constexpr unsigned kOffRowWords = kOffPacked + kStages * kPackedStageBytes + kExpandBufferBytes;  // FP4: UE8M0 words
-constexpr unsigned kOffRowScales = kOffRowWords + kStages * kRowWordsStageBytes;  // FP4 converters: fp32 2^ref
+constexpr unsigned kExpandBufferBytes = kExpand ? align_up(kExpandWordsOffset + kExpandWordsBytes, 1024) : 0u;
+constexpr unsigned kOffRowWords = kOffPacked + kStages * kPackedStageBytes + kExpandBufferBytes;  // FP4: reference words
 // Task slots: the Task (32 bytes) and the tile's two weight-scale rows of up to kMaxKBlocks floats.
 constexpr unsigned kTaskSlotBytes = align_up(32 + 2 * kMaxKBlocks * 4, 16);
-constexpr unsigned kOffTasks = kOffRowScales + kStages * kRowScalesStageBytes;
+constexpr unsigned kOffTasks = kOffRowWords + kStages * kRowWordsStageBytes;
 constexpr unsigned kOffBars = align_up(kOffTasks + 2 * kTaskSlotBytes, 8);
 // full[S], empty[S], task_full[2], task_empty[2], and the converters' loaded[S] (the TMA's bytes, before
 // conversion) or the expansion buffer's loaded.

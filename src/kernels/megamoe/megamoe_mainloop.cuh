@@ -41,7 +41,7 @@ struct MathContext {
   unsigned a_smem;   // stage 0's A tile at this warpgroup's first row
   unsigned b_smem;   // stage 0's B tile (kFp4Regs: its packed area)
   unsigned sa_smem;  // stage 0's A scales, at this thread's fragment row (swap-AB: at row 0)
-  unsigned row_scales;  // FP4: stage 0's fp32 scale per B row (the converters write them; kFp4Regs: the UE8M0 words)
+  unsigned row_words;  // kFp4Regs: stage 0's reference word per B row
   unsigned full_bar;
   unsigned empty_bar;
   unsigned amax_smem;  // the L1 epilogue's row amax exchange (see kAmaxBytes)
@@ -61,48 +61,34 @@ __device__ __forceinline__ void wait_stage_full(const MathContext& m, int stage,
 }
 
 // Hands the stage back to the producer (one arrive per math warp, its wgmmas done) and moves to the next.
-// FP4: the lanes read the stage's row scales with plain loads, so lane 0 arrives after all of them.
+// FP4 builds: the register tiles' lanes read the stage's packed rows and words with plain loads, so lane 0
+// arrives after all of them.
 __device__ __forceinline__ void release_stage(const MathContext& m, int& stage, unsigned& phase) {
   if constexpr (kBFp4) __syncwarp();
   if (m.lane == 0) mbar_arrive(m.empty_bar + 8 * stage);
   advance_stage(stage, phase);
 }
 
-// FP4 builds with 128-row tiles promote each n128 chunk as two n64 halves (see tile_mainloop).
-constexpr bool kHalfChunks = kBFp4 && kBlockM == 128;
-
-// One n64 half of a chunk: B rows b_row .. b_row + 63 into the chunk's accumulators from kFirst on.
-// FP4 tasks: the chunk's one scale (`bits`, fp4_stage::chunk_scale_bits) or a scale per column from the
-// stage (`scales`: at this thread's first column of B row 0).
-template <int kFirst>
-__device__ __forceinline__ void half_chunk(float (&acc)[kAccum], float (&half)[32], unsigned a_stage,
-                                           unsigned b_stage, int b_row, bool fp4, float sa_lo, float sa_hi,
-                                           float sw, unsigned bits, unsigned scales) {
-  wgmma_block_k128(half, a_stage, b_stage + b_row * kBlockK);
-  if (fp4) {
-    megamoe::fp4_stage::promote_chunk<kFirst>(acc, half, sa_lo, sa_hi, bits, scales + b_row * 4);
-  } else {
-    promote_block<kFirst>(acc, half, sa_lo * sw, sa_hi * sw);
-  }
-}
+// The EP build's FP4 128-row tiles (math warpgroups at 216 registers beside the converters' 72) issue each
+// n128 chunk as two n64 wgmmas: an n128 partial beside the 128 accumulators spills there.
+constexpr bool kHalfChunks = kEpConverters && kBlockM == 128;
 
 template <bool kL1>
 __device__ __forceinline__ void tile_mainloop(const MathContext& m, const Task& task, unsigned sw_rows,
                                               int& stage, unsigned& phase, float (&acc)[2][kAccum]) {
   using S = Split<kL1>;
-  float partial[kHalfChunks ? 1 : S::kAcc];
-  [[maybe_unused]] float half[32];
+  float partial[kHalfChunks ? S::kAcc / 2 : S::kAcc];
 #pragma unroll
   for (int c = 0; c < 2; ++c)
 #pragma unroll
     for (int i = 0; i < kAccum; ++i) acc[c][i] = 0.0f;
   const bool active = task.row0 + S::row_offset(m.warpgroup) < task.row_end;
-  const bool fp4 = kBFp4 && task.group != kExperts;
+  // FP8 and FP4 experts alike: each chunk's weight scale is its 128 × 128 block's, from the task slot.
   for (int kb = 0; kb < task.k_blocks; ++kb) {
     float sw[S::kChunks];
 #pragma unroll
     for (int c = 0; c < S::kChunks; ++c) {
-      sw[c] = fp4 ? 1.0f : load_shared_f32(sw_rows + (S::sw_row(c, m.warpgroup) * kMaxKBlocks + kb) * 4);
+      sw[c] = load_shared_f32(sw_rows + (S::sw_row(c, m.warpgroup) * kMaxKBlocks + kb) * 4);
     }
     wait_stage_full(m, stage, phase);
     if (active) {
@@ -111,32 +97,17 @@ __device__ __forceinline__ void tile_mainloop(const MathContext& m, const Task& 
       const float sa_hi = load_shared_f32(sa + 8 * 4);
       const unsigned a_stage = m.a_smem + stage * kATileBytes;
       const unsigned b_stage = m.b_smem + stage * kBTileBytes;
-      if constexpr (kHalfChunks) {
-        // FP4 builds, 128-row tiles: each n128 chunk as two n64 wgmmas, so that the promotion's column
-        // scales fit beside the two chunks' accumulators (one n128 partial made ptxas spill).
-        const unsigned sw_stage = m.row_scales + stage * kRowScalesStageBytes;
-        const unsigned scales = sw_stage + 2 * (m.lane & 3) * 4;
 #pragma unroll
-        for (int c = 0; c < S::kChunks; ++c) {
-          const int b_row = S::b_row(c, m.warpgroup);
-          const unsigned bits = fp4 ? megamoe::fp4_stage::chunk_scale_bits(sw_stage + b_row * 4) : 0u;
-          half_chunk<0>(acc[c], half, a_stage, b_stage, b_row, fp4, sa_lo, sa_hi, sw[c], bits, scales);
-          half_chunk<32>(acc[c], half, a_stage, b_stage, b_row + 64, fp4, sa_lo, sa_hi, sw[c], bits, scales);
-        }
-      } else {
-#pragma unroll
-        for (int c = 0; c < S::kChunks; ++c) {
-          wgmma_block_k128(partial, a_stage, b_stage + S::b_row(c, m.warpgroup) * kBlockK);
-          if (fp4) {
-            // The chunk's one scale, or a scale per weight row, i.e. per accumulator column (the
-            // converters' 2^ref).
-            const unsigned sw_chunk = m.row_scales + stage * kRowScalesStageBytes + S::b_row(c, m.warpgroup) * 4;
-            megamoe::fp4_stage::promote_chunk(acc[c], partial, sa_lo, sa_hi,
-                                              megamoe::fp4_stage::chunk_scale_bits(sw_chunk),
-                                              sw_chunk + 2 * (m.lane & 3) * 4);
-          } else {
-            promote_block(acc[c], partial, sa_lo * sw[c], sa_hi * sw[c]);
-          }
+      for (int c = 0; c < S::kChunks; ++c) {
+        const int b_row = S::b_row(c, m.warpgroup);
+        if constexpr (kHalfChunks) {
+          wgmma_block_k128(partial, a_stage, b_stage + b_row * kBlockK);
+          promote_block<0>(acc[c], partial, sa_lo * sw[c], sa_hi * sw[c]);
+          wgmma_block_k128(partial, a_stage, b_stage + (b_row + 64) * kBlockK);
+          promote_block<S::kAcc / 2>(acc[c], partial, sa_lo * sw[c], sa_hi * sw[c]);
+        } else {
+          wgmma_block_k128(partial, a_stage, b_stage + b_row * kBlockK);
+          promote_block(acc[c], partial, sa_lo * sw[c], sa_hi * sw[c]);
         }
       }
     }
@@ -195,7 +166,7 @@ __device__ __forceinline__ bool fp4_regs_convert(const MathContext& m, int s, Fp
   const int b_row = SwapSplit<kL1>::b_row(0, m.warpgroup);
   const bool exact = megamoe::fp4_fragment_k128_fast(
       megamoe::fp4_stage::SharedMem{}, m.b_smem + s * kPackedStageBytes + b_row * megamoe::fp4_stage::kPackedRowBytes,
-      m.row_scales + s * kRowWordsStageBytes + b_row * 4, static_cast<int>(threadIdx.x % 128), frag, sw_bits);
+      m.row_words + s * kRowWordsStageBytes + b_row * 4, static_cast<int>(threadIdx.x % 128), frag, sw_bits);
   return !megamoe::fp4_warp_all(!exact);
 }
 
@@ -235,7 +206,7 @@ __device__ __forceinline__ void fp4_regs_exact(const MathContext& m, int s, Fp4F
   const int b_row = SwapSplit<kL1>::b_row(0, m.warpgroup);
   megamoe::fp4_fragment_k128_exact(
       megamoe::fp4_stage::SharedMem{}, m.b_smem + s * kPackedStageBytes + b_row * megamoe::fp4_stage::kPackedRowBytes,
-      m.row_scales + s * kRowWordsStageBytes + b_row * 4, static_cast<int>(threadIdx.x % 128), frag);
+      m.row_words + s * kRowWordsStageBytes + b_row * 4, static_cast<int>(threadIdx.x % 128), frag);
 }
 
 // Issues the K block in stage s. The fragments are final before the fence (wgmma reads them behind the
@@ -361,7 +332,7 @@ __device__ __forceinline__ void swap_mainloop_regs_two_waves(const MathContext& 
       for (int wave = 0; wave < 2; ++wave) {
         const int b_row = S::b_row(wave, m.warpgroup);
         megamoe::fp4_fragment_k128(mem, m.b_smem + stage * kPackedStageBytes + b_row * megamoe::fp4_stage::kPackedRowBytes,
-                                   m.row_scales + stage * kRowWordsStageBytes + b_row * 4, thread, frag[wave],
+                                   m.row_words + stage * kRowWordsStageBytes + b_row * 4, thread, frag[wave],
                                    sw_bits[wave]);
       }
       // The fragments and the partials are final before the fence (wgmma reads both behind the compiler).
