@@ -76,6 +76,8 @@ export {
   encodeE2m1,
   encodeE8m0,
   type Fp4AsFp8,
+  fp4BlockScales,
+  fp4BlocksExact,
   mxfp4DeviceLayout,
   mxfp4ReferenceWords,
   mxfp4RowsToFp8,
