@@ -10,8 +10,9 @@
  * the low nibble of byte j: K-block-major over all experts' rows, [H/128, E·2I, 64 bytes], each 64-byte
  * block in the device order with its quarters pre-swizzled; docs/numerics.md) with the scales as
  * reference words uint8 [H/128, E·2I·4] (`fp4GemmScaleWords` of each expert's [2I, H/32] UE8M0 bytes:
- * row n's K block b at (b, 4n)), W2 uint8 [E, H, I/2] with [I/128, E·H·4]. The shared expert stays FP8. A flash layer is 6.4 GB with FP8 experts
- * and 3.4 GB with FP4 (`bytes`, `DeviceMoEWeights.bytesFor`).
+ * row n's K block b at (b, 4n)), W2 uint8 [E, H, I/2] with [I/128, E·H·4], and each 128 × 128 block's
+ * fp32 scale in the FP8 scales' layout (w1BlockScales, w2BlockScales). The shared expert stays FP8. A
+ * flash layer is 6.4 GB with FP8 experts and 3.4 GB with FP4 (`bytes`, `DeviceMoEWeights.bytesFor`).
  *
  * `generate` makes the seeded weights on the device (src/kernels/weightgen), bit-identical to
  * `GeneratedWeights` on the CPU, so flash- and pro-sized layers (6–25 GB of FP8) need no host
