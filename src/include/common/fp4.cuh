@@ -1,8 +1,9 @@
 // FP4 (MXFP4) weights → e4m3 codes for wgmma, exactly as docs/numerics.md "FP4 experts (MXFP4)" and
 // src/numerics/fp4.ts mxfp4RowsToFp8 define it. Per weight row and 128-deep K block (four 32-element
-// groups with UE8M0 bytes b0..b3, 64 packed bytes, element 2j in the low nibble of byte j):
+// groups with UE8M0 bytes b0..b3, 64 packed bytes, element 2j in the low nibble of byte j), with M the
+// largest byte of the row's 128 × 128 block (the reference word below carries it):
 //
-//   ref      = max(b0..b3) − 127 − 6
+//   ref      = M − 127 − 6
 //   d_g      = b_g − 127 − ref           (≤ 6)
 //   q8[k]    = e4m3_RNE(e2m1(code[k]) · 2^d_g)
 //   sw       = 2^ref                     (fp32, exact: ref ∈ [−133, 121], subnormal below −126)

@@ -1,6 +1,6 @@
 // FP4 (MXFP4) weight tiles in shared memory, for the kernels whose B operand arrives packed: the
-// converters' pass over a stage (packed nibbles and scale words → the e4m3 tile wgmma reads, plus each
-// row's fp32 scale 2^ref) and the promotions that apply a scale per weight row. The grouped GEMM
+// converters' pass over a stage (packed nibbles and reference words → the e4m3 tile wgmma reads, and
+// for the grouped GEMM each row's fp32 scale 2^ref, read per chunk by chunk_scale). The grouped GEMM
 // (B_FP4 1) and the fused kernel (B_FP4 1) both use these, so their products are the same bits.
 // docs/numerics.md "FP4 experts (MXFP4)" is the rule; fp4.cuh holds the element conversion.
 #pragma once
@@ -11,7 +11,7 @@
 
 namespace megamoe::fp4_stage {
 
-// Bytes of one stage's packed rows and of its per-row words (the scale words in, the fp32 scales out).
+// Bytes of one stage's packed rows and of its per-row words (the reference words in, the fp32 scales out).
 constexpr unsigned kPackedRowBytes = 64;  // 128 K elements, two per byte
 constexpr unsigned kRowWordBytes = 4;
 
