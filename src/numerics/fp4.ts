@@ -458,19 +458,12 @@ function convertGroup(packed: Uint8Array, p: number, t: Uint8Array, q: Uint8Arra
   return inexact;
 }
 
-/** Rows of the blocks that share one reference (the 128 × 128 cast's). */
-export const FP4_CAST_BLOCK_ROWS = 128;
-
 /**
  * The reference bytes of the 128 × 128 blocks of block rows [b0, b1) (rows 128·b0 … of the matrix, the
  * last block shorter), [b1 − b0, cols/128]: each block's largest UE8M0 byte, the reference every row of
  * the block takes (DeepSeek's cast; docs/numerics.md).
  */
-export function fp4BlockReferences(
-  m: Mxfp4,
-  b0 = 0,
-  b1 = Math.ceil(m.rows / FP4_CAST_BLOCK_ROWS),
-): Uint8Array {
+export function fp4BlockReferences(m: Mxfp4, b0 = 0, b1 = Math.ceil(m.rows / QUANT_BLOCK)): Uint8Array {
   return blockReferencesOf(m.scales, m.rows, m.cols, b0, b1).refs;
 }
 
@@ -498,11 +491,11 @@ function blockReferencesOf(
   const refs = new Uint8Array((b1 - b0) * kBlocks);
   const spans = new Uint8Array((b1 - b0) * kBlocks);
   for (let b = b0; b < b1; b++) {
-    const rowEnd = Math.min((b + 1) * FP4_CAST_BLOCK_ROWS, rows);
+    const rowEnd = Math.min((b + 1) * QUANT_BLOCK, rows);
     for (let kb = 0; kb < kBlocks; kb++) {
       let lo = 255;
       let hi = 0;
-      for (let r = b * FP4_CAST_BLOCK_ROWS; r < rowEnd; r++) {
+      for (let r = b * QUANT_BLOCK; r < rowEnd; r++) {
         for (let g = 0; g < GROUPS_PER_BLOCK; g++) {
           const v = scales[r * groupsPerRow + kb * GROUPS_PER_BLOCK + g];
           if (v < lo) lo = v;
@@ -547,12 +540,12 @@ export function mxfp4ReferenceWords(scales: Uint8Array, rows: number, cols: numb
     );
   }
   const kBlocks = cols / QUANT_BLOCK;
-  const { refs } = blockReferencesOf(scales, rows, cols, 0, Math.ceil(rows / FP4_CAST_BLOCK_ROWS));
+  const { refs } = blockReferencesOf(scales, rows, cols, 0, Math.ceil(rows / QUANT_BLOCK));
   const out = new Uint32Array(rows * kBlocks);
   for (let r = 0; r < rows; r++) {
     for (let kb = 0; kb < kBlocks; kb++) {
       const at = r * groupsPerRow + kb * GROUPS_PER_BLOCK;
-      const ref = refs[Math.floor(r / FP4_CAST_BLOCK_ROWS) * kBlocks + kb];
+      const ref = refs[Math.floor(r / QUANT_BLOCK) * kBlocks + kb];
       let w = ref;
       for (let g = 0; g < GROUPS_PER_BLOCK; g++) {
         const o = ref - scales[at + g];
@@ -572,11 +565,11 @@ export function mxfp4ReferenceWords(scales: Uint8Array, rows: number, cols: numb
  */
 export function fp4ReferenceBytes(m: Mxfp4, r0 = 0, r1 = m.rows): Uint8Array {
   const kBlocks = m.cols / QUANT_BLOCK;
-  const b0 = Math.floor(r0 / FP4_CAST_BLOCK_ROWS);
-  const blocks = fp4BlockReferences(m, b0, Math.ceil(r1 / FP4_CAST_BLOCK_ROWS));
+  const b0 = Math.floor(r0 / QUANT_BLOCK);
+  const blocks = fp4BlockReferences(m, b0, Math.ceil(r1 / QUANT_BLOCK));
   const out = new Uint8Array((r1 - r0) * kBlocks);
   for (let r = r0; r < r1; r++) {
-    const block = (Math.floor(r / FP4_CAST_BLOCK_ROWS) - b0) * kBlocks;
+    const block = (Math.floor(r / QUANT_BLOCK) - b0) * kBlocks;
     out.set(blocks.subarray(block, block + kBlocks), (r - r0) * kBlocks);
   }
   return out;
@@ -608,8 +601,8 @@ export function mxfp4RowsToFp8(
   const q = new Uint8Array(n);
   const scales = new Float32Array((r1 - r0) * kBlocks);
   // The rows' whole 128-row blocks, whose bytes choose the references.
-  const blockEnd = Math.min(Math.ceil(r1 / FP4_CAST_BLOCK_ROWS) * FP4_CAST_BLOCK_ROWS, m.rows);
-  for (let r = r0 - (r0 % FP4_CAST_BLOCK_ROWS); r < blockEnd; r++) {
+  const blockEnd = Math.min(Math.ceil(r1 / QUANT_BLOCK) * QUANT_BLOCK, m.rows);
+  for (let r = r0 - (r0 % QUANT_BLOCK); r < blockEnd; r++) {
     for (let g = 0; g < groupsPerRow; g++) {
       if (m.scales[r * groupsPerRow + g] === E8M0_NAN) {
         throw new RangeError(`${what}: UE8M0 scale byte 0xFF (NaN) at row ${r}, K group ${g}`);
@@ -661,7 +654,7 @@ export function fp4BlocksExact(scales: Uint8Array, rows: number, cols: number): 
       `fp4BlocksExact: ${scales.length} scale bytes do not fit [${rows}, ${cols / MXFP4_GROUP}]`,
     );
   }
-  const { spans } = blockReferencesOf(scales, rows, cols, 0, Math.ceil(rows / FP4_CAST_BLOCK_ROWS));
+  const { spans } = blockReferencesOf(scales, rows, cols, 0, Math.ceil(rows / QUANT_BLOCK));
   return spans.every((span) => span <= FP4_TO_FP8_EXACT_SPREAD);
 }
 
@@ -677,20 +670,14 @@ export function countFp4ToFp8Inexact(m: Mxfp4, what = "countFp4ToFp8Inexact"): n
   if (m.cols % QUANT_BLOCK !== 0) throw new RangeError(`${what}: cols ${m.cols} is not a multiple of 128`);
   const kBlocks = m.cols / QUANT_BLOCK;
   const groupsPerRow = m.cols / MXFP4_GROUP;
-  const { refs, spans } = blockReferencesOf(
-    m.scales,
-    m.rows,
-    m.cols,
-    0,
-    Math.ceil(m.rows / FP4_CAST_BLOCK_ROWS),
-  );
+  const { refs, spans } = blockReferencesOf(m.scales, m.rows, m.cols, 0, Math.ceil(m.rows / QUANT_BLOCK));
   let inexact = 0;
   for (let i = 0; i < refs.length; i++) {
     if (spans[i] <= FP4_TO_FP8_EXACT_SPREAD) continue;
     const b = Math.floor(i / kBlocks);
     const kb = i % kBlocks;
-    const rowEnd = Math.min((b + 1) * FP4_CAST_BLOCK_ROWS, m.rows);
-    for (let r = b * FP4_CAST_BLOCK_ROWS; r < rowEnd; r++) {
+    const rowEnd = Math.min((b + 1) * QUANT_BLOCK, m.rows);
+    for (let r = b * QUANT_BLOCK; r < rowEnd; r++) {
       for (let g = 0; g < GROUPS_PER_BLOCK; g++) {
         const at = r * groupsPerRow + kb * GROUPS_PER_BLOCK + g;
         const d = m.scales[at] - refs[i] + FP4_TO_FP8_TOP;
