@@ -61,10 +61,10 @@ __device__ __forceinline__ void wait_stage_full(const MathContext& m, int stage,
 }
 
 // Hands the stage back to the producer (one arrive per math warp, its wgmmas done) and moves to the next.
-// FP4 builds: the register tiles' lanes read the stage's packed rows and words with plain loads, so lane 0
+// FP4 register builds: the lanes read the stage's packed rows and words with plain loads, so lane 0
 // arrives after all of them.
 __device__ __forceinline__ void release_stage(const MathContext& m, int& stage, unsigned& phase) {
-  if constexpr (kBFp4) __syncwarp();
+  if constexpr (kFp4Regs) __syncwarp();
   if (m.lane == 0) mbar_arrive(m.empty_bar + 8 * stage);
   advance_stage(stage, phase);
 }
