@@ -26,7 +26,7 @@ import {
 import { fp4ReferenceWordsOnDevice } from "../../src/kernels/fp4/fp4_convert.js";
 import { fp4GemmScaleWords } from "../../src/kernels/gemm/fp4_grouped_gemm.js";
 import { generateMxfp4OnDevice } from "../../src/kernels/weightgen/weightgen.js";
-import { countFp4ToFp8Inexact, mxfp4DeviceLayout } from "../../src/numerics/fp4.js";
+import { countFp4ToFp8Inexact, fp4BlockScales, mxfp4DeviceLayout } from "../../src/numerics/fp4.js";
 import { RankWeights } from "../../src/parallel/expert-parallel.js";
 import {
   GeneratedWeights,
@@ -148,6 +148,10 @@ function compareMxfp4Matrix(
   assertSameBits(`${what} packed codes (device layout)`, packed, mxfp4DeviceLayout(cpu.packed, cols), 64);
   const scales = downloadScaleStrips(which === "w1" ? pair.w1Scales : pair.w2Scales, index * rows, rows);
   assertSameBits(`${what} scale words`, scales, fp4GemmScaleWords(cpu.scales, rows, cols), rows * 4);
+  const want = fp4BlockScales(cpu);
+  const all = (which === "w1" ? pair.w1BlockScales : pair.w2BlockScales).toHost() as Float32Array;
+  const got = all.subarray(index * want.length, (index + 1) * want.length);
+  assertSameBits(`${what} block scales`, got, want, cols / 128);
 }
 
 function compareExpert(config: MoEConfig, w: DeviceMoEWeights, e: number): void {
@@ -194,6 +198,7 @@ function compareGate(config: MoEConfig, w: DeviceMoEWeights): void {
 function allTensors(w: DeviceMoEWeights): DeviceTensor[] {
   const pairs = [w.routedFp4 ?? w.routed, ...(w.shared === null ? [] : [w.shared])];
   const out: DeviceTensor[] = pairs.flatMap((p) => [p.w1, p.w1Scales, p.w2, p.w2Scales]);
+  if (w.routedFp4 !== null) out.push(w.routedFp4.w1BlockScales, w.routedFp4.w2BlockScales);
   out.push(w.gateWeight);
   if (w.gateBias !== null) out.push(w.gateBias);
   return out;
