@@ -16,6 +16,9 @@ usage: lab/sweep.sh [options]
                     --experts, one sweep each, the format in the file names
   --configs         also time every block M of the fused kernel (bench --configs)
   --rounds N        split our timed runs into N interleaved rounds (bench --rounds; default 2)
+  --alternate       with two or more --experts formats: N rounds that each time every format once (bench
+                    --rounds 1 per format and round, files …-FORMAT-rR.json, no plot), so the formats see
+                    the same clock drift; not with --baseline or step
   --iters N         timed runs per case (default 20)
   --no-peer         leave the torch peer out
   --peer-file FILE  use a peer measured in an earlier call instead of measuring it again
@@ -31,7 +34,7 @@ HELP
 }
 source "$(dirname "$0")/lib.sh"
 shapes=flash-ep8 shared=both tokens=1,2,4,8,16,32,64,128,256,512,1024,2048,4096,8192 impl=fused,unfused
-configs="" rounds=2 iters=20 peer=1 peer_file="" seconds=200 baselines=() experts="" layers=8
+configs="" rounds=2 iters=20 peer=1 peer_file="" seconds=200 baselines=() experts="" layers=8 alternate=0
 while (($#)); do
   case $1 in
   -h | --help) usage; exit 0 ;;
@@ -42,6 +45,7 @@ while (($#)); do
   --experts) experts=$2; shift 2 ;;
   --configs) configs=--configs; shift ;;
   --rounds) rounds=$2; shift 2 ;;
+  --alternate) alternate=1; shift ;;
   --layers) layers=$2; shift 2 ;;
   --iters) iters=$2; shift 2 ;;
   --no-peer) peer=0; shift ;;
@@ -70,9 +74,36 @@ elif [[ ,$impl, == *,step,* ]]; then
   lab_die "--impl step runs alone (the step is not a layer pipeline)"
 fi
 [[ -z $peer_file ]] || peer_file=$(cd "$(dirname "$peer_file")" && pwd)/$(basename "$peer_file")
+formats=${experts//,/ }
+if ((alternate)); then
+  read -ra format_list <<<"$formats"
+  ((${#format_list[@]} >= 2)) || lab_die "--alternate needs two or more --experts formats"
+  ((${#baselines[@]} == 0 && !step)) || lab_die "--alternate times formats, not --baseline builds or the step"
+fi
+# One sweep per experts' format ("shape": the shape's own, no --experts, no suffix in the names); with
+# --alternate one per format and round, the formats taking turns.
+format_case() {  # format: the sweep's file name stem and its bench arguments
+  name=$shape-shared$s prefix=layers case_args=(--shared "$s")
+  ((step)) && name=$shape prefix=step case_args=(--layers "$layers")
+  experts_args=()
+  [[ $1 == shape ]] || { name=$name-$1; experts_args=(--experts "$1"); }
+}
+sweep_format() {  # format [round]
+  local round=${2:-}
+  format_case "$1"
+  if [[ -n $round ]]; then
+    echo "== $name round $round"
+    out_args=(--out "$OUT_DIR/$prefix-$name-r$round$LAB_TAG.json" --rounds 1)
+  else
+    out_args=(--out "$OUT_DIR/$prefix-$name$LAB_TAG.json")
+    ((step)) || out_args+=(--rounds "$rounds" --plot "$OUT_DIR/$prefix-$name$LAB_TAG.svg")
+  fi
+  timeout "$seconds" node dist/cli/main.js bench --impl "$impl" $configs --shape "$shape" "${case_args[@]}" \
+    "${experts_args[@]}" --tokens "$tokens" --iters "$iters" "${peer_args[@]}" "${out_args[@]}" 2>&1 | lab_table
+  ((PIPESTATUS[0] == 0)) || rc=1
+}
 lab_setup
 rc=0
-formats=${experts//,/ }
 for shape in ${shapes//,/ }; do
   for s in $shared; do
     peer_args=()
@@ -83,20 +114,18 @@ for shape in ${shapes//,/ }; do
         --out "$OUT_DIR/torch-$shape-shared$s.json" 2>&1 | tail -1
       [[ -f $OUT_DIR/torch-$shape-shared$s.json ]] && peer_args=(--peer "$OUT_DIR/torch-$shape-shared$s.json")
     fi
-    # One sweep per experts' format ("shape": the shape's own, no --experts, no suffix in the names).
+    if ((alternate)); then
+      for ((r = 1; r <= rounds; r++)); do
+        for fmt in $formats; do sweep_format "$fmt" "$r"; done
+      done
+      continue
+    fi
     for fmt in ${formats:-shape}; do
-      name=$shape-shared$s prefix=layers case_args=(--shared "$s")
-      ((step)) && name=$shape prefix=step case_args=(--layers "$layers")
-      experts_args=()
-      [[ $fmt == shape ]] || { name=$name-$fmt; experts_args=(--experts "$fmt"); }
       if ((${#baselines[@]} == 0)); then
-        out_args=(--out "$OUT_DIR/$prefix-$name$LAB_TAG.json")
-        ((step)) || out_args+=(--rounds "$rounds" --plot "$OUT_DIR/$prefix-$name$LAB_TAG.svg")
-        timeout "$seconds" node dist/cli/main.js bench --impl "$impl" $configs --shape "$shape" "${case_args[@]}" \
-          "${experts_args[@]}" --tokens "$tokens" --iters "$iters" "${peer_args[@]}" "${out_args[@]}" 2>&1 | lab_table
-        ((PIPESTATUS[0] == 0)) || rc=1
+        sweep_format "$fmt"
         continue
       fi
+      format_case "$fmt"
       for ((r = 1; r <= rounds; r++)); do
         for entry in "${baselines[@]}" "this=$PWD"; do
           build=${entry%%=*} dir=${entry#*=}
