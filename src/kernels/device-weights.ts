@@ -30,7 +30,7 @@ import {
 } from "../config/config.js";
 import { Device, DeviceTensor, type Stream } from "../cuda/index.js";
 import { checkSeed } from "../numerics/counter-rng.js";
-import { checkMxfp4Scales, countFp4ToFp8Inexact, fp4BlockScales, MXFP4_GROUP } from "../numerics/fp4.js";
+import { checkMxfp4Scales, countFp4ToFp8Inexact, MXFP4_GROUP } from "../numerics/fp4.js";
 import { expertMatrixSpecs, sharedMatrixSpecs } from "../numerics/generator.js";
 import {
   type BlockQuantized,
@@ -43,7 +43,7 @@ import {
   weightSourceProblem,
 } from "../weights/types.js";
 import { fp4ReferenceWordsOnDevice, writeFp4LayoutOnDevice } from "./fp4/fp4_convert.js";
-import { fp4GemmScaleWords } from "./gemm/fp4_grouped_gemm.js";
+import { fp4GemmBlockScales, fp4GemmScaleWords } from "./gemm/fp4_grouped_gemm.js";
 import {
   generateActivationsInto,
   generateGateBiasOnDevice,
@@ -513,7 +513,7 @@ export class DeviceMoEWeights {
    * FP4 experts: the packed codes expert by expert, through a device scratch into the device layout; the
    * scale bytes through `fp4GemmScaleWords`, staged for up to SCALE_CHUNK_EXPERTS experts and copied as
    * one strip per K block (both layouts put an expert's rows of one K block together, K blocks a layer's
-   * E·N rows apart); each expert's block scales (`fp4BlockScales`) as they are.
+   * E·N rows apart); each expert's block scales read from those words (`fp4GemmBlockScales`).
    */
   private uploadFp4Experts(source: MoEWeightSource, stream: Stream | null): void {
     const r = this.routedFp4!;
@@ -539,15 +539,17 @@ export class DeviceMoEWeights {
           checkMxfp4Matrix(`expert ${e} W1`, x.w1, 2 * I, H);
           checkMxfp4Matrix(`expert ${e} W2`, x.w2, H, I);
           inexact += countFp4ToFp8Inexact(x.w1) + countFp4ToFp8Inexact(x.w2);
-          const bs1 = fp4BlockScales(x.w1);
-          const bs2 = fp4BlockScales(x.w2);
+          const words1 = fp4GemmScaleWords(x.w1.scales, 2 * I, H);
+          const words2 = fp4GemmScaleWords(x.w2.scales, H, I);
+          const bs1 = fp4GemmBlockScales(words1, 2 * I, H);
+          const bs2 = fp4GemmBlockScales(words2, H, I);
           device.copyHtoD(r.w1BlockScales.ptr + BigInt(e * bs1.byteLength), bs1, bs1.byteLength, stream);
           device.copyHtoD(r.w2BlockScales.ptr + BigInt(e * bs2.byteLength), bs2, bs2.byteLength, stream);
           device.copyHtoD(scratch.w1.ptr, x.w1.packed, w1Packed, stream);
           device.copyHtoD(scratch.w2.ptr, x.w2.packed, w1Packed / 2, stream);
           scratch.write(r, e);
-          scatterScaleWords(s1, fp4GemmScaleWords(x.w1.scales, 2 * I, H), i, n, 2 * I, H / QUANT_BLOCK);
-          scatterScaleWords(s2, fp4GemmScaleWords(x.w2.scales, H, I), i, n, H, I / QUANT_BLOCK);
+          scatterScaleWords(s1, words1, i, n, 2 * I, H / QUANT_BLOCK);
+          scatterScaleWords(s2, words2, i, n, H, I / QUANT_BLOCK);
           // The copies read host memory the source may reuse or drop for the next expert.
           stream?.synchronize();
         }

@@ -717,5 +717,14 @@ export function mxfp4ToFp8Blocks(m: Mxfp4, what = "mxfp4ToFp8Blocks"): Fp4AsFp8B
     throw new RangeError(`${what}: [${rows}, ${cols}] is not a multiple of 128 in both dimensions`);
   }
   const x = mxfp4RowsToFp8(m, 0, rows, what);
-  return { q: x.q, scales: fp4BlockScales(m), inexact: x.inexact };
+  // Every row of a 128-row block takes its block's reference: the block's scales are its first row's.
+  const kBlocks = cols / QUANT_BLOCK;
+  const scales = new Float32Array((rows / QUANT_BLOCK) * kBlocks);
+  for (let b = 0; b < rows / QUANT_BLOCK; b++) {
+    scales.set(
+      x.scales.subarray(b * QUANT_BLOCK * kBlocks, b * QUANT_BLOCK * kBlocks + kBlocks),
+      b * kBlocks,
+    );
+  }
+  return { q: x.q, scales, inexact: x.inexact };
 }

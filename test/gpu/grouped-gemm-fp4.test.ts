@@ -29,6 +29,7 @@ import { describe, test } from "node:test";
 import { PRESETS, QUANT_BLOCK } from "../../src/config/config.js";
 import { DeviceTensor } from "../../src/cuda/index.js";
 import {
+  fp4GemmBlockScales,
   fp4GemmScaleWords,
   type GroupedGemmFp4Args,
   groupedGemmFp4,
@@ -49,6 +50,7 @@ import { describeDefines, SM90_SHARED_OPTIN_BYTES } from "../../src/kernels/vari
 import { bf16BitsToF32, f32ToBf16Bits } from "../../src/numerics/bf16.js";
 import {
   type Fp4AsFp8,
+  fp4BlockScales,
   mxfp4DeviceLayout,
   mxfp4ReferenceWords,
   mxfp4RowsToFp8,
@@ -209,6 +211,17 @@ describe("FP4 grouped GEMM layout and arguments", () => {
     bad[13] = 0xff;
     assert.throws(() => fp4GemmScaleWords(bad, rows, k), /0xFF \(NaN\) at row 1, K group 5/);
     assert.throws(() => fp4GemmScaleWords(scales, rows, 200), /multiple of 128/);
+  });
+
+  test("the block scales read from the scale words are fp4BlockScales', spans past 14 and a short block included", () => {
+    const rows = 300; // two whole 128-row blocks and a short one
+    const k = 256;
+    const scales = Uint8Array.from({ length: (rows * k) / 32 }, (_, i) => 100 + ((i * 37) % 29));
+    scales[5] = 140; // a span of 40 in the first block
+    const packed = new Uint8Array((rows * k) / 2);
+    const words = fp4GemmScaleWords(scales, rows, k);
+    assert.deepEqual(fp4GemmBlockScales(words, rows, k), fp4BlockScales({ rows, cols: k, packed, scales }));
+    assert.throws(() => fp4GemmBlockScales(words.subarray(4), rows, k), /do not fit/);
   });
 
   test("plans for FP4 weights use the FP4 tiles and name the B_FP4 build", () => {

@@ -25,7 +25,7 @@ import {
   type Stream,
   type TensorLike,
 } from "../../cuda/index.js";
-import { E8M0_NAN, MXFP4_GROUP, mxfp4ReferenceWords } from "../../numerics/fp4.js";
+import { E8M0_BIAS, E8M0_NAN, FP4_TO_FP8_TOP, MXFP4_GROUP, mxfp4ReferenceWords } from "../../numerics/fp4.js";
 import {
   encodeFp4LayoutMap,
   encodeFp4ScaleWordsMap,
@@ -79,6 +79,26 @@ export function fp4GemmScaleWords(scales: Uint8Array, rows: number, k: number): 
   const view = new DataView(out.buffer);
   for (let n = 0; n < rows; n++) {
     for (let b = 0; b < kBlocks; b++) view.setUint32((b * rows + n) * 4, words[n * kBlocks + b], true);
+  }
+  return out;
+}
+
+/**
+ * Each 128 × 128 block's fp32 scale 2^(R − 133), [⌈rows/128⌉, K/128] (what fp4BlockScales gives), read from
+ * the reference words fp4GemmScaleWords made of one matrix: every row of a block carries the block's R in
+ * its word's low byte, so a block's first row speaks for it.
+ */
+export function fp4GemmBlockScales(words: Uint8Array, rows: number, k: number): Float32Array {
+  const kBlocks = k / QUANT_BLOCK;
+  if (words.length !== rows * kBlocks * 4) {
+    throw new RangeError(`fp4GemmBlockScales: ${words.length} word bytes do not fit [${kBlocks}, ${rows}·4]`);
+  }
+  const blocks = Math.ceil(rows / QUANT_BLOCK);
+  const out = new Float32Array(blocks * kBlocks);
+  for (let r = 0; r < blocks; r++) {
+    for (let b = 0; b < kBlocks; b++) {
+      out[r * kBlocks + b] = 2 ** (words[(b * rows + r * QUANT_BLOCK) * 4]! - E8M0_BIAS - FP4_TO_FP8_TOP);
+    }
   }
   return out;
 }
