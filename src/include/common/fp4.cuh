@@ -326,8 +326,9 @@ MEGAMOE_HD int fp4_block_to_e4m3_fast(const unsigned char* packed, unsigned int 
 // words (q, 0..3), at 64r + 16·(q ^ ((r >> 1) & 3))), `ref_words` kRows reference words (fp4_reference_word),
 // and receives `b_tile` kRows × 128 e4m3 bytes in the 128-byte swizzle the TMA gives an FP8 tile (row
 // r's 16-byte chunk c at 128r + ((c ^ (r % 8)) << 4), b_tile 128-aligned) and, with kScales, `sw` kRows
-// fp32 bits of 2^ref (one value per 128-row block; a promotion reads a chunk's first). `Mem` reads and writes that memory: ld32(a), ld64(a, w[2]), st128(a, w[4]),
-// st32(a, v) on byte addresses (shared memory on the device, an array in the host test).
+// fp32 bits of 2^ref (one value per 128-row block; a promotion reads a chunk's first). `Mem` reads and
+// writes that memory: ld32(a), ld64(a, w[2]), st128(a, w[4]), st32(a, v) on byte addresses (shared
+// memory on the device, an array in the host test).
 //
 // Items are (row, half): groups 2·half and 2·half + 1 of a row, 64 elements; item i is row i / 2, half
 // i % 2, and thread t converts items t + k·kThreads. As kThreads / 2 is a multiple of 8, a thread's half

@@ -207,8 +207,9 @@ export class FusedMoEKernel {
   blockM: "auto" | FusedBlockM = "auto";
   /**
    * FP4 experts: expand them into e4m3 stage images in the forward (the expand variant): "auto"
-   * (fusedExpand's choice from the token count), false, or true (every launch with 128-row tiles). The images take fusedExpandImageBytes of device memory, allocated with the first
-   * specialization that expands.
+   * (fusedExpand's choice from the token count), false, or true (every launch with 128-row tiles). The
+   * images take fusedExpandImageBytes of device memory, allocated with the first specialization that
+   * expands.
    */
   fp4Expand: "auto" | boolean = "auto";
   /**
