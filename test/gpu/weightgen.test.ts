@@ -149,8 +149,8 @@ function compareMxfp4Matrix(
   const scales = downloadScaleStrips(which === "w1" ? pair.w1Scales : pair.w2Scales, index * rows, rows);
   assertSameBits(`${what} scale words`, scales, fp4GemmScaleWords(cpu.scales, rows, cols), rows * 4);
   const want = fp4BlockScales(cpu);
-  const all = (which === "w1" ? pair.w1BlockScales : pair.w2BlockScales).toHost() as Float32Array;
-  const got = all.subarray(index * want.length, (index + 1) * want.length);
+  const blockScales = which === "w1" ? pair.w1BlockScales : pair.w2BlockScales;
+  const got = blockScales.view([want.length], index * want.length).toHost() as Float32Array;
   assertSameBits(`${what} block scales`, got, want, cols / 128);
 }
 
