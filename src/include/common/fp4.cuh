@@ -325,10 +325,9 @@ MEGAMOE_HD int fp4_block_to_e4m3_fast(const unsigned char* packed, unsigned int 
 // order as the TMA writes it with the 64-byte swizzle from a 512-aligned base (row r's chunk q, its
 // words (q, 0..3), at 64r + 16·(q ^ ((r >> 1) & 3))), `ref_words` kRows reference words (fp4_reference_word),
 // and receives `b_tile` kRows × 128 e4m3 bytes in the 128-byte swizzle the TMA gives an FP8 tile (row
-// r's 16-byte chunk c at 128r + ((c ^ (r % 8)) << 4), b_tile 128-aligned) and, with kScales, `sw` kRows
-// fp32 bits of 2^ref (one value per 128-row block; a promotion reads a chunk's first). `Mem` reads and
-// writes that memory: ld32(a), ld64(a, w[2]), st128(a, w[4]), st32(a, v) on byte addresses (shared
-// memory on the device, an array in the host test).
+// r's 16-byte chunk c at 128r + ((c ^ (r % 8)) << 4), b_tile 128-aligned); the block's scale 2^ref comes
+// to the promotion with the task, as an FP8 block scale does. `Mem` reads and writes that memory: ld32(a),
+// ld64(a, w[2]), st128(a, w[4]) on byte addresses (shared memory on the device, an array in the host test).
 //
 // Items are (row, half): groups 2·half and 2·half + 1 of a row, 64 elements; item i is row i / 2, half
 // i % 2, and thread t converts items t + k·kThreads. As kThreads / 2 is a multiple of 8, a thread's half
@@ -340,16 +339,16 @@ MEGAMOE_HD int fp4_block_to_e4m3_fast(const unsigned char* packed, unsigned int 
 // so the compiler can interleave a thread's items. Shared-memory banks: each 16-byte store
 // of a quarter warp (four rows, both halves) meets eight distinct chunks of the swizzle; the 8-byte loads
 // of a warp (16 rows, both halves, one q) meet every bank twice, thanks to the 64-byte swizzle.
-template <int kRows, int kThreads, int kDepth, bool kScales = true, class Mem>
+template <int kRows, int kThreads, int kDepth, class Mem>
 MEGAMOE_HD void fp4_stage_convert(Mem& mem, unsigned int packed, unsigned int ref_words, unsigned int b_tile,
-                                  unsigned int sw, int thread) {
+                                  int thread) {
   static_assert(kThreads % 32 == 0, "converters come in whole warps");
   static_assert(kRows % 8 == 0, "the swizzle repeats every 8 rows");
   static_assert(kDepth >= 1, "at least one item in flight");
   constexpr int kItems = 2 * kRows;
   constexpr int kPerThread = (kItems + kThreads - 1) / kThreads;
   constexpr unsigned int kStepIn = 32u * kThreads;    // packed bytes between a thread's items
-  constexpr unsigned int kStepRow = 2u * kThreads;    // word / sw bytes between them (4 per row)
+  constexpr unsigned int kStepRow = 2u * kThreads;    // word bytes between them (4 per row)
   constexpr unsigned int kStepOut = 64u * kThreads;   // tile bytes between them (128 per row)
   const unsigned int t = static_cast<unsigned int>(thread);
   const unsigned int half = t & 1u;
@@ -386,7 +385,6 @@ MEGAMOE_HD void fp4_stage_convert(Mem& mem, unsigned int packed, unsigned int re
     for (int c = 0; c < 4; ++c) fp4x8_to_e4m3(w[2 * c], t0, q[c], q[4 + c]);
     for (int c = 0; c < 4; ++c) fp4x8_to_e4m3(w[2 * c + 1], t1, q[8 + c], q[12 + c]);
     for (unsigned int i = 0; i < 4; ++i) mem.st128((out0 ^ (i << 4)) + k * kStepOut, q + 4 * i);
-    if (kScales && half == 0u) mem.st32(sw + row_at + k * kStepRow, fp4_word_scale_bits(word));
   };
   MEGAMOE_UNROLL
   for (int k = 0; k < kDepth; ++k) load(k);

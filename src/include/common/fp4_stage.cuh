@@ -1,7 +1,7 @@
 // FP4 (MXFP4) weight tiles in shared memory, for the kernels whose B operand arrives packed: the
-// converters' pass over a stage (packed nibbles and reference words → the e4m3 tile wgmma reads, and
-// for the grouped GEMM each row's fp32 scale 2^ref, read per chunk by chunk_scale). The grouped GEMM
-// (B_FP4 1) and the fused kernel (B_FP4 1) both use these, so their products are the same bits.
+// converters' pass over a stage (packed nibbles and reference words → the e4m3 tile wgmma reads). The
+// grouped GEMM (B_FP4 1) and the fused kernel (B_FP4 1) both use it, so their products are the same bits;
+// both promote with each 128 × 128 block's scale 2^ref, passed as an FP8 block scale is.
 // docs/numerics.md "FP4 experts (MXFP4)" is the rule; fp4.cuh holds the element conversion.
 #pragma once
 
@@ -11,7 +11,7 @@
 
 namespace megamoe::fp4_stage {
 
-// Bytes of one stage's packed rows and of its per-row words (the reference words in, the fp32 scales out).
+// Bytes of one stage's packed rows and of its per-row reference words.
 constexpr unsigned kPackedRowBytes = 64;  // 128 K elements, two per byte
 constexpr unsigned kRowWordBytes = 4;
 
@@ -37,7 +37,6 @@ struct SharedMem {
                  "r"(w[3])
                  : "memory");
   }
-  __device__ __forceinline__ void st32(unsigned address, unsigned v) const { sm90::store_shared_u32(address, v); }
 };
 
 // One converter thread's share of a stage of kRows weight rows, 128 deep in K:
@@ -45,20 +44,13 @@ struct SharedMem {
 //   ref_words kRows u32, row r's reference word (fp4.cuh fp4_reference_word)
 //   b_tile  kRows × 128 bytes of e4m3 in the 128-byte swizzle the TMA gives an FP8 tile (row r's 16-byte
 //           chunk c at r·128 + ((c ^ (r % 8)) << 4)), as one box or several stacked 8-row-aligned boxes
-//   sw      kRows fp32, row r's 2^ref (one value per 128-row block: chunk_scale); only with kScales
 // fp4.cuh fp4_stage_convert is the work (items, banks, the load window; the host test runs it too).
 // kDepth items per thread are loaded ahead: two hold 18 registers, within the 56 the producer warpgroup
 // keeps (three spill there).
-template <int kRows, int kThreads, int kDepth = 2, bool kScales = true>
-__device__ __forceinline__ void convert_tile(unsigned packed, unsigned ref_words, unsigned b_tile, unsigned sw,
-                                             int thread) {
+template <int kRows, int kThreads, int kDepth = 2>
+__device__ __forceinline__ void convert_tile(unsigned packed, unsigned ref_words, unsigned b_tile, int thread) {
   SharedMem mem;
-  fp4_stage_convert<kRows, kThreads, kDepth, kScales>(mem, packed, ref_words, b_tile, sw, thread);
+  fp4_stage_convert<kRows, kThreads, kDepth>(mem, packed, ref_words, b_tile, thread);
 }
-
-// The weight scale of a chunk of a stage's rows: every row of a 128-row block has its block's reference
-// (fp4.cuh), and chunks of at most 128 rows aligned to their width lie in one block, so the converters'
-// fp32 2^ref of the chunk's first row (`sw_first`) serves the chunk, as an FP8 block scale does.
-__device__ __forceinline__ float chunk_scale(unsigned sw_first) { return sm90::load_shared_f32(sw_first); }
 
 }  // namespace megamoe::fp4_stage

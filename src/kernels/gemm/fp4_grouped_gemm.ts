@@ -1,9 +1,10 @@
 /**
  * Launcher of the grouped GEMM with FP4 (MXFP4) weights: the B_FP4 build of fp8_grouped_gemm.cu
  * (kernel megamoe_fp4_grouped_gemm). The rule is docs/numerics.md "FP4 experts (MXFP4)": each weight
- * row's 128-deep K block becomes e4m3 codes relative to ref = max(its four UE8M0 bytes) − 133 and
+ * row's 128-deep K block becomes e4m3 codes relative to its 128 × 128 block's reference ref = R − 133 (R
+ * the block's largest UE8M0 byte) and
  *
- *   out[r, n] = acc over K blocks b of fmaf(fp32(P_b(r, n)), fp32(sa[b, r] · 2^ref[n, b]), acc)
+ *   out[r, n] = acc over K blocks b of fmaf(fp32(P_b(r, n)), fp32(sa[b, r] · 2^ref[n / 128, b]), acc)
  *
  * for every row r of group g, P_b the block's sum of e4m3 products (tensor cores, fp32).
  *
@@ -14,13 +15,15 @@
  * docs/numerics.md); bScales
  * uint8 [K/128, G·N·4]: the load-time transform of the UE8M0 bytes [G·N, K/32] (`fp4GemmScaleWords`):
  * row n's four bytes of K block b, contiguous, at (b, 4n), so that a K block's scales of a tile's rows are
- * one TMA box; groupOffsets int32 [G+1]; out fp32 or bf16 [M, N].
+ * one TMA box; bBlockScales fp32 [G, N/128, K/128], each block's 2^ref (`fp4GemmBlockScales` of those
+ * words), FP8's bScales layout; groupOffsets int32 [G+1]; out fp32 or bf16 [M, N].
  */
 
 import { QUANT_BLOCK } from "../../config/config.js";
 import {
   type Device,
   type DeviceTensor,
+  expectOnDevice,
   expectTensor,
   type Stream,
   type TensorLike,
@@ -108,11 +111,14 @@ export function fp4GemmBlockScales(words: Uint8Array, rows: number, k: number): 
 
 /**
  * The FP8 grouped GEMM's operands, with B as FP4: `b` uint8 [G·N, K/2] or [G, N, K/2] (packed e2m1 in
- * the device layout: mxfp4DeviceLayout / orderFp4PackedOnDevice) and `bScales` uint8 [K/128, G·N·4]
- * (fp4GemmScaleWords); `tile` one of
- * FP4_GEMM_TILE_NAMES.
+ * the device layout: mxfp4DeviceLayout / orderFp4PackedOnDevice), `bScales` uint8 [K/128, G·N·4]
+ * (fp4GemmScaleWords: what the converters read) and `bBlockScales` fp32 [G, N/128, K/128] or [G·N/128,
+ * K/128] (each 128 × 128 block's 2^ref, fp4GemmBlockScales of those words: what the promotion multiplies,
+ * in FP8's bScales layout); `tile` one of FP4_GEMM_TILE_NAMES.
  */
-export type GroupedGemmFp4Args<T extends TensorLike = DeviceTensor> = GroupedGemmArgs<T>;
+export type GroupedGemmFp4Args<T extends TensorLike = DeviceTensor> = GroupedGemmArgs<T> & {
+  bBlockScales: T;
+};
 
 /** Checks dtypes and shapes; returns the output dtype. Pure: usable without a GPU. */
 export function validateGroupedGemmFp4Args(args: GroupedGemmFp4Args<TensorLike>): GemmOutDtype {
@@ -133,6 +139,16 @@ export function validateGroupedGemmFp4Args(args: GroupedGemmFp4Args<TensorLike>)
     ],
   );
   expectTensor(where, "bScales", args.bScales, ["uint8"], [[kb, groups * n * 4]]);
+  expectTensor(
+    where,
+    "bBlockScales",
+    args.bBlockScales,
+    ["fp32"],
+    [
+      [groups, n / QUANT_BLOCK, kb],
+      [(groups * n) / QUANT_BLOCK, kb],
+    ],
+  );
   expectTensor(where, "groupOffsets", args.groupOffsets, ["int32"], [[groups + 1]]);
   expectTensor(where, "out", args.out, ["fp32", "bf16"], [[mTotal, n]]);
   if (args.maxCtas !== undefined && !(Number.isInteger(args.maxCtas) && args.maxCtas >= 1)) {
@@ -168,6 +184,11 @@ function encodeMaps(entry: GemmKernel, plan: GroupedGemmPlan, args: GroupedGemmF
 // ---------------------------------------------------------------------------------------------------
 // Launch
 
+function checkFp4OperandsOn(device: Device, args: GroupedGemmFp4Args): void {
+  checkGemmOperandsOn("groupedGemmFp4", device, args);
+  expectOnDevice("groupedGemmFp4", "bBlockScales", args.bBlockScales, device);
+}
+
 /**
  * Queues out = the FP4 grouped GEMM on `stream` (null: the legacy default stream); returns the plan.
  * mTotal = 0 queues nothing. A stalled pipeline shows in `takeGroupedGemmStatus` (shared with FP8).
@@ -178,11 +199,12 @@ export function groupedGemmFp4(
   stream: Stream | null,
 ): GroupedGemmPlan {
   const outDtype = validateGroupedGemmFp4Args(args);
-  checkGemmOperandsOn("groupedGemmFp4", device, args);
+  checkFp4OperandsOn(device, args);
   const plan = planGroupedGemmOn(device, args, outDtype, "fp4");
   if (args.mTotal === 0) return plan;
   const entry = kernelFor(device, plan);
   encodeMaps(entry, plan, args);
+  entry.args.ptr(8, args.bBlockScales.ptr);
   launchGroupedGemm(device, entry.kernel, entry.args, plan, args, stream);
   return plan;
 }
@@ -198,7 +220,7 @@ export function groupedGemmFp4Reference(
   stream: Stream | null,
 ): void {
   const outDtype = validateGroupedGemmFp4Args(args);
-  checkGemmOperandsOn("groupedGemmFp4", device, args);
+  checkFp4OperandsOn(device, args);
   if (args.mTotal === 0) return;
   launchGemmReference(kernelFor(device, planGroupedGemmOn(device, args, outDtype, "fp4")), args, stream);
 }

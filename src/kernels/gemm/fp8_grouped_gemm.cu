@@ -39,14 +39,15 @@
 //   bs   u32 [K/128, G·N]         each row's K block as its reference word (common/fp4.cuh
 //                                 fp4_reference_word): the host's load-time transform of [G·N, K/32]
 //                                 (fp4GemmScaleWords); TMA map, box {BLOCK_N, 1}
+//   sw   fp32 [G, N/128, K/128]   each 128 × 128 block's scale 2^ref, FP8's b_scales layout
+//                                 (fp4GemmBlockScales): the last parameter
 // The TMA completes a stage's `loaded` barrier; warps 1..3 of the producer warpgroup then convert the
 // packed rows into the B tile (common/fp4.cuh, fast path: e4m3 codes relative to each row's reference,
-// written in the 128-byte swizzle the TMA gives FP8 B) and each row's fp32 scale 2^ref, and arrive on
-// `full` (common/fp4_stage.cuh). The converters are the producer warpgroup's idle warps, so the math
+// written in the 128-byte swizzle the TMA gives FP8 B) and arrive on `full` (common/fp4_stage.cuh). The converters are the producer warpgroup's idle warps, so the math
 // warpgroups keep every register and cycle for wgmma and promotion, and the conversion (about 1.8 SASS
 // instructions per element, two items in flight per thread) overlaps the wgmmas of earlier stages. The
 // promotion takes s = sa[r, kb] · sw[n, kb] (rounded), then acc = fmaf(partial, s, acc), the CPU rule,
-// with one sw per chunk (the rows of a 128-row block share their reference), as the FP8 tiles do.
+// with one sw per chunk (the rows of a 128-row block share their reference): the FP8 tiles' code.
 
 #include "fp8_grouped_gemm_config.cuh"
 #include "common/fp4_stage.cuh"
@@ -117,22 +118,22 @@ __device__ __forceinline__ void build_schedule(const int* group_offsets, int m_t
 // kDynamicSmemBytes (fp8_grouped_gemm.variants.ts: gemmSharedBytes).
 
 #if B_FP4
-// B and its scales both arrive by TMA (map_b: packed nibbles, map_bs: the u32 scale words).
+// B and its reference words both arrive by TMA (map_b: packed nibbles, map_bs: the u32 words); the block
+// scales come last, FP8's b_scales.
 #define GEMM_KERNEL_NAME megamoe_fp4_grouped_gemm
 #define GEMM_B_SCALES_PARAM const __grid_constant__ TensorMap map_bs
+#define GEMM_FP4_BLOCK_SCALES_PARAM , const float* __restrict__ b_scales
 #else
 #define GEMM_KERNEL_NAME megamoe_fp8_grouped_gemm
 #define GEMM_B_SCALES_PARAM const float* __restrict__ b_scales
+#define GEMM_FP4_BLOCK_SCALES_PARAM
 #endif
 
 extern "C" __global__ void __launch_bounds__(kThreads, 1)
     GEMM_KERNEL_NAME(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
                      const __grid_constant__ TensorMap map_sa, GEMM_B_SCALES_PARAM,
                      const int* __restrict__ group_offsets, void* __restrict__ out, int m_total,
-                     int* __restrict__ status) {
-#if B_FP4
-  const float* const b_scales = nullptr;  // FP4: each row's scale arrives with its stage instead
-#endif
+                     int* __restrict__ status GEMM_FP4_BLOCK_SCALES_PARAM) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const unsigned raw = smem_u32(smem_raw);
   const unsigned base = (raw + kSmemAlign - 1) & ~(kSmemAlign - 1);
@@ -190,9 +191,9 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
             // `full` of this stage was last completed by this warp's previous pass, and the math warps
             // released the stage before the TMA (which waited for `empty`) refilled it: `loaded` orders both.
             mbar_wait(loaded_bar + 8 * stage, phase, status, kStatusProducerStalled, stage, iteration);
-            megamoe::fp4_stage::convert_tile<kBlockN, kConverterThreads>(base + kOffPacked + stage * kPackedTileBytes, base + kOffBScales + stage * kBScaleBytes,
-                              base + kOffB + stage * kBTileBytes, base + kOffSwCols + stage * kBScaleBytes,
-                              converter);
+            megamoe::fp4_stage::convert_tile<kBlockN, kConverterThreads>(
+                base + kOffPacked + stage * kPackedTileBytes, base + kOffBScales + stage * kBScaleBytes,
+                base + kOffB + stage * kBTileBytes, converter);
             // The wgmmas read the tile through the async proxy: order these generic writes before them.
             asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
             __syncwarp();
@@ -259,25 +260,16 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
   const int scale_thread = math_thread & 127;
   const unsigned staging = base + kOffStaging + static_cast<unsigned>(math_thread / 32) * kStagingWarpBytes;
 
-  // A warp gives its stage back once every lane is done with it: under FP4 the lanes read the stage's weight
-  // scales with plain loads, so lane 0's arrive must come after all of theirs.
   const auto release_stage = [&](int st) {
-    if constexpr (kBFp4) __syncwarp();
     if (lane == 0) mbar_arrive(empty_bar + 8 * st);
-  };
-  // FP4: chunk c's weight scale in stage st, its 128-row block's (fp4_stage::chunk_scale; the converters
-  // write one fp32 per B-tile row).
-  const auto chunk_scale = [&](int st, int c) {
-    return megamoe::fp4_stage::chunk_scale(base + kOffSwCols + st * kBScaleBytes + (wg_col0 + c * kMmaN) * 4);
   };
   // Weight scales of the next tile travel through registers while the current tile runs.
   float sw_prefetch[kSwPerThread];
   auto load_weight_scales = [&](const Tile& t) {
-    // FP4: none (the loop is empty); each row's scale comes with its stage.
     const float* src = b_scales + (static_cast<long long>(t.group) * kScaleRowsPerGroup + t.n0 / kQuantBlock) *
                                       kKBlocks;
 #pragma unroll
-    for (int i = 0; i < (kBFp4 ? 0 : kSwPerThread); ++i) {
+    for (int i = 0; i < kSwPerThread; ++i) {
       const int idx = scale_thread + i * 128;
       // Rows are contiguous in sw ([G, N/128, K/128]), so the tile's kSwRows rows are one run.
       sw_prefetch[i] = idx < kSwPerTile ? load_scale(src + idx) : 0.0f;
@@ -285,7 +277,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
   };
   auto store_weight_scales = [&](int buffer) {
 #pragma unroll
-    for (int i = 0; i < (kBFp4 ? 0 : kSwPerThread); ++i) {
+    for (int i = 0; i < kSwPerThread; ++i) {
       const int idx = scale_thread + i * 128;
       if (idx < kSwPerTile) store_shared_f32(sw_smem + (buffer * kSwPerTile + idx) * 4, sw_prefetch[i]);
     }
@@ -417,10 +409,9 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
         promote_block(promoted[0][0], ready, held_lo, held_hi);
       };
       const auto step = [&](int kb, float (&issue)[kAccum], float (&ready)[kAccum]) {
-        // The block's weight scale folded into the row scales now (FP4: from the stage, once it is full).
-        float sw = kBFp4 ? 1.0f : load_shared_f32(sw_tile + (sw_row[0] * kKBlocks + kb) * 4);
+        // The block's weight scale folded into the row scales now.
+        const float sw = load_shared_f32(sw_tile + (sw_row[0] * kKBlocks + kb) * 4);
         mbar_wait<true>(full_bar + 8 * stage, phase, status, kStatusMathStalled, stage, iteration);
-        if constexpr (kBFp4) sw = chunk_scale(stage, 0);
         const unsigned sa_stage = sa_smem + stage * kSaStride + (current.row0 & 3) * 4;
         const float lo = load_shared_f32(sa_stage) * sw;
         const float hi = load_shared_f32(sa_stage + 8 * 4) * sw;
@@ -455,13 +446,9 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
         constexpr bool kFirst = decltype(first)::kValue;
         float sw[kChunksN];
 #pragma unroll
-        for (int c = 0; c < kChunksN; ++c) sw[c] = kBFp4 ? 0.0f : load_shared_f32(sw_tile + (sw_row[c] * kKBlocks + kb) * 4);
+        for (int c = 0; c < kChunksN; ++c) sw[c] = load_shared_f32(sw_tile + (sw_row[c] * kKBlocks + kb) * 4);
 
         mbar_wait(full_bar + 8 * stage, phase, status, kStatusMathStalled, stage, iteration);
-        if constexpr (kBFp4) {
-#pragma unroll
-          for (int c = 0; c < kChunksN; ++c) sw[c] = chunk_scale(stage, c);
-        }
 
         const unsigned sa_stage = sa_smem + stage * kSaStride + (current.row0 & 3) * 4;
         float sa_lo[kWavesM], sa_hi[kWavesM];

@@ -89,13 +89,13 @@ export function gemmSharedBytes(
   const bTile = tile.blockN * GEMM_BLOCK_K;
   const saStride = aScaleStageBytes(tile.blockM);
   const fp4 = format === "fp4";
-  // FP4: per stage the packed B rows, their u32 scale words and the converted rows' fp32 scales.
-  const fp4Stage = fp4 ? (tile.blockN * GEMM_BLOCK_K) / 2 + 2 * tile.blockN * 4 : 0;
+  // FP4: per stage the packed B rows and their u32 reference words.
+  const fp4Stage = fp4 ? (tile.blockN * GEMM_BLOCK_K) / 2 + tile.blockN * 4 : 0;
   // The packed rows start at a 1024-byte boundary (their 64-byte swizzle).
   const offPacked = stages * (aTile + bTile + saStride);
   const offSw = (fp4 ? alignUp(offPacked, 1024) : offPacked) + stages * fp4Stage;
-  // FP8 weight scales: two buffers (alternating per tile) per math warpgroup.
-  const swBytes = fp4 ? 0 : 2 * tile.mathWarpgroups * swRows * kBlocks * 4;
+  // The block weight scales: two buffers (alternating per tile) per math warpgroup.
+  const swBytes = 2 * tile.mathWarpgroups * swRows * kBlocks * 4;
   const offFull = alignUp(offSw + swBytes, 8);
   // full and empty barriers, and FP4's `loaded` ones.
   const offGroups = offFull + (fp4 ? 24 : 16) * stages;

@@ -154,10 +154,9 @@ constexpr unsigned kSaBoxRows = kBlockM + 4;
 constexpr unsigned kSaBytes = kSaBoxRows * 4;
 constexpr unsigned kSaStride = align_up(kSaBytes, 128);
 // FP4 B, per stage: the packed nibbles (TMA, BLOCK_N rows of 64 bytes in the device order, 64-byte
-// swizzle), the four UE8M0 bytes
-// of each row (TMA of one u32 per row from the [K/128, G·N] layout the host prepares) and the converted
-// rows' fp32 scales 2^ref (written by the converters, read by the promotion). The B tile then holds the
-// converted e4m3 codes in the layout the TMA gives FP8 B.
+// swizzle) and each row's reference word (TMA of one u32 per row from the [K/128, G·N] layout the host
+// prepares). The B tile then holds the converted e4m3 codes in the layout the TMA gives FP8 B; the
+// promotion takes each 128 × 128 block's scale from b_scales, as FP8's does.
 constexpr unsigned kPackedTileBytes = kBlockN * kBlockK / 2;
 constexpr unsigned kBScaleBytes = kBlockN * 4;
 constexpr unsigned kStageTxBytes =
@@ -169,10 +168,9 @@ constexpr unsigned kOffSa = kOffB + kStages * kBTileBytes;
 // FP4 only (0 bytes otherwise): 1024-aligned, for the packed rows' 64-byte swizzle.
 constexpr unsigned kOffPacked = kBFp4 ? align_up(kOffSa + kStages * kSaStride, 1024) : kOffSa + kStages * kSaStride;
 constexpr unsigned kOffBScales = kOffPacked + (kBFp4 ? kStages * kPackedTileBytes : 0u);  // u32 per row
-constexpr unsigned kOffSwCols = kOffBScales + (kBFp4 ? kStages * kBScaleBytes : 0u);     // fp32 per row
-constexpr unsigned kOffSw = kOffSwCols + (kBFp4 ? kStages * kBScaleBytes : 0u);
-// FP8 only: the tile's 128 × 128 weight scales, two buffers per warpgroup.
-constexpr unsigned kSwBytes = kBFp4 ? 0u : 2 * kMathWarpgroups * kSwPerTile * 4;
+constexpr unsigned kOffSw = kOffBScales + (kBFp4 ? kStages * kBScaleBytes : 0u);
+// The tile's 128 × 128 weight scales, two buffers per warpgroup.
+constexpr unsigned kSwBytes = 2 * kMathWarpgroups * kSwPerTile * 4;
 constexpr unsigned kOffFull = align_up(kOffSw + kSwBytes, 8);
 constexpr unsigned kOffEmpty = kOffFull + 8 * kStages;
 constexpr unsigned kOffLoaded = kOffEmpty + 8 * kStages;  // FP4 only: the TMA's barriers, before conversion

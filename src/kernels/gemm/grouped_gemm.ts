@@ -131,8 +131,9 @@ export function checkGemmOperandsOn(name: string, device: Device, args: GroupedG
 // ---------------------------------------------------------------------------------------------------
 // Kernels, memoized per device and specialization
 
-// Both weight formats: map_a, map_b, map_sa, the B scales (FP4: a map too), group_offsets, out, m_total,
-// status; the references a, b, a_scales, m_pad, b_scales, group_offsets, out, m_total.
+// Both weight formats: map_a, map_b, map_sa, the B scales (FP4: a map of the reference words), group_offsets,
+// out, m_total, status, and for FP4 the block scales; the references a, b, a_scales, m_pad, b_scales (FP4:
+// the words), group_offsets, out, m_total.
 const ARG_COUNT = 8;
 const REF_ARG_COUNT = 8;
 const REFERENCE_BLOCK = 256;
@@ -164,11 +165,11 @@ export function loadGemmKernel(
     const compiled = compileKernel({ source: GROUPED_GEMM_SOURCE, defines: plan.defines });
     const kernel = loadKernel(device, compiled, name);
     if (plan.sharedBytes > 48 * 1024) kernel.setMaxDynamicSharedMemory(plan.sharedBytes);
-    const maps = plan.defines.B_FP4 === undefined ? [0, 1, 2] : [0, 1, 2, 3];
+    const fp4 = plan.defines.B_FP4 !== undefined;
     return {
       kernel,
       reference: loadKernel(device, compiled, referenceName),
-      args: new KernelArgs(ARG_COUNT, { tensorMaps: maps }),
+      args: new KernelArgs(fp4 ? ARG_COUNT + 1 : ARG_COUNT, { tensorMaps: fp4 ? [0, 1, 2, 3] : [0, 1, 2] }),
       refArgs: new KernelArgs(REF_ARG_COUNT),
       mapsKey: "",
     };

@@ -208,9 +208,9 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
           const int kind = static_cast<int>(load_shared_u32(stage_kinds + 4 * stage));
           if (kind == kStageStop) break;
           if (kind == kStageFp4) {
-            megamoe::fp4_stage::convert_tile<kBlockN, kConverterThreads, kConvertDepth, false>(
+            megamoe::fp4_stage::convert_tile<kBlockN, kConverterThreads, kConvertDepth>(
                 base + kOffPacked + stage * kPackedStageBytes, base + kOffRowWords + stage * kRowWordsStageBytes,
-                base + kOffB + stage * kBTileBytes, 0u, converter);
+                base + kOffB + stage * kBTileBytes, converter);
             // The wgmmas read the tile through the async proxy: order these generic writes before them.
             asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
           }

@@ -106,8 +106,8 @@ __device__ __forceinline__ void expand_worker(const Operands& op, const Workspac
     if (c >= kExpandChunks) break;
     wait_barrier(bar, phase, op.status, kStatusExpandWait, c);
     phase ^= 1u;
-    megamoe::fp4_stage::convert_tile<kBlockN, kExpandThreads, kConvertDepth, false>(
-        buf, buf + kExpandWordsOffset, buf + kExpandTileOffset, 0u, w);
+    megamoe::fp4_stage::convert_tile<kBlockN, kExpandThreads, kConvertDepth>(
+        buf, buf + kExpandWordsOffset, buf + kExpandTileOffset, w);
     // The TMA (async proxy) reads what these generic writes made.
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     named_barrier_sync(kExpandBarrier, kExpandThreads);  // the tile is whole; the packed rows are free
