@@ -50,7 +50,7 @@ export interface FusedExpertParallelOptions {
   maxTokens?: number;
   /** Every rank's tile height (tests and tuning; default "auto": the heuristic's for R·T tokens). */
   blockM?: "auto" | FusedBlockM;
-  /** FP4 experts: expand them into e4m3 stages in each forward (default "auto": from 288 rows per expert). */
+  /** FP4 experts: expand them into e4m3 stages in each forward (default "auto": from 384 rows per expert). */
   fp4Expand?: "auto" | boolean;
 }
 

@@ -335,14 +335,14 @@ describe("FP4 layer: checks that need no GPU", () => {
     assert.ok(fp4Builds.every((v) => v.noSpill));
   });
 
-  test("the expand variant: FP4 experts, 128-row tiles, one rank; picked from 288 rows per expert", () => {
+  test("the expand variant: FP4 experts, 128-row tiles, one rank; picked from 384 rows per expert", () => {
     const ep8 = resolveConfig("flash-ep8", { expertFormat: "fp4" });
     assert.equal(fusedExpandProblem(ep8, 128), null);
     assert.match(fusedExpandProblem(ep8, 32) ?? "", /128-row tiles, not 32/);
     assert.match(fusedExpandProblem(ep8, 64) ?? "", /128-row tiles, not 64/);
     assert.match(fusedExpandProblem(resolveConfig("flash-ep8"), 128) ?? "", /FP4 experts/);
-    assert.equal(fusedExpand(ep8, 1535, 128), false); // 287.8 rows per expert
-    assert.equal(fusedExpand(ep8, 1536, 128), true);
+    assert.equal(fusedExpand(ep8, 2047, 128), false); // 383.8 rows per expert
+    assert.equal(fusedExpand(ep8, 2048, 128), true);
     assert.equal(fusedExpand(resolveConfig("flash", { expertFormat: "fp4" }), 8192, 128), false); // 192
   });
 });

@@ -218,7 +218,7 @@ describe("fused MoE kernel: host-side facts", () => {
     );
   });
 
-  test("the FP4 expand variant: FP8's stages and a worker buffer; picked from 288 rows per expert", () => {
+  test("the FP4 expand variant: FP8's stages and a worker buffer; picked from 384 rows per expert", () => {
     const ep8 = resolveConfig("flash-ep8");
     const ep8fp4 = resolveConfig("flash-ep8", { expertFormat: "fp4" });
     // FP8's stages; the workers' buffer (packed rows, tile and words: 49 KB) leaves three.
@@ -234,7 +234,7 @@ describe("fused MoE kernel: host-side facts", () => {
     assert.throws(() => fusedDefines(ep8, 128, true), /FP4 experts/);
     // 32 experts × (16 × 32 L1 + 16 × 16 L2 stages) × 32 KB: 0.81 GB.
     assert.equal(fusedExpandImageBytes(ep8fp4), 32 * (16 * 32 + 16 * 16) * 32 * 1024);
-    const tokens = Math.ceil((FUSED_EXPAND_MIN_ROWS * ep8fp4.numExperts) / ep8fp4.topK); // 1536
+    const tokens = Math.ceil((FUSED_EXPAND_MIN_ROWS * ep8fp4.numExperts) / ep8fp4.topK); // 2048
     const p = planFusedLaunch(ep8fp4, tokens, 132);
     assert.ok(p.expand && p.blockM === 128);
     assert.match(describeFusedPlan(p), /BLOCK_M=128 expand stages=3 /);
@@ -263,8 +263,8 @@ describe("fused MoE kernel: host-side facts", () => {
     assert.equal(fusedExpandFromTokens(resolveConfig("flash", { expertFormat: "fp4" }), 8192), null);
     assert.match(
       describeLayerWeights({ ...ep8fp4, maxTokens: 8192 }),
-      /453\.4 MB on a GPU \(\+ 805\.3 MB of e4m3 stages from T = 1536\)$/,
+      /453\.4 MB on a GPU \(\+ 805\.3 MB of e4m3 stages from T = 2048\)$/,
     );
-    assert.match(describeLayerWeights({ ...ep8fp4, maxTokens: 1535 }), /on a GPU$/);
+    assert.match(describeLayerWeights({ ...ep8fp4, maxTokens: 2047 }), /on a GPU$/);
   });
 });

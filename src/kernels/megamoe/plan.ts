@@ -65,9 +65,10 @@ export function fusedBlockM(c: MoEConfig, tokens: number): FusedBlockM {
  * Rows per routed expert (λ = T·k / E) from which FP4 layers expand their experts once per forward: each
  * of an expert's ⌈λ / 128⌉ row tiles would convert its weights again, while the expansion converts them
  * once and every tile then streams twice the bytes (the e4m3 images instead of the packed rows). Measured
- * (docs/decisions.md): it loses at two tiles (192 rows) and wins from 288 rows (three tiles) on.
+ * (docs/decisions.md), since the converter tiles promote as FP8's: it loses up to 336 rows, is level at 384
+ * (three whole tiles) and wins from 480 on.
  */
-export const FUSED_EXPAND_MIN_ROWS = 288;
+export const FUSED_EXPAND_MIN_ROWS = 384;
 
 /** Whether a launch of `tokens` with `blockM` expands the FP4 experts first (the expand variant). */
 export function fusedExpand(c: MoEConfig, tokens: number, blockM: FusedBlockM): boolean {
