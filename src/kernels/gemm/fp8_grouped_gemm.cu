@@ -43,11 +43,12 @@
 //                                 (fp4GemmBlockScales): the last parameter
 // The TMA completes a stage's `loaded` barrier; warps 1..3 of the producer warpgroup then convert the
 // packed rows into the B tile (common/fp4.cuh, fast path: e4m3 codes relative to each row's reference,
-// written in the 128-byte swizzle the TMA gives FP8 B) and arrive on `full` (common/fp4_stage.cuh). The converters are the producer warpgroup's idle warps, so the math
-// warpgroups keep every register and cycle for wgmma and promotion, and the conversion (about 1.8 SASS
-// instructions per element, two items in flight per thread) overlaps the wgmmas of earlier stages. The
-// promotion takes s = sa[r, kb] · sw[n, kb] (rounded), then acc = fmaf(partial, s, acc), the CPU rule,
-// with one sw per chunk (the rows of a 128-row block share their reference): the FP8 tiles' code.
+// written in the 128-byte swizzle the TMA gives FP8 B) and arrive on `full` (common/fp4_stage.cuh). The
+// converters are the producer warpgroup's idle warps, so the math warpgroups keep every register and cycle
+// for wgmma and promotion, and the conversion (about 1.8 SASS instructions per element, two items in flight
+// per thread) overlaps the wgmmas of earlier stages. The promotion takes s = sa[r, kb] · sw[n, kb]
+// (rounded), then acc = fmaf(partial, s, acc), the CPU rule, with one sw per chunk (the rows of a 128-row
+// block share their reference): the FP8 tiles' code.
 
 #include "fp8_grouped_gemm_config.cuh"
 #include "common/fp4_stage.cuh"
