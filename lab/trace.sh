@@ -7,9 +7,9 @@
 usage() {
   cat <<HELP
 usage: lab/trace.sh [options]
-  --shape NAME      preset (default flash-ep8)
+  --shape LIST      presets, comma-separated (default flash-ep8)
   --tokens LIST     token counts (default 1,64,512,8192)
-  --experts FMT     the routed experts' format, fp8 or fp4 (default the shape's)
+  --experts LIST    the routed experts' formats, fp8 and/or fp4, comma-separated (default the shape's)
   --shared 0|1      the shared expert off or on (default 1)
   --rounds N        repeat the whole timeline N times, one file each (default 1)
   --grep REGEX      print only the fields matching REGEX (the files keep all)
@@ -19,11 +19,11 @@ Writes trace-SHAPE[-FMT][-shared0][-DEFINES]-R.txt.
 HELP
 }
 source "$(dirname "$0")/lib.sh"
-shape=flash-ep8 tokens=1,64,512,8192 rounds=1 pattern="" experts="" shared=1
+shapes=flash-ep8 tokens=1,64,512,8192 rounds=1 pattern="" experts="" shared=1
 while (($#)); do
   case $1 in
   -h | --help) usage; exit 0 ;;
-  --shape) shape=$2; shift 2 ;;
+  --shape) shapes=$2; shift 2 ;;
   --tokens) tokens=$2; shift 2 ;;
   --experts) experts=$2; shift 2 ;;
   --shared) shared=$2; shift 2 ;;
@@ -35,9 +35,16 @@ done
 [[ $shared == 0 || $shared == 1 ]] || lab_die "--shared is 0 or 1, not $shared"
 lab_setup
 rc=0
+IFS=, read -ra shape_list <<<"$shapes"
+IFS=, read -ra format_list <<<"${experts:--}"
 for round in $(seq 1 "$rounds"); do
-  file=$OUT_DIR/trace-$shape${experts:+-$experts}$([[ $shared == 0 ]] && echo -shared0)$LAB_TAG-$round.txt
-  timeout 150 node dist-test/lab/trace.js "$shape" "$tokens" "${experts:--}" "$shared" >"$file" 2>&1 || rc=1
-  if [[ -n $pattern ]]; then grep -E "forward|$pattern" "$file"; else cat "$file"; fi
+  for shape in "${shape_list[@]}"; do
+    for format in "${format_list[@]}"; do
+      fmt=${format#-}
+      file=$OUT_DIR/trace-$shape${fmt:+-$fmt}$([[ $shared == 0 ]] && echo -shared0)$LAB_TAG-$round.txt
+      timeout 150 node dist-test/lab/trace.js "$shape" "$tokens" "$format" "$shared" >"$file" 2>&1 || rc=1
+      if [[ -n $pattern ]]; then grep -E "forward|$pattern" "$file"; else cat "$file"; fi
+    done
+  done
 done
 lab_finish $rc
