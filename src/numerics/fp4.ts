@@ -389,6 +389,11 @@ export const FP4_TO_FP8_TOP = 6;
 /** Groups whose offset d = b − ref lies in [−8, 6] convert exactly (0.5 · 2^−8 is e4m3's smallest subnormal). */
 export const FP4_TO_FP8_EXACT_SPREAD = 14;
 
+/** The fp32 weight scale 2^(R − 127 − 6) of the codes converted under reference byte R (exact for R ≤ 254). */
+export function fp4ReferenceScale(referenceByte: number): number {
+  return 2 ** (referenceByte - E8M0_BIAS - FP4_TO_FP8_TOP);
+}
+
 /**
  * The reference exponent (unbiased) of one row's 128-deep K block from its four UE8M0 bytes:
  * max(b) − 127 − 6. The block's fp32 scale 2^ref is exact (ref ∈ [−133, 121]).
@@ -472,7 +477,7 @@ export function fp4BlockReferences(m: Mxfp4, b0 = 0, b1 = Math.ceil(m.rows / QUA
  * [⌈rows/128⌉, cols/128]: the FP8 weights' block-scale layout, which the kernels' promotions read.
  */
 export function fp4BlockScales(m: Mxfp4): Float32Array {
-  return Float32Array.from(fp4BlockReferences(m), (r) => 2 ** (r - E8M0_BIAS - FP4_TO_FP8_TOP));
+  return Float32Array.from(fp4BlockReferences(m), fp4ReferenceScale);
 }
 
 /**
@@ -630,8 +635,9 @@ export function mxfp4RowsToFp8(
   for (let r = r0; r < r1; r++) {
     for (let kb = 0; kb < kBlocks; kb++) {
       const sAt = r * groupsPerRow + kb * GROUPS_PER_BLOCK;
-      const ref = refs[(r - r0) * kBlocks + kb] - E8M0_BIAS - FP4_TO_FP8_TOP;
-      scales[(r - r0) * kBlocks + kb] = 2 ** ref;
+      const refByte = refs[(r - r0) * kBlocks + kb];
+      const ref = refByte - E8M0_BIAS - FP4_TO_FP8_TOP;
+      scales[(r - r0) * kBlocks + kb] = fp4ReferenceScale(refByte);
       for (let g = 0; g < GROUPS_PER_BLOCK; g++) {
         const t = fp4ToFp8Table(m.scales[sAt + g] - E8M0_BIAS - ref);
         const at = r * cols + kb * QUANT_BLOCK + g * MXFP4_GROUP;

@@ -28,7 +28,7 @@ import {
   type Stream,
   type TensorLike,
 } from "../../cuda/index.js";
-import { E8M0_BIAS, E8M0_NAN, FP4_TO_FP8_TOP, MXFP4_GROUP, mxfp4ReferenceWords } from "../../numerics/fp4.js";
+import { E8M0_NAN, fp4ReferenceScale, MXFP4_GROUP, mxfp4ReferenceWords } from "../../numerics/fp4.js";
 import {
   encodeFp4LayoutMap,
   encodeFp4ScaleWordsMap,
@@ -100,7 +100,7 @@ export function fp4GemmBlockScales(words: Uint8Array, rows: number, k: number): 
   const out = new Float32Array(blocks * kBlocks);
   for (let r = 0; r < blocks; r++) {
     for (let b = 0; b < kBlocks; b++) {
-      out[r * kBlocks + b] = 2 ** (words[(b * rows + r * QUANT_BLOCK) * 4]! - E8M0_BIAS - FP4_TO_FP8_TOP);
+      out[r * kBlocks + b] = fp4ReferenceScale(words[(b * rows + r * QUANT_BLOCK) * 4]!);
     }
   }
   return out;
