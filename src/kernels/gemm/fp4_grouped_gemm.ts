@@ -39,6 +39,7 @@ import { FP4_GEMM_TILE_NAMES } from "./fp8_grouped_gemm.variants.js";
 import {
   aScalesRows,
   checkGemmOperandsOn,
+  FP4_BLOCK_SCALES_ARG,
   type GemmKernel,
   type GroupedGemmArgs,
   launchGemmReference,
@@ -204,7 +205,7 @@ export function groupedGemmFp4(
   if (args.mTotal === 0) return plan;
   const entry = kernelFor(device, plan);
   encodeMaps(entry, plan, args);
-  entry.args.ptr(8, args.bBlockScales.ptr);
+  entry.args.ptr(FP4_BLOCK_SCALES_ARG, args.bBlockScales.ptr);
   launchGroupedGemm(device, entry.kernel, entry.args, plan, args, stream);
   return plan;
 }
