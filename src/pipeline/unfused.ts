@@ -393,11 +393,7 @@ export class UnfusedPipeline implements MoEPipeline {
     const I = m.hq.shape[1]!;
     const l1 = { a, aScales, groupOffsets: offsets, out: m.l1, mTotal: rows, n: 2 * I, k: H, groups };
     if (w.format === "fp4") {
-      groupedGemmFp4(
-        this.device,
-        { ...l1, b: w.pair.w1, bScales: w.pair.w1Scales, bBlockScales: w.pair.w1BlockScales },
-        stream,
-      );
+      groupedGemmFp4(this.device, { ...l1, b: w.pair.w1, bScales: w.pair.w1Scales }, stream);
     } else {
       groupedGemmFp8(this.device, { ...l1, b: w.pair.w1, bScales: w.pair.w1Scales }, stream);
     }
@@ -425,11 +421,7 @@ export class UnfusedPipeline implements MoEPipeline {
       groups,
     };
     if (w.format === "fp4") {
-      groupedGemmFp4(
-        this.device,
-        { ...l2, b: w.pair.w2, bScales: w.pair.w2Scales, bBlockScales: w.pair.w2BlockScales },
-        stream,
-      );
+      groupedGemmFp4(this.device, { ...l2, b: w.pair.w2, bScales: w.pair.w2Scales }, stream);
     } else {
       groupedGemmFp8(this.device, { ...l2, b: w.pair.w2, bScales: w.pair.w2Scales }, stream);
     }

@@ -280,7 +280,6 @@ describe("FP4 grouped GEMM layout and arguments", () => {
       aScales: t("fp32", [2, 12]),
       b: t("uint8", [3 * 256, 128]),
       bScales: t("uint8", [2, 3 * 256 * 4]),
-      bBlockScales: t("fp32", [3, 2, 2]),
       groupOffsets: t("int32", [4]),
       out: t("bf16", [10, 256]),
       mTotal: 10,
@@ -297,15 +296,6 @@ describe("FP4 grouped GEMM layout and arguments", () => {
     assert.throws(
       () => validateGroupedGemmFp4Args({ ...good, bScales: t("uint8", [3 * 256, 8]) }),
       /bScales must be/,
-    );
-    assert.equal(validateGroupedGemmFp4Args({ ...good, bBlockScales: t("fp32", [6, 2]) }), "bf16");
-    assert.throws(
-      () => validateGroupedGemmFp4Args({ ...good, bBlockScales: t("fp32", [3, 2, 4]) }),
-      /bBlockScales must be/,
-    );
-    assert.throws(
-      () => validateGroupedGemmFp4Args({ ...good, bBlockScales: t("uint8", [3, 2, 2]) }),
-      /bBlockScales must be fp32/,
     );
     assert.throws(() => validateGroupedGemmFp4Args({ ...good, tile: "m64n256" }), /no FP4 build/);
   });
@@ -515,14 +505,6 @@ describeGpu("FP4 grouped GEMM on a GPU", () => {
             ),
           ),
           bScales: keep(DeviceTensor.fromHost(device, "uint8", [kb, p.groups * c.n * 4], words)),
-          bBlockScales: keep(
-            DeviceTensor.fromHost(
-              device,
-              "fp32",
-              [p.groups, c.n / QUANT_BLOCK, kb],
-              fp4GemmBlockScales(words, p.groups * c.n, c.k),
-            ),
-          ),
           groupOffsets: keep(DeviceTensor.fromHost(device, "int32", [p.groups + 1], p.offsets)),
           out: keep(DeviceTensor.empty(device, c.outDtype, [p.mTotal, c.n])),
           mTotal: p.mTotal,

@@ -15,15 +15,14 @@
  * docs/numerics.md); bScales
  * uint8 [K/128, G·N·4]: the load-time transform of the UE8M0 bytes [G·N, K/32] (`fp4GemmScaleWords`):
  * row n's four bytes of K block b, contiguous, at (b, 4n), so that a K block's scales of a tile's rows are
- * one TMA box; bBlockScales fp32 [G, N/128, K/128], each block's 2^ref (`fp4GemmBlockScales` of those
- * words), FP8's bScales layout; groupOffsets int32 [G+1]; out fp32 or bf16 [M, N].
+ * one TMA box (the promotion's block scale 2^ref comes from the word of the block's first row: every row
+ * of a block carries its R); groupOffsets int32 [G+1]; out fp32 or bf16 [M, N].
  */
 
 import { QUANT_BLOCK } from "../../config/config.js";
 import {
   type Device,
   type DeviceTensor,
-  expectOnDevice,
   expectTensor,
   type Stream,
   type TensorLike,
@@ -39,7 +38,7 @@ import { FP4_GEMM_TILE_NAMES } from "./fp8_grouped_gemm.variants.js";
 import {
   aScalesRows,
   checkGemmOperandsOn,
-  FP4_BLOCK_SCALES_ARG,
+  FP4_WORDS_ARG,
   type GemmKernel,
   type GroupedGemmArgs,
   launchGemmReference,
@@ -112,14 +111,11 @@ export function fp4GemmBlockScales(words: Uint8Array, rows: number, k: number): 
 
 /**
  * The FP8 grouped GEMM's operands, with B as FP4: `b` uint8 [G·N, K/2] or [G, N, K/2] (packed e2m1 in
- * the device layout: mxfp4DeviceLayout / orderFp4PackedOnDevice), `bScales` uint8 [K/128, G·N·4]
- * (fp4GemmScaleWords: what the converters read) and `bBlockScales` fp32 [G, N/128, K/128] or [G·N/128,
- * K/128] (each 128 × 128 block's 2^ref, fp4GemmBlockScales of those words: what the promotion multiplies,
- * in FP8's bScales layout); `tile` one of FP4_GEMM_TILE_NAMES.
+ * the device layout: mxfp4DeviceLayout / orderFp4PackedOnDevice) and `bScales` uint8 [K/128, G·N·4]
+ * (fp4GemmScaleWords: what the converters read, and where the promotion's block scales come from);
+ * `tile` one of FP4_GEMM_TILE_NAMES.
  */
-export type GroupedGemmFp4Args<T extends TensorLike = DeviceTensor> = GroupedGemmArgs<T> & {
-  bBlockScales: T;
-};
+export type GroupedGemmFp4Args<T extends TensorLike = DeviceTensor> = GroupedGemmArgs<T>;
 
 /** Checks dtypes and shapes; returns the output dtype. Pure: usable without a GPU. */
 export function validateGroupedGemmFp4Args(args: GroupedGemmFp4Args<TensorLike>): GemmOutDtype {
@@ -140,16 +136,6 @@ export function validateGroupedGemmFp4Args(args: GroupedGemmFp4Args<TensorLike>)
     ],
   );
   expectTensor(where, "bScales", args.bScales, ["uint8"], [[kb, groups * n * 4]]);
-  expectTensor(
-    where,
-    "bBlockScales",
-    args.bBlockScales,
-    ["fp32"],
-    [
-      [groups, n / QUANT_BLOCK, kb],
-      [(groups * n) / QUANT_BLOCK, kb],
-    ],
-  );
   expectTensor(where, "groupOffsets", args.groupOffsets, ["int32"], [[groups + 1]]);
   expectTensor(where, "out", args.out, ["fp32", "bf16"], [[mTotal, n]]);
   if (args.maxCtas !== undefined && !(Number.isInteger(args.maxCtas) && args.maxCtas >= 1)) {
@@ -185,11 +171,6 @@ function encodeMaps(entry: GemmKernel, plan: GroupedGemmPlan, args: GroupedGemmF
 // ---------------------------------------------------------------------------------------------------
 // Launch
 
-function checkFp4OperandsOn(device: Device, args: GroupedGemmFp4Args): void {
-  checkGemmOperandsOn("groupedGemmFp4", device, args);
-  expectOnDevice("groupedGemmFp4", "bBlockScales", args.bBlockScales, device);
-}
-
 /**
  * Queues out = the FP4 grouped GEMM on `stream` (null: the legacy default stream); returns the plan.
  * mTotal = 0 queues nothing. A stalled pipeline shows in `takeGroupedGemmStatus` (shared with FP8).
@@ -200,12 +181,12 @@ export function groupedGemmFp4(
   stream: Stream | null,
 ): GroupedGemmPlan {
   const outDtype = validateGroupedGemmFp4Args(args);
-  checkFp4OperandsOn(device, args);
+  checkGemmOperandsOn("groupedGemmFp4", device, args);
   const plan = planGroupedGemmOn(device, args, outDtype, "fp4");
   if (args.mTotal === 0) return plan;
   const entry = kernelFor(device, plan);
   encodeMaps(entry, plan, args);
-  entry.args.ptr(FP4_BLOCK_SCALES_ARG, args.bBlockScales.ptr);
+  entry.args.ptr(FP4_WORDS_ARG, args.bScales.ptr);
   launchGroupedGemm(device, entry.kernel, entry.args, plan, args, stream);
   return plan;
 }
@@ -221,7 +202,7 @@ export function groupedGemmFp4Reference(
   stream: Stream | null,
 ): void {
   const outDtype = validateGroupedGemmFp4Args(args);
-  checkFp4OperandsOn(device, args);
+  checkGemmOperandsOn("groupedGemmFp4Reference", device, args);
   if (args.mTotal === 0) return;
   launchGemmReference(kernelFor(device, planGroupedGemmOn(device, args, outDtype, "fp4")), args, stream);
 }

@@ -39,8 +39,9 @@
 //   bs   u32 [K/128, G·N]         each row's K block as its reference word (common/fp4.cuh
 //                                 fp4_reference_word): the host's load-time transform of [G·N, K/32]
 //                                 (fp4GemmScaleWords); TMA map, box {BLOCK_N, 1}
-//   sw   fp32 [G, N/128, K/128]   each 128 × 128 block's scale 2^ref, FP8's b_scales layout
-//                                 (fp4GemmBlockScales): the last parameter
+//                                 and again as a plain pointer, the last parameter: each 128 × 128
+//                                 block's scale 2^ref is read from its first row's word (every row of
+//                                 a block carries its R), so no second array can disagree with them
 // The TMA completes a stage's `loaded` barrier; warps 1..3 of the producer warpgroup then convert the
 // packed rows into the B tile (common/fp4.cuh, fast path: e4m3 codes relative to each row's reference,
 // written in the 128-byte swizzle the TMA gives FP8 B) and arrive on `full` (common/fp4_stage.cuh). The
@@ -119,22 +120,22 @@ __device__ __forceinline__ void build_schedule(const int* group_offsets, int m_t
 // kDynamicSmemBytes (fp8_grouped_gemm.variants.ts: gemmSharedBytes).
 
 #if B_FP4
-// B and its reference words both arrive by TMA (map_b: packed nibbles, map_bs: the u32 words); the block
-// scales come last, FP8's b_scales.
+// B and its reference words both arrive by TMA (map_b: packed nibbles, map_bs: the u32 words); the words
+// come again last, as a pointer, for the math warpgroups' block scales.
 #define GEMM_KERNEL_NAME megamoe_fp4_grouped_gemm
 #define GEMM_B_SCALES_PARAM const __grid_constant__ TensorMap map_bs
-#define GEMM_FP4_BLOCK_SCALES_PARAM , const float* __restrict__ b_scales
+#define GEMM_FP4_WORDS_PARAM , const unsigned* __restrict__ b_words
 #else
 #define GEMM_KERNEL_NAME megamoe_fp8_grouped_gemm
 #define GEMM_B_SCALES_PARAM const float* __restrict__ b_scales
-#define GEMM_FP4_BLOCK_SCALES_PARAM
+#define GEMM_FP4_WORDS_PARAM
 #endif
 
 extern "C" __global__ void __launch_bounds__(kThreads, 1)
     GEMM_KERNEL_NAME(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
                      const __grid_constant__ TensorMap map_sa, GEMM_B_SCALES_PARAM,
                      const int* __restrict__ group_offsets, void* __restrict__ out, int m_total,
-                     int* __restrict__ status GEMM_FP4_BLOCK_SCALES_PARAM) {
+                     int* __restrict__ status GEMM_FP4_WORDS_PARAM) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const unsigned raw = smem_u32(smem_raw);
   const unsigned base = (raw + kSmemAlign - 1) & ~(kSmemAlign - 1);
@@ -267,6 +268,20 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
   // Weight scales of the next tile travel through registers while the current tile runs.
   float sw_prefetch[kSwPerThread];
   auto load_weight_scales = [&](const Tile& t) {
+#if B_FP4
+    // Block row r of the tile, K block b: 2^ref of the word of the block's first weight row.
+    const int first_row = t.group * kShapeN + t.n0 / kQuantBlock * kQuantBlock;
+#pragma unroll
+    for (int i = 0; i < kSwPerThread; ++i) {
+      const int idx = scale_thread + i * 128;
+      const int r = idx / kKBlocks;
+      const int b = idx % kKBlocks;
+      sw_prefetch[i] = idx < kSwPerTile ? megamoe::fp32_from_bits(megamoe::fp4_word_scale_bits(__ldg(
+                                              b_words + static_cast<long long>(b) * kGroups * kShapeN + first_row +
+                                              r * kQuantBlock)))
+                                        : 0.0f;
+    }
+#else
     const float* src = b_scales + (static_cast<long long>(t.group) * kScaleRowsPerGroup + t.n0 / kQuantBlock) *
                                       kKBlocks;
 #pragma unroll
@@ -275,6 +290,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
       // Rows are contiguous in sw ([G, N/128, K/128]), so the tile's kSwRows rows are one run.
       sw_prefetch[i] = idx < kSwPerTile ? load_scale(src + idx) : 0.0f;
     }
+#endif
   };
   auto store_weight_scales = [&](int buffer) {
 #pragma unroll

@@ -132,11 +132,11 @@ export function checkGemmOperandsOn(name: string, device: Device, args: GroupedG
 // Kernels, memoized per device and specialization
 
 // Both weight formats: map_a, map_b, map_sa, the B scales (FP4: a map of the reference words), group_offsets,
-// out, m_total, status, and for FP4 the block scales; the references a, b, a_scales, m_pad, b_scales (FP4:
-// the words), group_offsets, out, m_total.
+// out, m_total, status, and for FP4 the reference words again as a pointer; the references a, b, a_scales,
+// m_pad, b_scales (FP4: the words), group_offsets, out, m_total.
 const ARG_COUNT = 8;
-/** The FP4 build's extra kernel parameter, after the shared ones: the block scales. */
-export const FP4_BLOCK_SCALES_ARG = ARG_COUNT;
+/** The FP4 build's extra kernel parameter, after the shared ones: the reference words (its block scales' source). */
+export const FP4_WORDS_ARG = ARG_COUNT;
 const REF_ARG_COUNT = 8;
 const REFERENCE_BLOCK = 256;
 
@@ -171,7 +171,7 @@ export function loadGemmKernel(
     return {
       kernel,
       reference: loadKernel(device, compiled, referenceName),
-      args: new KernelArgs(fp4 ? FP4_BLOCK_SCALES_ARG + 1 : ARG_COUNT, {
+      args: new KernelArgs(fp4 ? FP4_WORDS_ARG + 1 : ARG_COUNT, {
         tensorMaps: fp4 ? [0, 1, 2, 3] : [0, 1, 2],
       }),
       refArgs: new KernelArgs(REF_ARG_COUNT),
