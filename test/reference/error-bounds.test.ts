@@ -14,6 +14,7 @@ import {
   MAX_DIFF_VS_REFERENCE_FEW_TOKENS,
   MAX_REL_VS_REFERENCE,
   MAX_REL_VS_REFERENCE_FEW_TOKENS,
+  REF_DISTANCE_SHARE,
 } from "../../src/reference/error-bounds.js";
 
 describe("layer error policy", () => {
@@ -28,10 +29,11 @@ describe("layer error policy", () => {
     });
   });
 
-  it("admits half the reference's own distance to the ideal, and 0.75 · bound² of calc_diff", () => {
-    const b = boundsVsReference(100, 0.05);
-    assert.equal(b.relError, 0.025);
-    assert.ok(Math.abs(b.calcDiff - 0.75 * 0.025 ** 2) < 1e-15);
+  it("admits three quarters of the reference's own distance to the ideal, and 0.75 · bound² of calc_diff", () => {
+    const b = boundsVsReference(100, 0.04);
+    assert.equal(REF_DISTANCE_SHARE, 0.75);
+    assert.equal(b.relError, 0.03);
+    assert.ok(Math.abs(b.calcDiff - 0.75 * 0.03 ** 2) < 1e-15);
     assert.equal(boundsVsIdeal(0.04).relError, 1.25 * 0.04);
     assert.equal(boundsVsIdeal(0.04).calcDiff, undefined);
   });
