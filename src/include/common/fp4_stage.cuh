@@ -1,7 +1,8 @@
 // FP4 (MXFP4) weight tiles in shared memory, for the kernels whose B operand arrives packed: the
 // converters' pass over a stage (packed nibbles and reference words → the e4m3 tile wgmma reads). The
 // grouped GEMM (B_FP4 1) and the fused kernel (B_FP4 1) both use it, so their products are the same bits;
-// both promote with each 128 × 128 block's scale 2^ref, passed as an FP8 block scale is.
+// both promote with each 128 × 128 block's scale 2^ref (the GEMM reads it from the block's first
+// reference word, the fused kernel gets it with the task, as an FP8 block scale).
 // docs/numerics.md "FP4 experts (MXFP4)" is the rule; fp4.cuh holds the element conversion.
 #pragma once
 

@@ -156,7 +156,7 @@ constexpr unsigned kSaStride = align_up(kSaBytes, 128);
 // FP4 B, per stage: the packed nibbles (TMA, BLOCK_N rows of 64 bytes in the device order, 64-byte
 // swizzle) and each row's reference word (TMA of one u32 per row from the [K/128, G·N] layout the host
 // prepares). The B tile then holds the converted e4m3 codes in the layout the TMA gives FP8 B; the
-// promotion takes each 128 × 128 block's scale from b_scales, as FP8's does.
+// promotion takes each 128 × 128 block's scale from the word of the block's first row (b_words).
 constexpr unsigned kPackedTileBytes = kBlockN * kBlockK / 2;
 constexpr unsigned kBScaleBytes = kBlockN * 4;
 constexpr unsigned kStageTxBytes =
