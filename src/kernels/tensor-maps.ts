@@ -11,12 +11,31 @@ import {
   TensorMapDataType,
   TensorMapL2Promotion,
   TensorMapSwizzle,
+  type TensorMapTiledDesc,
 } from "../cuda/index.js";
+
+/**
+ * A tensor map without its global address: what the kernels' launchers encode once the buffer is
+ * allocated, and what an export writes beside the buffer's name (src/export/).
+ */
+export type TensorMapShape = Omit<TensorMapTiledDesc, "globalAddress">;
 
 /** Bytes of K per box of FP8 operand rows: one 128-byte swizzle row, the kernels' K block. */
 const OPERAND_BOX_K = 128;
 
 /** FP8 rows [rows, width] at `address`, boxes of OPERAND_BOX_K × `boxRows`. */
+export function fp8RowsMap(width: number, rows: number, boxRows: number): TensorMapShape {
+  return {
+    dataType: TensorMapDataType.UINT8,
+    globalDims: [width, rows],
+    globalStridesBytes: [width],
+    boxDims: [OPERAND_BOX_K, boxRows],
+    swizzle: TensorMapSwizzle.B128,
+    l2Promotion: TensorMapL2Promotion.B256,
+  };
+}
+
+/** Encodes fp8RowsMap's map of the tensor at `address` into `map`. */
 export function encodeFp8RowsMap(
   map: Uint8Array,
   address: bigint,
@@ -24,15 +43,7 @@ export function encodeFp8RowsMap(
   rows: number,
   boxRows: number,
 ): void {
-  encodeTensorMapTiled(map, {
-    dataType: TensorMapDataType.UINT8,
-    globalAddress: address,
-    globalDims: [width, rows],
-    globalStridesBytes: [width],
-    boxDims: [OPERAND_BOX_K, boxRows],
-    swizzle: TensorMapSwizzle.B128,
-    l2Promotion: TensorMapL2Promotion.B256,
-  });
+  encodeTensorMapTiled(map, { ...fp8RowsMap(width, rows, boxRows), globalAddress: address });
 }
 
 /**
@@ -40,6 +51,16 @@ export function encodeFp8RowsMap(
  * column. The kernels start a box at the tile's first row rounded down to 4 (a box's inner start must
  * be 16-byte aligned), so `boxRows` is a tile's rows + 4.
  */
+export function scaleColumnsMap(width: number, paddedRows: number, boxRows: number): TensorMapShape {
+  return {
+    dataType: TensorMapDataType.FLOAT32,
+    globalDims: [paddedRows, width / QUANT_BLOCK],
+    globalStridesBytes: [paddedRows * 4],
+    boxDims: [boxRows, 1],
+  };
+}
+
+/** Encodes scaleColumnsMap's map of the tensor at `address` into `map`. */
 export function encodeScaleColumnsMap(
   map: Uint8Array,
   address: bigint,
@@ -47,13 +68,7 @@ export function encodeScaleColumnsMap(
   paddedRows: number,
   boxRows: number,
 ): void {
-  encodeTensorMapTiled(map, {
-    dataType: TensorMapDataType.FLOAT32,
-    globalAddress: address,
-    globalDims: [paddedRows, width / QUANT_BLOCK],
-    globalStridesBytes: [paddedRows * 4],
-    boxDims: [boxRows, 1],
-  });
+  encodeTensorMapTiled(map, { ...scaleColumnsMap(width, paddedRows, boxRows), globalAddress: address });
 }
 
 /**
@@ -62,6 +77,18 @@ export function encodeScaleColumnsMap(
  * path's 16-byte and the converters' 8-byte loads over the banks). The kernels' weights are in the device
  * layout instead (encodeFp4LayoutMap); the weight-stream probe streams this form beside it.
  */
+export function fp4RowsMap(k: number, rows: number, boxRows: number): TensorMapShape {
+  return {
+    dataType: TensorMapDataType.UINT8,
+    globalDims: [k / 2, rows],
+    globalStridesBytes: [k / 2],
+    boxDims: [QUANT_BLOCK / 2, boxRows],
+    swizzle: TensorMapSwizzle.B64,
+    l2Promotion: TensorMapL2Promotion.B256,
+  };
+}
+
+/** Encodes fp4RowsMap's map of the tensor at `address` into `map`. */
 export function encodeFp4RowsMap(
   map: Uint8Array,
   address: bigint,
@@ -69,15 +96,7 @@ export function encodeFp4RowsMap(
   rows: number,
   boxRows: number,
 ): void {
-  encodeTensorMapTiled(map, {
-    dataType: TensorMapDataType.UINT8,
-    globalAddress: address,
-    globalDims: [k / 2, rows],
-    globalStridesBytes: [k / 2],
-    boxDims: [QUANT_BLOCK / 2, boxRows],
-    swizzle: TensorMapSwizzle.B64,
-    l2Promotion: TensorMapL2Promotion.B256,
-  });
+  encodeTensorMapTiled(map, { ...fp4RowsMap(k, rows, boxRows), globalAddress: address });
 }
 
 /**
@@ -86,6 +105,19 @@ export function encodeFp4RowsMap(
  * K/128}, unswizzled, boxes of one K block × `boxRows` rows (one contiguous run that lands as the
  * 64-byte swizzle would have put it); the kernels load (0, row / 2, kb).
  */
+export function fp4LayoutMap(k: number, rows: number, boxRows: number): TensorMapShape {
+  const pair = QUANT_BLOCK; // two rows' 64-byte blocks
+  return {
+    dataType: TensorMapDataType.UINT8,
+    globalDims: [pair, rows / 2, k / QUANT_BLOCK],
+    globalStridesBytes: [pair, (pair * rows) / 2],
+    boxDims: [pair, boxRows / 2, 1],
+    swizzle: TensorMapSwizzle.NONE,
+    l2Promotion: TensorMapL2Promotion.B256,
+  };
+}
+
+/** Encodes fp4LayoutMap's map of the tensor at `address` into `map`. */
 export function encodeFp4LayoutMap(
   map: Uint8Array,
   address: bigint,
@@ -93,22 +125,24 @@ export function encodeFp4LayoutMap(
   rows: number,
   boxRows: number,
 ): void {
-  const pair = QUANT_BLOCK; // two rows' 64-byte blocks
-  encodeTensorMapTiled(map, {
-    dataType: TensorMapDataType.UINT8,
-    globalAddress: address,
-    globalDims: [pair, rows / 2, k / QUANT_BLOCK],
-    globalStridesBytes: [pair, (pair * rows) / 2],
-    boxDims: [pair, boxRows / 2, 1],
-    swizzle: TensorMapSwizzle.NONE,
-    l2Promotion: TensorMapL2Promotion.B256,
-  });
+  encodeTensorMapTiled(map, { ...fp4LayoutMap(k, rows, boxRows), globalAddress: address });
 }
 
 /**
  * The UE8M0 words u32 [K/128, rows] at `address` (row n's four scale bytes of K block b at (b, n): the
  * load-time transform fp4GemmScaleWords), boxes of one K block's words of `boxRows` rows.
  */
+export function fp4ScaleWordsMap(k: number, rows: number, boxRows: number): TensorMapShape {
+  return {
+    dataType: TensorMapDataType.UINT32,
+    globalDims: [rows, k / QUANT_BLOCK],
+    globalStridesBytes: [rows * 4],
+    boxDims: [boxRows, 1],
+    swizzle: TensorMapSwizzle.NONE,
+  };
+}
+
+/** Encodes fp4ScaleWordsMap's map of the tensor at `address` into `map`. */
 export function encodeFp4ScaleWordsMap(
   map: Uint8Array,
   address: bigint,
@@ -116,12 +150,5 @@ export function encodeFp4ScaleWordsMap(
   rows: number,
   boxRows: number,
 ): void {
-  encodeTensorMapTiled(map, {
-    dataType: TensorMapDataType.UINT32,
-    globalAddress: address,
-    globalDims: [rows, k / QUANT_BLOCK],
-    globalStridesBytes: [rows * 4],
-    boxDims: [boxRows, 1],
-    swizzle: TensorMapSwizzle.NONE,
-  });
+  encodeTensorMapTiled(map, { ...fp4ScaleWordsMap(k, rows, boxRows), globalAddress: address });
 }

@@ -12,6 +12,7 @@
 import type { MoEConfig } from "../config/config.js";
 import { type Device, DeviceTensor, type Stream } from "../cuda/index.js";
 import type { DeviceMoEWeights } from "../kernels/device-weights.js";
+import type { FusedOwnBuffer, FusedWeightBuffer } from "../kernels/megamoe/abi.js";
 import { FusedMoEKernel, fusedLayerProblem } from "../kernels/megamoe/megamoe.js";
 import { quantizeOnDevice } from "../kernels/quant/quant.js";
 import { type InputTicket, MoEInputTag } from "./input-tag.js";
@@ -139,6 +140,16 @@ export class FusedPipeline implements MoEPipeline {
     stream: Stream | null,
   ): void {
     this.kernel.launch({ ...this.rowViews(tokens), ids, weights, out, tokens, shared }, stream);
+  }
+
+  /**
+   * The device address of a buffer an export's manifest names (src/export/): the FP8 rows "xq" and
+   * "x_scales", and the fused kernel's buffers and weights.
+   */
+  bufferAddress(name: "xq" | "x_scales" | FusedOwnBuffer | FusedWeightBuffer): bigint {
+    if (name === "xq") return this.xq.ptr;
+    if (name === "x_scales") return this.xScales.ptr;
+    return this.kernel.bufferAddress(name);
   }
 
   private rowViews(tokens: number): { xq: DeviceTensor; xScales: DeviceTensor } {

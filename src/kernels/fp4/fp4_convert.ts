@@ -28,7 +28,7 @@ export const FP4_CONVERT_KERNELS = {
 export const FP4_DEVICE_LAYOUT_KERNEL = "megamoe_fp4_device_layout";
 /** UE8M0 scale words → reference words, in place. */
 export const FP4_REFERENCE_WORDS_KERNEL = "megamoe_fp4_reference_words";
-const THREADS = 128;
+export const FP4_CONVERT_THREADS = 128;
 
 export interface Fp4ConvertArgs {
   /** uint8 [rows, K/2]. */
@@ -74,7 +74,7 @@ export function convertFp4ToFp8(
     .ptr(2, args.q.ptr)
     .ptr(3, args.sw.ptr)
     .u32(4, blocks);
-  kernel.launch(Math.ceil(blocks / THREADS), THREADS, 0, stream, launchArgs);
+  kernel.launch(Math.ceil(blocks / FP4_CONVERT_THREADS), FP4_CONVERT_THREADS, 0, stream, launchArgs);
 }
 
 /** Rows and bytes per row of a packed tensor [R, K/2] or [G, N, K/2] (R = G·N), K a multiple of 128. */
@@ -121,7 +121,7 @@ export function writeFp4LayoutOnDevice(
     .u32(3, kBlocks)
     .u32(4, dstRows)
     .u32(5, firstRow);
-  kernel.launch(Math.ceil((rows * kBlocks) / THREADS), THREADS, 0, stream, args);
+  kernel.launch(Math.ceil((rows * kBlocks) / FP4_CONVERT_THREADS), FP4_CONVERT_THREADS, 0, stream, args);
 }
 
 /**
@@ -211,5 +211,5 @@ export function fp4ReferenceWordsOnDevice(
     .u32(4, matrixRows)
     .u32(5, kBlocks)
     .ptr(6, blockScales?.ptr ?? 0n);
-  kernel.launch(Math.ceil(blocks / THREADS), THREADS, 0, stream, args);
+  kernel.launch(Math.ceil(blocks / FP4_CONVERT_THREADS), FP4_CONVERT_THREADS, 0, stream, args);
 }

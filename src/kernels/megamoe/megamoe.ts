@@ -6,11 +6,12 @@
  * for `maxTokens` once; its tensor maps are encoded once too. A launch is then one `cuLaunchKernel`
  * with no host work but the operand checks, so it can be captured in a CUDA graph.
  */
-import { expertFormatOf, type MoEConfig, QUANT_BLOCK, sharedIntermediate } from "../../config/config.js";
+import { type MoEConfig, QUANT_BLOCK, sharedIntermediate } from "../../config/config.js";
 import {
   compileKernel,
   type Device,
   DeviceTensor,
+  encodeTensorMapTiled,
   expectOperand,
   type Kernel,
   KernelArgs,
@@ -23,21 +24,23 @@ import {
   type FusedEpLayout,
 } from "../../parallel/fused-ep.js";
 import { checkDeviceMemory, type DeviceMoEWeights } from "../device-weights.js";
-import { aScalesRows } from "../gemm/grouped_gemm.js";
 import {
-  encodeFp4LayoutMap,
-  encodeFp4ScaleWordsMap,
-  encodeFp8RowsMap,
-  encodeScaleColumnsMap,
-} from "../tensor-maps.js";
-import {
-  FUSED_BLOCK_MS,
-  FUSED_BLOCK_N,
-  FUSED_COUNTER_WORDS,
-  type FusedBlockM,
-  fusedEpDefines,
-  fusedExpandImageBytes,
-} from "./megamoe.variants.js";
+  FUSED_OPERANDS_BYTES,
+  type FusedOperandPointer,
+  type FusedOperandScalar,
+  type FusedOwnBuffer,
+  type FusedSizes,
+  type FusedWeightBuffer,
+  fusedBuffers,
+  fusedMapCount,
+  fusedOperandConstants,
+  fusedOperandOffset,
+  fusedOperandPointers,
+  fusedSizes,
+  fusedSizesOf,
+  fusedTensorMaps,
+} from "./abi.js";
+import { type FusedBlockM, fusedEpDefines, fusedExpandImageBytes } from "./megamoe.variants.js";
 import {
   type FusedPlan,
   fusedBlockM,
@@ -52,38 +55,7 @@ export { fusedLayerProblem } from "./plan.js";
 export const FUSED_KERNEL_SOURCE = "megamoe/megamoe.cu";
 export const FUSED_KERNEL = "megamoe_fused";
 
-/** megamoe.cu's `Operands` struct: 19 pointers (in this order), then 5 int32 and 1 float. */
-const OPERAND_POINTERS = [
-  "xq",
-  "x_scales",
-  "ids",
-  "weights",
-  "w1_scales",
-  "w2_scales",
-  "w1s_scales",
-  "w2s_scales",
-  "pool_x",
-  "pool_x_scales",
-  "pool_h",
-  "pool_h_scales",
-  "y",
-  "slot_row",
-  "out",
-  "workspace",
-  "status",
-  "trace",
-  "images",
-] as const;
-type OperandPointer = (typeof OPERAND_POINTERS)[number];
-const pointerOffset = (name: OperandPointer) => 8 * OPERAND_POINTERS.indexOf(name);
-const SCALARS = 8 * OPERAND_POINTERS.length;
-const OFF_TOKENS = SCALARS;
-const OFF_R_PAD = SCALARS + 4;
-const OFF_MAX_BLOCKS = SCALARS + 8;
-const OFF_USE_SHARED = SCALARS + 12;
-const OFF_HAS_CLAMP = SCALARS + 16;
-const OFF_CLAMP = SCALARS + 20;
-const OPERANDS_BYTES = SCALARS + 24;
+const pointerOffset = fusedOperandOffset;
 /** Per-CTA words of the kernel's trace (its `Trace` enum), in order. */
 export const FUSED_TRACE_FIELDS = [
   "entry",
@@ -116,9 +88,6 @@ const isTraceTime = (field: (typeof FUSED_TRACE_FIELDS)[number]): boolean => !/N
 /** Words per CTA of the trace buffer (the kernel's kTraceWords; at least the fields). */
 export const FUSED_TRACE_WORDS = 24;
 export type FusedTraceRow = Record<(typeof FUSED_TRACE_FIELDS)[number], number>;
-/** Tensor maps before the operands: 8, and 2 more (the routed experts' UE8M0 words) with FP4 experts. */
-const mapCount = (c: MoEConfig) => (expertFormatOf(c) === "fp4" ? 10 : 8);
-const WEIGHT_BOX_ROWS = FUSED_BLOCK_N / 2;
 
 /** One forward's operands on the kernel's device. */
 export interface FusedLaunch {
@@ -184,12 +153,34 @@ interface FusedSpecialization {
   args: KernelArgs;
 }
 
-/** The row pools the kernel's tensor maps point into. */
-interface FusedPools {
-  poolX: DeviceTensor;
-  poolXScales: DeviceTensor;
-  poolH: DeviceTensor;
-  poolHScales: DeviceTensor;
+/** A layer's device weights under the names of the kernel's ABI (abi.ts: FusedWeightBuffer). */
+export function fusedWeightTensors(w: DeviceMoEWeights): Partial<Record<FusedWeightBuffer, DeviceTensor>> {
+  const fp4 = w.routedFp4;
+  const routed: Partial<Record<FusedWeightBuffer, DeviceTensor>> =
+    fp4 === null
+      ? {
+          routed_w1: w.routed.w1,
+          routed_w1_scales: w.routed.w1Scales,
+          routed_w2: w.routed.w2,
+          routed_w2_scales: w.routed.w2Scales,
+        }
+      : {
+          routed_w1: fp4.w1,
+          routed_w1_words: fp4.w1Scales,
+          routed_w1_scales: fp4.w1BlockScales,
+          routed_w2: fp4.w2,
+          routed_w2_words: fp4.w2Scales,
+          routed_w2_scales: fp4.w2BlockScales,
+        };
+  const s = w.shared;
+  if (s === null) return routed;
+  return {
+    ...routed,
+    shared_w1: s.w1,
+    shared_w1_scales: s.w1Scales,
+    shared_w2: s.w2,
+    shared_w2_scales: s.w2Scales,
+  };
 }
 
 export class FusedMoEKernel {
@@ -219,15 +210,14 @@ export class FusedMoEKernel {
    * them.
    */
   private readonly specializations = new Map<string, FusedSpecialization>();
-  private readonly pools: FusedPools;
-  private readonly weights: DeviceMoEWeights;
-  private readonly operands = new Uint8Array(OPERANDS_BYTES);
+  /** Every buffer the tensor maps and operands name: the kernel's own and the layer's weights. */
+  private readonly buffers = new Map<FusedOwnBuffer | FusedWeightBuffer, DeviceTensor>();
+  private readonly sizes: FusedSizes;
+  private readonly operands = new Uint8Array(FUSED_OPERANDS_BYTES);
   private readonly operandsView = new DataView(this.operands.buffer);
   private readonly owned: DeviceTensor[] = [];
   private readonly workspace: DeviceTensor;
   private readonly status: DeviceTensor;
-  private readonly maxBlocks: number;
-  private readonly rPad: number;
   private readonly hasShared: boolean;
   private readonly epArrays: FusedEpArrays | null = null;
   private trace: DeviceTensor | null = null;
@@ -253,18 +243,18 @@ export class FusedMoEKernel {
     this.ep = ep === undefined ? null : { ...ep, peers: [...ep.peers] };
     this.hasShared = weights.shared !== null;
     const H = c.hidden;
-    // The experts this kernel holds: the rank's E / R with EP (the one-rank path as it was).
-    const E = ep === undefined ? c.numExperts : ep.layout.localExperts;
     const maxInter = Math.max(c.intermediate, sharedIntermediate(c));
-    this.poolRows =
-      ep === undefined ? maxTokens * c.topK + (this.hasShared ? maxTokens : 0) : ep.layout.poolRows;
-    this.rPad = aScalesRows(this.poolRows);
-    this.maxBlocks = Math.ceil(this.poolRows / Math.min(...FUSED_BLOCK_MS)) + E + 1;
+    this.sizes =
+      ep === undefined
+        ? fusedSizes(c, maxTokens, this.hasShared)
+        : fusedSizesOf(ep.layout.localExperts, ep.layout.poolRows, this.hasShared);
+    this.poolRows = this.sizes.poolRows;
     if (this.poolRows * Math.max(H, maxInter) >= 2 ** 31 * 16) {
       throw new RangeError(`maxTokens ${maxTokens} is too large for the fused kernel's row pool`);
     }
     this.ctas = device.smCount;
-    this.weights = weights;
+    for (const [name, t] of Object.entries(fusedWeightTensors(weights)))
+      this.buffers.set(name as FusedWeightBuffer, t);
 
     const alloc = <D extends "fp8_e4m3" | "fp32" | "bf16" | "int32">(dtype: D, shape: number[]) => {
       const t = DeviceTensor.empty(device, dtype, shape);
@@ -272,19 +262,13 @@ export class FusedMoEKernel {
       return t;
     };
     try {
-      const poolX = alloc("fp8_e4m3", [this.poolRows, H]);
-      const poolXScales = alloc("fp32", [H / QUANT_BLOCK, this.rPad]);
-      const poolH = alloc("fp8_e4m3", [this.poolRows, maxInter]);
-      const poolHScales = alloc("fp32", [maxInter / QUANT_BLOCK, this.rPad]);
-      const y = alloc("bf16", [this.poolRows, H]);
-      const slotRow = alloc("int32", [maxTokens * c.topK]);
-      // Counters, counts and cursors per group, arrivals and L1 publications per block, expanded chunks
-      // per expert and matrix (megamoe_layout.cuh).
-      this.workspace = alloc("int32", [FUSED_COUNTER_WORDS + 2 * (E + 1) + 2 * this.maxBlocks + 2 * E]);
-      this.status = alloc("int32", [4]);
-      this.workspace.fill(0);
-      this.status.fill(0);
-      this.pools = { poolX, poolXScales, poolH, poolHScales };
+      for (const b of fusedBuffers(c, maxTokens, this.sizes)) {
+        const t = alloc(b.dtype as "fp8_e4m3" | "fp32" | "bf16" | "int32", b.shape);
+        if (b.init === "zero") t.fill(0);
+        this.buffers.set(b.name, t);
+      }
+      this.workspace = this.buffer("workspace");
+      this.status = this.buffer("status");
       if (ep !== undefined) {
         const w = ep.layout.workspace;
         const counters = alloc("int32", [FUSED_EP_COUNTER_WORDS]);
@@ -312,32 +296,17 @@ export class FusedMoEKernel {
         ov.setBigUint64(pointerOffset("x_scales"), own + BigInt(ep.layout.regions.xs.offset), true);
       }
 
-      // The tiles promote with each 128 × 128 block's fp32 scale: FP8 experts' own, FP4 experts' block
-      // scales (their converters read the reference words through tensor maps).
-      const fp4 = weights.routedFp4;
-      const routedScales =
-        fp4 === null ? weights.routed : { w1Scales: fp4.w1BlockScales, w2Scales: fp4.w2BlockScales };
-      const shared = weights.shared ?? routedScales; // never read when the layer has no shared expert
+      // The buffers' fields; the per-launch operands (and images, per specialization) come with a launch.
       const v = this.operandsView;
-      const fixed: [OperandPointer, bigint][] = [
-        ["w1_scales", routedScales?.w1Scales.ptr ?? 0n],
-        ["w2_scales", routedScales?.w2Scales.ptr ?? 0n],
-        ["w1s_scales", shared?.w1Scales.ptr ?? 0n],
-        ["w2s_scales", shared?.w2Scales.ptr ?? 0n],
-        ["pool_x", poolX.ptr],
-        ["pool_x_scales", poolXScales.ptr],
-        ["pool_h", poolH.ptr],
-        ["pool_h_scales", poolHScales.ptr],
-        ["y", y.ptr],
-        ["slot_row", slotRow.ptr],
-        ["workspace", this.workspace.ptr],
-        ["status", this.status.ptr],
-      ];
-      for (const [name, ptr] of fixed) v.setBigUint64(pointerOffset(name), ptr, true);
-      v.setInt32(OFF_R_PAD, this.rPad, true);
-      v.setInt32(OFF_MAX_BLOCKS, this.maxBlocks, true);
-      v.setInt32(OFF_HAS_CLAMP, c.swigluClamp === null ? 0 : 1, true);
-      v.setFloat32(OFF_CLAMP, c.swigluClamp ?? 0, true);
+      for (const [field, source] of Object.entries(fusedOperandPointers(this.sizes, false))) {
+        if (source !== null && "buffer" in source)
+          v.setBigUint64(pointerOffset(field as FusedOperandPointer), this.buffer(source.buffer).ptr, true);
+      }
+      for (const [field, value] of Object.entries(fusedOperandConstants(c, this.sizes))) {
+        const offset = pointerOffset(field as FusedOperandScalar);
+        if (field === "clamp") v.setFloat32(offset, value, true);
+        else v.setInt32(offset, value, true);
+      }
       for (const tile of fusedTilesUpTo(c, this.heuristicTokens(maxTokens))) {
         this.specialization(tile.blockM, tile.expand);
       }
@@ -361,52 +330,34 @@ export class FusedMoEKernel {
     const compiled = compileKernel({ source: FUSED_KERNEL_SOURCE, defines });
     const kernel = loadKernel(this.device, compiled, FUSED_KERNEL);
     kernel.setMaxDynamicSharedMemory(plan.sharedBytes);
-    const maps = mapCount(c);
+    const maps = fusedTensorMaps(c, blockM, this.sizes);
     // The EP build takes its operands as a second struct after Operands (megamoe.cu's signature).
-    const args = new KernelArgs(maps + (ep === null ? 1 : 2), {
-      tensorMaps: Array.from({ length: maps }, (_, i) => i),
+    const args = new KernelArgs(maps.length + (ep === null ? 1 : 2), {
+      tensorMaps: maps.map((_, i) => i),
       structs:
-        ep === null ? { [maps]: OPERANDS_BYTES } : { [maps]: OPERANDS_BYTES, [maps + 1]: ep.operands.length },
+        ep === null
+          ? { [maps.length]: FUSED_OPERANDS_BYTES }
+          : { [maps.length]: FUSED_OPERANDS_BYTES, [maps.length + 1]: ep.operands.length },
     });
-    if (ep !== null) args.struct(maps + 1, ep.operands);
-    const H = c.hidden;
-    const E = this.ep === null ? c.numExperts : this.ep.layout.localExperts;
-    const I = c.intermediate;
-    const maxInter = Math.max(c.intermediate, sharedIntermediate(c));
-    const { poolX, poolXScales, poolH, poolHScales } = this.pools;
-    const fp4 = this.weights.routedFp4;
-    // Never read when the layer has no shared expert: any weights of the right size stand in.
-    const shared = this.weights.shared ?? (fp4 === null ? this.weights.routed : null);
-    const sharedInter = this.hasShared ? sharedIntermediate(c) : c.intermediate;
-    const sharedExperts = this.hasShared ? 1 : E;
-    // The row pools' boxes hold one tile's rows (BLOCK_M): a taller box would overrun the stage.
-    // A weight box is one of a tile's two B boxes; an A box a tile's rows.
-    encodeFp8RowsMap(args.tensorMap(0), poolX.ptr, H, poolX.shape[0]!, blockM);
-    encodeScaleColumnsMap(args.tensorMap(1), poolXScales.ptr, H, this.rPad, blockM + 4);
-    encodeFp8RowsMap(args.tensorMap(4), poolH.ptr, maxInter, poolH.shape[0]!, blockM);
-    encodeScaleColumnsMap(args.tensorMap(5), poolHScales.ptr, maxInter, this.rPad, blockM + 4);
-    if (fp4 === null) {
-      const routed = this.weights.routed;
-      encodeFp8RowsMap(args.tensorMap(2), routed.w1.ptr, H, E * 2 * I, WEIGHT_BOX_ROWS);
-      encodeFp8RowsMap(args.tensorMap(6), routed.w2.ptr, I, E * H, WEIGHT_BOX_ROWS);
-    } else {
-      // MXFP4 routed experts: packed rows (device layout) in maps 2 and 6, their UE8M0 words in 8 and 9.
-      encodeFp4LayoutMap(args.tensorMap(2), fp4.w1.ptr, H, E * 2 * I, WEIGHT_BOX_ROWS);
-      encodeFp4LayoutMap(args.tensorMap(6), fp4.w2.ptr, I, E * H, WEIGHT_BOX_ROWS);
-      encodeFp4ScaleWordsMap(args.tensorMap(8), fp4.w1Scales.ptr, H, E * 2 * I, WEIGHT_BOX_ROWS);
-      encodeFp4ScaleWordsMap(args.tensorMap(9), fp4.w2Scales.ptr, I, E * H, WEIGHT_BOX_ROWS);
-    }
-    if (shared !== null) {
-      encodeFp8RowsMap(args.tensorMap(3), shared.w1.ptr, H, sharedExperts * 2 * sharedInter, WEIGHT_BOX_ROWS);
-      encodeFp8RowsMap(args.tensorMap(7), shared.w2.ptr, sharedInter, sharedExperts * H, WEIGHT_BOX_ROWS);
-    } else {
-      // No shared expert and FP4 routed experts: maps 3 and 7 are never read; pool_x stands in.
-      encodeFp8RowsMap(args.tensorMap(3), poolX.ptr, H, poolX.shape[0]!, WEIGHT_BOX_ROWS);
-      encodeFp8RowsMap(args.tensorMap(7), poolX.ptr, H, poolX.shape[0]!, WEIGHT_BOX_ROWS);
-    }
+    if (ep !== null) args.struct(maps.length + 1, ep.operands);
+    maps.forEach((m, i) => {
+      encodeTensorMapTiled(args.tensorMap(i), { ...m.shape, globalAddress: this.buffer(m.buffer).ptr });
+    });
     const spec = { plan, kernel, args };
     this.specializations.set(key, spec);
     return spec;
+  }
+
+  /** The device address of a buffer the ABI names (an export's launches name the same buffers). */
+  bufferAddress(name: FusedOwnBuffer | FusedWeightBuffer): bigint {
+    return this.buffer(name).ptr;
+  }
+
+  /** A buffer the ABI names: the kernel's own or one of the layer's weights. */
+  private buffer(name: FusedOwnBuffer | FusedWeightBuffer): DeviceTensor {
+    const t = this.buffers.get(name);
+    if (t === undefined) throw new FusedMoEKernelError(`the fused kernel has no buffer ${name}`);
+    return t;
   }
 
   /** The expand variant's stage images (once; launches of other specializations never read them). */
@@ -416,7 +367,7 @@ export class FusedMoEKernel {
     checkDeviceMemory(this.device, bytes, `the fused kernel's FP4 expansion (layer ${this.config.name})`);
     this.images = DeviceTensor.empty(this.device, "uint8", [bytes]);
     this.owned.push(this.images);
-    this.operandsView.setBigUint64(pointerOffset("images"), this.images.ptr, true);
+    this.buffers.set("images", this.images);
   }
 
   /**
@@ -474,8 +425,8 @@ export class FusedMoEKernel {
     v.setBigUint64(pointerOffset("weights"), f.weights.ptr, true);
     v.setBigUint64(pointerOffset("out"), f.out.ptr, true);
     v.setBigUint64(pointerOffset("trace"), this.tracing ? (this.trace?.ptr ?? 0n) : 0n, true);
-    v.setInt32(OFF_TOKENS, tokens, true);
-    v.setInt32(OFF_USE_SHARED, f.shared && this.hasShared ? 1 : 0, true);
+    v.setInt32(pointerOffset("tokens"), tokens, true);
+    v.setInt32(pointerOffset("use_shared"), f.shared && this.hasShared ? 1 : 0, true);
     this.queue(tokens, stream);
   }
 
@@ -490,7 +441,13 @@ export class FusedMoEKernel {
     const plan = this.plan(tokens);
     const spec = this.specialization(plan.blockM, plan.expand);
     trace?.fill(0, stream);
-    spec.args.struct(mapCount(this.config), this.operands);
+    // Only the expand variant reads the images (fusedOperandPointers).
+    this.operandsView.setBigUint64(
+      pointerOffset("images"),
+      plan.expand ? this.buffer("images").ptr : 0n,
+      true,
+    );
+    spec.args.struct(fusedMapCount(this.config), this.operands);
     spec.kernel.launchAfterPrevious(plan.ctas, plan.threads, plan.sharedBytes, stream, spec.args);
   }
 
@@ -519,8 +476,8 @@ export class FusedMoEKernel {
     v.setBigUint64(pointerOffset("weights"), tokens > 0 ? f.weights.ptr : 0n, true);
     v.setBigUint64(pointerOffset("out"), tokens > 0 ? f.out.ptr : 0n, true);
     v.setBigUint64(pointerOffset("trace"), this.tracing ? (this.trace?.ptr ?? 0n) : 0n, true);
-    v.setInt32(OFF_TOKENS, tokens, true);
-    v.setInt32(OFF_USE_SHARED, f.shared && this.hasShared ? 1 : 0, true);
+    v.setInt32(pointerOffset("tokens"), tokens, true);
+    v.setInt32(pointerOffset("use_shared"), f.shared && this.hasShared ? 1 : 0, true);
     this.queue(tokens, stream);
   }
 

@@ -31,7 +31,7 @@ export const QUANT_KERNEL_NAME = "megamoe_quantize_act";
 
 // Mirrors of quant.cu's constants: a warp handles GROUPS_PER_WARP_STEP consecutive groups per step;
 // blocks have at most 256 threads (its __launch_bounds__) and a whole number of warps.
-const GROUPS_PER_WARP_STEP = 8;
+export const GROUPS_PER_WARP_STEP = 8;
 const BLOCK_SIZES = [256, 128, 64, 32] as const;
 
 // Hopper (sm_90) per-SM limits used by the occupancy estimate.
