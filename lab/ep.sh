@@ -43,7 +43,7 @@ rc=0
 for r in ${ranks//,/ }; do
   name=ep-$shape${experts:+-$experts}-shared$shared-r$r${gpus:+-gpus}
   echo "== $name"
-  timeout "$seconds" node dist/cli/main.js bench --impl ep --shape "$shape" --ranks "$r" $gpus ${experts:+--experts "$experts"} --shared "$shared" \
+  timeout "$seconds" node dist/cli/main.js bench --force --impl ep --shape "$shape" --ranks "$r" $gpus ${experts:+--experts "$experts"} --shared "$shared" \
     --tokens "$tokens" --iters "$iters" --rounds "$rounds" --out "$OUT_DIR/$name$LAB_TAG.json" 2>&1 | lab_table
   ((PIPESTATUS[0] == 0)) || rc=1
 done

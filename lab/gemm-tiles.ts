@@ -79,9 +79,14 @@ for (const s of shapes) {
   }
 }
 if (args.out !== undefined) {
-  writeResults(args.out, {
-    device: deviceSummary(device),
-    command: `node dist-test/lab/gemm-tiles.js ${process.argv.slice(2).join(" ")}`,
-    rows,
-  });
+  // The recipe's results file, written anew on each run of the recipe (as bench --force).
+  writeResults(
+    args.out,
+    {
+      device: deviceSummary(device),
+      command: `node dist-test/lab/gemm-tiles.js ${process.argv.slice(2).join(" ")}`,
+      rows,
+    },
+    { overwrite: true },
+  );
 }

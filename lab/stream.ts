@@ -77,9 +77,14 @@ for (let round = 1; round <= Number(args.rounds); round++) {
               }
 }
 if (args.out !== undefined) {
-  writeResults(args.out, {
-    device: deviceSummary(device),
-    command: `node dist-test/lab/stream.js ${process.argv.slice(2).join(" ")}`,
-    rows,
-  });
+  // The recipe's results file, written anew on each run of the recipe (as bench --force).
+  writeResults(
+    args.out,
+    {
+      device: deviceSummary(device),
+      command: `node dist-test/lab/stream.js ${process.argv.slice(2).join(" ")}`,
+      rows,
+    },
+    { overwrite: true },
+  );
 }

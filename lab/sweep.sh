@@ -98,7 +98,7 @@ sweep_format() {  # format [round]
     out_args=(--out "$OUT_DIR/$prefix-$name$LAB_TAG.json")
     ((step)) || out_args+=(--rounds "$rounds" --plot "$OUT_DIR/$prefix-$name$LAB_TAG.svg")
   fi
-  timeout "$seconds" node dist/cli/main.js bench --impl "$impl" $configs --shape "$shape" "${case_args[@]}" \
+  timeout "$seconds" node dist/cli/main.js bench --force --impl "$impl" $configs --shape "$shape" "${case_args[@]}" \
     "${experts_args[@]}" --tokens "$tokens" --iters "$iters" "${peer_args[@]}" "${out_args[@]}" 2>&1 | lab_table
   ((PIPESTATUS[0] == 0)) || rc=1
 }
@@ -130,6 +130,8 @@ for shape in ${shapes//,/ }; do
         for entry in "${baselines[@]}" "this=$PWD"; do
           build=${entry%%=*} dir=${entry#*=}
           echo "== $name round $r: $build ($dir)"
+          # Removed, not --force: a baseline's build may predate the flag.
+          rm -f "$OUT_DIR/$prefix-$name-$build-r$r$LAB_TAG.json"
           (cd "$dir" && timeout "$seconds" node dist/cli/main.js bench --impl "$impl" $configs --shape "$shape" \
             "${case_args[@]}" "${experts_args[@]}" --tokens "$tokens" --iters "$iters" "${peer_args[@]}" \
             --out "$OUT_DIR/$prefix-$name-$build-r$r$LAB_TAG.json") 2>&1 | lab_table

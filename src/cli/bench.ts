@@ -79,6 +79,8 @@ export interface BenchOptions {
   peer?: string;
   plot?: string;
   out?: string;
+  /** Overwrite existing --out and --plot files. */
+  force?: boolean;
   json?: boolean;
   /** Say in full why there is no GPU (every folder searched). */
   verbose?: boolean;
@@ -317,8 +319,12 @@ function validate(opts: BenchOptions): void {
       throw new UsageError(`--tokens ${over}: the layer takes at most ${MAX_TOKENS_LIMIT} tokens`);
     }
   }
-  if (opts.out !== undefined) checkOutputFile("--out", opts.out);
-  if (opts.plot !== undefined) checkOutputFile("--plot", opts.plot);
+  // Two flags naming one file first: that says more than "the file exists".
+  checkDistinctFiles(opts);
+  if (opts.force === true && opts.out === undefined && opts.plot === undefined)
+    throw new UsageError("--force applies to --out and --plot: give the file to overwrite");
+  if (opts.out !== undefined) checkOutputFile("--out", opts.out, opts.force);
+  if (opts.plot !== undefined) checkOutputFile("--plot", opts.plot, opts.force);
   if (opts.peer !== undefined) checkInputFile("--peer", opts.peer);
   if (opts.codes !== undefined && !(GEMM_BENCH_CODES as readonly string[]).includes(opts.codes)) {
     throw new UsageError(`--codes must be one of ${GEMM_BENCH_CODES.join(", ")}, got "${opts.codes}"`);
@@ -332,7 +338,6 @@ function validate(opts: BenchOptions): void {
     throw new Error("--layer needs --checkpoint");
   // --shape has no default here: given, it is the user's, and the checkpoint's layer would replace it.
   checkShapeWithCheckpoint({ ...opts, shapeGiven: opts.shape !== undefined });
-  checkDistinctFiles(opts);
   const experts = expertsFormat(opts.experts);
   // Throws naming an unknown shape.
   const config =
@@ -567,11 +572,15 @@ export async function runBench(opts: BenchOptions): Promise<void> {
     fp8_tflops: rate.tflops,
   };
   if (opts.out !== undefined) {
-    writeResults(opts.out, {
-      device: { ...deviceInfo, fp8_tflops_source: rate.source },
-      command: `megamoe ${process.argv.slice(2).join(" ")}`,
-      rows: [...rows, ...peerRows.map((p) => ({ ...p, source: path.basename(peer!.file) }))],
-    });
+    writeResults(
+      opts.out,
+      {
+        device: { ...deviceInfo, fp8_tflops_source: rate.source },
+        command: `megamoe ${process.argv.slice(2).join(" ")}`,
+        rows: [...rows, ...peerRows.map((p) => ({ ...p, source: path.basename(peer!.file) }))],
+      },
+      { overwrite: opts.force === true },
+    );
   }
   if (opts.plot !== undefined) {
     const plotted = [
@@ -581,6 +590,7 @@ export async function runBench(opts: BenchOptions): Promise<void> {
     writePlot(
       opts.plot,
       renderTimePlot(plotted, { title: plotTitle(benchShape(opts), sharedOn(opts), device.name) }),
+      { overwrite: opts.force === true },
     );
   }
   if (opts.json) {

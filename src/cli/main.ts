@@ -102,7 +102,11 @@ program
   )
   .option("--layer <L>", "with --checkpoint: the layer (a number, layers.L or mtp.0)")
   .option("--weights <file>", "load weights from a safetensors file instead of generating them")
-  .option("--save-weights <file>", "write the generated weights to a safetensors file first")
+  .option(
+    "--save-weights <file>",
+    "write the generated weights to a safetensors file first (an existing file needs --force)",
+  )
+  .option("--force", "overwrite an existing --save-weights file")
   .option(
     "--ranks <n>",
     "split the layer across n expert-parallel ranks (the batch dealt out among them)",
@@ -227,7 +231,8 @@ program
     "grouped-gemm: untimed GPU time before each case's timed runs (about 1000: the clock a power-capped card sustains)",
     positiveNumber,
   )
-  .option("--out <file>", "write the results JSON here (bench/results/...)")
+  .option("--out <file>", "write the results JSON here (bench/results/...); an existing file needs --force")
+  .option("--force", "overwrite existing --out and --plot files")
   .option("--json", "print the rows as JSON")
   .option("--verbose", "without a GPU, list every folder searched for the CUDA driver")
   .action(async (opts) => {
@@ -256,7 +261,8 @@ program
   .command("plot")
   .description("plot time against tokens from results files (ours and peers'), as SVG; no GPU needed")
   .argument("<files...>", "results JSON files")
-  .requiredOption("--out <file>", "the SVG to write")
+  .requiredOption("--out <file>", "the SVG to write (an existing file needs --force)")
+  .option("--force", "overwrite an existing --out file")
   .option("--shape <name>", "plot only rows of this config")
   .option("--shared <0|1>", "plot only rows with the shared expert on (1) or off (0)", sharedFlag)
   .option("--title <text>", "title (default: shape, shared expert, device)")

@@ -8,6 +8,7 @@ import path from "node:path";
 import { parsePeerResults } from "../bench/peer.js";
 import type { ResultRow } from "../cuda/index.js";
 import { makeDirectory } from "../cuda/mkdir.js";
+import { type OverwriteOption, targetFileProblem, writeFileAside } from "../io/write-aside.js";
 import { checkInputFile, checkOutputFile, sameFile, UsageError } from "./usage.js";
 
 /** The fields of a results row the plot reads. */
@@ -271,10 +272,15 @@ export function plotTitle(config: string, shared: boolean | undefined, device: u
   return parts.join(" · ");
 }
 
-/** Writes `svg` to `file` (folders created). */
-export function writePlot(file: string, svg: string): void {
+/**
+ * Writes `svg` to `file` (folders created) through a temporary name (writeAside); an existing file is
+ * refused unless `overwrite` (the command's --force) is on.
+ */
+export function writePlot(file: string, svg: string, opts: OverwriteOption = {}): void {
+  const problem = targetFileProblem(file, opts.overwrite === true, "pass --force");
+  if (problem !== null) throw new UsageError(problem);
   makeDirectory(path.dirname(path.resolve(file)));
-  fs.writeFileSync(file, svg);
+  writeFileAside(file, svg);
 }
 
 export interface PlotCommandOptions {
@@ -282,20 +288,22 @@ export interface PlotCommandOptions {
   shape?: string;
   shared?: boolean;
   title?: string;
+  /** Overwrite an existing --out file. */
+  force?: boolean;
 }
 
 /** `megamoe plot <results.json…>`: one plot of the layer rows of several results files. */
 export function runPlot(files: readonly string[], opts: PlotCommandOptions): void {
   if (files.length === 0) throw new UsageError("plot: give at least one results file");
   for (const f of files) checkInputFile("plot", f);
-  checkOutputFile("--out", opts.out);
-  // The SVG written over a results file would destroy the data it was drawn from.
+  // The SVG written over a results file would destroy the data it was drawn from (even with --force).
   const input = files.find((f) => sameFile(f, opts.out));
   if (input !== undefined) {
     throw new UsageError(
       `--out ${opts.out}: is the results file ${input} being plotted; write the SVG elsewhere`,
     );
   }
+  checkOutputFile("--out", opts.out, opts.force);
   const docs = files.map((f) => parsePeerResults(fs.readFileSync(f, "utf8"), f));
   const empty = docs.find((d) => d.rows.length === 0);
   if (empty !== undefined) throw new UsageError(`plot: ${empty.file} holds no rows`);
@@ -312,6 +320,6 @@ export function runPlot(files: readonly string[], opts: PlotCommandOptions): voi
   const shareds = [...new Set(rows.map((r) => r.shared))];
   const title =
     opts.title ?? plotTitle(configs[0]!, shareds.length === 1 ? shareds[0] : undefined, docs[0]!.device);
-  writePlot(opts.out, renderTimePlot(rows, { title }));
+  writePlot(opts.out, renderTimePlot(rows, { title }), { overwrite: opts.force === true });
   process.stdout.write(`plot written to ${opts.out} (${rows.length} rows)\n`);
 }

@@ -46,6 +46,8 @@ export interface RunOptions {
   routing: string;
   weights?: string;
   saveWeights?: string;
+  /** Overwrite an existing --save-weights file. */
+  force?: boolean;
   /** A DeepSeek-V4 checkpoint directory (or one .safetensors file): its layer `layer` instead of --shape. */
   checkpoint?: string;
   /** With checkpoint: the layer ("3", "layers.3" or "mtp.0"). */
@@ -189,7 +191,9 @@ export async function runLayer(opts: RunOptions): Promise<void> {
   routingKind(opts.routing);
   gpuPipeline(opts.pipeline);
   if (opts.weights !== undefined) checkInputFile("--weights", opts.weights);
-  if (opts.saveWeights !== undefined) checkOutputFile("--save-weights", opts.saveWeights);
+  if (opts.force === true && opts.saveWeights === undefined)
+    throw new UsageError("--force applies to --save-weights: give the file to overwrite");
+  if (opts.saveWeights !== undefined) checkOutputFile("--save-weights", opts.saveWeights, opts.force);
   const backend = chooseBackend(opts.backend);
   const pipeline = checkPipelineFor(backend, opts.pipeline);
   let weights =
@@ -202,8 +206,14 @@ export async function runLayer(opts: RunOptions): Promise<void> {
     // Folders are created, as for bench's --out and plot's --out.
     makeDirectory(path.dirname(path.resolve(opts.saveWeights)));
     const bar = progressBar("saving weights");
-    saveMoEWeights(opts.saveWeights, weights, { onProgress: (d, t) => bar.update(d, t) });
-    bar.stop();
+    try {
+      saveMoEWeights(opts.saveWeights, weights, {
+        onProgress: (d, t) => bar.update(d, t),
+        overwrite: opts.force === true,
+      });
+    } finally {
+      bar.stop();
+    }
     weights = loadMoEWeights(opts.saveWeights, config);
   }
   const x = generateActivations(opts.seed, opts.tokens, config.hidden);

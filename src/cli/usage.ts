@@ -41,10 +41,16 @@ export function checkInputFile(flag: string, file: string): void {
   }
 }
 
-/** A file the command writes: checked before any work, so a long run does not fail at its end. */
-export function checkOutputFile(flag: string, file: string): void {
+/**
+ * A file the command writes: checked before any work, so a long run does not fail at its end. An
+ * existing file is refused unless `force` (the command's --force) is on.
+ */
+export function checkOutputFile(flag: string, file: string, force = false): void {
   const problem = outputFileProblem(file);
   if (problem !== undefined) throw new UsageError(`${flag} ${file}: cannot be written (${problem})`);
+  if (!force && fs.existsSync(file)) {
+    throw new UsageError(`${flag} ${file}: the file exists; pass --force to overwrite it`);
+  }
 }
 
 /** Whether two paths name one file: the same absolute path, or (both existing) the same file through links. */

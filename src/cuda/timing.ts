@@ -10,11 +10,11 @@
  */
 
 import { execFileSync } from "node:child_process";
-import fs from "node:fs";
 import path from "node:path";
+import { type OverwriteOption, targetFileProblem, writeFileAside } from "../io/write-aside.js";
 import { CudaGraph, type Device, Event, type Stream } from "./driver.js";
 import { packageRoot } from "./jit.js";
-import { makeDirectory } from "./mkdir.js";
+import { DirectoryError, makeDirectory } from "./mkdir.js";
 
 /** How to time. */
 export interface TimeKernelOptions {
@@ -239,8 +239,17 @@ export function deviceSummary(device: Device): Record<string, unknown> {
   };
 }
 
-/** Write `{ device, commit, date, command, node, rows }` as pretty JSON to `file` (folders created). */
-export function writeResults<Row extends object = ResultRow>(file: string, meta: ResultsMeta<Row>): void {
+/**
+ * Write `{ device, commit, date, command, node, rows }` as pretty JSON to `file` (folders created),
+ * through a temporary name (writeAside). An existing file is refused (DirectoryError) unless `overwrite`.
+ */
+export function writeResults<Row extends object = ResultRow>(
+  file: string,
+  meta: ResultsMeta<Row>,
+  opts: OverwriteOption = {},
+): void {
+  const problem = targetFileProblem(file, opts.overwrite === true, "pass { overwrite: true }");
+  if (problem !== null) throw new DirectoryError(path.dirname(path.resolve(file)), problem);
   const doc = {
     device: meta.device,
     commit: meta.commit ?? process.env.MEGAMOE_COMMIT ?? gitCommit(),
@@ -250,7 +259,5 @@ export function writeResults<Row extends object = ResultRow>(file: string, meta:
     rows: meta.rows,
   };
   makeDirectory(path.dirname(path.resolve(file)));
-  const temp = `${file}.${process.pid}.tmp`;
-  fs.writeFileSync(temp, `${JSON.stringify(doc, null, 2)}\n`);
-  fs.renameSync(temp, file);
+  writeFileAside(file, `${JSON.stringify(doc, null, 2)}\n`);
 }

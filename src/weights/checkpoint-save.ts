@@ -5,7 +5,14 @@
  */
 import fs from "node:fs";
 import path from "node:path";
-import { type MoEConfig, QUANT_BLOCK, validateConfig } from "../config/config.js";
+import {
+  describeValue,
+  type MoEConfig,
+  QUANT_BLOCK,
+  unknownFieldProblem,
+  validateConfig,
+} from "../config/config.js";
+import { type OverwriteOption, overwriteProblem, writeAside } from "../io/write-aside.js";
 import {
   CheckpointError,
   CONFIG_FILE,
@@ -38,7 +45,7 @@ export interface ExtraTensor {
   data: ArrayBufferView;
 }
 
-export interface SaveCheckpointOptions {
+export interface SaveCheckpointOptions extends OverwriteOption {
   /** Most bytes of tensor data per shard (a tensor larger than this gets a shard of its own); default 4 GiB. */
   shardBytes?: number;
   /** num_hidden_layers (default: the highest layer written + 1). */
@@ -51,6 +58,69 @@ export interface SaveCheckpointOptions {
   config?: Record<string, unknown>;
   /** Called after each expert, shared expert and gate written: (done, total). */
   onProgress?: (done: number, total: number) => void;
+}
+
+const OPTION_FIELDS = [
+  "shardBytes",
+  "numHiddenLayers",
+  "vocab",
+  "extraTensors",
+  "config",
+  "onProgress",
+  "overwrite",
+] as const;
+
+/**
+ * A directory that holds anything is refused unless `overwrite` is on: its checkpoint (or whatever else
+ * it holds) would be replaced file by file.
+ */
+function checkTargetDir(dir: string, overwrite: boolean): void {
+  let entries: string[];
+  try {
+    if (!fs.statSync(dir).isDirectory())
+      throw new CheckpointError(`saveCheckpoint: ${dir} is a file, not a directory`);
+    entries = fs.readdirSync(dir);
+  } catch (e) {
+    if (e instanceof CheckpointError) throw e;
+    const code = (e as NodeJS.ErrnoException).code;
+    if (code === "ENOENT") return; // created by the save
+    throw new CheckpointError(`saveCheckpoint: ${dir}: ${(e as Error).message}`);
+  }
+  if (entries.length > 0 && !overwrite) {
+    const shown = entries.sort().slice(0, 3).join(", ") + (entries.length > 3 ? ", …" : "");
+    throw new CheckpointError(
+      `saveCheckpoint: directory ${dir} is not empty (${entries.length} entries: ${shown}); pass { overwrite: true } to replace the checkpoint in it`,
+    );
+  }
+}
+
+/** The shards an existing index names (plain shard names only), for removal once a new checkpoint replaces it. */
+function indexedShards(dir: string): string[] {
+  try {
+    const index = JSON.parse(fs.readFileSync(path.join(dir, INDEX_FILE), "utf8")) as {
+      weight_map?: Record<string, unknown>;
+    };
+    const names = Object.values(index.weight_map ?? {}).filter(
+      (f): f is string => typeof f === "string" && /^model-\d{5}-of-\d{5}\.safetensors$/.test(f),
+    );
+    return [...new Set(names)];
+  } catch {
+    return []; // no index, or one not ours to read: nothing is removed
+  }
+}
+
+/** Removes the folders a failed save created (`first`, the outermost, and those inside it down to `dir`). */
+function removeCreated(dir: string, first: string | undefined): void {
+  if (first === undefined) return;
+  const top = path.resolve(first);
+  for (let at = path.resolve(dir); ; at = path.dirname(at)) {
+    try {
+      fs.rmdirSync(at);
+    } catch {
+      return; // not empty: something else was put there meanwhile
+    }
+    if (at === top || path.dirname(at) === at) return;
+  }
 }
 
 /** The E8M0 byte of an exact power of two in [2^−127, 2^127]; else a CheckpointError naming the tensor. */
@@ -189,10 +259,27 @@ function checkSameModel(layers: SaveLayer[]): void {
  * 0..h−1 (num_hash_layers = h). expert_dtype is written when every block has the same expert format
  * (else readers decide per block from the header dtype). Experts are read from each source one at a
  * time and written straight to their shard offsets.
+ *
+ * A directory that holds anything is refused unless `overwrite` is on. Every file is written under a
+ * temporary name and renamed into place only when all are complete, shards first, then the index and
+ * config.json (writeAside): a source that throws midway leaves `dir` as it was (a folder the save made is
+ * removed again). Replacing a checkpoint also removes the shards its old index named that the new one
+ * does not.
  */
 export function saveCheckpoint(dir: string, layers: SaveLayer[], opts: SaveCheckpointOptions = {}): void {
+  if (typeof dir !== "string")
+    throw new CheckpointError(`saveCheckpoint: dir must be a string, got ${describeValue(dir)}`);
+  if (typeof opts !== "object" || opts === null || Array.isArray(opts))
+    throw new CheckpointError(`saveCheckpoint: options must be an object, got ${describeValue(opts)}`);
+  const optionProblem =
+    unknownFieldProblem("option", opts, OPTION_FIELDS) ?? overwriteProblem(opts.overwrite);
+  if (optionProblem !== null) throw new CheckpointError(`saveCheckpoint: ${optionProblem}`);
   if (layers.length === 0) throw new CheckpointError("saveCheckpoint: no layers to write");
-  for (const l of layers) validateConfig(l.source.config);
+  for (const l of layers) {
+    const unknown = unknownFieldProblem("layer", l, ["block", "source"]);
+    if (unknown !== null) throw new CheckpointError(`saveCheckpoint: ${unknown}`);
+    validateConfig(l.source.config);
+  }
   checkSameModel(layers);
   const seen = new Set<string>();
   let maxLayer = -1;
@@ -257,7 +344,50 @@ export function saveCheckpoint(dir: string, layers: SaveLayer[], opts: SaveCheck
     used += p.bytes;
   }
 
-  fs.mkdirSync(dir, { recursive: true });
+  const overwrite = opts.overwrite === true;
+  checkTargetDir(dir, overwrite);
+  const n = groups.length;
+  const names = [...groups.map((_, k) => shardName(k + 1, n)), INDEX_FILE, CONFIG_FILE];
+  const replaced = overwrite ? indexedShards(dir).filter((f) => !names.includes(f)) : [];
+  let created: string | undefined;
+  try {
+    created = fs.mkdirSync(dir, { recursive: true });
+  } catch (e) {
+    throw new CheckpointError(`saveCheckpoint: cannot create ${dir}: ${(e as Error).message}`);
+  }
+  const files = names.map((f) => path.join(dir, f));
+  try {
+    writeAside(files, (temps) => {
+      const weightMap = writeShards(temps, files, groups, layers, opts);
+      const totalSize = plan.reduce((s, p) => s + p.bytes, 0);
+      fs.writeFileSync(
+        temps[n],
+        `${JSON.stringify({ metadata: { total_size: totalSize }, weight_map: weightMap }, null, 2)}\n`,
+      );
+      const config = {
+        ...configJson(layers[0].source.config, numLayers, numHash, numMtp, vocab, expertDtype),
+        ...opts.config,
+      };
+      fs.writeFileSync(temps[n + 1], `${JSON.stringify(config, null, 2)}\n`);
+    });
+  } catch (err) {
+    removeCreated(dir, created);
+    throw err;
+  }
+  for (const f of replaced) fs.rmSync(path.join(dir, f), { force: true });
+}
+
+/**
+ * Writes the shards' tensors, shard k to `temps[k]` (errors name `files[k]`), and returns the index's
+ * weight map.
+ */
+function writeShards(
+  temps: string[],
+  files: string[],
+  groups: Planned[][],
+  layers: SaveLayer[],
+  opts: SaveCheckpointOptions,
+): Record<string, string> {
   const n = groups.length;
   const shardOf = new Map<string, number>();
   const writers: SafetensorsWriter[] = [];
@@ -268,7 +398,7 @@ export function saveCheckpoint(dir: string, layers: SaveLayer[], opts: SaveCheck
       const specs = g
         .map((p) => p.spec)
         .sort((a, b) => WRITE_DTYPE_SIZES[b.dtype] - WRITE_DTYPE_SIZES[a.dtype]);
-      writers.push(new SafetensorsWriter(path.join(dir, shardName(k + 1, n)), specs, { format: "pt" }));
+      writers.push(new SafetensorsWriter(temps[k], specs, { format: "pt" }, files[k]));
       for (const p of g) {
         shardOf.set(p.spec.name, k);
         weightMap[p.spec.name] = shardName(k + 1, n);
@@ -335,16 +465,7 @@ export function saveCheckpoint(dir: string, layers: SaveLayer[], opts: SaveCheck
     for (const w of writers) w.abort();
     throw err;
   }
-  const totalSize = plan.reduce((s, p) => s + p.bytes, 0);
-  fs.writeFileSync(
-    path.join(dir, INDEX_FILE),
-    `${JSON.stringify({ metadata: { total_size: totalSize }, weight_map: weightMap }, null, 2)}\n`,
-  );
-  const config = {
-    ...configJson(layers[0].source.config, numLayers, numHash, numMtp, vocab, expertDtype),
-    ...opts.config,
-  };
-  fs.writeFileSync(path.join(dir, CONFIG_FILE), `${JSON.stringify(config, null, 2)}\n`);
+  return weightMap;
 }
 
 type Write = (name: string, data: ArrayBufferView) => void;

@@ -12,6 +12,7 @@ import {
   type ValidatedConfig,
   validateConfig,
 } from "../config/config.js";
+import { type OverwriteOption, overwriteProblem, targetFileProblem, writeAside } from "../io/write-aside.js";
 import { E8M0_NAN } from "../numerics/fp4.js";
 import { ExpertCache } from "./expert-cache.js";
 import {
@@ -163,7 +164,7 @@ function checkExpertShape(what: string, w: RoutedExpertWeights, hidden: number, 
   }
 }
 
-export interface SaveOptions {
+export interface SaveOptions extends OverwriteOption {
   /** Checkpoint name prefix (default "model.layers.0.mlp."). */
   prefix?: string;
   /** Extra `__metadata__` strings. */
@@ -174,8 +175,9 @@ export interface SaveOptions {
 
 /**
  * Writes a layer's weights as a DeepSeek-style FP8 checkpoint, one expert at a time (the source's lazy
- * experts are never all in memory). The file is written under a temporary name and renamed at the end,
- * so a failed or interrupted save never leaves a file that looks complete.
+ * experts are never all in memory). An existing file at `path` is refused unless `overwrite` is on. The
+ * file is written under a temporary name beside it and renamed at the end (writeAside), so a failed or
+ * interrupted save leaves no file that looks complete and an existing file as it was.
  */
 export function saveMoEWeights(path: string, source: MoEWeightSource, opts: SaveOptions = {}): void {
   if (typeof path !== "string") throw new SafetensorsError(`path must be a string, got ${String(path)}`);
@@ -185,56 +187,65 @@ export function saveMoEWeights(path: string, source: MoEWeightSource, opts: Save
   if (typeof opts !== "object" || opts === null) {
     throw new SafetensorsError(`save options must be an object, got ${String(opts)}`);
   }
-  const unknown = unknownFieldProblem("save options", opts, ["prefix", "metadata", "onProgress"]);
+  const unknown = unknownFieldProblem("save options", opts, [
+    "prefix",
+    "metadata",
+    "onProgress",
+    "overwrite",
+  ]);
   if (unknown !== null) throw new SafetensorsError(unknown);
   const prefix = opts.prefix ?? DEFAULT_PREFIX;
   if (typeof prefix !== "string")
     throw new SafetensorsError(`prefix must be a string, got ${String(prefix)}`);
+  const target =
+    overwriteProblem(opts.overwrite) ??
+    targetFileProblem(path, opts.overwrite === true, "pass { overwrite: true }");
+  if (target !== null) throw new SafetensorsError(`saveMoEWeights: ${target}`);
   const metadata = {
     format: "pt",
     "megamoe.config": JSON.stringify(config),
     ...opts.metadata,
   };
   const total = config.numExperts + (config.numShared > 0 ? 1 : 0) + 1;
-  const temp = `${path}.partial-${process.pid}`;
-  const writer = new SafetensorsWriter(temp, moeTensorSpecs(config, prefix), metadata);
-  try {
-    let done = 0;
-    for (let e = 0; e < config.numExperts; e++) {
-      const w = source.expert(e);
-      checkExpertShape(`expert ${e}`, w, config.hidden, config.intermediate);
-      if (expertFormatOf(config) === "fp4") {
-        if (w.format !== "fp4") throw new SafetensorsError(`expert ${e} is FP8 but the config says fp4`);
-        writeMlpFp4(writer, prefix, checkpointNames.expert(e), w, config.intermediate);
-      } else {
-        const w8 = requireFp8Expert(w, `saveMoEWeights (config expertFormat fp8), expert ${e}`);
-        writeMlp(writer, prefix, checkpointNames.expert(e), w8, config.intermediate);
+  writeAside([path], ([temp]) => {
+    const writer = new SafetensorsWriter(temp, moeTensorSpecs(config, prefix), metadata, path);
+    try {
+      let done = 0;
+      for (let e = 0; e < config.numExperts; e++) {
+        const w = source.expert(e);
+        checkExpertShape(`expert ${e}`, w, config.hidden, config.intermediate);
+        if (expertFormatOf(config) === "fp4") {
+          if (w.format !== "fp4") throw new SafetensorsError(`expert ${e} is FP8 but the config says fp4`);
+          writeMlpFp4(writer, prefix, checkpointNames.expert(e), w, config.intermediate);
+        } else {
+          const w8 = requireFp8Expert(w, `saveMoEWeights (config expertFormat fp8), expert ${e}`);
+          writeMlp(writer, prefix, checkpointNames.expert(e), w8, config.intermediate);
+        }
+        opts.onProgress?.(++done, total);
+      }
+      if (config.numShared > 0) {
+        const w = source.shared();
+        if (w === null)
+          throw new SafetensorsError("config has shared experts but the weight source has none");
+        const si = sharedIntermediate(config);
+        checkExpertShape("shared experts", w, config.hidden, si);
+        writeMlp(writer, prefix, checkpointNames.shared, w, si);
+        opts.onProgress?.(++done, total);
+      }
+      const gate = source.gate();
+      writer.write(checkpointNames.gateWeight(prefix), gate.weight);
+      if (config.router.correctionBias) {
+        if (gate.bias === null)
+          throw new SafetensorsError("config has a correction bias but the gate has none");
+        writer.write(checkpointNames.gateBias(prefix), gate.bias);
       }
       opts.onProgress?.(++done, total);
+      writer.close();
+    } catch (err) {
+      writer.abort();
+      throw err;
     }
-    if (config.numShared > 0) {
-      const w = source.shared();
-      if (w === null) throw new SafetensorsError("config has shared experts but the weight source has none");
-      const si = sharedIntermediate(config);
-      checkExpertShape("shared experts", w, config.hidden, si);
-      writeMlp(writer, prefix, checkpointNames.shared, w, si);
-      opts.onProgress?.(++done, total);
-    }
-    const gate = source.gate();
-    writer.write(checkpointNames.gateWeight(prefix), gate.weight);
-    if (config.router.correctionBias) {
-      if (gate.bias === null)
-        throw new SafetensorsError("config has a correction bias but the gate has none");
-      writer.write(checkpointNames.gateBias(prefix), gate.bias);
-    }
-    opts.onProgress?.(++done, total);
-    writer.close();
-    fs.renameSync(temp, path);
-  } catch (err) {
-    writer.abort();
-    fs.rmSync(temp, { force: true });
-    throw err;
-  }
+  });
 }
 
 export interface LoadOptions {

@@ -10,6 +10,7 @@
  */
 import fs from "node:fs";
 import os from "node:os";
+import { type OverwriteOption, overwriteProblem, targetFileProblem, writeAside } from "../io/write-aside.js";
 
 export class SafetensorsError extends Error {
   override name = "SafetensorsError";
@@ -280,10 +281,15 @@ export class SafetensorsWriter {
   private readonly written = new Set<string>();
   private closed = false;
 
+  /**
+   * `path` is the file written; errors name `shownAs`, the file the user asked for, when `path` is its
+   * temporary name (writeAside).
+   */
   constructor(
-    readonly path: string,
+    path: string,
     specs: TensorSpec[],
     metadata: Record<string, string> = {},
+    readonly shownAs: string = path,
   ) {
     checkLittleEndian();
     const { header, offsets } = encodeHeader(specs, metadata);
@@ -301,16 +307,16 @@ export class SafetensorsWriter {
 
   /** Writes tensor `name`'s bytes (the array must hold exactly its elements, in its dtype's width). */
   write(name: string, data: ArrayBufferView): void {
-    if (this.closed) throw new SafetensorsError(`${this.path}: write of ${name} after close`);
+    if (this.closed) throw new SafetensorsError(`${this.shownAs}: write of ${name} after close`);
     const spec = this.specs.get(name);
     const range = this.offsets.get(name);
     if (spec === undefined || range === undefined)
-      throw new SafetensorsError(`${this.path}: unknown tensor ${name}`);
-    if (this.written.has(name)) throw new SafetensorsError(`${this.path}: tensor ${name} written twice`);
+      throw new SafetensorsError(`${this.shownAs}: unknown tensor ${name}`);
+    if (this.written.has(name)) throw new SafetensorsError(`${this.shownAs}: tensor ${name} written twice`);
     const bytes = bytesOf(data);
     if (bytes.length !== range.end - range.begin) {
       throw new SafetensorsError(
-        `${this.path}: tensor ${name} (${spec.dtype} ${shapeText(spec.shape)}) needs ${range.end - range.begin} bytes, got ${bytes.length}`,
+        `${this.shownAs}: tensor ${name} (${spec.dtype} ${shapeText(spec.shape)}) needs ${range.end - range.begin} bytes, got ${bytes.length}`,
       );
     }
     let done = 0;
@@ -326,7 +332,7 @@ export class SafetensorsWriter {
     const missing = [...this.specs.keys()].filter((n) => !this.written.has(n));
     if (missing.length > 0) {
       throw new SafetensorsError(
-        `${this.path}: closed before writing ${missing.length} tensors, first ${missing[0]}`,
+        `${this.shownAs}: closed before writing ${missing.length} tensors, first ${missing[0]}`,
       );
     }
   }
@@ -339,21 +345,31 @@ export class SafetensorsWriter {
   }
 }
 
-/** Writes whole tensors (in the order given) and optional string metadata. */
+/**
+ * Writes whole tensors (in the order given) and optional string metadata, under a temporary name renamed
+ * at the end (writeAside); an existing file at `path` is refused unless `overwrite` is on.
+ */
 export function writeSafetensors(
   path: string,
   tensors: Record<string, TensorData>,
   metadata: Record<string, string> = {},
+  opts: OverwriteOption = {},
 ): void {
+  const problem =
+    overwriteProblem(opts.overwrite) ??
+    targetFileProblem(path, opts.overwrite === true, "pass { overwrite: true }");
+  if (problem !== null) throw new SafetensorsError(`writeSafetensors: ${problem}`);
   const specs = Object.entries(tensors).map(([name, t]) => ({ name, dtype: t.dtype, shape: t.shape }));
-  const writer = new SafetensorsWriter(path, specs, metadata);
-  try {
-    for (const [name, t] of Object.entries(tensors)) writer.write(name, t.data);
-    writer.close();
-  } catch (err) {
-    writer.abort();
-    throw err;
-  }
+  writeAside([path], ([temp]) => {
+    const writer = new SafetensorsWriter(temp, specs, metadata, path);
+    try {
+      for (const [name, t] of Object.entries(tensors)) writer.write(name, t.data);
+      writer.close();
+    } catch (err) {
+      writer.abort();
+      throw err;
+    }
+  });
 }
 
 /** Reads one tensor of a checked header; its dtype must be one this module reads. */

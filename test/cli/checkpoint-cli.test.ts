@@ -28,7 +28,8 @@ after(() => {
 
 describe("megamoe with a V4 checkpoint", () => {
   it("run --checkpoint --layer equals the layer built from the same weights in memory, every block", () => {
-    const layers = writeTinyV4(ckpt, 11);
+    // Each test writes the checkpoint it reads (so it also runs alone), over the one before.
+    const layers = writeTinyV4(ckpt, 11, { overwrite: true });
     const tokens = 5;
     const seed = 3;
     for (const { block, source } of layers) {
@@ -59,7 +60,7 @@ describe("megamoe with a V4 checkpoint", () => {
   });
 
   it("inspect prints the MoE shape, expert formats, layers, shards and bytes", () => {
-    writeTinyV4(ckpt, 11);
+    writeTinyV4(ckpt, 11, { overwrite: true });
     const r = megamoe("inspect", ckpt);
     assert.equal(r.code, 0, r.stderr);
     assert.match(r.stdout, /E=8 H=256 I=128 top-2, 1 shared/);
@@ -74,7 +75,7 @@ describe("megamoe with a V4 checkpoint", () => {
   });
 
   it("inspect --exactness counts each FP4 block's elements that e4m3 does not hold exactly", () => {
-    writeTinyV4(ckpt, 11);
+    writeTinyV4(ckpt, 11, { overwrite: true });
     const j = JSON.parse(megamoe("inspect", ckpt, "--exactness", "--json").stdout);
     const c = openCheckpoint(ckpt) as Checkpoint;
     assert.deepEqual(Object.keys(j.fp4Exactness).sort(), ["layers.1", "layers.2", "mtp.0"]);
@@ -108,7 +109,7 @@ describe("megamoe with a V4 checkpoint", () => {
   });
 
   it("check --checkpoint runs a layer; bad --layer, --layer alone and bench's other impls are named", () => {
-    writeTinyV4(ckpt, 11);
+    writeTinyV4(ckpt, 11, { overwrite: true });
     const c = megamoe(
       "check",
       "--checkpoint",

@@ -55,13 +55,17 @@ test("writeResults writes the run's metadata and rows as JSON", () => {
     assert.ok(!Number.isNaN(Date.parse(doc.date)));
     assert.equal(typeof doc.command, "string");
     assert.equal(doc.node, process.version);
-    writeResults(file, {
-      device: { name: "x" },
-      commit: "abc1234",
-      date: "2026-01-01T00:00:00.000Z",
-      command: "bench",
-      rows: [],
-    });
+    writeResults(
+      file,
+      {
+        device: { name: "x" },
+        commit: "abc1234",
+        date: "2026-01-01T00:00:00.000Z",
+        command: "bench",
+        rows: [],
+      },
+      { overwrite: true },
+    );
     const again = JSON.parse(fs.readFileSync(file, "utf8"));
     assert.deepEqual(
       {
