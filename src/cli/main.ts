@@ -8,6 +8,7 @@ import { MAX_THREADS } from "../reference/threads.js";
 import { parseList, runBench } from "./bench.js";
 import { CHECK_FAILED_EXIT_CODE, runCheck } from "./check.js";
 import { runInspect } from "./checkpoint.js";
+import { runExport } from "./export.js";
 import { runInfo } from "./info.js";
 import { runPlot } from "./plot.js";
 import { runLayer } from "./run.js";
@@ -237,6 +238,32 @@ program
   .option("--verbose", "without a GPU, list every folder searched for the CUDA driver")
   .action(async (opts) => {
     await runBench(opts);
+  });
+
+program
+  .command("export")
+  .description(
+    "write a layer's fused forward for another runtime (megamoe_torch, docs/export.md): the cubins of every kernel it launches for T = 1 … --max-tokens and the manifest; no GPU needed",
+  )
+  .requiredOption("--out <dir>", "the folder to write (an existing non-empty one needs --force)")
+  .option("--shape <name>", shapeHelp, "flash")
+  .option(
+    "--checkpoint <dir>",
+    "a DeepSeek-V4 checkpoint directory (or one .safetensors file) instead of --shape",
+  )
+  .option("--layer <L>", "with --checkpoint: the layer (a number, layers.L or mtp.0)")
+  .option("--experts <fmt>", "routed experts' format: fp8 or fp4; default the shape's or checkpoint's")
+  .option("--max-tokens <n>", "the largest T a forward takes (default: the shape's maxTokens)")
+  .addOption(sharedOption())
+  .option("--sms <n>", "SMs of the target GPU (H100 SXM and H200: 132)", "132")
+  .option(
+    "--weight-scales <fmt>",
+    "how the caller's FP8 matrices carry their block scales: fp32 or ue8m0 (default: ue8m0 with --checkpoint, else fp32)",
+  )
+  .option("--force", "replace a non-empty --out folder")
+  .option("--json", "print the summary as JSON")
+  .action(async (opts, cmd: Command) => {
+    await runExport({ ...opts, shapeGiven: shapeGiven(cmd) });
   });
 
 program

@@ -461,7 +461,7 @@ export function buildManifest(
   if (hasShared)
     fp8Pair(
       plan,
-      { w13: "shared_w13", w2: "shared_w2", prefix: "shared" },
+      { w13: "shared_expert_w13", w2: "shared_expert_w2", prefix: "shared" },
       null,
       H,
       sharedIntermediate(c),
