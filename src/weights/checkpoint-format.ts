@@ -22,8 +22,6 @@ export class CheckpointError extends SafetensorsError {
 
 export const CONFIG_FILE = "config.json";
 export const INDEX_FILE = "model.safetensors.index.json";
-/** E8M0's only non-number: 0xFF is NaN (there is no zero and no infinity). */
-export const E8M0_NAN_BYTE = 0xff;
 
 /** The shard file name of shard k (1-based) of n, as DeepSeek's and Hugging Face's checkpoints name them. */
 export function shardName(k: number, n: number): string {
