@@ -14,7 +14,7 @@ import {
   unknownFieldProblem,
   validateConfig,
 } from "../config/config.js";
-import { bf16BitsToF32, f32ToBf16Bits, roundToBf16 } from "../numerics/bf16.js";
+import { bf16BitsToF32, f32ToBf16Bits, isBf16NonFinite, roundToBf16 } from "../numerics/bf16.js";
 import { dequantizeMxfp4, type Fp4AsFp8, mxfp4RowsToFp8 } from "../numerics/fp4.js";
 import { decodeE4m3Array, E4M3_DECODE } from "../numerics/fp8.js";
 import { fmaF32, NumericsError } from "../numerics/fp32.js";
@@ -47,11 +47,6 @@ export interface ReferenceOptions {
    * million weights or more as many as the machine has cores and memory for; the bits are the same.
    */
   threads?: number;
-}
-
-/** bf16 is non-finite when its 8 exponent bits are all ones (inf or NaN). */
-function isBf16NonFinite(bits: number): boolean {
-  return (bits & 0x7f80) === 0x7f80;
 }
 
 /**

@@ -13,7 +13,7 @@ import {
   type ValidatedConfig,
   validateConfig,
 } from "../config/config.js";
-import { f32FromBf16Array } from "../numerics/bf16.js";
+import { f32FromBf16Array, isBf16NonFinite } from "../numerics/bf16.js";
 import { checkSeed } from "../numerics/counter-rng.js";
 
 const fround = Math.fround;
@@ -69,11 +69,6 @@ function requireCount(name: string, value: number): void {
   if (!Number.isInteger(value) || value < 0) {
     throw new RouterError(`${name} must be a non-negative integer, got ${describeValue(value)}`);
   }
-}
-
-/** bf16 is non-finite when its 8 exponent bits are all ones (inf or NaN). */
-function isBf16NonFinite(bits: number): boolean {
-  return (bits & 0x7f80) === 0x7f80;
 }
 
 function hex16(bits: number): string {
