@@ -97,6 +97,7 @@ export {
   FP8_E4M3_MAX,
   FP8_E5M2_MAX,
 } from "./numerics/fp8.js";
+export { NumericsError } from "./numerics/fp32.js";
 export {
   dequantizeActivations,
   dequantizeWeightBlocks,
@@ -137,6 +138,7 @@ export { FusedPipeline } from "./pipeline/fused.js";
 export { type MoEPipeline, type UnfusedForward, UnfusedPipeline } from "./pipeline/unfused.js";
 export { calcDiff, checksum, l2Norm, relativeError } from "./reference/metrics.js";
 export {
+  checkFiniteOutput,
   type Fp4ConversionStats,
   groupByExpert,
   idealMoE,

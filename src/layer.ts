@@ -383,7 +383,12 @@ export class MoELayer {
     return table;
   }
 
-  /** Routes (unless routing is given) and computes the layer for bf16 x [tokens, hidden]. */
+  /**
+   * Routes (unless routing is given) and computes the layer for bf16 x [tokens, hidden]. On the "cpu"
+   * backend an fp32 overflow from finite inputs throws NumericsError naming its cause; the "cuda"
+   * backend returns the output as the kernels wrote it (∞ or NaN included): check it with
+   * checkFiniteOutput (docs/numerics.md, "Overflow").
+   */
   forward(x: Uint16Array, tokens: number, options: ForwardOptions = {}): ForwardResult {
     this.checkUsable();
     checkOptions("forward options", options, FORWARD_OPTIONS);

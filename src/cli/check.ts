@@ -23,7 +23,7 @@ import {
   type Verdict,
 } from "../reference/error-bounds.js";
 import { relativeError } from "../reference/metrics.js";
-import { idealMoE, referenceMoE } from "../reference/moe.js";
+import { checkFiniteOutput, idealMoE, referenceMoE } from "../reference/moe.js";
 import { routeTokens } from "../reference/router.js";
 import { generateActivations } from "../weights/generate.js";
 import { checkpointLayer, hashRouting } from "./checkpoint.js";
@@ -129,10 +129,9 @@ export async function runCheck(opts: CheckOptions): Promise<void> {
   if (backend === "cuda") {
     const layer = new MoELayer(weights, { backend: "cuda", pipeline });
     try {
-      const gpu = Float64Array.from(
-        layer.forward(x, opts.tokens, { routing, shared: opts.shared }).out,
-        bf16BitsToF32,
-      );
+      const out = layer.forward(x, opts.tokens, { routing, shared: opts.shared }).out;
+      checkFiniteOutput(out, config.hidden, "the cuda layer's output");
+      const gpu = Float64Array.from(out, bf16BitsToF32);
       comparisons.push(
         compare("cuda vs reference(fp8)", gpu, refValues, nearRef),
         compare("cuda vs ideal(fp64)", gpu, ideal, boundsVsIdeal(refRelIdeal)),
@@ -144,9 +143,13 @@ export async function runCheck(opts: CheckOptions): Promise<void> {
   const ranks = opts.ranks ?? 1;
   if (ranks > 1) {
     const inputs = splitAmongRanks(x, opts.tokens, routing, config.hidden, config.topK, ranks);
-    const joined = (outs: Uint16Array[]) => Float64Array.from(joinRankOutputs(outs), bf16BitsToF32);
+    const joined = (outs: Uint16Array[], backend: string) => {
+      const out = joinRankOutputs(outs);
+      checkFiniteOutput(out, config.hidden, `the ${backend} layer's output (${ranks} ranks)`);
+      return Float64Array.from(out, bf16BitsToF32);
+    };
     const cpuEp = new ExpertParallelMoE(weights, { ranks });
-    const cpuOut = joined(cpuEp.forward(inputs, { shared: opts.shared }).out);
+    const cpuOut = joined(cpuEp.forward(inputs, { shared: opts.shared }).out, "cpu");
     comparisons.push(compare(`${ranks} ranks (cpu) vs reference(fp8)`, cpuOut, refValues, nearRef));
     if (backend === "cuda") {
       const gpuEp = new ExpertParallelMoE(weights, {
@@ -155,7 +158,7 @@ export async function runCheck(opts: CheckOptions): Promise<void> {
         pipeline,
       });
       try {
-        const gpuOut = joined(gpuEp.forward(inputs, { shared: opts.shared }).out);
+        const gpuOut = joined(gpuEp.forward(inputs, { shared: opts.shared }).out, "cuda");
         comparisons.push(
           compare(`${ranks} ranks (cuda) vs ${ranks} ranks (cpu)`, gpuOut, cpuOut, nearRef),
           compare(`${ranks} ranks (cuda) vs reference(fp8)`, gpuOut, refValues, nearRef),

@@ -61,6 +61,43 @@ export interface InspectOptions {
   problems?: number;
   /** Also count each FP4 layer's routed elements whose e4m3 form is not exact (reads every scale). */
   exactness?: boolean;
+  /**
+   * Also read every block's experts, shared expert and gate as run does, so that a code or scale run
+   * refuses (an e4m3 NaN code, a NaN or overflowing scale, a bad tid2eid id) is a problem here too.
+   */
+  deep?: boolean;
+}
+
+/** What inspect says of the codes it did not read (without --deep). */
+const CODES_NOT_SCANNED =
+  "not scanned: megamoe inspect --deep reads every expert's codes and scales, as run does";
+
+/**
+ * Reads every routed expert, the shared expert and the gate of `weights` through its own readers (the
+ * checks run applies), adding one problem per part that fails, prefixed `where`.
+ */
+function readEveryPart(
+  weights: MoEWeightSource,
+  where: string,
+  problems: string[],
+  onExpert: () => void,
+): void {
+  const parts: [string, () => unknown][] = [
+    ...Array.from({ length: weights.config.numExperts }, (_, e): [string, () => unknown] => [
+      `expert ${e}`,
+      () => weights.expert(e),
+    ]),
+    ["shared expert", () => weights.shared()],
+    ["gate", () => weights.gate()],
+  ];
+  for (const [part, read] of parts) {
+    try {
+      read();
+    } catch (err) {
+      problems.push(`${where}${part}: ${(err as Error).message}`);
+    }
+    onExpert();
+  }
 }
 
 /** "0–2, 5" from sorted numbers. */
@@ -103,17 +140,34 @@ export function runInspect(target: string, opts: InspectOptions = {}): void {
   }
   if (!(ckpt instanceof Checkpoint)) {
     const c = ckpt.config;
+    const problems: string[] = [];
+    if (opts.deep) {
+      const bar = progressBar("reading every expert");
+      let done = 0;
+      const total = c.numExperts + 2;
+      try {
+        readEveryPart(ckpt.layer(), "", problems, () => bar.update(++done, total));
+      } catch (err) {
+        problems.push((err as Error).message);
+      }
+      bar.stop();
+    }
     const summary = {
       kind: "megamoe file",
       file: ckpt.file,
       shape: shapeOf(c),
       expertFormat: c.expertFormat ?? "fp8",
+      codesScanned: opts.deep === true,
+      ...(opts.deep ? { problems: problems.slice(0, limit), problemCount: problems.length } : {}),
     };
-    process.stdout.write(
-      opts.json
-        ? `${JSON.stringify(summary)}\n`
-        : `${pc.bold("megamoe inspect")} ${ckpt.file}\n  one layer saved by megamoe: ${summary.shape}\n`,
-    );
+    if (opts.json) process.stdout.write(`${JSON.stringify(summary)}\n`);
+    else {
+      let out = `${pc.bold("megamoe inspect")} ${ckpt.file}\n  one layer saved by megamoe: ${summary.shape}\n`;
+      out += `  ${pc.dim("codes".padEnd(12))} ${opts.deep ? "scanned: every expert, the shared expert and the gate" : CODES_NOT_SCANNED}\n`;
+      if (opts.deep) out += problemLines(problems, limit);
+      process.stdout.write(out);
+    }
+    if (problems.length > 0) process.exitCode = 1;
     return;
   }
   const m = ckpt.model;
@@ -122,7 +176,15 @@ export function runInspect(target: string, opts: InspectOptions = {}): void {
   const blocks = ckpt.blocks();
   // --exactness: per FP4 block, its routed elements and those not exact in e4m3.
   const exactness = new Map<string, Fp4Exactness>();
-  const bar = progressBar(opts.exactness ? "checking layers and FP4 scales" : "checking layers");
+  const bar = progressBar(
+    opts.deep
+      ? "reading every expert of every layer"
+      : opts.exactness
+        ? "checking layers and FP4 scales"
+        : "checking layers",
+  );
+  // With --deep the bar counts parts read (E experts, the shared expert and the gate a block).
+  const partsPerBlock = m.numExperts + 2;
   blocks.forEach((b, i) => {
     try {
       const layer = b.block.startsWith("mtp.")
@@ -131,10 +193,16 @@ export function runInspect(target: string, opts: InspectOptions = {}): void {
       const f = layer.config.expertFormat ?? "fp8";
       formats.set(f, [...(formats.get(f) ?? []), b.block]);
       if (opts.exactness && f === "fp4") exactness.set(b.block, layer.fp4Exactness());
+      if (opts.deep) {
+        let done = i * partsPerBlock;
+        readEveryPart(layer, `${b.block} `, problems, () =>
+          bar.update(++done, blocks.length * partsPerBlock),
+        );
+      }
     } catch (err) {
       problems.push(`${b.block}: ${(err as Error).message}`);
     }
-    bar.update(i + 1, blocks.length);
+    if (!opts.deep) bar.update(i + 1, blocks.length);
   });
   bar.stop();
   const onDisk = ckpt.shards.reduce((s, f) => s + fs.statSync(path.join(ckpt.dir, f)).size, 0);
@@ -166,6 +234,7 @@ export function runInspect(target: string, opts: InspectOptions = {}): void {
     totalSize: ckpt.totalSize,
     bytesOnDisk: onDisk,
     ...(opts.exactness ? { fp4Exactness: Object.fromEntries(exactness) } : {}),
+    codesScanned: opts.deep === true,
     problems: problems.slice(0, limit),
     problemCount: problems.length,
   };
@@ -199,15 +268,24 @@ export function runInspect(target: string, opts: InspectOptions = {}): void {
       `${gb(onDisk)} on disk${ckpt.totalSize === null ? "" : `, index total_size ${gb(ckpt.totalSize)}`}`,
     );
     out += line(
-      "problems",
-      problems.length === 0
-        ? "none"
-        : `${problems.length}${problems.length > limit ? `, first ${limit}` : ""}`,
+      "codes",
+      opts.deep
+        ? `scanned: every expert, shared expert and gate of ${blocks.length} blocks`
+        : CODES_NOT_SCANNED,
     );
-    for (const p of problems.slice(0, limit)) out += `    ${pc.red("•")} ${p}\n`;
+    out += problemLines(problems, limit);
     process.stdout.write(out);
   }
   if (problems.length > 0) process.exitCode = 1;
+}
+
+/** The "problems" line (count, or none) and the first `limit` problems, one a line. */
+function problemLines(problems: string[], limit: number): string {
+  const count =
+    problems.length === 0 ? "none" : `${problems.length}${problems.length > limit ? `, first ${limit}` : ""}`;
+  let out = `  ${pc.dim("problems".padEnd(12))} ${count}\n`;
+  for (const p of problems.slice(0, limit)) out += `    ${pc.red("•")} ${p}\n`;
+  return out;
 }
 
 /** "0 of 3,145,728 routed elements not exact": how run and inspect say an Fp4Exactness. */

@@ -280,6 +280,10 @@ program
     "--exactness",
     "also count each FP4 layer's routed elements that e4m3 does not hold exactly (reads every expert's scales)",
   )
+  .option(
+    "--deep",
+    "also read every expert's codes and scales, the shared expert and the gate, with run's checks (reads the whole MoE)",
+  )
   .action((dir: string, opts) => {
     runInspect(dir, opts);
   });

@@ -25,7 +25,7 @@ import {
   splitAmongRanks,
 } from "../parallel/expert-parallel.js";
 import { checksum, l2Norm } from "../reference/metrics.js";
-import type { Routing } from "../reference/moe.js";
+import { checkFiniteOutput, type Routing } from "../reference/moe.js";
 import { randomRouting, routeTokens } from "../reference/router.js";
 import { GeneratedWeights, generateActivations } from "../weights/generate.js";
 import { loadMoEWeights, saveMoEWeights } from "../weights/moe-file.js";
@@ -258,6 +258,12 @@ export async function runLayer(opts: RunOptions): Promise<void> {
     }
   }
 
+  // The GPU writes what fp32 gives: an overflow is an error here, never a norm of Infinity with exit 0.
+  checkFiniteOutput(
+    result.out,
+    config.hidden,
+    `the ${backend} layer's output${ranks > 1 ? ` (${ranks} ranks)` : ""}`,
+  );
   const values = Float32Array.from(result.out, bf16BitsToF32);
   const experts = new Set(Array.from(result.routing.ids).filter((e) => e >= 0)).size;
   const summary = {

@@ -25,6 +25,11 @@ export function f32ToBf16Bits(x: number): number {
 }
 
 /** float32 value of a bf16 pattern (0..0xFFFF). */
+/** bf16 is non-finite when its 8 exponent bits are all ones (inf or NaN). */
+export function isBf16NonFinite(bits: number): boolean {
+  return (bits & 0x7f80) === 0x7f80;
+}
+
 export function bf16BitsToF32(bits: number): number {
   if (!Number.isInteger(bits) || bits < 0 || bits > 0xffff) {
     throw new RangeError(`bf16 bits must be an integer in [0, 0xFFFF], got ${bits}`);

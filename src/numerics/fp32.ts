@@ -6,6 +6,24 @@
 
 /** The largest finite fp32, (2 − 2^-23) · 2^127. */
 export const F32_MAX = 3.4028234663852886e38;
+/**
+ * A non-finite value computed from finite inputs and weights: an fp32 overflow of a GEMM, the SwiGLU or
+ * the combine (docs/numerics.md, "Overflow"). A RangeError, as the value left fp32's range.
+ */
+export class NumericsError extends RangeError {
+  override name = "NumericsError";
+}
+
+/**
+ * Why a block scale cannot be loaded: `largest · scale` (the format's largest magnitude, 448 for e4m3 or
+ * 6 for e2m1, times the scale) rounds past fp32's range, so the block's largest weights would be
+ * infinite and a forward's result too; null when it fits. Every weight load refuses such scales.
+ */
+export function scaleOverflowProblem(scale: number, largest: number, format: string): string | null {
+  if (Number.isFinite(Math.fround(largest * scale))) return null;
+  return `times ${largest}, ${format}'s largest magnitude, it exceeds fp32's largest value ${F32_MAX.toExponential(4)}`;
+}
+
 /** The midpoint of F32_MAX and 2^128: fp32 rounding overflows to inf from here on. */
 const F32_OVERFLOW_MIDPOINT = 2 ** 128 - 2 ** 103;
 

@@ -24,6 +24,25 @@ export const E8M0_NAN = 0xff;
 /** UE8M0 exponent bias. */
 export const E8M0_BIAS = 127;
 
+/**
+ * The index of the first UE8M0 byte in `bytes` that is NaN (0xFF) or whose scale 2^(b − 127) times
+ * `largest` (a format's largest magnitude: e2m1's 6, e4m3's 448) overflows fp32, or −1: the bytes a
+ * weight load refuses (describeE8m0Problem says why).
+ */
+export function firstBadE8m0(bytes: Uint8Array, largest: number): number {
+  let limit = E8M0_NAN;
+  while (limit > 0 && !Number.isFinite(Math.fround(largest * 2 ** (limit - 1 - E8M0_BIAS)))) limit--;
+  for (let i = 0; i < bytes.length; i++) if (bytes[i] >= limit) return i;
+  return -1;
+}
+
+/** Why a byte firstBadE8m0 found is refused, after the tensor and position that name it. */
+export function describeE8m0Problem(byte: number, largest: number, format: string): string {
+  const hex = `0x${byte.toString(16).toUpperCase()}`;
+  if (byte === E8M0_NAN) return `is ${hex}, E8M0's NaN: not a scale`;
+  return `is ${hex}, the scale 2^${byte - E8M0_BIAS}: times ${largest}, ${format}'s largest magnitude, it overflows fp32`;
+}
+
 /** Value of every e2m1 code: 0..7 positive, 8..15 their negatives (code 8 is −0). */
 export const E2M1_DECODE: Float32Array = Float32Array.from([
   0, 0.5, 1, 1.5, 2, 3, 4, 6, -0, -0.5, -1, -1.5, -2, -3, -4, -6,

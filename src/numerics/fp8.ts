@@ -69,6 +69,12 @@ function checkedLookup(table: Float32Array, code: number, format: string): numbe
   return v;
 }
 
+/** The index of the first e4m3 NaN code (0x7F or 0xFF, the format's only non-numbers) in `codes`, or −1. */
+export function firstE4m3Nan(codes: Uint8Array): number {
+  for (let i = 0; i < codes.length; i++) if ((codes[i] & 0x7f) === 0x7f) return i;
+  return -1;
+}
+
 export function decodeE4m3(code: number): number {
   return checkedLookup(E4M3_DECODE, code, "e4m3");
 }

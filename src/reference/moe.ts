@@ -14,10 +14,10 @@ import {
   unknownFieldProblem,
   validateConfig,
 } from "../config/config.js";
-import { bf16BitsToF32, f32ToBf16Bits, roundToBf16 } from "../numerics/bf16.js";
+import { bf16BitsToF32, f32ToBf16Bits, isBf16NonFinite, roundToBf16 } from "../numerics/bf16.js";
 import { dequantizeMxfp4, type Fp4AsFp8, mxfp4RowsToFp8 } from "../numerics/fp4.js";
 import { decodeE4m3Array, E4M3_DECODE } from "../numerics/fp8.js";
-import { fmaF32 } from "../numerics/fp32.js";
+import { fmaF32, NumericsError } from "../numerics/fp32.js";
 import { quantizeActivations, quantizeRow128 } from "../numerics/quant.js";
 import { generateNumberedExpert } from "../weights/generate.js";
 import {
@@ -47,6 +47,30 @@ export interface ReferenceOptions {
    * million weights or more as many as the machine has cores and memory for; the bits are the same.
    */
   threads?: number;
+}
+
+/**
+ * Throws NumericsError naming the first non-finite element of a layer's bf16 output [tokens, hidden]
+ * (`what` names the output: "the cuda layer's output"). The CPU reference never returns one (it throws
+ * naming the cause); the GPU kernels write what fp32 gives, so a caller that reads a GPU output back
+ * checks it here (the CLI's run and check do).
+ */
+export function checkFiniteOutput(out: Uint16Array, hidden: number, what: string): void {
+  for (let i = 0; i < out.length; i++) {
+    if (isBf16NonFinite(out[i])) {
+      throw new NumericsError(
+        `${what}[${Math.floor(i / hidden)}, ${i % hidden}] is ${bf16BitsToF32(out[i])} (bf16 bits 0x${out[i].toString(16)}): finite inputs and weights overflowed fp32 (docs/numerics.md, "Overflow")`,
+      );
+    }
+  }
+}
+
+/** The largest |value| of a quantized row: its e4m3 values times their 128-channel block scales. */
+function rowMagnitude(row: Float32Array, scales: Float32Array): number {
+  let max = 0;
+  for (let i = 0; i < row.length; i++)
+    max = Math.max(max, Math.abs(row[i]) * scales[Math.floor(i / QUANT_BLOCK)]);
+  return max;
 }
 
 /** Which (token, slot) pairs each expert serves, in token order. */
@@ -209,13 +233,15 @@ function expertRows(
 
 /**
  * One expert MLP on FP8 rows: L1 → SwiGLU → re-quantization → L2. Returns the fp32 L2 results [H]
- * of every row, in the order given. `rowName(i)` names row i in an error ("expert 3, token 5").
+ * of every row, in the order given. An fp32 overflow throws NumericsError naming the expert (`what`)
+ * and the row (`rowName(i)`: "x[5]", the token's input).
  */
 function expertForward(
   config: MoEConfig,
   weights: { w1: ScaledRows; w2: ScaledRows },
   rows: Float32Array[],
   rowScales: Float32Array[],
+  what: string,
   rowName: (row: number) => string,
 ): Float32Array[] {
   const inter = weights.w1.rows / 2;
@@ -230,8 +256,8 @@ function expertForward(
       h[n] = swiglu(acc[n], acc[inter + n], config.swigluClamp);
       // Finite x and weights can still overflow the fp32 L1 sums; say so, not "quantizeRow128: NaN".
       if (!Number.isFinite(h[n])) {
-        throw new RangeError(
-          `${rowName(i)}: the SwiGLU of the L1 results is ${h[n]} at intermediate channel ${n} (an fp32 overflow: the input or the weights are too large)`,
+        throw new NumericsError(
+          `${what}: ${rowName(i)} (largest |value| ${rowMagnitude(rows[i], rowScales[i]).toExponential(3)}) times W1 overflows fp32: at intermediate channel ${n} the L1 results are gate ${acc[n]}, up ${acc[inter + n]}, their SwiGLU ${h[n]} (the input or the weights are too large)`,
         );
       }
     }
@@ -244,6 +270,14 @@ function expertForward(
   }
   const out = rows.map(() => new Float32Array(config.hidden));
   blockScaledGemm(hRows, hScales, weights.w2, out);
+  for (const [i, y] of out.entries()) {
+    const n = y.findIndex((v) => !Number.isFinite(v));
+    if (n >= 0) {
+      throw new NumericsError(
+        `${what}: for ${rowName(i)} the L2 result is ${y[n]} at output channel ${n}: the intermediate (largest |value| ${rowMagnitude(hRows[i], hScales[i]).toExponential(3)}) times W2 overflows fp32 (the input or the weights are too large)`,
+      );
+    }
+  }
   return out;
 }
 
@@ -274,7 +308,8 @@ export function expertOnQuantizedRows(
     expertRows(weights, "expert"),
     Array.from({ length: rows }, (_, r) => decoded.subarray(r * h, (r + 1) * h)),
     Array.from({ length: rows }, (_, r) => scales.subarray(r * kb, (r + 1) * kb)),
-    (r) => `expertOnQuantizedRows, row ${r}`,
+    "expertOnQuantizedRows",
+    (r) => `row ${r}`,
   );
   const out = new Uint16Array(rows * h);
   y.forEach((row, r) => {
@@ -537,7 +572,8 @@ export function runExpertTask(job: ExpertJob, task: ExpertTask, scratch: ExpertS
       expertRows(weights, what, stats),
       rows,
       scales,
-      (i) => `${what}, token ${tokens[i]}`,
+      what,
+      (i) => `x[${tokens[i]}]`,
     );
     for (const [i, row] of y.entries()) {
       if (shared) job.sharedOut.set(row, dst(i));
@@ -695,10 +731,51 @@ export function referenceMoE(
         acc = Math.fround(acc + Math.fround(routing.weights[t * k + s] * y));
       }
       if (work.shared !== null) acc = Math.fround(acc + roundToBf16(sharedOut[t * hidden + n]));
-      out[t * hidden + n] = f32ToBf16Bits(acc);
+      const bits = f32ToBf16Bits(acc);
+      if (isBf16NonFinite(bits)) throw combineOverflow(t, n, acc, routing, job, work.shared !== null);
+      out[t * hidden + n] = bits;
     }
   }
   return out;
+}
+
+/**
+ * The error of a combine whose output (token t, channel n) is not finite, naming the cause: a routing
+ * weight whose product with its expert's result overflows fp32, or the sum of finite terms.
+ */
+function combineOverflow(
+  t: number,
+  n: number,
+  acc: number,
+  routing: Routing,
+  job: ReferenceJob,
+  shared: boolean,
+): NumericsError {
+  const { hidden, topK: k } = job.config;
+  const where = `output[${t}, ${n}] is not finite`;
+  const terms: string[] = [];
+  for (let s = 0; s < k; s++) {
+    const e = routing.ids[t * k + s];
+    if (e < 0) continue;
+    const w = routing.weights[t * k + s];
+    const y = job.slotOut[(t * k + s) * hidden + n];
+    if (!Number.isFinite(y)) {
+      return new NumericsError(
+        `${where}: expert ${e}'s result for x[${t}] there rounds past bf16's largest value (docs/numerics.md, "Overflow")`,
+      );
+    }
+    if (!Number.isFinite(Math.fround(w * y))) {
+      return new NumericsError(
+        `${where}: the routing weight of token ${t}, slot ${s} (${w}) times expert ${e}'s result there (${y}) overflows fp32 (docs/numerics.md, "Overflow")`,
+      );
+    }
+    terms.push(`${w} · ${y}`);
+  }
+  if (shared) terms.push(`shared ${roundToBf16(job.sharedOut[t * hidden + n])}`);
+  const sum = Number.isFinite(acc) ? `is ${acc}, past bf16's largest value` : "overflows fp32";
+  return new NumericsError(
+    `${where}: the sum of token ${t}'s terms (${terms.join(", ")}) ${sum} (docs/numerics.md, "Overflow")`,
+  );
 }
 
 /**

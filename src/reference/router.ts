@@ -13,7 +13,7 @@ import {
   type ValidatedConfig,
   validateConfig,
 } from "../config/config.js";
-import { f32FromBf16Array } from "../numerics/bf16.js";
+import { f32FromBf16Array, isBf16NonFinite } from "../numerics/bf16.js";
 import { checkSeed } from "../numerics/counter-rng.js";
 
 const fround = Math.fround;
@@ -69,11 +69,6 @@ function requireCount(name: string, value: number): void {
   if (!Number.isInteger(value) || value < 0) {
     throw new RouterError(`${name} must be a non-negative integer, got ${describeValue(value)}`);
   }
-}
-
-/** bf16 is non-finite when its 8 exponent bits are all ones (inf or NaN). */
-function isBf16NonFinite(bits: number): boolean {
-  return (bits & 0x7f80) === 0x7f80;
 }
 
 function hex16(bits: number): string {
@@ -155,9 +150,31 @@ export function gateLogits(
       let sum = 0; // double: exact products, one rounding to fp32 at the end
       for (let h = 0; h < hidden; h++) sum += xf[xRow + h] * wf[wRow + h];
       logits[t * numExperts + e] = sum;
+      if (!Number.isFinite(logits[t * numExperts + e])) throw logitOverflow(xf, wf, t, e, hidden, sum);
     }
   }
   return logits;
+}
+
+/**
+ * The error of a logit past fp32's range (finite bf16 x and weights, e.g. x near bf16's largest value):
+ * it names x's token and its largest element, which the scores would otherwise turn into NaN.
+ */
+function logitOverflow(
+  xf: Float32Array,
+  wf: Float32Array,
+  t: number,
+  e: number,
+  hidden: number,
+  sum: number,
+): RouterError {
+  let at = 0;
+  for (let h = 1; h < hidden; h++) if (Math.abs(xf[t * hidden + h]) > Math.abs(xf[t * hidden + at])) at = h;
+  let wMax = 0;
+  for (let h = 0; h < hidden; h++) wMax = Math.max(wMax, Math.abs(wf[e * hidden + h]));
+  return new RouterError(
+    `x[${t}] is too large for the gate: its logit for expert ${e} is ${sum.toExponential(4)}, past fp32's range (x[${t}, ${at}] = ${xf[t * hidden + at]}, the largest of token ${t}; gate.weight[${e}] is at most ${wMax} in magnitude)`,
+  );
 }
 
 /** sigmoid(l) = 1 / (1 + exp(−l)), in double. */

@@ -6,6 +6,7 @@
  */
 import os from "node:os";
 import { MessageChannel, type MessagePort, receiveMessageOnPort, Worker } from "node:worker_threads";
+import { NumericsError } from "../numerics/fp32.js";
 
 /** A worker's answer to one task: its index and either a result or the error it threw. */
 export interface TaskReply {
@@ -132,6 +133,7 @@ function workers(n: number): PoolWorker[] | null {
 /** The error a worker reported, as the same kind of error here. */
 function rethrown(e: { name: string; message: string }): Error {
   if (e.name === "RangeError") return new RangeError(e.message);
+  if (e.name === "NumericsError") return new NumericsError(e.message);
   if (e.name === "TypeError") return new TypeError(e.message);
   const error = new Error(e.message);
   error.name = e.name;

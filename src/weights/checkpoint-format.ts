@@ -22,8 +22,6 @@ export class CheckpointError extends SafetensorsError {
 
 export const CONFIG_FILE = "config.json";
 export const INDEX_FILE = "model.safetensors.index.json";
-/** E8M0's only non-number: 0xFF is NaN (there is no zero and no infinity). */
-export const E8M0_NAN_BYTE = 0xff;
 
 /** The shard file name of shard k (1-based) of n, as DeepSeek's and Hugging Face's checkpoints name them. */
 export function shardName(k: number, n: number): string {
@@ -275,6 +273,28 @@ export function v4BlockTensors(block: V4Block, config: MoEConfig, vocab: number 
 
 // ---------------------------------------------------------------------------------------------------
 // Reading config.json and the index
+
+/**
+ * Whether `file` exists: false only when the OS says ENOENT (a dangling symbolic link is an error naming
+ * its target); any other failure (permission denied, a symbolic link loop) is a CheckpointError with the
+ * OS's reason, so that it is not reported as a missing file.
+ */
+export function fileExists(file: string): boolean {
+  try {
+    fs.statSync(file);
+    return true;
+  } catch (err) {
+    const e = err as NodeJS.ErrnoException;
+    if (e.code !== "ENOENT") throw new CheckpointError(`${file}: cannot open: ${e.message}`);
+    let target: string | null = null;
+    try {
+      target = fs.readlinkSync(file);
+    } catch {
+      return false; // not a link: the file is missing
+    }
+    throw new CheckpointError(`${file}: a symbolic link to ${target}, which does not exist`);
+  }
+}
 
 export function readJson(file: string): unknown {
   let text: string;

@@ -5,16 +5,17 @@
  */
 import fs from "node:fs";
 import { QUANT_BLOCK, type ValidatedConfig } from "../config/config.js";
-import { countFp4ToFp8Inexact, fp4BlocksExact } from "../numerics/fp4.js";
-import { E4M3_DECODE } from "../numerics/fp8.js";
-import type { TensorLocation } from "./checkpoint.js";
 import {
-  CheckpointError,
-  E8M0_NAN_BYTE,
-  type V4Block,
-  type V4Projection,
-  v4Names,
-} from "./checkpoint-format.js";
+  countFp4ToFp8Inexact,
+  describeE8m0Problem,
+  E2M1_MAX,
+  E8M0_BIAS,
+  firstBadE8m0,
+  fp4BlocksExact,
+} from "../numerics/fp4.js";
+import { FP8_E4M3_MAX, firstE4m3Nan } from "../numerics/fp8.js";
+import type { TensorLocation } from "./checkpoint.js";
+import { CheckpointError, type V4Block, type V4Projection, v4Names } from "./checkpoint-format.js";
 import { ExpertCache } from "./expert-cache.js";
 import { openForReading, readExactly } from "./safetensors.js";
 import {
@@ -30,37 +31,40 @@ import {
   type RoutedExpertWeights,
 } from "./types.js";
 
-/** 2^(b − 127) for E8M0 bytes (exact in fp32: b = 0 is the subnormal 2^−127); 0xFF throws, naming where. */
+/**
+ * 2^(b − 127) for the E8M0 scale bytes of FP8 weights (exact in fp32: b = 0 is the subnormal 2^−127);
+ * 0xFF, and bytes whose scale times 448 overflows fp32, throw naming where (checkE8m0).
+ */
 export function e8m0ToScales(bytes: Uint8Array, file: string, name: string, cols: number): Float32Array {
+  checkE8m0(bytes, file, name, cols, FP8_E4M3_MAX, "e4m3");
   const out = new Float32Array(bytes.length);
-  for (let i = 0; i < bytes.length; i++) {
-    const b = bytes[i];
-    if (b === E8M0_NAN_BYTE) {
-      throw new CheckpointError(
-        `${file}: tensor ${name}[${Math.floor(i / cols)}, ${i % cols}] is 0xFF, E8M0's NaN: not a scale`,
-      );
-    }
-    out[i] = 2 ** (b - 127);
-  }
+  for (let i = 0; i < bytes.length; i++) out[i] = 2 ** (bytes[i] - E8M0_BIAS);
   return out;
 }
 
-function checkE8m0(bytes: Uint8Array, file: string, name: string, cols: number): void {
-  const i = bytes.indexOf(E8M0_NAN_BYTE);
+/** Throws naming tensor, row and column of the first scale byte firstBadE8m0 refuses for `format`'s codes. */
+function checkE8m0(
+  bytes: Uint8Array,
+  file: string,
+  name: string,
+  cols: number,
+  largest = E2M1_MAX,
+  format = "e2m1",
+): void {
+  const i = firstBadE8m0(bytes, largest);
   if (i >= 0) {
     throw new CheckpointError(
-      `${file}: tensor ${name}[${Math.floor(i / cols)}, ${i % cols}] is 0xFF, E8M0's NaN: not a scale`,
+      `${file}: tensor ${name}[${Math.floor(i / cols)}, ${i % cols}] ${describeE8m0Problem(bytes[i], largest, format)}`,
     );
   }
 }
 
 function checkE4m3(codes: Uint8Array, file: string, name: string, cols: number): void {
-  for (let i = 0; i < codes.length; i++) {
-    if (Number.isNaN(E4M3_DECODE[codes[i]])) {
-      throw new CheckpointError(
-        `${file}: tensor ${name}[${Math.floor(i / cols)}, ${i % cols}] is e4m3 NaN (code 0x${codes[i].toString(16)})`,
-      );
-    }
+  const i = firstE4m3Nan(codes);
+  if (i >= 0) {
+    throw new CheckpointError(
+      `${file}: tensor ${name}[${Math.floor(i / cols)}, ${i % cols}] is e4m3 NaN (code 0x${codes[i].toString(16)})`,
+    );
   }
 }
 

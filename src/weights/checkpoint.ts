@@ -25,6 +25,7 @@ import {
   CONFIG_FILE,
   type Expected,
   expertFormatOfDtype,
+  fileExists,
   INDEX_FILE,
   parseIndex,
   parseV4Config,
@@ -78,7 +79,7 @@ export class Checkpoint {
     this.shards = [...new Set(weightMap.values())].sort();
     for (const shard of this.shards) {
       const file = path.join(dir, shard);
-      if (!fs.existsSync(file)) {
+      if (!fileExists(file)) {
         const first = [...weightMap].find(([, s]) => s === shard)?.[0];
         throw new CheckpointError(`${file}: missing shard (the index maps ${first} and others to it)`);
       }
@@ -283,12 +284,18 @@ export function openCheckpoint(target: string): Checkpoint | LegacyFile {
   if (stat.isDirectory()) {
     const configFile = path.join(target, CONFIG_FILE);
     const indexFile = path.join(target, INDEX_FILE);
-    if (!fs.existsSync(configFile))
+    if (!fileExists(configFile))
       throw new CheckpointError(`${configFile}: missing: a V4 checkpoint needs its config.json`);
     const model = parseV4Config(configFile, readJson(configFile));
-    if (!fs.existsSync(indexFile)) {
+    if (!fileExists(indexFile)) {
       // A one-shard checkpoint may ship without an index: its only .safetensors file is the map.
-      const files = fs.readdirSync(target).filter((f) => f.endsWith(".safetensors"));
+      let names: string[];
+      try {
+        names = fs.readdirSync(target);
+      } catch (err) {
+        throw new CheckpointError(`${target}: cannot list: ${(err as Error).message}`);
+      }
+      const files = names.filter((f) => f.endsWith(".safetensors"));
       if (files.length !== 1) {
         throw new CheckpointError(
           `${indexFile}: missing, and the directory holds ${files.length} .safetensors files, not one`,
@@ -303,7 +310,7 @@ export function openCheckpoint(target: string): Checkpoint | LegacyFile {
   const dir = path.dirname(target);
   const saved = header.metadata["megamoe.config"];
   const hasV4Names = [...header.tensors.keys()].some((n) => /^(layers|mtp)\.\d+\.ffn\./.test(n));
-  if (hasV4Names && fs.existsSync(path.join(dir, CONFIG_FILE))) {
+  if (hasV4Names && fileExists(path.join(dir, CONFIG_FILE))) {
     return singleShard(
       dir,
       path.basename(target),

@@ -13,7 +13,9 @@ import {
   validateConfig,
 } from "../config/config.js";
 import { type OverwriteOption, overwriteProblem, targetFileProblem, writeAside } from "../io/write-aside.js";
-import { E8M0_NAN } from "../numerics/fp4.js";
+import { describeE8m0Problem, E2M1_MAX, E8M0_NAN, firstBadE8m0 } from "../numerics/fp4.js";
+import { FP8_E4M3_MAX, firstE4m3Nan } from "../numerics/fp8.js";
+import { scaleOverflowProblem } from "../numerics/fp32.js";
 import { ExpertCache } from "./expert-cache.js";
 import {
   bytesOf,
@@ -370,7 +372,8 @@ class SafetensorsWeights implements MoEWeightSource {
         this.readInto(fd, weightName, targets[proj].q);
         checkE4m3Codes(this.header.path, weightName, targets[proj].q);
         this.readInto(fd, scaleName, targets[proj].scales);
-        checkScales(this.header.path, scaleName, targets[proj].scales);
+        const [, cols] = projectionShape(proj, h, inter);
+        checkScales(this.header.path, scaleName, targets[proj].scales, cols / QUANT_BLOCK);
       }
     } finally {
       fs.closeSync(fd);
@@ -411,33 +414,47 @@ class SafetensorsWeights implements MoEWeightSource {
 
 /** e4m3 has no infinity; its NaN codes (0x7F, 0xFF) would run through the layer to a NaN output. */
 function checkE4m3Codes(path: string, name: string, q: Uint8Array): void {
-  for (let i = 0; i < q.length; i++) {
-    if ((q[i]! & 0x7f) === 0x7f) {
-      throw new SafetensorsError(
-        `${path}: tensor ${name}[${i}] holds the FP8 e4m3 NaN code 0x${q[i]!.toString(16)}`,
-      );
-    }
+  const i = firstE4m3Nan(q);
+  if (i >= 0) {
+    throw new SafetensorsError(
+      `${path}: tensor ${name}[${i}] holds the FP8 e4m3 NaN code 0x${q[i]!.toString(16)}`,
+    );
   }
 }
 
-/** Weight scales must be positive and finite: anything else means a corrupt or foreign file. */
-function checkScales(path: string, name: string, scales: Float32Array): void {
+/**
+ * Weight scales must be positive and finite (anything else means a corrupt or foreign file), and small
+ * enough that 448 (e4m3's largest magnitude) times the scale is an fp32 value: else the block's weights,
+ * and the layer's output, would be infinite. The error names the tensor and the block [row, col].
+ */
+function checkScales(path: string, name: string, scales: Float32Array, blockCols: number): void {
   for (let i = 0; i < scales.length; i++) {
     const s = scales[i];
     if (!(s > 0 && s < Number.POSITIVE_INFINITY)) {
       throw new SafetensorsError(`${path}: tensor ${name}[${i}] = ${s} is not a positive finite scale`);
     }
+    const overflow = scaleOverflowProblem(s, FP8_E4M3_MAX, "e4m3");
+    if (overflow !== null) {
+      throw new SafetensorsError(
+        `${path}: tensor ${name}, block [${Math.floor(i / blockCols)}, ${i % blockCols}]: the scale ${s} is too large: ${overflow}`,
+      );
+    }
   }
 }
 
-/** UE8M0 scale bytes must not be 0xFF (NaN); the error names the tensor's row and K group. */
+/**
+ * UE8M0 scale bytes must not be 0xFF (NaN) nor so large that 6 (e2m1's largest magnitude) times the scale
+ * overflows fp32; the error names the tensor's row and K group.
+ */
 function checkE8m0Scales(path: string, name: string, scales: Uint8Array, perRow: number): void {
-  const i = scales.indexOf(E8M0_NAN);
-  if (i >= 0) {
-    throw new SafetensorsError(
-      `${path}: tensor ${name} has UE8M0 scale byte 0xFF (NaN) at row ${Math.floor(i / perRow)}, K group ${i % perRow}`,
-    );
-  }
+  const i = firstBadE8m0(scales, E2M1_MAX);
+  if (i < 0) return;
+  const at = `row ${Math.floor(i / perRow)}, K group ${i % perRow}`;
+  throw new SafetensorsError(
+    scales[i] === E8M0_NAN
+      ? `${path}: tensor ${name} has UE8M0 scale byte 0xFF (NaN) at ${at}`
+      : `${path}: tensor ${name} at ${at}: the UE8M0 scale byte ${describeE8m0Problem(scales[i], E2M1_MAX, "e2m1")}`,
+  );
 }
 
 /**

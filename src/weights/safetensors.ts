@@ -175,7 +175,14 @@ function parseTensorInfo(path: string, name: string, entry: unknown, dataBytes: 
 export function readSafetensorsHeader(path: string): SafetensorsHeader {
   const fd = openForReading(path);
   try {
-    const fileSize = fs.fstatSync(fd).size;
+    const stat = fs.fstatSync(fd);
+    if (stat.isDirectory()) {
+      // Opening a directory succeeds on Linux; its first read would fail with a bare EISDIR.
+      throw new SafetensorsError(
+        `${path}: is a directory, not a safetensors file (a DeepSeek-V4 checkpoint directory opens with openCheckpoint, or --checkpoint on the command line)`,
+      );
+    }
+    const fileSize = stat.size;
     if (fileSize < HEADER_LENGTH_BYTES) {
       throw new SafetensorsError(
         `${path}: truncated: ${fileSize} bytes, shorter than the 8-byte header length`,
@@ -194,12 +201,22 @@ export function readSafetensorsHeader(path: string): SafetensorsHeader {
     const raw = new Uint8Array(headerBytes);
     readExactly(fd, raw, HEADER_LENGTH_BYTES, "the header", path);
     let json: unknown;
+    let text: string;
     try {
-      json = JSON.parse(new TextDecoder("utf-8", { fatal: true }).decode(raw));
+      text = new TextDecoder("utf-8", { fatal: true }).decode(raw);
+      json = JSON.parse(text);
     } catch (err) {
       throw new SafetensorsError(`${path}: header is not valid UTF-8 JSON: ${(err as Error).message}`);
     }
     if (!isPlainObject(json)) throw new SafetensorsError(`${path}: header JSON is not an object`);
+    const twice = firstRepeatedKey(text);
+    if (twice !== null) {
+      throw new SafetensorsError(
+        twice === METADATA_KEY
+          ? `${path}: the header lists ${METADATA_KEY} twice`
+          : `${path}: the header lists tensor ${twice} twice (safetensors names each tensor once)`,
+      );
+    }
     const dataStart = HEADER_LENGTH_BYTES + headerBytes;
     const dataBytes = fileSize - dataStart;
     const metadata: Record<string, string> = {};
@@ -221,6 +238,39 @@ export function readSafetensorsHeader(path: string): SafetensorsHeader {
   } finally {
     fs.closeSync(fd);
   }
+}
+
+/**
+ * The first top-level key of a JSON object text that appears twice, or null. JSON.parse keeps the last
+ * of repeated keys without a word, so a header naming one tensor twice would read the last entry's bytes:
+ * the keys are found in the text itself. `text` must be valid JSON (it was parsed first).
+ */
+function firstRepeatedKey(text: string): string | null {
+  const seen = new Set<string>();
+  let depth = 0;
+  let keyNext = false;
+  for (let i = 0; i < text.length; i++) {
+    const c = text[i];
+    if (c === '"') {
+      let j = i + 1;
+      while (text[j] !== '"') j += text[j] === "\\" ? 2 : 1;
+      if (depth === 1 && keyNext) {
+        const key = JSON.parse(text.slice(i, j + 1)) as string;
+        if (seen.has(key)) return key;
+        seen.add(key);
+        keyNext = false;
+      }
+      i = j;
+    } else if (c === "{" || c === "[") {
+      depth++;
+      keyNext = depth === 1 && c === "{";
+    } else if (c === "}" || c === "]") {
+      depth--;
+    } else if (c === "," && depth === 1) {
+      keyNext = true;
+    }
+  }
+  return null;
 }
 
 function checkDisjoint(path: string, tensors: Map<string, TensorInfo>): void {

@@ -3,6 +3,8 @@
  */
 import { describeValue, type ExpertFormat, QUANT_BLOCK, type ValidatedConfig } from "../config/config.js";
 import { MXFP4_GROUP } from "../numerics/fp4.js";
+import { FP8_E4M3_MAX, firstE4m3Nan } from "../numerics/fp8.js";
+import { scaleOverflowProblem } from "../numerics/fp32.js";
 
 /** An FP8 e4m3 matrix [rows, cols] (row-major) with one fp32 scale per 128×128 block. */
 export interface BlockQuantized {
@@ -165,10 +167,25 @@ function blockQuantizedProblem(what: string, m: unknown, rows: number, cols: num
     typedArrayProblem(`${what}.q`, b.q, Uint8Array, rows * cols, "e4m3 codes") ??
     typedArrayProblem(`${what}.scales`, b.scales, Float32Array, blocks, "block scales");
   if (problem !== null) return problem;
-  // A NaN, zero or negative scale would come out later as a "non-finite value" in the intermediate.
+  // A NaN, zero or negative scale, one too large for e4m3's 448 in fp32, or an e4m3 NaN code would come
+  // out later as a non-finite value in the intermediate or the output, naming no weight: the file
+  // loaders refuse the same (moe-file.ts, checkpoint-layer.ts).
   const scales = b.scales as Float32Array;
-  const bad = scales.findIndex((v) => !(v > 0 && v < Number.POSITIVE_INFINITY));
-  return bad < 0 ? null : `${what}.scales[${bad}] = ${scales[bad]} is not a positive finite scale`;
+  const blockCols = cols / QUANT_BLOCK;
+  for (let i = 0; i < scales.length; i++) {
+    const s = scales[i];
+    if (!(s > 0 && s < Number.POSITIVE_INFINITY))
+      return `${what}.scales[${i}] = ${s} is not a positive finite scale`;
+    const overflow = scaleOverflowProblem(s, FP8_E4M3_MAX, "e4m3");
+    if (overflow !== null) {
+      return `${what}.scales[${i}] (block [${Math.floor(i / blockCols)}, ${i % blockCols}]) = ${s} is too large: ${overflow}`;
+    }
+  }
+  const q = b.q as Uint8Array;
+  const nan = firstE4m3Nan(q);
+  return nan < 0
+    ? null
+    : `${what}.q[${nan}] (row ${Math.floor(nan / cols)}, column ${nan % cols}) is the e4m3 NaN code 0x${q[nan].toString(16)}`;
 }
 
 /** Why `m` is not an MXFP4 [rows, cols] matrix (kinds and lengths; 0xFF scales are refused where read), or null. */
