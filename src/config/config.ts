@@ -183,16 +183,22 @@ const ROUTER_FIELDS: readonly (keyof RouterConfig)[] = [
   "hashRouted",
 ];
 
-/** A short description of a value for an error message: its type, or its constructor's name. */
+/**
+ * A short description of a value for an error message: a number as `number 5`; any other primitive by
+ * its type and its value as written in source (`the string "1"`, `the bigint 1n`, `the boolean true`),
+ * so "1" and 1n never read as the number 1; an object by its constructor's name.
+ */
 export function describeValue(v: unknown): string {
   if (v === null) return "null";
   // typeof and String() both give "undefined": say it once, not "got undefined undefined".
   if (v === undefined) return "undefined";
   if (Array.isArray(v)) return "Array";
   if (typeof v === "object") return (v as object).constructor?.name ?? "object";
-  if (typeof v === "string") return JSON.stringify(v);
   if (typeof v === "function") return "function";
-  return `${typeof v} ${String(v)}`;
+  if (typeof v === "number") return `number ${String(v)}`;
+  if (typeof v === "string") return `the string ${JSON.stringify(v)}`;
+  if (typeof v === "bigint") return `the bigint ${String(v)}n`;
+  return `the ${typeof v} ${String(v)}`;
 }
 
 function editDistance(a: string, b: string): number {
