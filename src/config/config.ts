@@ -242,6 +242,23 @@ export function unknownFieldProblem(where: string, value: object, known: readonl
   return `unknown ${where} field ${key}${near === undefined ? "" : ` (did you mean ${near}?)`}; known: ${known.join(", ")}`;
 }
 
+/**
+ * Throws `error(message)` unless `options` is undefined or an object whose fields are all in `known`:
+ * the one rule of every options object of the API, as of configs, so that a misspelt field is an error
+ * rather than a default taken without a word. `where` names the options ("RandomV4Weights options").
+ */
+export function checkOptionFields(
+  where: string,
+  options: unknown,
+  known: readonly string[],
+  error: (message: string) => Error,
+): void {
+  if (options === undefined) return;
+  if (!isPlainObject(options)) throw error(`${where} must be an object, got ${describeValue(options)}`);
+  const problem = unknownFieldProblem(where, options, known);
+  if (problem !== null) throw error(problem);
+}
+
 function checkKnownFields(where: string, value: object, known: readonly string[]): void {
   for (const key of Object.keys(value)) {
     if (known.includes(key)) continue;

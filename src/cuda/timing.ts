@@ -12,6 +12,7 @@
 import { execFileSync } from "node:child_process";
 import fs from "node:fs";
 import path from "node:path";
+import { checkOptionFields } from "../config/config.js";
 import { CudaGraph, type Device, Event, type Stream } from "./driver.js";
 import { packageRoot } from "./jit.js";
 import { makeDirectory } from "./mkdir.js";
@@ -113,6 +114,12 @@ export function timeKernel(
   fn: (stream: Stream) => void,
   options: TimeKernelOptions = {},
 ): Timing {
+  checkOptionFields(
+    "timeKernel options",
+    options,
+    ["warmup", "warmupMs", "iters", "graph", "l2Flush", "rotate", "stream"],
+    (m) => new RangeError(m),
+  );
   const warmup = options.warmup ?? 10;
   const iters = options.iters ?? 50;
   if (!Number.isInteger(warmup) || warmup < 0)
@@ -241,6 +248,13 @@ export function deviceSummary(device: Device): Record<string, unknown> {
 
 /** Write `{ device, commit, date, command, node, rows }` as pretty JSON to `file` (folders created). */
 export function writeResults<Row extends object = ResultRow>(file: string, meta: ResultsMeta<Row>): void {
+  if (meta === undefined) throw new TypeError("writeResults needs its meta ({ device, rows, … })");
+  checkOptionFields(
+    "writeResults meta",
+    meta,
+    ["device", "commit", "date", "command", "rows"],
+    (m) => new TypeError(m),
+  );
   const doc = {
     device: meta.device,
     commit: meta.commit ?? process.env.MEGAMOE_COMMIT ?? gitCommit(),
