@@ -78,6 +78,12 @@ export interface MoEConfig {
 /** Channels per activation scale and the edge of a weight-scale block. */
 export const QUANT_BLOCK = 128;
 export const MAX_TOKENS_LIMIT = 65536;
+/**
+ * The most elements one typed array may hold (V8's limit on 64-bit hosts): a larger length is a raw
+ * `RangeError: Invalid typed array length` when the reference or the weight generator allocates it, so
+ * `validateConfig` bounds the largest of their arrays by it (see `allocationProblem`).
+ */
+export const MAX_ARRAY_ELEMENTS = 2 ** 32;
 
 const DEEPSEEK_V4_ROUTER: RouterConfig = {
   scoring: "sqrtsoftplus",
@@ -286,9 +292,36 @@ function requireBoolean(field: string, value: unknown): void {
 }
 
 /**
+ * The largest arrays the CPU reference and the weight generators allocate for a config, each at most
+ * MAX_ARRAY_ELEMENTS elements: one MLP's W1 (its e4m3 codes, and the generator's fp32 buffer) of
+ * 2 · intermediate · hidden elements for a routed expert and 2 · intermediate · numShared · hidden for
+ * the fused shared one, and the reference's per-slot expert outputs of maxTokens · topK · hidden. (x and
+ * the output, maxTokens · hidden, and the gate, numExperts · hidden, fit by the fields' own bounds.)
+ */
+function allocationProblem(c: MoEConfig): string | null {
+  const shared = Math.max(c.numShared, 1);
+  const w1 = 2 * c.intermediate * shared * c.hidden;
+  if (w1 > MAX_ARRAY_ELEMENTS) {
+    const what =
+      c.numShared > 1
+        ? `2 · intermediate · numShared · hidden = 2 · ${c.intermediate} · ${c.numShared} · ${c.hidden}`
+        : `2 · intermediate · hidden = 2 · ${c.intermediate} · ${c.hidden}`;
+    return `${what} = ${w1} elements of one W1 exceed ${MAX_ARRAY_ELEMENTS} (2^32), the most one array can hold`;
+  }
+  const slots = c.maxTokens * c.topK * c.hidden;
+  if (slots > MAX_ARRAY_ELEMENTS) {
+    return `maxTokens · topK · hidden = ${c.maxTokens} · ${c.topK} · ${c.hidden} = ${slots} expert outputs exceed ${MAX_ARRAY_ELEMENTS} (2^32), the most one array can hold`;
+  }
+  return null;
+}
+
+/**
  * Checks every field (and that there are no others) and returns the config as a frozen
  * `ValidatedConfig` copy; a config this function returned comes back as it is, unchecked. Throws
- * ConfigError naming the first bad field.
+ * ConfigError naming the first bad field. Fields in range can still size an array past
+ * MAX_ARRAY_ELEMENTS (2^32): 2 · intermediate · max(numShared, 1) · hidden (one W1) and
+ * maxTokens · topK · hidden (the reference's expert outputs) must each be at most 2^32, a ConfigError
+ * naming the fields and the product otherwise.
  */
 export function validateConfig(c: MoEConfig | ValidatedConfig): ValidatedConfig {
   if (isValidatedConfig(c)) return c;
@@ -329,6 +362,8 @@ export function validateConfig(c: MoEConfig | ValidatedConfig): ValidatedConfig 
     throw new ConfigError(`expertFormat must be "fp8" or "fp4", got ${describeValue(c.expertFormat)}`);
   }
   requireInteger("maxTokens", c.maxTokens, 1, MAX_TOKENS_LIMIT);
+  const tooLarge = allocationProblem(c);
+  if (tooLarge !== null) throw new ConfigError(tooLarge);
   const r = c.router;
   if (!isPlainObject(r)) throw new ConfigError(`router must be an object, got ${describeValue(r)}`);
   checkKnownFields("router.", r, ROUTER_FIELDS);
