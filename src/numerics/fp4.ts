@@ -11,7 +11,7 @@
  * test/numerics/cuda-fp4-exact.test.ts checks the codecs against the CUDA headers.
  */
 
-import { QUANT_BLOCK } from "../config/config.js";
+import { describeValue, QUANT_BLOCK } from "../config/config.js";
 import { E4M3_DECODE, e4m3FromBits } from "./fp8.js";
 import { checkArrayKind } from "./quant.js";
 
@@ -89,6 +89,10 @@ export type E8m0Rounding = "zero" | "up";
  * and ±inf saturate to 0xFE (2^127).
  */
 export function encodeE8m0(x: number, rounding: E8m0Rounding): number {
+  // Any other string would round as "up" without a word.
+  if (rounding !== "zero" && rounding !== "up") {
+    throw new RangeError(`encodeE8m0: rounding must be "zero" or "up", got ${describeValue(rounding)}`);
+  }
   scratchF32[0] = x;
   const ux = scratchU32[0];
   const abs = ux & 0x7fffffff;
