@@ -390,7 +390,7 @@ export function routeOnDevice(
   stream: Stream | null,
   options: GateOptions = {},
 ): void {
-  checkOptionFields(`${WHERE}: options`, options, ["logits", "tokenIds"], (m) => new RangeError(m));
+  checkOptionFields(`${WHERE} options`, options, ["logits", "tokenIds"], (m) => new RangeError(m));
   const tokens = checkOperands(device, x, gate, config, out, options.tokenIds);
   if (options.logits !== undefined && options.logits !== "exact" && options.logits !== "fast") {
     throw new Error(

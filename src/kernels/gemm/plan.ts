@@ -143,7 +143,7 @@ export function estimateGroupedGemm(
 export function planGroupedGemm(problem: GroupedGemmProblem, options: PlanOptions = {}): GroupedGemmPlan {
   checkGroupedGemmProblem(problem);
   checkOptionFields(
-    "grouped GEMM: plan options",
+    "planGroupedGemm options",
     options,
     ["smCount", "sharedBudgetBytes", "tile", "stages"],
     (m) => new RangeError(m),
