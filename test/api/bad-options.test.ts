@@ -18,6 +18,8 @@ import {
   cuda,
   DispatchError,
   encodeE8m0,
+  FusedMoEKernel,
+  FusedMoEKernelError,
   GeneratedWeights,
   generateActivations,
   InputError,
@@ -189,6 +191,12 @@ const rows: Row[] = [
       } as never),
     RangeError,
     /unknown routeOnDevice options field logit \(did you mean logits\?\); known: logits, tokenIds/,
+  ),
+  err(
+    "new FusedMoEKernel(…, { rnk })",
+    () => new FusedMoEKernel(null as never, null as never, 8, { rnk: 0 } as never),
+    FusedMoEKernelError,
+    /unknown FusedMoEKernel ep options field rnk \(did you mean rank\?\); known: layout, rank, peers, hostStatus/,
   ),
   err(
     "cuda.timeKernel(…, { iter })",
