@@ -30,8 +30,11 @@ export const E2M1_DECODE: Float32Array = Float32Array.from([
 ]);
 
 export function decodeE2m1(code: number): number {
-  const v = E2M1_DECODE[code];
-  if (v === undefined) throw new RangeError(`e2m1 code must be an integer in [0, 15], got ${code}`);
+  // A string or bigint index would find its entry too: decodeE2m1("1") must not decode code 1.
+  const v = typeof code === "number" ? E2M1_DECODE[code] : undefined;
+  if (v === undefined) {
+    throw new RangeError(`e2m1 code must be an integer in [0, 15], got ${describeValue(code)}`);
+  }
   return v;
 }
 
@@ -72,7 +75,7 @@ export function encodeE2m1(x: number): number {
  */
 export function decodeE8m0(b: number, where = "UE8M0 scale"): number {
   if (!Number.isInteger(b) || b < 0 || b > 0xff) {
-    throw new RangeError(`${where}: UE8M0 byte must be an integer in [0, 255], got ${b}`);
+    throw new RangeError(`${where}: UE8M0 byte must be an integer in [0, 255], got ${describeValue(b)}`);
   }
   if (b === E8M0_NAN) throw new RangeError(`${where}: UE8M0 byte 0xFF is NaN`);
   return 2 ** (b - E8M0_BIAS);
