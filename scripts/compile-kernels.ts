@@ -9,8 +9,9 @@
  * failure always prints its rows and nvcc's log. Compiles nvcc accepted are cached by a hash of their
  * inputs in `.cache/kernels/` (scripts/kernel-cache.ts); `--no-cache` (or KERNELS_CACHE=0) skips it.
  *
- * Run: `npm run kernels:check [-- --table]` (NVCC=/path/to/nvcc to pick the compiler; KERNELS_JOBS for
- * parallelism, default: the CPU count).
+ * Run: `npm run kernels:check [-- --table]` (NVCC=/path/to/nvcc to pick the compiler, which must then be
+ * a working nvcc: a bad one fails the check rather than falling back; KERNELS_JOBS for parallelism,
+ * default: the CPU count).
  */
 import { execFile } from "node:child_process";
 import { existsSync, mkdtempSync, readdirSync, rmSync } from "node:fs";
@@ -18,7 +19,8 @@ import os from "node:os";
 import path from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
 import { promisify } from "node:util";
-import { defineOptions } from "../src/cuda/jit.js";
+import { defineOptions, nvccVersion } from "../src/cuda/jit.js";
+import { explicitFile } from "../src/cuda/locate.js";
 import { describeDefines, type KernelVariant } from "../src/kernels/variants.js";
 import { CompileCache, compileKey } from "./kernel-cache.js";
 import { type FunctionReport, parsePtxasReport, ptxasProblems } from "./ptxas-report.js";
@@ -150,9 +152,30 @@ async function mapLimited<T, R>(
   return results;
 }
 
+/** NVCC set to something that is not a working nvcc: an error, never a quiet SKIP or another nvcc. */
+class NvccSettingError extends Error {
+  override name = "NvccSettingError";
+}
+
+/**
+ * `$NVCC` under the check of `$MEGAMOE_NVCC` (explicitFile, nvccVersion): a path must name a file, and
+ * the program, a path or a name on PATH, must be nvcc.
+ */
+function explicitNvcc(nvcc: string): string {
+  if (nvcc.includes(path.sep)) {
+    const named = explicitFile("NVCC", "nvcc");
+    if (named !== undefined && !named.ok) throw new NvccSettingError(named.reason);
+  }
+  const checked = nvccVersion(nvcc);
+  if ("reason" in checked) {
+    throw new NvccSettingError(`nvcc: NVCC=${nvcc} is not a working nvcc: ${checked.reason}`);
+  }
+  return nvcc;
+}
+
 async function findNvcc(): Promise<string | undefined> {
+  if (process.env.NVCC) return explicitNvcc(process.env.NVCC);
   const candidates = [
-    process.env.NVCC,
     process.env.CUDA_HOME ? path.join(process.env.CUDA_HOME, "bin", "nvcc") : undefined,
     "nvcc",
     "/usr/local/cuda/bin/nvcc",
@@ -214,7 +237,14 @@ const TABLE_HEADER = [
 async function main(argv: readonly string[]): Promise<number> {
   const showTable = argv.includes("--table") || process.env.KERNELS_TABLE === "1";
   const useCache = !argv.includes("--no-cache") && process.env.KERNELS_CACHE !== "0";
-  const nvcc = await findNvcc();
+  let nvcc: string | undefined;
+  try {
+    nvcc = await findNvcc();
+  } catch (e) {
+    if (!(e instanceof NvccSettingError)) throw e;
+    console.error(`kernels:check FAILED: ${e.message}`);
+    return 1;
+  }
   if (nvcc === undefined) {
     console.log("SKIP kernels:check: nvcc not found (set NVCC or CUDA_HOME, or put nvcc on PATH)");
     return 0;

@@ -3,10 +3,10 @@
  * layer: "cpu" (the reference that defines the numerics) or "cuda" (the GPU pipeline), same API.
  */
 import {
+  checkOptionFields,
   describeValue,
   isValidatedConfig,
   type MoEConfig,
-  nearestName,
   type ValidatedConfig,
   validateConfig,
 } from "./config/config.js";
@@ -237,17 +237,7 @@ export function validateInput(x: unknown, tokens: number, config: MoEConfig): as
 
 /** Throws InputError unless `options` is undefined or an object whose keys are all in `known`. */
 export function checkOptions(where: string, options: unknown, known: readonly string[]): void {
-  if (options === undefined) return;
-  if (typeof options !== "object" || options === null || Array.isArray(options)) {
-    throw new InputError(`${where} must be an object, got ${describeValue(options)}`);
-  }
-  for (const key of Object.keys(options)) {
-    if (known.includes(key)) continue;
-    const near = nearestName(key, known);
-    throw new InputError(
-      `unknown ${where} field ${key}${near === undefined ? "" : ` (did you mean ${near}?)`}; known: ${known.join(", ")}`,
-    );
-  }
+  checkOptionFields(where, options, known, (message) => new InputError(message));
 }
 
 /** A source with its config validated: the source itself when it was, else a view carrying the validated copy. */

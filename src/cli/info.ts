@@ -8,6 +8,7 @@ import {
   cudaAvailability,
   deviceSummary,
   jitCacheDir,
+  jitEnvProblems,
   type LocateResult,
   locateLibnvrtc,
   locateNvcc,
@@ -53,6 +54,7 @@ export async function runInfo(opts: InfoOptions): Promise<void> {
   const nvcc = compilerStatus("nvcc", locateNvcc());
   const cacheDir = path.resolve(jitCacheDir());
   const cacheProblem = outputFileProblem(path.join(cacheDir, "jit", "entry.cubin"));
+  const jitEnv = jitEnvProblems();
   const info: Record<string, unknown> = {
     package: "megamoe 0.1.0",
     node: process.version,
@@ -67,6 +69,7 @@ export async function runInfo(opts: InfoOptions): Promise<void> {
     nvccUnavailable: nvcc.problem,
     jitCache: cacheDir,
     jitCacheUnusable: cacheProblem,
+    jitEnvUnusable: jitEnv.length > 0 ? jitEnv : undefined,
     layerWeightBytes: presetLayerBytes(),
   };
   if (cuda.ok) {
@@ -84,6 +87,7 @@ export async function runInfo(opts: InfoOptions): Promise<void> {
   line("node", `${info.node} (${info.platform})`);
   line("nvrtc", nvrtc.path ?? pc.yellow(nvrtc.problem ?? ""));
   line("nvcc", nvcc.path ?? pc.yellow(nvcc.problem ?? ""));
+  if (jitEnv.length > 0) line("jit env", pc.yellow(`not usable: ${jitEnv.join("; ")}`));
   line(
     "jit cache",
     cacheProblem === undefined

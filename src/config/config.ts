@@ -78,6 +78,12 @@ export interface MoEConfig {
 /** Channels per activation scale and the edge of a weight-scale block. */
 export const QUANT_BLOCK = 128;
 export const MAX_TOKENS_LIMIT = 65536;
+/**
+ * The most elements one typed array may hold (V8's limit on 64-bit hosts): a larger length is a raw
+ * `RangeError: Invalid typed array length` when the reference or the weight generator allocates it, so
+ * `validateConfig` bounds the largest of their arrays by it (see `allocationProblem`).
+ */
+export const MAX_ARRAY_ELEMENTS = 2 ** 32;
 
 const DEEPSEEK_V4_ROUTER: RouterConfig = {
   scoring: "sqrtsoftplus",
@@ -183,16 +189,22 @@ const ROUTER_FIELDS: readonly (keyof RouterConfig)[] = [
   "hashRouted",
 ];
 
-/** A short description of a value for an error message: its type, or its constructor's name. */
+/**
+ * A short description of a value for an error message: a number as `number 5`; any other primitive by
+ * its type and its value as written in source (`the string "1"`, `the bigint 1n`, `the boolean true`),
+ * so "1" and 1n never read as the number 1; an object by its constructor's name.
+ */
 export function describeValue(v: unknown): string {
   if (v === null) return "null";
   // typeof and String() both give "undefined": say it once, not "got undefined undefined".
   if (v === undefined) return "undefined";
   if (Array.isArray(v)) return "Array";
   if (typeof v === "object") return (v as object).constructor?.name ?? "object";
-  if (typeof v === "string") return JSON.stringify(v);
   if (typeof v === "function") return "function";
-  return `${typeof v} ${String(v)}`;
+  if (typeof v === "number") return `number ${String(v)}`;
+  if (typeof v === "string") return `the string ${JSON.stringify(v)}`;
+  if (typeof v === "bigint") return `the bigint ${String(v)}n`;
+  return `the ${typeof v} ${String(v)}`;
 }
 
 function editDistance(a: string, b: string): number {
@@ -236,6 +248,23 @@ export function unknownFieldProblem(where: string, value: object, known: readonl
   return `unknown ${where} field ${key}${near === undefined ? "" : ` (did you mean ${near}?)`}; known: ${known.join(", ")}`;
 }
 
+/**
+ * Throws `error(message)` unless `options` is undefined or an object whose fields are all in `known`:
+ * the one rule of every options object of the API, as of configs, so that a misspelt field is an error
+ * rather than a default taken without a word. `where` names the options ("RandomV4Weights options").
+ */
+export function checkOptionFields(
+  where: string,
+  options: unknown,
+  known: readonly string[],
+  error: (message: string) => Error,
+): void {
+  if (options === undefined) return;
+  if (!isPlainObject(options)) throw error(`${where} must be an object, got ${describeValue(options)}`);
+  const problem = unknownFieldProblem(where, options, known);
+  if (problem !== null) throw error(problem);
+}
+
 function checkKnownFields(where: string, value: object, known: readonly string[]): void {
   for (const key of Object.keys(value)) {
     if (known.includes(key)) continue;
@@ -263,9 +292,36 @@ function requireBoolean(field: string, value: unknown): void {
 }
 
 /**
+ * The largest arrays the CPU reference and the weight generators allocate for a config, each at most
+ * MAX_ARRAY_ELEMENTS elements: one MLP's W1 (its e4m3 codes, and the generator's fp32 buffer) of
+ * 2 · intermediate · hidden elements for a routed expert and 2 · intermediate · numShared · hidden for
+ * the fused shared one, and the reference's per-slot expert outputs of maxTokens · topK · hidden. (x and
+ * the output, maxTokens · hidden, and the gate, numExperts · hidden, fit by the fields' own bounds.)
+ */
+function allocationProblem(c: MoEConfig): string | null {
+  const shared = Math.max(c.numShared, 1);
+  const w1 = 2 * c.intermediate * shared * c.hidden;
+  if (w1 > MAX_ARRAY_ELEMENTS) {
+    const what =
+      c.numShared > 1
+        ? `2 · intermediate · numShared · hidden = 2 · ${c.intermediate} · ${c.numShared} · ${c.hidden}`
+        : `2 · intermediate · hidden = 2 · ${c.intermediate} · ${c.hidden}`;
+    return `${what} = ${w1} elements of one W1 exceed ${MAX_ARRAY_ELEMENTS} (2^32), the most one array can hold`;
+  }
+  const slots = c.maxTokens * c.topK * c.hidden;
+  if (slots > MAX_ARRAY_ELEMENTS) {
+    return `maxTokens · topK · hidden = ${c.maxTokens} · ${c.topK} · ${c.hidden} = ${slots} expert outputs exceed ${MAX_ARRAY_ELEMENTS} (2^32), the most one array can hold`;
+  }
+  return null;
+}
+
+/**
  * Checks every field (and that there are no others) and returns the config as a frozen
  * `ValidatedConfig` copy; a config this function returned comes back as it is, unchecked. Throws
- * ConfigError naming the first bad field.
+ * ConfigError naming the first bad field. Fields in range can still size an array past
+ * MAX_ARRAY_ELEMENTS (2^32): 2 · intermediate · max(numShared, 1) · hidden (one W1) and
+ * maxTokens · topK · hidden (the reference's expert outputs) must each be at most 2^32, a ConfigError
+ * naming the fields and the product otherwise.
  */
 export function validateConfig(c: MoEConfig | ValidatedConfig): ValidatedConfig {
   if (isValidatedConfig(c)) return c;
@@ -306,6 +362,8 @@ export function validateConfig(c: MoEConfig | ValidatedConfig): ValidatedConfig 
     throw new ConfigError(`expertFormat must be "fp8" or "fp4", got ${describeValue(c.expertFormat)}`);
   }
   requireInteger("maxTokens", c.maxTokens, 1, MAX_TOKENS_LIMIT);
+  const tooLarge = allocationProblem(c);
+  if (tooLarge !== null) throw new ConfigError(tooLarge);
   const r = c.router;
   if (!isPlainObject(r)) throw new ConfigError(`router must be an object, got ${describeValue(r)}`);
   checkKnownFields("router.", r, ROUTER_FIELDS);

@@ -24,6 +24,7 @@ export const FALLBACK_ERROR_NAMES: Record<number, string> = {
   200: "CUDA_ERROR_INVALID_IMAGE",
   201: "CUDA_ERROR_INVALID_CONTEXT",
   209: "CUDA_ERROR_NO_BINARY_FOR_GPU",
+  302: "CUDA_ERROR_SHARED_OBJECT_SYMBOL_NOT_FOUND",
   217: "CUDA_ERROR_PEER_ACCESS_UNSUPPORTED",
   400: "CUDA_ERROR_INVALID_HANDLE",
   500: "CUDA_ERROR_NOT_FOUND",
@@ -33,6 +34,11 @@ export const FALLBACK_ERROR_NAMES: Record<number, string> = {
   800: "CUDA_ERROR_NOT_PERMITTED",
   801: "CUDA_ERROR_NOT_SUPPORTED",
   999: "CUDA_ERROR_UNKNOWN",
+};
+
+/** The driver's own texts of the codes megamoe raises itself, before (or without) a driver to ask. */
+const FALLBACK_ERROR_TEXTS: Record<number, string> = {
+  302: "a link to a shared object failed to resolve",
 };
 
 /** A failed driver call: `call` is the C function, `code` the CUresult, `errorName` e.g. CUDA_ERROR_INVALID_VALUE. */
@@ -57,7 +63,7 @@ export class CudaError extends Error {
 export function describeCudaError(code: number): { name: string; text: string } {
   const fallback = {
     name: FALLBACK_ERROR_NAMES[code] ?? `CUresult ${code}`,
-    text: "(no description available)",
+    text: FALLBACK_ERROR_TEXTS[code] ?? "(no description available)",
   };
   if (!loaded) return fallback;
   const out = new BigUint64Array(new ArrayBuffer(8));
@@ -263,9 +269,22 @@ const DRIVER_DECLARATIONS: Record<keyof DriverApi, string[]> = {
   ],
 };
 
-/** Bind every driver function; a symbol the library lacks becomes a function that throws when called. */
-function bindDriver(lib: KoffiLibrary, libPath: string): DriverApi {
+/** What availability calls before anything else: a library without them is not the CUDA driver at all. */
+const CORE_DRIVER_FUNCTIONS: readonly (keyof DriverApi)[] = [
+  "cuInit",
+  "cuDriverGetVersion",
+  "cuDeviceGetCount",
+  "cuGetErrorName",
+  "cuGetErrorString",
+];
+
+/**
+ * Bind every driver function; a symbol the library lacks becomes a function that throws when called.
+ * `missing` lists the functions none of whose symbols the library exports.
+ */
+function bindDriver(lib: KoffiLibrary, libPath: string): { api: DriverApi; missing: (keyof DriverApi)[] } {
   const api: Partial<Record<keyof DriverApi, unknown>> = {};
+  const missing: (keyof DriverApi)[] = [];
   for (const [name, candidates] of Object.entries(DRIVER_DECLARATIONS) as [keyof DriverApi, string[]][]) {
     for (const declaration of candidates) {
       try {
@@ -275,12 +294,30 @@ function bindDriver(lib: KoffiLibrary, libPath: string): DriverApi {
         // symbol absent: try the next candidate
       }
     }
-    api[name] ??= () => {
-      throw new Error(`${name}: none of its symbols is exported by ${libPath} (driver too old?)`);
-    };
+    if (api[name] === undefined) {
+      missing.push(name);
+      api[name] = () => {
+        throw new Error(`${name}: none of its symbols is exported by ${libPath} (driver too old?)`);
+      };
+    }
   }
-  return api as DriverApi;
+  return { api: api as DriverApi, missing };
 }
+
+/**
+ * The CudaError of a library that lacks the driver API's core functions (another library named by
+ * `$MEGAMOE_LIBCUDA`, say libc): it names the variable and its value when the variable chose it.
+ */
+function notDriverError(libraryPath: string, missing: readonly string[]): CudaError {
+  const chosen = process.env.MEGAMOE_LIBCUDA ? `MEGAMOE_LIBCUDA=${process.env.MEGAMOE_LIBCUDA}: ` : "";
+  return new CudaError(
+    missing[0] ?? "cuInit",
+    CUDA_ERROR_SHARED_OBJECT_SYMBOL_NOT_FOUND,
+    `${chosen}${libraryPath} is not the CUDA driver library (libcuda.so.1): it exports none of ${missing.join(", ")}`,
+  );
+}
+
+const CUDA_ERROR_SHARED_OBJECT_SYMBOL_NOT_FOUND = 302;
 
 // ---------------------------------------------------------------------------------------------------
 // Loading and availability
@@ -292,6 +329,8 @@ export type CudaAvailability =
 
 let loaded: { api: DriverApi; libraryPath: string } | undefined;
 let availability: CudaAvailability | undefined;
+/** The CudaError behind an unusable availability, when there is one: requireCuda throws it as it is. */
+let unusable: CudaError | undefined;
 /** The bound driver; set once `cudaAvailability()` succeeded (every driver class exists only after that). */
 export let cu: DriverApi;
 
@@ -338,7 +377,13 @@ function probeCuda(): CudaAvailability {
       return { ok: false, reason: `${located.reason}; dlopen("libcuda.so.1"): ${(e as Error).message}` };
     }
   }
-  const api = bindDriver(lib, libraryPath);
+  const { api, missing } = bindDriver(lib, libraryPath);
+  const missingCore = CORE_DRIVER_FUNCTIONS.filter((f) => missing.includes(f));
+  // Calling a missing core function would throw out of this function, which must never throw.
+  if (missingCore.length > 0) {
+    unusable = notDriverError(libraryPath, missingCore);
+    return { ok: false, reason: unusable.message };
+  }
   loaded = { api, libraryPath };
   const init = api.cuInit(0);
   if (init !== 0) {
@@ -363,5 +408,6 @@ function probeCuda(): CudaAvailability {
 
 export function requireCuda(): void {
   const a = cudaAvailability();
+  if (unusable !== undefined) throw unusable;
   if (!a.ok) throw new Error(`CUDA is not available: ${a.reason}`);
 }

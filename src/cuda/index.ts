@@ -65,6 +65,7 @@ export {
   type JitCompilerName,
   type JitStats,
   jitCacheDir,
+  jitEnvProblems,
   jitStats,
   KernelCompileError,
   kernelsDir,

@@ -22,6 +22,7 @@ import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
+import { checkOptionFields, describeValue } from "../config/config.js";
 import type { Device, Kernel, Module } from "./driver.js";
 import { homeDir, locateCudaInclude, locateNvcc } from "./locate.js";
 import { perDeviceMemo } from "./memo.js";
@@ -155,9 +156,36 @@ export function jitCacheDir(): string {
   return path.join(homeDir(), ".cache", "megamoe");
 }
 
-/** The arch used when none is given: `$MEGAMOE_ARCH` or "sm_90a". */
+/**
+ * The arch used when none is given: `$MEGAMOE_ARCH` or "sm_90a". A `$MEGAMOE_ARCH` that is no CUDA arch
+ * throws TypeError naming the variable (see {@link jitEnvProblems}).
+ */
 export function defaultArch(): string {
+  const problem = archEnvProblem(process.env);
+  if (problem !== undefined) throw new TypeError(problem);
   return process.env.MEGAMOE_ARCH || "sm_90a";
+}
+
+function archEnvProblem(env: NodeJS.ProcessEnv): string | undefined {
+  const arch = env.MEGAMOE_ARCH;
+  if (!arch) return undefined;
+  const problem = archProblem(arch);
+  return problem === undefined ? undefined : `MEGAMOE_ARCH=${arch} is ${problem}`;
+}
+
+function compilerEnvProblem(env: NodeJS.ProcessEnv): string | undefined {
+  const forced = env.MEGAMOE_JIT_COMPILER;
+  if (!forced || forced === "nvrtc" || forced === "nvcc") return undefined;
+  return `MEGAMOE_JIT_COMPILER=${forced}: expected "nvrtc" or "nvcc"`;
+}
+
+/**
+ * Why the JIT's settings in the environment cannot be used: `$MEGAMOE_JIT_COMPILER` and `$MEGAMOE_ARCH`,
+ * each named with its value, as locate.ts names a bad `$MEGAMOE_NVCC` (`megamoe info` lists them; a
+ * compile throws the first). Empty when they are unset or usable.
+ */
+export function jitEnvProblems(env: NodeJS.ProcessEnv = process.env): string[] {
+  return [compilerEnvProblem(env), archEnvProblem(env)].filter((p): p is string => p !== undefined);
 }
 
 /** Absolute path of a kernel source given as in {@link CompileKernelOptions.source}. */
@@ -169,7 +197,9 @@ export function resolveKernelSource(source: string): string {
 // Compile inputs
 
 const IDENTIFIER = /^[A-Za-z_][A-Za-z0-9_]*$/;
-const ARCH = /^sm_(\d+[a-z]?)$/;
+const ARCH = /^sm_((\d+)[a-z]?)$/;
+/** sm_50 (Maxwell): the oldest arch a CUDA 12 nvcc or NVRTC still builds for. */
+const MIN_ARCH = 50;
 const INCLUDE_LINE = /^[ \t]*#[ \t]*include[ \t]*(.*)$/gm;
 
 /** `-DNAME=value` options for `defines`, sorted by name; validates names and values. */
@@ -190,11 +220,19 @@ export function defineOptions(defines: Readonly<Record<string, DefineValue>> = {
     });
 }
 
+/** Why `arch` is not a CUDA arch string ("sm_90a"), or undefined when it is one. */
+function archProblem(arch: string): string | undefined {
+  const m = typeof arch === "string" ? ARCH.exec(arch) : null;
+  if (!m) return "not of the form sm_<number>[suffix], e.g. sm_90a";
+  if (Number(m[2]) < MIN_ARCH) return `older than any GPU CUDA builds for (sm_${MIN_ARCH} and newer)`;
+  return undefined;
+}
+
 /** Validate an arch string ("sm_90a") and return its number part ("90a"). */
 export function archNumber(arch: string): string {
-  const m = ARCH.exec(arch);
-  if (!m) throw new TypeError(`arch "${arch}" is not of the form sm_<number>[suffix], e.g. sm_90a`);
-  return m[1]!;
+  const problem = archProblem(arch);
+  if (problem !== undefined) throw new TypeError(`arch: ${describeValue(arch)} is ${problem}`);
+  return ARCH.exec(arch)![1]!;
 }
 
 /**
@@ -273,10 +311,11 @@ interface Backend {
 
 const backends = new Map<JitCompilerName, Backend | { reason: string }>();
 
-function nvccBackend(): Backend | { reason: string } {
-  const located = locateNvcc();
-  if (!located.ok) return { reason: located.reason };
-  const nvcc = located.path;
+/**
+ * `nvcc --version`'s text, or why `nvcc` (a path, or a name on PATH) is not a working nvcc: the check
+ * of every nvcc megamoe is told to use (`$MEGAMOE_NVCC` here, `$NVCC` in kernels:check).
+ */
+export function nvccVersion(nvcc: string): { version: string } | { reason: string } {
   let version: string;
   try {
     version = execFileSync(nvcc, ["--version"], {
@@ -289,6 +328,20 @@ function nvccBackend(): Backend | { reason: string } {
     const message = (e as Error).message.replace(/\s*\n\s*/g, "; ").replace(/; $/, "");
     return { reason: `nvcc at ${nvcc} does not run: ${message}` };
   }
+  // Any program that exits 0 would pass the run alone (/bin/true, say).
+  if (!/NVIDIA \(R\) Cuda compiler driver|Cuda compilation tools/.test(version)) {
+    return { reason: `${nvcc} is not nvcc: its --version does not say "Cuda compilation tools"` };
+  }
+  return { version };
+}
+
+function nvccBackend(): Backend | { reason: string } {
+  const located = locateNvcc();
+  if (!located.ok) return { reason: located.reason };
+  const nvcc = located.path;
+  const checked = nvccVersion(nvcc);
+  if ("reason" in checked) return checked;
+  const { version } = checked;
   const args = (sourcePath: string, options: string[], arch: string, outFile: string): string[] => {
     const n = archNumber(arch);
     return [
@@ -412,10 +465,13 @@ function getBackend(name: JitCompilerName): Backend | { reason: string } {
  * @throws Error listing why each candidate is unavailable
  */
 export function selectCompiler(requested?: JitCompilerName): JitCompilerName {
-  const forced = requested ?? (process.env.MEGAMOE_JIT_COMPILER as JitCompilerName | undefined);
-  if (forced !== undefined && forced !== "nvrtc" && forced !== "nvcc") {
-    throw new TypeError(`MEGAMOE_JIT_COMPILER must be "nvrtc" or "nvcc", got "${forced}"`);
+  if (requested !== undefined && requested !== "nvrtc" && requested !== "nvcc") {
+    throw new TypeError(`compiler must be "nvrtc" or "nvcc", got ${describeValue(requested)}`);
   }
+  const envProblem = requested === undefined ? compilerEnvProblem(process.env) : undefined;
+  if (envProblem !== undefined) throw new TypeError(envProblem);
+  const forced =
+    requested ?? ((process.env.MEGAMOE_JIT_COMPILER || undefined) as JitCompilerName | undefined);
   const candidates: JitCompilerName[] = forced ? [forced] : ["nvrtc", "nvcc"];
   const reasons: string[] = [];
   for (const c of candidates) {
@@ -519,7 +575,19 @@ interface Prepared {
   entry: string;
 }
 
+const COMPILE_OPTIONS: readonly (keyof CompileKernelOptions)[] = [
+  "source",
+  "defines",
+  "arch",
+  "extraOptions",
+  "compiler",
+  "cacheDir",
+  "includeDirs",
+];
+
 function prepare(opts: CompileKernelOptions): Prepared {
+  if (opts === undefined) throw new TypeError("compileKernel needs its options ({ source, … })");
+  checkOptionFields("compileKernel options", opts, COMPILE_OPTIONS, (m) => new TypeError(m));
   const sourcePath = resolveKernelSource(opts.source);
   if (!fs.existsSync(sourcePath)) throw new Error(`kernel source ${sourcePath} does not exist`);
   const arch = opts.arch ?? defaultArch();

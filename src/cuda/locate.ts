@@ -174,7 +174,15 @@ function searchFiles(
   };
 }
 
-function explicitFile(varName: string, what: string, le: LocateEnv): LocateResult | undefined {
+/**
+ * The file an override variable names (`$MEGAMOE_NVCC`, `$NVCC` of kernels:check, …), trusted alone: a
+ * value that names no file fails, naming the variable and its value. Undefined when the variable is unset.
+ */
+export function explicitFile(
+  varName: string,
+  what: string,
+  le: LocateEnv = defaultLocateEnv,
+): LocateResult | undefined {
   const value = le.env[varName];
   if (!value) return undefined;
   if (le.fileExists(value)) return { ok: true, path: value, searched: [value] };

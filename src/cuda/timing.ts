@@ -11,6 +11,7 @@
 
 import { execFileSync } from "node:child_process";
 import path from "node:path";
+import { checkOptionFields } from "../config/config.js";
 import { type OverwriteOption, targetFileProblem, writeFileAside } from "../io/write-aside.js";
 import { CudaGraph, type Device, Event, type Stream } from "./driver.js";
 import { packageRoot } from "./jit.js";
@@ -113,6 +114,12 @@ export function timeKernel(
   fn: (stream: Stream) => void,
   options: TimeKernelOptions = {},
 ): Timing {
+  checkOptionFields(
+    "timeKernel options",
+    options,
+    ["warmup", "warmupMs", "iters", "graph", "l2Flush", "rotate", "stream"],
+    (m) => new RangeError(m),
+  );
   const warmup = options.warmup ?? 10;
   const iters = options.iters ?? 50;
   if (!Number.isInteger(warmup) || warmup < 0)
@@ -250,6 +257,13 @@ export function writeResults<Row extends object = ResultRow>(
 ): void {
   const problem = targetFileProblem(file, opts.overwrite === true, "pass { overwrite: true }");
   if (problem !== null) throw new DirectoryError(path.dirname(path.resolve(file)), problem);
+  if (meta === undefined) throw new TypeError("writeResults needs its meta ({ device, rows, … })");
+  checkOptionFields(
+    "writeResults meta",
+    meta,
+    ["device", "commit", "date", "command", "rows"],
+    (m) => new TypeError(m),
+  );
   const doc = {
     device: meta.device,
     commit: meta.commit ?? process.env.MEGAMOE_COMMIT ?? gitCommit(),

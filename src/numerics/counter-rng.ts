@@ -10,6 +10,7 @@
  *   hash32      = fmix32(stream + index · 0x9E3779B9)                      (all mod 2^32)
  *   uniformSym  = ((hash32 >>> 8) − 2^23) · 2^−23                          in [−1, 1), 24 bits, exact in fp32
  */
+import { describeValue } from "../config/config.js";
 
 /** 2^32 / φ, the Weyl-sequence increment that spreads consecutive indices before the mixer. */
 const GOLDEN = 0x9e3779b9;
@@ -26,7 +27,7 @@ export const MAX_SEED = 2 ** 32 - 1;
  */
 export function checkSeed(seed: number): void {
   if (typeof seed !== "number" || !Number.isInteger(seed) || seed < 0 || seed > MAX_SEED) {
-    throw new RangeError(`seed must be an integer in [0, ${MAX_SEED}], got ${String(seed)}`);
+    throw new RangeError(`seed must be an integer in [0, ${MAX_SEED}], got ${describeValue(seed)}`);
   }
 }
 

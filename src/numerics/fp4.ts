@@ -11,7 +11,7 @@
  * test/numerics/cuda-fp4-exact.test.ts checks the codecs against the CUDA headers.
  */
 
-import { QUANT_BLOCK } from "../config/config.js";
+import { describeValue, QUANT_BLOCK } from "../config/config.js";
 import { E4M3_DECODE, e4m3FromBits } from "./fp8.js";
 import { checkArrayKind } from "./quant.js";
 
@@ -49,8 +49,11 @@ export const E2M1_DECODE: Float32Array = Float32Array.from([
 ]);
 
 export function decodeE2m1(code: number): number {
-  const v = E2M1_DECODE[code];
-  if (v === undefined) throw new RangeError(`e2m1 code must be an integer in [0, 15], got ${code}`);
+  // A string or bigint index would find its entry too: decodeE2m1("1") must not decode code 1.
+  const v = typeof code === "number" ? E2M1_DECODE[code] : undefined;
+  if (v === undefined) {
+    throw new RangeError(`e2m1 code must be an integer in [0, 15], got ${describeValue(code)}`);
+  }
   return v;
 }
 
@@ -91,7 +94,7 @@ export function encodeE2m1(x: number): number {
  */
 export function decodeE8m0(b: number, where = "UE8M0 scale"): number {
   if (!Number.isInteger(b) || b < 0 || b > 0xff) {
-    throw new RangeError(`${where}: UE8M0 byte must be an integer in [0, 255], got ${b}`);
+    throw new RangeError(`${where}: UE8M0 byte must be an integer in [0, 255], got ${describeValue(b)}`);
   }
   if (b === E8M0_NAN) throw new RangeError(`${where}: UE8M0 byte 0xFF is NaN`);
   return 2 ** (b - E8M0_BIAS);
@@ -108,6 +111,10 @@ export type E8m0Rounding = "zero" | "up";
  * and ±inf saturate to 0xFE (2^127).
  */
 export function encodeE8m0(x: number, rounding: E8m0Rounding): number {
+  // Any other string would round as "up" without a word.
+  if (rounding !== "zero" && rounding !== "up") {
+    throw new RangeError(`encodeE8m0: rounding must be "zero" or "up", got ${describeValue(rounding)}`);
+  }
   scratchF32[0] = x;
   const ux = scratchU32[0];
   const abs = ux & 0x7fffffff;

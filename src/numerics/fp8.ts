@@ -10,6 +10,7 @@
  * call allocates nothing. A JS number that is not float32-representable is first rounded to float32
  * (ties to even); the contract is that callers pass float32 values.
  */
+import { describeValue } from "../config/config.js";
 
 export const FP8_E4M3_MAX = 448;
 export const FP8_E5M2_MAX = 57344;
@@ -64,8 +65,11 @@ export const E4M3_DECODE: Float32Array = buildE4m3Table();
 export const E5M2_DECODE: Float32Array = buildE5m2Table();
 
 function checkedLookup(table: Float32Array, code: number, format: string): number {
-  const v = table[code];
-  if (v === undefined) throw new RangeError(`${format} code must be an integer in [0, 255], got ${code}`);
+  // A string or bigint index would find its entry too: decodeE4m3("1") must not decode code 1.
+  const v = typeof code === "number" ? table[code] : undefined;
+  if (v === undefined) {
+    throw new RangeError(`${format} code must be an integer in [0, 255], got ${describeValue(code)}`);
+  }
   return v;
 }
 
@@ -139,8 +143,7 @@ function checkKinds(what: string, src: unknown, srcKind: ArrayKind, dst: unknown
     ["destination", dst, dstKind],
   ] as const) {
     if (!(v instanceof (kind as unknown as new () => object))) {
-      const got = v === null || typeof v !== "object" ? String(v) : (v.constructor?.name ?? "object");
-      throw new TypeError(`${what}: the ${role} must be a ${kind.name}, got ${got}`);
+      throw new TypeError(`${what}: the ${role} must be a ${kind.name}, got ${describeValue(v)}`);
     }
   }
 }

@@ -10,7 +10,7 @@
  * Dequantization is fround(decode(q) * scale). docs/numerics.md states the same rules.
  */
 
-import { QUANT_BLOCK, type ScaleFormat } from "../config/config.js";
+import { describeValue, QUANT_BLOCK, type ScaleFormat } from "../config/config.js";
 import { decodeE4m3Array, E4M3_DECODE, e4m3FromBits, FP8_E4M3_MAX } from "./fp8.js";
 import { F32_MAX } from "./fp32.js";
 
@@ -56,9 +56,7 @@ export function checkArrayKind(
   kind: { name: string; prototype: object },
 ): void {
   if (!(value instanceof (kind as unknown as new () => object))) {
-    const got =
-      value === null || typeof value !== "object" ? String(value) : (value.constructor?.name ?? "object");
-    throw new TypeError(`${what} must be a ${kind.name}, got ${got}`);
+    throw new TypeError(`${what} must be a ${kind.name}, got ${describeValue(value)}`);
   }
 }
 
@@ -76,7 +74,7 @@ function checkScales(what: string, scales: Float32Array): void {
 
 function checkFormat(format: ScaleFormat): void {
   if (format !== "fp32" && format !== "ue8m0") {
-    throw new RangeError(`scale format must be "fp32" or "ue8m0", got ${String(format)}`);
+    throw new RangeError(`scale format must be "fp32" or "ue8m0", got ${describeValue(format)}`);
   }
 }
 

@@ -54,9 +54,35 @@ export class DispatchError extends Error {
   override name = "DispatchError";
 }
 
+/** Throws DispatchError unless rank s's routing has the RankRouting fields, of their kinds. */
+function checkRankRouting(r: unknown, s: number): void {
+  if (typeof r !== "object" || r === null) {
+    throw new DispatchError(
+      `planDispatch: routing[${s}] must be { ids, weights, tokens }, got ${describeValue(r)}`,
+    );
+  }
+  const { ids, weights, tokens } = r as Partial<RankRouting>;
+  if (!(ids instanceof Int32Array)) {
+    throw new DispatchError(
+      `planDispatch: routing[${s}].ids must be an Int32Array, got ${describeValue(ids)}`,
+    );
+  }
+  if (!(weights instanceof Float32Array)) {
+    throw new DispatchError(
+      `planDispatch: routing[${s}].weights must be a Float32Array, got ${describeValue(weights)}`,
+    );
+  }
+  if (typeof tokens !== "number" || !Number.isInteger(tokens) || tokens < 0) {
+    throw new DispatchError(
+      `planDispatch: routing[${s}].tokens must be a non-negative integer, got ${describeValue(tokens)}`,
+    );
+  }
+}
+
 /**
- * Plans one forward's dispatch for `routing[s]`, the routing of rank s's tokens. Throws DispatchError on
- * an id outside [−1, numExperts) or a rank count that does not divide the experts.
+ * Plans one forward's dispatch for `routing[s]`, the routing of rank s's tokens. Throws DispatchError
+ * naming the argument on one of the wrong kind (a routing without weights, a config where numExperts
+ * goes), on an id outside [−1, numExperts) or a rank count that does not divide the experts.
  */
 export function planDispatch(
   routing: readonly RankRouting[],
@@ -70,9 +96,18 @@ export function planDispatch(
   }
   const ranks = routing.length;
   if (ranks < 1) throw new DispatchError("expert parallelism needs at least one rank");
-  if (!Number.isInteger(numExperts) || numExperts < ranks || numExperts % ranks !== 0) {
+  if (typeof numExperts !== "number" || !Number.isInteger(numExperts) || numExperts < 1) {
+    throw new DispatchError(
+      `planDispatch: numExperts must be a positive integer, got ${describeValue(numExperts)}`,
+    );
+  }
+  if (typeof topK !== "number" || !Number.isInteger(topK) || topK < 1) {
+    throw new DispatchError(`planDispatch: topK must be a positive integer, got ${describeValue(topK)}`);
+  }
+  if (numExperts < ranks || numExperts % ranks !== 0) {
     throw new DispatchError(`${numExperts} experts cannot be split evenly among ${ranks} ranks`);
   }
+  routing.forEach(checkRankRouting);
   const localExperts = numExperts / ranks;
   const localTopK = Math.min(topK, localExperts);
   // First pass: which ranks each token visits, and how many rows each rank receives from each source.

@@ -26,6 +26,7 @@
  * reference to the allocation, which lives until the last one is released.
  */
 import { closeSync } from "node:fs";
+import { checkOptionFields } from "../config/config.js";
 import { check, cu, cudaAvailability, outI32, outU64, requireCuda } from "../cuda/driver-api.js";
 import {
   DeviceAttribute,
@@ -256,6 +257,13 @@ export class SymmetricHeap {
    * unreachable, or a process does not arrive within `timeoutMs`.
    */
   static async join(options: JoinOptions): Promise<SymmetricHeap> {
+    if (options === undefined) throw new SymmetricHeapError("SymmetricHeap.join needs its options");
+    checkOptionFields(
+      "SymmetricHeap.join options",
+      options,
+      ["device", "rank", "ranks", "bytes", "socketPath", "timeoutMs"],
+      (m) => new SymmetricHeapError(m),
+    );
     const { device, rank, ranks, bytes, socketPath } = options;
     const timeoutMs = options.timeoutMs ?? 60_000;
     checkCount("the number of ranks", ranks, 1);

@@ -1,4 +1,5 @@
 /** Error figures used by every correctness check, and the output summary of a run. */
+import { describeValue } from "../config/config.js";
 
 type Numeric = ArrayLike<number>;
 
@@ -9,8 +10,9 @@ function checkPair(what: string, a: unknown, b: unknown): void {
     ["b", b],
   ] as const) {
     if (!(Array.isArray(v) || (ArrayBuffer.isView(v) && !(v instanceof DataView)))) {
-      const got = v === null || typeof v !== "object" ? String(v) : (v.constructor?.name ?? "object");
-      throw new TypeError(`${what}: ${name} must be an array or typed array of numbers, got ${got}`);
+      throw new TypeError(
+        `${what}: ${name} must be an array or typed array of numbers, got ${describeValue(v)}`,
+      );
     }
   }
   const la = (a as Numeric).length;
@@ -51,7 +53,7 @@ export function calcDiff(a: Numeric, b: Numeric): number {
 /** FNV-1a over the raw bytes, as 8 hex digits: equal outputs give equal checksums. */
 export function checksum(bytes: ArrayBufferView): string {
   if (!ArrayBuffer.isView(bytes))
-    throw new TypeError(`checksum: bytes must be a typed array, got ${String(bytes)}`);
+    throw new TypeError(`checksum: bytes must be a typed array, got ${describeValue(bytes)}`);
   const u8 = new Uint8Array(bytes.buffer, bytes.byteOffset, bytes.byteLength);
   let h = 0x811c9dc5;
   for (let i = 0; i < u8.length; i++) h = Math.imul(h ^ u8[i], 0x01000193);

@@ -77,7 +77,7 @@ function rowMagnitude(row: Float32Array, scales: Float32Array): number {
 export function groupByExpert(routing: Routing, tokens: number, config: MoEConfig): Int32Array[] {
   if (typeof routing !== "object" || routing === null) {
     throw new RouterError(
-      `routing must be { ids: Int32Array, weights: Float32Array }, got ${String(routing)}`,
+      `routing must be { ids: Int32Array, weights: Float32Array }, got ${describeValue(routing)}`,
     );
   }
   validateRouting(routing.ids, routing.weights, tokens, config);

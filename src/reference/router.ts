@@ -6,10 +6,10 @@
  */
 
 import {
+  checkOptionFields,
   describeValue,
   type MoEConfig,
   type ScoringFunction,
-  unknownFieldProblem,
   type ValidatedConfig,
   validateConfig,
 } from "../config/config.js";
@@ -81,11 +81,7 @@ function hex16(bits: number): string {
  */
 function checkedOptions<T extends object>(where: string, opts: T | undefined, known: readonly string[]): T {
   if (opts === undefined) return {} as T;
-  if (typeof opts !== "object" || opts === null || Array.isArray(opts)) {
-    throw new RouterError(`${where} must be an object, got ${describeValue(opts)}`);
-  }
-  const problem = unknownFieldProblem(where, opts, known);
-  if (problem !== null) throw new RouterError(problem);
+  checkOptionFields(where, opts, known, (message) => new RouterError(message));
   return opts;
 }
 

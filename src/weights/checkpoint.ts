@@ -15,6 +15,8 @@ import fs from "node:fs";
 import path from "node:path";
 import {
   ConfigError,
+  checkOptionFields,
+  describeValue,
   type ExpertFormat,
   type MoEConfig,
   type ValidatedConfig,
@@ -46,6 +48,20 @@ export interface LayerOptions {
   maxTokens?: number;
   /** Routed experts kept in memory after reading (default 2). */
   cachedExperts?: number;
+}
+
+const LAYER_OPTIONS: readonly (keyof LayerOptions)[] = ["maxTokens", "cachedExperts"];
+
+/** Throws CheckpointError unless `opts` is an object of LayerOptions fields: a misspelt one would be ignored. */
+function checkLayerOptions(where: string, opts: unknown): void {
+  checkOptionFields(`${where} options`, opts, LAYER_OPTIONS, (message) => new CheckpointError(message));
+}
+
+/** Throws CheckpointError unless `index` is an integer: "1" must not read as layer 1 (nor 1.5 as out of range). */
+function checkBlockIndex(what: string, index: unknown): void {
+  if (typeof index !== "number" || !Number.isInteger(index)) {
+    throw new CheckpointError(`${what} must be an integer, got ${describeValue(index)}`);
+  }
 }
 
 export interface LayerSummary {
@@ -127,7 +143,9 @@ export class Checkpoint {
 
   /** Layer L's MoE weights (0 ≤ L < num_hidden_layers). */
   layer(l: number, opts: LayerOptions = {}): CheckpointLayer {
-    if (!Number.isInteger(l) || l < 0 || l >= this.model.numLayers) {
+    checkBlockIndex("layer", l);
+    checkLayerOptions("layer", opts);
+    if (l < 0 || l >= this.model.numLayers) {
       throw new CheckpointError(
         `${path.join(this.dir, CONFIG_FILE)}: layer ${l} is out of range: num_hidden_layers is ${this.model.numLayers} (layers 0..${this.model.numLayers - 1})`,
       );
@@ -137,6 +155,8 @@ export class Checkpoint {
 
   /** MTP block i's MoE weights (score-routed, like the layers above num_hash_layers). */
   mtp(i: number, opts: LayerOptions = {}): CheckpointLayer {
+    checkBlockIndex("MTP block", i);
+    checkLayerOptions("mtp", opts);
     const block: V4Block = `mtp.${i}`;
     const present =
       Number.isInteger(i) && i >= 0 && (i < this.model.numMtp || this.has(v4Names.gateWeight(block)));
@@ -150,6 +170,9 @@ export class Checkpoint {
 
   /** A block by name: "layers.3", "mtp.0", or a bare layer number "3". */
   byName(name: string, opts: LayerOptions = {}): CheckpointLayer {
+    if (typeof name !== "string") {
+      throw new CheckpointError(`layer name must be a string, got ${describeValue(name)}`);
+    }
     const m = /^(?:layers\.)?(\d+)$/.exec(name);
     if (m !== null) return this.layer(Number(m[1]), opts);
     const t = /^mtp\.(\d+)$/.exec(name);
@@ -330,12 +353,14 @@ export function openCheckpoint(target: string): Checkpoint | LegacyFile {
       kind: "file",
       file: target,
       config,
-      layer: (opts: LayerOptions = {}) =>
-        loadMoEWeights(
+      layer: (opts: LayerOptions = {}) => {
+        checkLayerOptions("layer", opts);
+        return loadMoEWeights(
           target,
           { ...config, maxTokens: opts.maxTokens ?? config.maxTokens },
           { cachedExperts: opts.cachedExperts },
-        ),
+        );
+      },
     };
   }
   throw new CheckpointError(

@@ -2,13 +2,15 @@
  * The routed experts a weight source keeps in memory (generated or read from a file on demand), least
  * recently used evicted first: both sources' `expert(e)` go through it.
  */
-import type { MoEConfig } from "../config/config.js";
+import { describeValue, type MoEConfig } from "../config/config.js";
 import type { RoutedExpertWeights } from "./types.js";
 
 /** Throws RangeError unless e is an expert index of `config`. */
 export function checkExpertIndex(config: MoEConfig, e: number): void {
   if (!Number.isInteger(e) || e < 0 || e >= config.numExperts) {
-    throw new RangeError(`expert index must be an integer in [0, ${config.numExperts}), got ${e}`);
+    throw new RangeError(
+      `expert index must be an integer in [0, ${config.numExperts}), got ${describeValue(e)}`,
+    );
   }
 }
 
@@ -21,7 +23,7 @@ export class ExpertCache {
     private readonly limit: number,
   ) {
     if (!Number.isInteger(limit) || limit < 1) {
-      throw new RangeError(`cachedExperts must be a positive integer, got ${limit}`);
+      throw new RangeError(`cachedExperts must be a positive integer, got ${describeValue(limit)}`);
     }
   }
 

@@ -7,11 +7,11 @@
  * once. docs/weights.md gives the exact recipe.
  */
 import {
+  checkOptionFields,
   expertFormatOf,
   type MoEConfig,
   QUANT_BLOCK,
   sharedIntermediate,
-  unknownFieldProblem,
   type ValidatedConfig,
   validateConfig,
 } from "../config/config.js";
@@ -201,11 +201,7 @@ export class GeneratedWeights implements MoEWeightSource {
   constructor(config: MoEConfig | ValidatedConfig, seed: number, opts: GeneratedWeightsOptions = {}) {
     this.config = validateConfig(config);
     checkSeed(seed);
-    if (typeof opts !== "object" || opts === null) {
-      throw new RangeError(`GeneratedWeights options must be an object, got ${String(opts)}`);
-    }
-    const unknown = unknownFieldProblem("GeneratedWeights options", opts, ["cachedExperts"]);
-    if (unknown !== null) throw new RangeError(unknown);
+    checkOptionFields("GeneratedWeights options", opts, ["cachedExperts"], (m) => new RangeError(m));
     this.seed = seed;
     this.generated = { seed, firstExpert: 0 };
     this.experts = new ExpertCache(this.config, opts.cachedExperts ?? 4);

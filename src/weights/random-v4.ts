@@ -4,8 +4,16 @@
  * scripts and small example checkpoints (saveCheckpoint); the generator of generate.ts has fp32 block
  * scales that the V4 layout cannot store.
  */
-import { type MoEConfig, QUANT_BLOCK, type ValidatedConfig, validateConfig } from "../config/config.js";
+import {
+  checkOptionFields,
+  describeValue,
+  type MoEConfig,
+  QUANT_BLOCK,
+  type ValidatedConfig,
+  validateConfig,
+} from "../config/config.js";
 import { f32ToBf16Bits } from "../numerics/bf16.js";
+import { checkSeed } from "../numerics/counter-rng.js";
 import { E4M3_DECODE } from "../numerics/fp8.js";
 import { ExpertCache } from "./expert-cache.js";
 import {
@@ -37,8 +45,14 @@ function fillBytes(out: Uint8Array, next: () => number): void {
   for (let i = words * 4; i < out.length; i++) out[i] = next() & 0xff;
 }
 
+/**
+ * The largest vocab of a generated tid2eid: 2^24 token ids (V4's vocabulary is 129,280), so that the
+ * table, vocab · topK int32, stays far below what one array can hold (MAX_ARRAY_ELEMENTS).
+ */
+export const MAX_VOCAB = 2 ** 24;
+
 export interface RandomV4Options {
-  /** Vocabulary of a hash-routed layer's tid2eid (default 64). */
+  /** Vocabulary of a hash-routed layer's tid2eid: an integer in [1, MAX_VOCAB] (default 64). */
   vocab?: number;
   /** Routed experts kept in memory (default 2). */
   cachedExperts?: number;
@@ -57,14 +71,25 @@ export class RandomV4Weights implements MoEWeightSource {
   private gateWeights: GateWeights | undefined;
   private sharedWeights: ExpertWeights | null | undefined;
 
+  /**
+   * `seed` under the one seed rule of every generator (`checkSeed`); `opts.vocab` in [1, MAX_VOCAB].
+   * Throws RangeError naming the bad argument or option field.
+   */
   constructor(
     config: MoEConfig,
     readonly seed: number,
     opts: RandomV4Options = {},
   ) {
     this.config = validateConfig(config);
+    checkSeed(seed);
+    checkOptionFields("RandomV4Weights options", opts, ["vocab", "cachedExperts"], (m) => new RangeError(m));
     this.cache = new ExpertCache(this.config, opts.cachedExperts ?? 2);
     this.vocab = opts.vocab ?? 64;
+    if (!Number.isInteger(this.vocab) || this.vocab < 1 || this.vocab > MAX_VOCAB) {
+      throw new RangeError(
+        `RandomV4Weights options.vocab must be an integer in [1, ${MAX_VOCAB}], got ${describeValue(opts.vocab)}`,
+      );
+    }
   }
 
   expert(e: number): RoutedExpertWeights {

@@ -172,14 +172,14 @@ const rows: Row[] = [
     'router.correctionBias "yes"',
     () => validateConfig(raw({ router: { ...tiny.router, correctionBias: "yes" } })),
     ConfigError,
-    /router\.correctionBias must be true or false, got "yes"/,
+    /router\.correctionBias must be true or false, got the string "yes"/,
   ),
   err("name 5", () => validateConfig(raw({ name: 5 })), ConfigError, /name must be a string, got number 5/),
   err(
     'hidden "256"',
     () => validateConfig(raw({ hidden: "256" })),
     ConfigError,
-    /hidden must be an integer .*got "256"/,
+    /hidden must be an integer .*got the string "256"/,
   ),
   err(
     "router null",
@@ -219,7 +219,7 @@ const rows: Row[] = [
     "GeneratedWeights seed -1",
     () => new GeneratedWeights(tiny, -1),
     RangeError,
-    /seed must be an integer in \[0, 4294967295\], got -1/,
+    /seed must be an integer in \[0, 4294967295\], got number -1/,
   ),
   err(
     "GeneratedWeights seed 2^32",
@@ -227,7 +227,7 @@ const rows: Row[] = [
     RangeError,
     /seed must be an integer in/,
   ),
-  err("GeneratedWeights seed 1.5", () => new GeneratedWeights(tiny, 1.5), RangeError, /got 1\.5/),
+  err("GeneratedWeights seed 1.5", () => new GeneratedWeights(tiny, 1.5), RangeError, /got number 1\.5/),
   err(
     "generateActivations seed -1",
     () => generateActivations(-1, T, H),
@@ -236,7 +236,7 @@ const rows: Row[] = [
   ),
   err("randomRouting seed -1", () => randomRouting(-1, T, tiny), RouterError, /seed must be an integer in/),
   err('CLI --seed "-1"', () => parseSeed("-1"), RangeError, /seed must be an integer in .*got "-1"/),
-  err('CLI --seed "4294967296"', () => parseSeed("4294967296"), RangeError, /got 4294967296/),
+  err('CLI --seed "4294967296"', () => parseSeed("4294967296"), RangeError, /got number 4294967296/),
   err(
     "generateActivations tokens 2.5",
     () => generateActivations(1, 2.5, H),
@@ -259,9 +259,9 @@ const rows: Row[] = [
     "weights.expert(8)",
     () => weights.expert(8),
     RangeError,
-    /expert index must be an integer in \[0, 8\), got 8/,
+    /expert index must be an integer in \[0, 8\), got number 8/,
   ),
-  err("weights.expert(1.5)", () => weights.expert(1.5), RangeError, /got 1\.5/),
+  err("weights.expert(1.5)", () => weights.expert(1.5), RangeError, /got number 1\.5/),
 
   // MoELayer construction
   err(
@@ -310,7 +310,7 @@ const rows: Row[] = [
     'cuda device "0"',
     () => new MoELayer(weights, { backend: "cuda", device: "0" as never }),
     InputError,
-    /got "0"/,
+    /got the string "0"/,
   ),
   err(
     "MoELayer options null",
@@ -487,7 +487,7 @@ const rows: Row[] = [
     'shared "false"',
     () => layer.forward(x, T, { shared: "false" as never }),
     InputError,
-    /shared must be true or false, got "false"/,
+    /shared must be true or false, got the string "false"/,
   ),
   err(
     "onProgress 5",
@@ -699,7 +699,7 @@ const rows: Row[] = [
     'ep.forward shared "false"',
     () => ep.forward(rankInputs(), { shared: "false" as never }),
     InputError,
-    /ExpertParallelMoE forward options\.shared must be true or false, got "false"/,
+    /ExpertParallelMoE forward options\.shared must be true or false, got the string "false"/,
   ),
   err(
     "ep.forward option share",
@@ -873,7 +873,7 @@ const rows: Row[] = [
     'quantizeActivations format "fp16"',
     () => quantizeActivations(x, T, H, "fp16" as never),
     RangeError,
-    /scale format must be "fp32" or "ue8m0", got fp16/,
+    /scale format must be "fp32" or "ue8m0", got the string "fp16"/,
   ),
   err(
     "quantizeActivations tokens 1.5",
@@ -915,9 +915,9 @@ const rows: Row[] = [
     "decodeE4m3(256)",
     () => decodeE4m3(256),
     RangeError,
-    /e4m3 code must be an integer in \[0, 255\], got 256/,
+    /e4m3 code must be an integer in \[0, 255\], got number 256/,
   ),
-  err("decodeE4m3(1.5)", () => decodeE4m3(1.5), RangeError, /got 1\.5/),
+  err("decodeE4m3(1.5)", () => decodeE4m3(1.5), RangeError, /got number 1\.5/),
   ok(
     "encodeE4m3(NaN)",
     () => encodeE4m3(Number.NaN),
@@ -956,7 +956,12 @@ const rows: Row[] = [
     TypeError,
     /calcDiff: a must be an array or typed array of numbers, got null/,
   ),
-  err("calcDiff of strings", () => calcDiff("abc" as never, "abd" as never), TypeError, /got abc/),
+  err(
+    "calcDiff of strings",
+    () => calcDiff("abc" as never, "abd" as never),
+    TypeError,
+    /got the string "abc"/,
+  ),
   err(
     "calcDiff lengths 4 and 3",
     () => calcDiff([1, 2, 3, 4], [1, 2, 3]),
@@ -1012,7 +1017,7 @@ const rows: Row[] = [
     'referenceMoE shared "no"',
     () => referenceMoE(x, T, routing, weights, { shared: "no" as never }),
     TypeError,
-    /reference options\.shared must be true or false, got "no"/,
+    /reference options\.shared must be true or false, got the string "no"/,
   ),
   err(
     "referenceMoE threads 0",

@@ -95,7 +95,11 @@ const rows: Row[] = [
     1,
     /argument '1e30' is invalid\. seed must be an integer in \[0, 4294967295\]/,
   ),
-  row(["run", "--seed", "4294967296"], 1, /seed must be an integer in \[0, 4294967295\], got 4294967296/),
+  row(
+    ["run", "--seed", "4294967296"],
+    1,
+    /seed must be an integer in \[0, 4294967295\], got number 4294967296/,
+  ),
   row(["run", "--shared", "yes"], 1, /argument 'yes' is invalid\. must be 0 or 1/),
   row(["run", "--ranks", "0"], 1, /ranks must be a positive integer/),
   row(["run", "--threads", "0"], 1, /threads must be a positive integer, at most 64/),

@@ -323,7 +323,7 @@ describe("FusedExpertParallel against the mock libcuda", { skip }, () => {
     );
     assert.throws(
       () => new FusedExpertParallel(src, { ranks: 2, fp4Expand: "yes" as never }),
-      /fp4Expand must be "auto", true or false, got "yes"/,
+      /fp4Expand must be "auto", true or false, got the string "yes"/,
     );
     assert.throws(() => new FusedExpertParallel(src, { ranks: 2, devices: [0] }), /1 GPUs for 2 ranks/);
     assert.throws(() => new FusedExpertParallel(src, { ranks: 2, bogus: 1 } as never), InputError);

@@ -172,7 +172,7 @@ describe("the CPU reference on worker threads", () => {
     }
     assert.throws(
       () => referenceMoE(x, 4, routing, source, { threads: "2" as never }),
-      /reference options\.threads must be an integer in \[1, 64\], got "2"/,
+      /reference options\.threads must be an integer in \[1, 64\], got the string "2"/,
     );
     const one = referenceMoE(x, 4, routing, source, { threads: 1 });
     process.env.MEGAMOE_CPU_THREADS = "2";

@@ -17,7 +17,7 @@
  */
 
 import type { MoEConfig } from "../../config/config.js";
-import { describeValue, validateConfig } from "../../config/config.js";
+import { checkOptionFields, describeValue, validateConfig } from "../../config/config.js";
 import {
   compileKernel,
   type Device,
@@ -390,9 +390,12 @@ export function routeOnDevice(
   stream: Stream | null,
   options: GateOptions = {},
 ): void {
+  checkOptionFields(`${WHERE} options`, options, ["logits", "tokenIds"], (m) => new RangeError(m));
   const tokens = checkOperands(device, x, gate, config, out, options.tokenIds);
   if (options.logits !== undefined && options.logits !== "exact" && options.logits !== "fast") {
-    throw new Error(`${WHERE}: options.logits must be "exact" or "fast", got ${String(options.logits)}`);
+    throw new Error(
+      `${WHERE}: options.logits must be "exact" or "fast", got ${describeValue(options.logits)}`,
+    );
   }
   if (tokens === 0) return;
   const { numExperts: E, hidden: H, topK } = config;

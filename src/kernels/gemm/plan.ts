@@ -5,7 +5,7 @@
  * `formatGroupedGemmPlan` prints a plan in one line.
  */
 
-import { QUANT_BLOCK } from "../../config/config.js";
+import { checkOptionFields, QUANT_BLOCK } from "../../config/config.js";
 import {
   FP8_PEAK_FLOPS,
   H200_SMS,
@@ -142,6 +142,12 @@ export function estimateGroupedGemm(
  */
 export function planGroupedGemm(problem: GroupedGemmProblem, options: PlanOptions = {}): GroupedGemmPlan {
   checkGroupedGemmProblem(problem);
+  checkOptionFields(
+    "planGroupedGemm options",
+    options,
+    ["smCount", "sharedBudgetBytes", "tile", "stages"],
+    (m) => new RangeError(m),
+  );
   const smCount = options.smCount ?? H200_SMS;
   const budget = options.sharedBudgetBytes ?? SM90_SHARED_OPTIN_BYTES;
   const outDtype = problem.outDtype ?? "fp32";

@@ -6,7 +6,7 @@
  * for `maxTokens` once; its tensor maps are encoded once too. A launch is then one `cuLaunchKernel`
  * with no host work but the operand checks, so it can be captured in a CUDA graph.
  */
-import { type MoEConfig, QUANT_BLOCK, sharedIntermediate } from "../../config/config.js";
+import { checkOptionFields, type MoEConfig, QUANT_BLOCK, sharedIntermediate } from "../../config/config.js";
 import {
   compileKernel,
   type Device,
@@ -231,6 +231,12 @@ export class FusedMoEKernel {
    * rank's experts (RankWeights' config: E / R experts) and `maxTokens` is the layout's.
    */
   constructor(device: Device, weights: DeviceMoEWeights, maxTokens: number, ep?: FusedEpKernelOptions) {
+    checkOptionFields(
+      "FusedMoEKernel ep options",
+      ep,
+      ["layout", "rank", "peers", "hostStatus"],
+      (m) => new FusedMoEKernelError(m),
+    );
     const c = ep === undefined ? weights.config : epKernelConfig(weights.config, maxTokens, ep);
     const problem = fusedLayerProblem(c);
     if (problem !== null) throw new FusedMoEKernelError(`the fused kernel cannot run this layer: ${problem}`);
