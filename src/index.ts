@@ -26,6 +26,9 @@ export {
   validateConfig,
 } from "./config/config.js";
 export * as cuda from "./cuda/index.js";
+export { type ExportLayerOptions, exportLayer } from "./export/export.js";
+export { ExportError, type LayerExportOptions } from "./export/layer.js";
+export { EXPORT_VERSION, type ExportManifest } from "./export/manifest.js";
 export { DeviceMoEWeights } from "./kernels/device-weights.js";
 export {
   convertFp4ToFp8,

@@ -4,7 +4,10 @@
  * kernel's launch rule, the load-time passes), tabulated over T = 1 … maxTokens.
  */
 import {
+  checkOptionFields,
+  describeValue,
   expertFormatOf,
+  MAX_TOKENS_LIMIT,
   type MoEConfig,
   QUANT_BLOCK,
   type ScaleFormat,
@@ -90,6 +93,52 @@ export interface ExportKernelJob {
   cubin: string;
 }
 
+/** A bad export option or a layer the export cannot take: the option, the value and the bound. */
+export class ExportError extends Error {
+  override name = "ExportError";
+}
+
+const EXPORT_OPTION_FIELDS = [
+  "maxTokens",
+  "shared",
+  "smCount",
+  "weightScales",
+  "arch",
+  "producer",
+  // exportLayer's (export.ts)
+  "overwrite",
+  "onProgress",
+];
+
+/** Throws an ExportError naming the first bad option. */
+export function checkExportOptions(opts: LayerExportOptions): void {
+  checkOptionFields("export options", opts, EXPORT_OPTION_FIELDS, (m) => new ExportError(m));
+  const integer = (name: string, v: unknown, max: number) => {
+    if (!Number.isInteger(v) || (v as number) < 1 || (v as number) > max) {
+      throw new ExportError(
+        `export options.${name} must be an integer in [1, ${max}], got ${describeValue(v)}`,
+      );
+    }
+  };
+  integer("maxTokens", opts.maxTokens, MAX_TOKENS_LIMIT);
+  integer("smCount", opts.smCount, 1024);
+  if (typeof opts.shared !== "boolean") {
+    throw new ExportError(`export options.shared must be true or false, got ${describeValue(opts.shared)}`);
+  }
+  if (opts.weightScales !== "fp32" && opts.weightScales !== "ue8m0") {
+    throw new ExportError(
+      `export options.weightScales must be "fp32" or "ue8m0", got ${describeValue(opts.weightScales)}`,
+    );
+  }
+  for (const name of ["arch", "producer"] as const) {
+    if (typeof opts[name] !== "string" || opts[name] === "") {
+      throw new ExportError(
+        `export options.${name} must be a non-empty string, got ${describeValue(opts[name])}`,
+      );
+    }
+  }
+}
+
 /** The layer as exported: without the shared expert unless asked for. */
 export function exportConfig(config: MoEConfig, shared: boolean): MoEConfig {
   const c = validateConfig(config);
@@ -136,6 +185,7 @@ export function exportRanges(
 
 /** Every kernel an export of the layer holds: the forward's for each range, and the load-time passes. */
 export function exportKernelJobs(config: MoEConfig, opts: LayerExportOptions): ExportKernelJob[] {
+  checkExportOptions(opts);
   const c = exportConfig(config, opts.shared);
   const jobs: ExportKernelJob[] = [
     {

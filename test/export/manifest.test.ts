@@ -14,7 +14,12 @@ import { cubinFunction } from "../../src/cuda/cubin.js";
 import { compileKernel, compilerAvailable } from "../../src/cuda/jit.js";
 import { DirectoryError } from "../../src/cuda/mkdir.js";
 import { writeLayerExport } from "../../src/export/export.js";
-import { buildManifest, exportKernelJobs, type LayerExportOptions } from "../../src/export/layer.js";
+import {
+  buildManifest,
+  ExportError,
+  exportKernelJobs,
+  type LayerExportOptions,
+} from "../../src/export/layer.js";
 import { type ExportLaunch, type ExportManifest, evaluateExpr, rangeFor } from "../../src/export/manifest.js";
 import { FUSED_OPERANDS_BYTES, fusedMapCount } from "../../src/kernels/megamoe/abi.js";
 import { fusedBlockM, fusedExpand } from "../../src/kernels/megamoe/plan.js";
@@ -102,6 +107,24 @@ describe("export manifest", () => {
       });
     }
   }
+
+  test("bad options are ExportErrors naming the option and the bound", () => {
+    const bad: [Record<string, unknown>, RegExp][] = [
+      [{ maxToken: 8 }, /unknown export options field maxToken \(did you mean maxTokens\?\)/],
+      [{ maxTokens: 0 }, /maxTokens must be an integer in \[1, 65536\], got number 0/],
+      [{ smCount: 1.5 }, /smCount must be an integer in \[1, 1024\]/],
+      [{ shared: "1" }, /shared must be true or false, got the string "1"/],
+      [{ weightScales: "bf16" }, /weightScales must be "fp32" or "ue8m0", got the string "bf16"/],
+      [{ arch: "" }, /arch must be a non-empty string/],
+    ];
+    for (const [change, message] of bad) {
+      const opts = { ...base, ...change } as LayerExportOptions;
+      assert.throws(
+        () => buildManifest(PRESETS.tiny!, opts, 32),
+        (e: Error) => e instanceof ExportError && message.test(e.message),
+      );
+    }
+  });
 
   test("a layer split across ranks is refused", () => {
     assert.throws(() => buildManifest({ ...PRESETS.flash!, ranks: 8 }, base, 32), /one rank of 8/);
