@@ -151,7 +151,11 @@ export async function runCheck(opts: CheckOptions): Promise<void> {
     const inputs = splitAmongRanks(x, opts.tokens, routing, config.hidden, config.topK, ranks);
     const joined = (outs: Uint16Array[]) => Float64Array.from(joinRankOutputs(outs), bf16BitsToF32);
     const cpuEp = new ExpertParallelMoE(weights, { ranks });
-    const cpuOut = joined(cpuEp.forward(inputs, { shared: opts.shared }).out);
+    bar = progressBar(`${ranks} ranks (cpu)`);
+    const cpuOut = joined(
+      cpuEp.forward(inputs, { shared: opts.shared, onProgress: (d, t) => bar.update(d, t) }).out,
+    );
+    bar.stop();
     comparisons.push(compare(`${ranks} ranks (cpu) vs reference(fp8)`, cpuOut, refValues, nearRef));
     if (backend === "cuda") {
       const gpuEp = new ExpertParallelMoE(weights, {

@@ -227,15 +227,18 @@ export async function runLayer(opts: RunOptions): Promise<void> {
     // The ranks take the batch in contiguous runs, routed over every expert (by the gate on the CPU).
     const r = routing ?? routeTokens(x, opts.tokens, weights.gate(), config);
     const ep = new ExpertParallelMoE(weights, { ranks, backend, pipeline });
+    const bar = progressBar(`${config.name} T=${opts.tokens} on ${ranks} ranks`);
     try {
       const start = performance.now();
       const step = ep.forward(splitAmongRanks(x, opts.tokens, r, config.hidden, config.topK, ranks), {
         shared: opts.shared,
+        onProgress: (d, t) => bar.update(d, t),
       });
       ms = performance.now() - start;
       result = { out: joinRankOutputs(step.out), routing: { ids: r.ids, weights: r.weights } };
       moved = step.stats;
     } finally {
+      bar.stop();
       ep.dispose();
     }
   } else {
