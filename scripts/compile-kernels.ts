@@ -5,40 +5,39 @@
  * no-spill spills or uses a local stack frame, or ptxas serializes a kernel's wgmmas (C7518). Without
  * nvcc it prints SKIP and exits 0, so the check stays optional on machines without the CUDA toolkit.
  *
- * Prints one summary line; `--table` (or KERNELS_TABLE=1) adds ptxas's table of every kernel, and a
- * failure always prints its rows and nvcc's log. Compiles nvcc accepted are cached by a hash of their
- * inputs in `.cache/kernels/` (scripts/kernel-cache.ts); `--no-cache` (or KERNELS_CACHE=0) skips it.
+ * By default it compiles a sample that covers every source and every code path of its variants
+ * (scripts/kernel-sample.ts states the rule): about a quarter of them, so `npm test` stays short;
+ * `--all` compiles every variant (CI's second step, .ci/run).
  *
- * Run: `npm run kernels:check [-- --table]` (NVCC=/path/to/nvcc to pick the compiler, which must then be
- * a working nvcc: a bad one fails the check rather than falling back; KERNELS_JOBS for parallelism,
- * default: the CPU count).
+ * Prints what it compiles, a progress line every 10 s off a terminal (a bar on one), and one summary
+ * line; `--table` (or KERNELS_TABLE=1) adds ptxas's table of every kernel, and a failure always prints
+ * its rows and nvcc's log. Compiles nvcc accepted are cached by a hash of their inputs in
+ * `.cache/kernels/` (scripts/kernel-cache.ts); `--no-cache` (or KERNELS_CACHE=0) skips it.
+ *
+ * Run: `npm run kernels:check [-- --all] [-- --table]` (NVCC=/path/to/nvcc to pick the compiler,
+ * which must then be a working nvcc: a bad one fails the check rather than falling back; KERNELS_JOBS for parallelism, default: the CPU count).
  */
 import { execFile } from "node:child_process";
-import { existsSync, mkdtempSync, readdirSync, rmSync } from "node:fs";
+import { mkdtempSync, rmSync } from "node:fs";
 import os from "node:os";
 import path from "node:path";
-import { fileURLToPath, pathToFileURL } from "node:url";
+import { fileURLToPath } from "node:url";
 import { promisify } from "node:util";
+import { progressBar } from "../src/cli/progress.js";
 import { defineOptions, nvccVersion } from "../src/cuda/jit.js";
 import { explicitFile } from "../src/cuda/locate.js";
 import { describeDefines, type KernelVariant } from "../src/kernels/variants.js";
 import { CompileCache, compileKey } from "./kernel-cache.js";
+import { type CompileJob, compileJobs } from "./kernel-sample.js";
 import { type FunctionReport, parsePtxasReport, ptxasProblems } from "./ptxas-report.js";
 
 const run = promisify(execFile);
 
 const repoRoot = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
-const kernelsDir = path.join(repoRoot, "src", "kernels");
 const includeDir = path.join(repoRoot, "src", "include");
 const ARCH_FLAGS = ["-gencode=arch=compute_90a,code=sm_90a", "-std=c++17"];
 // Inside the checkout (git-ignored), never in $HOME: a fresh clone (CI) compiles every variant once.
 const cacheDir = path.join(repoRoot, ".cache", "kernels");
-const DEFAULT_VARIANT: KernelVariant = { defines: {}, noSpill: true };
-
-interface CompileJob {
-  source: string; // path relative to the repository root
-  variant: KernelVariant;
-}
 
 interface CompileResult {
   job: CompileJob;
@@ -48,40 +47,6 @@ interface CompileResult {
   seconds: number;
   /** Taken from the compile cache (ptxas's report of an earlier identical compile). */
   cached: boolean;
-}
-
-function listCudaSources(dir: string): string[] {
-  const found: string[] = [];
-  for (const entry of readdirSync(dir, { withFileTypes: true })) {
-    const full = path.join(dir, entry.name);
-    if (entry.isDirectory()) found.push(...listCudaSources(full));
-    else if (entry.isFile() && entry.name.endsWith(".cu")) found.push(full);
-  }
-  return found.sort();
-}
-
-function isKernelVariant(v: unknown): v is KernelVariant {
-  if (typeof v !== "object" || v === null) return false;
-  const { defines, noSpill } = v as { defines?: unknown; noSpill?: unknown };
-  return (
-    typeof noSpill === "boolean" &&
-    typeof defines === "object" &&
-    defines !== null &&
-    Object.values(defines).every((d) => typeof d === "number" && Number.isFinite(d))
-  );
-}
-
-async function variantsFor(source: string): Promise<readonly KernelVariant[]> {
-  const variantsFile = source.replace(/\.cu$/, ".variants.ts");
-  if (!existsSync(variantsFile)) return [DEFAULT_VARIANT];
-  const mod: unknown = await import(pathToFileURL(variantsFile).href);
-  const list = (mod as { variants?: unknown }).variants;
-  if (!Array.isArray(list) || list.length === 0 || !list.every(isKernelVariant)) {
-    throw new Error(
-      `${path.relative(repoRoot, variantsFile)} must export a non-empty \`variants: KernelVariant[]\``,
-    );
-  }
-  return list;
 }
 
 async function compile(
@@ -234,7 +199,15 @@ const TABLE_HEADER = [
   "status",
 ];
 
+const FLAGS = ["--all", "--table", "--no-cache"];
+
 async function main(argv: readonly string[]): Promise<number> {
+  const unknown = argv.filter((a) => !FLAGS.includes(a));
+  if (unknown.length > 0) {
+    console.error(`kernels:check: unknown argument ${unknown.join(" ")}: expected ${FLAGS.join(", ")}`);
+    return 2;
+  }
+  const all = argv.includes("--all");
   const showTable = argv.includes("--table") || process.env.KERNELS_TABLE === "1";
   const useCache = !argv.includes("--no-cache") && process.env.KERNELS_CACHE !== "0";
   let nvcc: string | undefined;
@@ -250,27 +223,35 @@ async function main(argv: readonly string[]): Promise<number> {
     return 0;
   }
   const { stdout: nvccVersion } = await run(nvcc, ["--version"]);
-  const sources = listCudaSources(kernelsDir);
-  const jobs: CompileJob[] = [];
-  for (const source of sources) {
-    for (const variant of await variantsFor(source))
-      jobs.push({ source: path.relative(repoRoot, source), variant });
-  }
+  const { jobs, sources, variantCount } = await compileJobs(all);
   const parallel = Math.max(1, Number(process.env.KERNELS_JOBS ?? os.availableParallelism()));
   const cache = useCache ? new CompileCache(cacheDir) : undefined;
+  console.log(
+    all
+      ? `kernels:check: compiling all ${jobs.length} variants of ${sources.length} sources, ${parallel} jobs`
+      : `kernels:check: compiling a sample, ${jobs.length} of ${variantCount} variants of ${sources.length} sources (every code path; --all for every variant), ${parallel} jobs`,
+  );
 
   const outDir = mkdtempSync(path.join(os.tmpdir(), "megamoe-"));
   const started = performance.now();
+  const bar = progressBar("kernels:check", { intervalSeconds: 10 });
+  let done = 0;
+  let failed = 0;
   let results: CompileResult[];
   try {
-    results = await mapLimited(jobs, parallel, (job, i) =>
-      compile(nvcc, `${nvcc}\n${nvccVersion}`, job, outDir, i, cache),
-    );
+    results = await mapLimited(jobs, parallel, async (job, i) => {
+      const result = await compile(nvcc, `${nvcc}\n${nvccVersion}`, job, outDir, i, cache);
+      if (problemsOf(result).length > 0) failed++;
+      bar.update(++done, jobs.length, `${failed} failed`);
+      return result;
+    });
   } finally {
+    bar.stop();
     rmSync(outDir, { recursive: true, force: true });
   }
-  // Entries of sources or variants that no longer exist would only grow the folder.
-  cache?.prune();
+  // Entries of sources or variants that no longer exist would only grow the folder; only a run of
+  // every variant knows which those are (a sample's prune would drop the rest of --all's entries).
+  if (all) cache?.prune();
 
   const failures: string[] = [];
   const failedRows: string[][] = [];
@@ -290,7 +271,7 @@ async function main(argv: readonly string[]): Promise<number> {
   const cached = results.filter((r) => r.cached).length;
   const failedJobs = results.filter((r) => problemsOf(r).length > 0).length;
   const summary =
-    `${results.length} variants of ${sources.length} sources, ${failedJobs} failed, ` +
+    `${results.length}${all ? "" : ` of ${variantCount}`} variants of ${sources.length} sources, ${failedJobs} failed, ` +
     `${spilling} kernels with spills/stack; ${cached} cached, ${results.length - cached} compiled, ` +
     `${parallel} jobs, ${seconds} s`;
   if (failures.length > 0) {

@@ -35,7 +35,7 @@ import { measureCopyCeiling, measureReadCeiling } from "../kernels/probe/probe.j
 import { benchmarkQuant } from "../kernels/quant/quant.js";
 import type { MoEWeightSource } from "../weights/types.js";
 import { checkpointLayer } from "./checkpoint.js";
-import { shortCudaReason } from "./gpu-reason.js";
+import { cudaReasonText } from "./gpu-reason.js";
 import { plotTitle, renderTimePlot, writePlot } from "./plot.js";
 import { type Progress, progressBar } from "./progress.js";
 import { checkCheckpointExperts, checkShapeWithCheckpoint, expertsFormat } from "./run.js";
@@ -547,8 +547,7 @@ export async function runBench(opts: BenchOptions): Promise<void> {
   if (source !== undefined) checkCheckpointExperts(opts.experts, source.config);
   const cuda = cudaAvailability();
   if (!cuda.ok) {
-    const short = shortCudaReason(cuda.reason);
-    const why = opts.verbose || short === cuda.reason ? cuda.reason : `${short} (--verbose lists them)`;
+    const why = cudaReasonText(cuda.reason, opts.verbose, "--verbose lists where it looked");
     if (opts.impl === "ep") {
       throw new Error(`bench --impl ep needs a CUDA GPU (its ranks are virtual ranks on GPU 0): ${why}`);
     }

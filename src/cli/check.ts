@@ -60,6 +60,8 @@ export interface CheckOptions {
   /** --shape was given, not defaulted (refused with --checkpoint). */
   shapeGiven?: boolean;
   json?: boolean;
+  /** Without a GPU, say every folder searched for the CUDA driver. */
+  verbose?: boolean;
 }
 
 /** A comparison with its bounds (the GPU tests' policy, src/reference/error-bounds.ts) and verdict. */
@@ -78,7 +80,9 @@ export const CHECK_FAILED_EXIT_CODE = 2;
 function noGpuReason(requested: string): string {
   if (requested === "cpu") return "--backend cpu";
   const cuda = cudaAvailability();
-  return cuda.ok ? "--backend cpu" : `no GPU: ${shortCudaReason(cuda.reason)}`;
+  if (cuda.ok) return "--backend cpu";
+  const short = shortCudaReason(cuda.reason);
+  return short === cuda.reason ? `no GPU: ${short}` : short;
 }
 
 /** `≤ 1.00e-2` for a bound, `–` where a figure is not bounded. */
@@ -95,8 +99,9 @@ export async function runCheck(opts: CheckOptions): Promise<void> {
   const shape =
     opts.checkpoint === undefined ? shapeConfig(opts.shape, opts.tokens, opts.experts) : undefined;
   gpuPipeline(opts.pipeline);
-  const backend = chooseBackend(opts.backend);
+  const { backend, note } = chooseBackend(opts.backend, opts.verbose);
   const pipeline = checkPipelineFor(backend, opts.pipeline);
+  if (note !== undefined) process.stderr.write(note);
   const weights =
     shape !== undefined
       ? makeWeights(shape, opts.seed)
@@ -149,7 +154,12 @@ export async function runCheck(opts: CheckOptions): Promise<void> {
       return Float64Array.from(out, bf16BitsToF32);
     };
     const cpuEp = new ExpertParallelMoE(weights, { ranks });
-    const cpuOut = joined(cpuEp.forward(inputs, { shared: opts.shared }).out, "cpu");
+    bar = progressBar(`${ranks} ranks (cpu)`);
+    const cpuOut = joined(
+      cpuEp.forward(inputs, { shared: opts.shared, onProgress: (d, t) => bar.update(d, t) }).out,
+      "cpu",
+    );
+    bar.stop();
     comparisons.push(compare(`${ranks} ranks (cpu) vs reference(fp8)`, cpuOut, refValues, nearRef));
     if (backend === "cuda") {
       const gpuEp = new ExpertParallelMoE(weights, {

@@ -82,6 +82,7 @@ const program = new Command()
   .version("0.1.0");
 
 const shapeHelp = "preset: tiny, flash, pro, flash-ep8";
+const VERBOSE_HELP = "without a GPU, list every folder searched for the CUDA driver";
 
 program
   .command("run")
@@ -116,6 +117,7 @@ program
   )
   .addOption(threadsOption())
   .option("--json", "print the summary as JSON")
+  .option("--verbose", VERBOSE_HELP)
   .action(async ({ threads, ...opts }, cmd: Command) => {
     applyThreads(threads);
     await runLayer({ ...opts, shapeGiven: shapeGiven(cmd) });
@@ -144,6 +146,7 @@ program
   .option("--ranks <n>", "also check the layer split across n expert-parallel ranks", positiveInt("ranks"), 1)
   .addOption(threadsOption())
   .option("--json", "print the result as JSON")
+  .option("--verbose", VERBOSE_HELP)
   .action(async ({ threads, ...opts }, cmd: Command) => {
     applyThreads(threads);
     await runCheck({ ...opts, shapeGiven: shapeGiven(cmd) });
@@ -235,7 +238,7 @@ program
   .option("--out <file>", "write the results JSON here (bench/results/...); an existing file needs --force")
   .option("--force", "overwrite existing --out and --plot files")
   .option("--json", "print the rows as JSON")
-  .option("--verbose", "without a GPU, list every folder searched for the CUDA driver")
+  .option("--verbose", VERBOSE_HELP)
   .action(async (opts) => {
     await runBench(opts);
   });

@@ -31,7 +31,7 @@ import { GeneratedWeights, generateActivations } from "../weights/generate.js";
 import { loadMoEWeights, saveMoEWeights } from "../weights/moe-file.js";
 import type { Fp4Exactness, MoEWeightSource } from "../weights/types.js";
 import { checkpointLayer, describeFp4Exactness, hashRouting } from "./checkpoint.js";
-import { shortCudaReason } from "./gpu-reason.js";
+import { cudaReasonText, shortCudaReason } from "./gpu-reason.js";
 import { progressBar } from "./progress.js";
 import { checkInputFile, checkOutputFile, UsageError } from "./usage.js";
 
@@ -59,6 +59,8 @@ export interface RunOptions {
   /** --shape was given, not defaulted (refused with --checkpoint, whose layer has its own shape). */
   shapeGiven?: boolean;
   json?: boolean;
+  /** Without a GPU, say every folder searched for the CUDA driver. */
+  verbose?: boolean;
 }
 
 /** --experts checked: undefined (the shape's or the checkpoint's own format), "fp8" or "fp4". */
@@ -147,20 +149,25 @@ export function makeRouting(kind: string, seed: number, tokens: number, config: 
 }
 
 /**
- * The backend --backend names. "auto": the GPU when CUDA is usable, else the CPU reference (saying
- * why on stderr, in one line); "cuda" without a usable GPU is an error saying why.
+ * The backend --backend names. "auto": the GPU when CUDA is usable, else the CPU reference, with `note`
+ * saying why in one line (the folders searched only with `verbose`), for the caller to print once every
+ * value is checked, so a usage error comes first; "cuda" without a usable GPU is an error saying why.
  */
-export function chooseBackend(name: string): Backend {
-  if (name === "cpu") return name;
+export function chooseBackend(name: string, verbose?: boolean): { backend: Backend; note?: string } {
+  if (name === "cpu") return { backend: name };
   if (name !== "auto" && name !== "cuda")
     throw new UsageError(`--backend ${name}: expected auto, cpu or cuda`);
   const cuda = cudaAvailability();
-  if (cuda.ok) return "cuda";
-  const why = shortCudaReason(cuda.reason);
-  const more = why === cuda.reason ? "" : " (megamoe info lists the folders searched)";
-  if (name === "cuda") throw new UsageError(`--backend cuda needs a CUDA GPU: ${why}${more}`);
-  process.stderr.write(`megamoe: no GPU: ${why}; using the CPU reference\n`);
-  return "cpu";
+  if (cuda.ok) return { backend: "cuda" };
+  const hint = "--verbose or megamoe info: where it looked";
+  if (name === "cuda")
+    throw new UsageError(`--backend cuda needs a CUDA GPU: ${cudaReasonText(cuda.reason, verbose, hint)}`);
+  const short = shortCudaReason(cuda.reason);
+  const note =
+    verbose === true || short === cuda.reason
+      ? `megamoe: no GPU: ${cuda.reason}; running on the CPU\n`
+      : `megamoe: ${short}; running on the CPU (${hint})\n`;
+  return { backend: "cpu", note };
 }
 
 /** --pipeline picks a GPU pipeline: refused when the layer runs on the CPU, where it would be ignored. */
@@ -194,8 +201,9 @@ export async function runLayer(opts: RunOptions): Promise<void> {
   if (opts.force === true && opts.saveWeights === undefined)
     throw new UsageError("--force applies to --save-weights: give the file to overwrite");
   if (opts.saveWeights !== undefined) checkOutputFile("--save-weights", opts.saveWeights, opts.force);
-  const backend = chooseBackend(opts.backend);
+  const { backend, note } = chooseBackend(opts.backend, opts.verbose);
   const pipeline = checkPipelineFor(backend, opts.pipeline);
+  if (note !== undefined) process.stderr.write(note);
   let weights =
     shape !== undefined
       ? makeWeights(shape, opts.seed, opts.weights)
@@ -229,15 +237,18 @@ export async function runLayer(opts: RunOptions): Promise<void> {
     // The ranks take the batch in contiguous runs, routed over every expert (by the gate on the CPU).
     const r = routing ?? routeTokens(x, opts.tokens, weights.gate(), config);
     const ep = new ExpertParallelMoE(weights, { ranks, backend, pipeline });
+    const bar = progressBar(`${config.name} T=${opts.tokens} on ${ranks} ranks`);
     try {
       const start = performance.now();
       const step = ep.forward(splitAmongRanks(x, opts.tokens, r, config.hidden, config.topK, ranks), {
         shared: opts.shared,
+        onProgress: (d, t) => bar.update(d, t),
       });
       ms = performance.now() - start;
       result = { out: joinRankOutputs(step.out), routing: { ids: r.ids, weights: r.weights } };
       moved = step.stats;
     } finally {
+      bar.stop();
       ep.dispose();
     }
   } else {

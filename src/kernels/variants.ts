@@ -3,7 +3,8 @@
  *
  * Convention: `src/kernels/<family>/<name>.cu` may have `<name>.variants.ts` beside it whose export
  * `variants` lists every set of `-D` defines its launcher can ask the JIT for (on the presets). The CI
- * check compiles each one; a `.cu` without such a file compiles once with its built-in defaults.
+ * check compiles each one (`--all`; by default a sample, scripts/kernel-sample.ts); a `.cu` without
+ * such a file compiles once with its built-in defaults.
  */
 
 /** One specialization: the `-D NAME=value` macros the JIT passes. */

@@ -242,12 +242,17 @@ export function joinRankOutputs(outs: readonly Uint16Array[]): Uint16Array {
 }
 
 /** forward's and forwardDevice's options: a misspelt or mistyped `shared` would be ignored without a word. */
-function checkForwardOptions(options: unknown): void {
-  checkOptions("ExpertParallelMoE forward options", options, ["shared"]);
-  const shared = (options as { shared?: unknown } | undefined)?.shared;
+function checkForwardOptions(options: unknown, known: readonly string[] = ["shared"]): void {
+  checkOptions("ExpertParallelMoE forward options", options, known);
+  const { shared, onProgress } = (options ?? {}) as { shared?: unknown; onProgress?: unknown };
   if (shared !== undefined && typeof shared !== "boolean") {
     throw new InputError(
       `ExpertParallelMoE forward options.shared must be true or false, got ${describeValue(shared)}`,
+    );
+  }
+  if (onProgress !== undefined && typeof onProgress !== "function") {
+    throw new InputError(
+      `ExpertParallelMoE forward options.onProgress must be a function, got ${describeValue(onProgress)}`,
     );
   }
 }
@@ -388,28 +393,43 @@ export class ExpertParallelMoE {
   /**
    * One forward over every rank's tokens: returns each rank's output, bf16 bits [tokens, hidden], and
    * what moved. `shared` false leaves the shared expert out (default: in, when the config has one).
+   * `onProgress(done, total)`: on the "cpu" backend, called after each rank's routed and shared pass
+   * (a CPU forward of a large layer takes minutes); on "cuda", once at the end.
    */
   forward(
     inputs: readonly RankInput[],
-    options: { shared?: boolean } = {},
+    options: { shared?: boolean; onProgress?: (done: number, total: number) => void } = {},
   ): { out: Uint16Array[]; stats: ExpertParallelStats } {
     if (this.disposed) throw new InputError("ExpertParallelMoE used after dispose()");
-    checkForwardOptions(options);
-    if (this.buffers !== null) return this.forwardThroughDevices(inputs, options);
+    checkForwardOptions(options, ["shared", "onProgress"]);
+    if (this.buffers !== null) {
+      const result = this.forwardThroughDevices(inputs, options);
+      options.onProgress?.(1, 1);
+      return result;
+    }
     const plan = this.plan(inputs);
     const { hidden } = this.config;
+    const withShared = (options.shared ?? true) && this.config.numShared > 0;
+    const passes =
+      plan.received.filter((rows) => rows.count > 0).length +
+      (withShared ? inputs.filter((input) => input.tokens > 0).length : 0);
+    let done = 0;
     // Dispatch: rank d gathers the rows it was sent, in the plan's order.
     const partials = plan.received.map((rows, d) => {
       if (rows.count === 0) return new Uint16Array(0);
       const routing = { ids: rows.ids, weights: rows.weights };
       const x = gatherReceived(rows, inputs, hidden);
-      return this.layers[d]!.forward(x, rows.count, { routing, shared: false }).out;
+      const partial = this.layers[d]!.forward(x, rows.count, { routing, shared: false }).out;
+      options.onProgress?.(++done, passes);
+      return partial;
     });
     // Combine: each rank adds its tokens' results from every rank to its own shared expert.
-    const withShared = (options.shared ?? true) && this.config.numShared > 0;
     const out = inputs.map((input, s) => {
       let shared: Uint16Array | null = null;
-      if (withShared && input.tokens > 0) shared = sharedExpertAlone(this.layers[s]!, input);
+      if (withShared && input.tokens > 0) {
+        shared = sharedExpertAlone(this.layers[s]!, input);
+        options.onProgress?.(++done, passes);
+      }
       return combineRankOutputs(input.tokens, hidden, shared, partials, plan.slot[s]!);
     });
     return { out, stats: statsOf(plan) };
