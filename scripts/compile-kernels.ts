@@ -26,7 +26,7 @@ import { promisify } from "node:util";
 import { progressBar } from "../src/cli/progress.js";
 import { defineOptions, nvccVersion } from "../src/cuda/jit.js";
 import { explicitFile } from "../src/cuda/locate.js";
-import { describeDefines, type KernelVariant } from "../src/kernels/variants.js";
+import { describeDefines } from "../src/kernels/variants.js";
 import { CompileCache, compileKey } from "./kernel-cache.js";
 import { type CompileJob, compileJobs } from "./kernel-sample.js";
 import { type FunctionReport, parsePtxasReport, ptxasProblems } from "./ptxas-report.js";
