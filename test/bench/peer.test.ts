@@ -130,7 +130,7 @@ describe("megamoe plot", () => {
       assert.match(svg, /flash-ep8 · shared expert on · NVIDIA H200/);
       assert.equal((svg.match(/class="series"/g) ?? []).length, 2);
       assert.equal((svg.match(/class="floor"/g) ?? []).length, 1);
-      assert.throws(() => runPlot([oursFile], { out, shape: "pro" }), /no rows left/);
+      assert.throws(() => runPlot([oursFile], { out, shape: "pro", force: true }), /no rows left/);
     } finally {
       process.stdout.write = write;
       fs.rmSync(dir, { recursive: true, force: true });

@@ -154,7 +154,7 @@ describe("the CPU reference on worker threads", () => {
       }
       return assert.fail(`threads=${threads}: no error`);
     });
-    assert.match(messages[0], /^expert 2: x\[0\] \(largest \|value\| [\d.e+]+\) times W1 overflows fp32/);
+    assert.match(messages[0], /^expert 2: x\[0\] \(largest \|value\| [\d.e+-]+\) times W1 overflows fp32/);
     assert.equal(messages[1], messages[0]);
     // The pool is usable after a failed call.
     assert.deepEqual(run(source, 5, seed, { threads: 2 }).out, run(source, 5, seed, { threads: 1 }).out);

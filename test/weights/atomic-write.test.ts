@@ -164,7 +164,7 @@ describe("saveCheckpoint writes aside and refuses a non-empty directory", () => 
       [
         "overwrite: 'yes'",
         () => saveCheckpoint(dir, layers, { overwrite: "yes" } as never),
-        /overwrite must be true or false, got "yes"/,
+        /overwrite must be true or false, got the string "yes"/,
       ],
       [
         "options null",
