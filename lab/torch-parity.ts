@@ -96,8 +96,8 @@ for (const m of ["w1", "w2"] as const) {
 const s = w.shared();
 if (s !== null) {
   for (const [m, name] of [
-    ["w1", "shared_expert_w13"],
-    ["w2", "shared_expert_w2"],
+    ["w1", "shared_w13"],
+    ["w2", "shared_w2"],
   ] as const) {
     const x = s[m];
     write(name, "weights", "float8_e4m3fn", [x.rows, x.cols], x.q);

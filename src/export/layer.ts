@@ -398,7 +398,7 @@ interface WeightPlan {
  */
 function fp8Pair(
   p: WeightPlan,
-  names: { w13: string; w2: string; prefix: "routed" | "shared" },
+  names: { w13: string; w2: string; prefix: "routed" | "shared_expert" },
   experts: number | null,
   hidden: number,
   inter: number,
@@ -511,7 +511,7 @@ export function buildManifest(
   if (hasShared)
     fp8Pair(
       plan,
-      { w13: "shared_expert_w13", w2: "shared_expert_w2", prefix: "shared" },
+      { w13: "shared_w13", w2: "shared_w2", prefix: "shared_expert" },
       null,
       H,
       sharedIntermediate(c),

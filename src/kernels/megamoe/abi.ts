@@ -68,7 +68,7 @@ export function fusedMapCount(c: MoEConfig): number {
  * an export's weight buffers). FP8 routed experts: `routed_w1` e4m3 [E, 2I, H], `routed_w1_scales` fp32
  * [E, 2I/128, H/128], `routed_w2`, `routed_w2_scales`. FP4: `routed_w1` and `routed_w2` packed in the
  * device layout, `routed_w1_words` and `routed_w2_words` their reference words, `routed_w1_scales` and
- * `routed_w2_scales` each 128 × 128 block's fp32 scale. The shared expert: `shared_w1`, … as FP8.
+ * `routed_w2_scales` each 128 × 128 block's fp32 scale. The shared expert: `shared_expert_w1`, … as FP8.
  */
 export type FusedWeightBuffer =
   | "routed_w1"
@@ -77,10 +77,10 @@ export type FusedWeightBuffer =
   | "routed_w2"
   | "routed_w2_scales"
   | "routed_w2_words"
-  | "shared_w1"
-  | "shared_w1_scales"
-  | "shared_w2"
-  | "shared_w2_scales";
+  | "shared_expert_w1"
+  | "shared_expert_w1_scales"
+  | "shared_expert_w2"
+  | "shared_expert_w2_scales";
 
 /** The kernel's own buffers (besides the pipeline's FP8 rows and the weights). */
 export type FusedOwnBuffer =
@@ -203,8 +203,8 @@ export function fusedTensorMaps(c: MoEConfig, blockM: FusedBlockM, s: FusedSizes
   ];
   if (s.hasShared) {
     const SI = sharedIntermediate(c);
-    maps[3] = { buffer: "shared_w1", shape: fp8RowsMap(H, 2 * SI, WEIGHT_BOX_ROWS) };
-    maps[7] = { buffer: "shared_w2", shape: fp8RowsMap(SI, H, WEIGHT_BOX_ROWS) };
+    maps[3] = { buffer: "shared_expert_w1", shape: fp8RowsMap(H, 2 * SI, WEIGHT_BOX_ROWS) };
+    maps[7] = { buffer: "shared_expert_w2", shape: fp8RowsMap(SI, H, WEIGHT_BOX_ROWS) };
   } else if (!fp4) {
     maps[3] = { buffer: "routed_w1", shape: fp8RowsMap(H, E * 2 * I, WEIGHT_BOX_ROWS) };
     maps[7] = { buffer: "routed_w2", shape: fp8RowsMap(I, E * H, WEIGHT_BOX_ROWS) };
@@ -238,8 +238,8 @@ export function fusedOperandPointers(
     weights: { operand: "weights" },
     w1_scales: { buffer: "routed_w1_scales" },
     w2_scales: { buffer: "routed_w2_scales" },
-    w1s_scales: { buffer: s.hasShared ? "shared_w1_scales" : "routed_w1_scales" },
-    w2s_scales: { buffer: s.hasShared ? "shared_w2_scales" : "routed_w2_scales" },
+    w1s_scales: { buffer: s.hasShared ? "shared_expert_w1_scales" : "routed_w1_scales" },
+    w2s_scales: { buffer: s.hasShared ? "shared_expert_w2_scales" : "routed_w2_scales" },
     pool_x: { buffer: "pool_x" },
     pool_x_scales: { buffer: "pool_x_scales" },
     pool_h: { buffer: "pool_h" },

@@ -176,10 +176,10 @@ export function fusedWeightTensors(w: DeviceMoEWeights): Partial<Record<FusedWei
   if (s === null) return routed;
   return {
     ...routed,
-    shared_w1: s.w1,
-    shared_w1_scales: s.w1Scales,
-    shared_w2: s.w2,
-    shared_w2_scales: s.w2Scales,
+    shared_expert_w1: s.w1,
+    shared_expert_w1_scales: s.w1Scales,
+    shared_expert_w2: s.w2,
+    shared_expert_w2_scales: s.w2Scales,
   };
 }
 
