@@ -147,7 +147,7 @@ pipeline.dispose();
 weights.dispose();
 fs.writeFileSync(
   path.join(out, "parity.json"),
-  `${JSON.stringify({ shape: config.name, experts: format, shared, seed, maxTokens, cases, files }, null, 1)}\n`,
+  `${JSON.stringify({ shape: config.name, experts: format, shared, seed, maxTokens, clamp: config.swigluClamp, cases, files }, null, 1)}\n`,
 );
 console.log(
   `torch-parity: ${config.name} ${format} shared ${shared ? 1 : 0}, ${cases.length} cases in ${out}`,
