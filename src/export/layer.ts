@@ -18,6 +18,7 @@ import { DTYPE_BYTES, TensorMapDataType, TensorMapL2Promotion, TensorMapSwizzle 
 import {
   ADOPT_SOURCE,
   ADOPT_THREADS,
+  IDS_I64_TO_I32_KERNEL,
   TRANSPOSE_U32_KERNEL,
   UE8M0_TO_F32_KERNEL,
 } from "../kernels/adopt/adopt.js";
@@ -210,6 +211,13 @@ export function exportKernelJobs(config: MoEConfig, opts: LayerExportOptions): E
       cubin: `kernels/${id}.cubin`,
     });
   }
+  jobs.push({
+    id: "ids_i64_to_i32",
+    source: ADOPT_SOURCE,
+    defines: {},
+    function: IDS_I64_TO_I32_KERNEL,
+    cubin: "kernels/adopt.cubin",
+  });
   const needsScaleExpansion =
     opts.weightScales === "ue8m0" && (expertFormatOf(c) === "fp8" || c.numShared > 0);
   if (needsScaleExpansion) {
@@ -521,6 +529,7 @@ export function buildManifest(
   const workspace: ExportBuffer[] = [
     { name: "xq", bytes: opts.maxTokens * H, lifetime: "workspace", init: "none" },
     { name: "x_scales", bytes: 4 * opts.maxTokens * (H / QUANT_BLOCK), lifetime: "workspace", init: "none" },
+    { name: "topk_ids_i32", bytes: 4 * opts.maxTokens * c.topK, lifetime: "workspace", init: "none" },
     ...fusedBuffers(c, opts.maxTokens, s).map(
       (b): ExportBuffer => ({
         name: b.name,
@@ -593,6 +602,22 @@ export function buildManifest(
       topk_ids: { dtype: "int32", shape: ["T", c.topK] },
       topk_weights: { dtype: "float32", shape: ["T", c.topK] },
       out: { dtype: "bfloat16", shape: ["T", H] },
+    },
+    inputConversions: {
+      topk_ids: {
+        dtype: "int64",
+        buffer: "topk_ids_i32",
+        steps: [
+          {
+            ...launch("ids_i64_to_i32", 0, ADOPT_THREADS, [
+              ptr("topk_ids"),
+              ptr("topk_ids_i32"),
+              { kind: "u32", value: mul("T", c.topK) },
+            ]),
+            grid: [ceilDiv(mul("T", c.topK), ADOPT_THREADS), 1, 1],
+          },
+        ],
+      },
     },
     tensorMaps,
     prepare: plan.prepare,

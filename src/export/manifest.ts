@@ -128,6 +128,16 @@ export interface ExportLayerFacts {
   maxTokens: number;
 }
 
+/**
+ * An input the caller may hand over in another dtype: the steps that convert it, per call and before
+ * the forward's, into `buffer`, which the forward then reads in the input's place.
+ */
+export interface ExportConversion {
+  dtype: ExportDtype | "int64";
+  buffer: string;
+  steps: ExportStep[];
+}
+
 export interface ExportManifest {
   format: typeof EXPORT_FORMAT;
   version: typeof EXPORT_VERSION;
@@ -139,6 +149,7 @@ export interface ExportManifest {
   buffers: ExportBuffer[];
   weights: Record<string, ExportTensor>;
   inputs: Record<string, ExportTensor>;
+  inputConversions: Record<string, ExportConversion>;
   tensorMaps: ExportTensorMap[];
   prepare: ExportStep[];
   status: { buffer: string; words: number };

@@ -43,7 +43,11 @@ const layers: [string, MoEConfig, Partial<LayerExportOptions>][] = [
 ];
 
 const launches = (m: ExportManifest): ExportLaunch[] =>
-  [...m.prepare, ...m.forward.flatMap((r) => r.steps)].filter((s): s is ExportLaunch => s.kind === "launch");
+  [
+    ...m.prepare,
+    ...m.forward.flatMap((r) => r.steps),
+    ...Object.values(m.inputConversions).flatMap((c) => c.steps),
+  ].filter((s): s is ExportLaunch => s.kind === "launch");
 
 describe("export manifest", () => {
   for (const [label, config, extra] of layers) {
@@ -103,6 +107,12 @@ describe("export manifest", () => {
           assert.equal(fused.grid[0], opts.smCount);
           assert.equal(fused.programmaticStreamSerialization, true);
         }
+        // int64 ids: converted into a buffer of the int32 input's size, one thread per id.
+        const ids = m.inputConversions.topk_ids!;
+        assert.equal(m.buffers.find((b) => b.name === ids.buffer)!.bytes, 4 * opts.maxTokens * config.topK);
+        const convert = ids.steps[0] as ExportLaunch;
+        for (const T of [1, 7, opts.maxTokens])
+          assert.ok(evaluateExpr(convert.grid[0], T) * convert.block[0] >= T * config.topK);
         assert.deepEqual(JSON.parse(JSON.stringify(m)), m, "the manifest is plain JSON");
       });
     }

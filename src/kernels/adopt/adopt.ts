@@ -1,7 +1,7 @@
 /**
- * Launcher of adopt.cu: the load-time passes that take an engine's weight tensors into the layouts the
- * kernels read (UE8M0 block scales to fp32, an MXFP4 matrix's scale bytes to the GEMM's word layout).
- * The export (src/export/) writes the same launches into its `prepare` steps; the grid rule is
+ * Launcher of adopt.cu: the passes that take an engine's tensors into the forms the kernels read (UE8M0
+ * block scales to fp32, an MXFP4 matrix's scale bytes to the GEMM's word layout, int64 expert ids to
+ * int32). The export (src/export/) writes the same launches into its steps; the grid rule is
  * `adoptGrid` for both.
  */
 import {
@@ -18,6 +18,7 @@ import {
 export const ADOPT_SOURCE = "adopt/adopt.cu";
 export const UE8M0_TO_F32_KERNEL = "megamoe_ue8m0_to_f32";
 export const TRANSPOSE_U32_KERNEL = "megamoe_transpose_u32";
+export const IDS_I64_TO_I32_KERNEL = "megamoe_ids_i64_to_i32";
 /** Threads per block of both kernels (their __launch_bounds__). */
 export const ADOPT_THREADS = 256;
 
