@@ -368,6 +368,10 @@ class _Reader:
             self.fail(path + e.path, e.expected)
 
 
+def _a(word: str) -> str:
+    return f"an {word}" if word[:1] in "aeio" else f"a {word}"
+
+
 def _join(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
 
@@ -720,7 +724,7 @@ class _StepContext:
         if where not in allowed:
             what = "a buffer or a weight (prepare runs before any call)" if phase == "prepare" else \
                 "a buffer or an input (the caller may free its weights after prepare)"
-            r.fail(f"{path}.buffer", f"the name of {what}, got {name!r}" + (f" (a {where})" if where else ""))
+            r.fail(f"{path}.buffer", f"the name of {what}, got {name!r}" + (f" ({_a(where)})" if where else ""))
         return Ref(name, r.expr(v["offset"], f"{path}.offset"), where, path)
 
     def scalar(self, kind: str, v, path: str):
@@ -765,9 +769,9 @@ class _StepContext:
                     fld = Field(r.int(f["offset"], f"{fp}.offset", lo=0), fkind, fp,
                                 value=self.scalar(fkind, f["value"], f"{fp}.value"))
                 if fld.offset % fld.size:
-                    r.fail(f"{fp}.offset", f"a multiple of {fld.size} (a {fkind} is naturally aligned), got {fld.offset}")
+                    r.fail(f"{fp}.offset", f"a multiple of {fld.size} ({_a(fkind)} is naturally aligned), got {fld.offset}")
                 if fld.offset + fld.size > nbytes:
-                    r.fail(f"{fp}.offset", f"at most {nbytes - fld.size} (a {fkind} inside the struct's {nbytes} bytes), got {fld.offset}")
+                    r.fail(f"{fp}.offset", f"at most {nbytes - fld.size} ({_a(fkind)} inside the struct's {nbytes} bytes), got {fld.offset}")
                 for (o, s, j) in taken:
                     if fld.offset < o + s and o < fld.offset + fld.size:
                         r.fail(f"{fp}.offset", f"bytes not already taken by fields[{j}], got {fld.offset}")
@@ -866,7 +870,7 @@ def _check_value(r: _Reader, m: Manifest, path: str, v: int, kind: str, extra, T
     else:
         _fmt, _n, lo, hi = SCALAR_KINDS[kind]
         if not lo <= v <= hi:
-            r.fail(path, f"a {kind} in {lo} … {hi}{at}, got {v}")
+            r.fail(path, f"{_a(kind)} in {lo} … {hi}{at}, got {v}")
 
 
 def _check_values(r: _Reader, m: Manifest, all_tokens: bool) -> None:
