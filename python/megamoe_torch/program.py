@@ -158,7 +158,7 @@ class _RefValue:
 
 
 class CopySite:
-    __slots__ = ("step", "dst", "src", "call", "driver")
+    __slots__ = ("step", "dst", "src", "call", "driver", "last_T", "n", "dst_off", "src_off")
 
     def __init__(self, program: "Program", step: CopyStep):
         self.step = step
@@ -166,30 +166,45 @@ class CopySite:
         self.src = _RefValue(program, step.src)
         self.call = program.driver.memcpy_dtod_async_raw
         self.driver = program.driver
+        self.last_T = -1
 
     def run(self, T: int, ptrs: Sequence[int], stream: int) -> None:
-        n = self.step.bytes.evaluate(T)
+        if T != self.last_T:
+            self.n = self.step.bytes.evaluate(T)
+            self.dst_off = self.dst.offset.evaluate(T)
+            self.src_off = self.src.offset.evaluate(T)
+            self.last_T = T
+        n = self.n
         if n <= 0:
             return
-        rc = self.call(self.dst.address(T, ptrs), self.src.address(T, ptrs), n, stream)
+        dst, src = self.dst, self.src
+        rc = self.call((ptrs[dst.input_index] if dst.input_index >= 0 else dst.base) + self.dst_off,
+                       (ptrs[src.input_index] if src.input_index >= 0 else src.base) + self.src_off, n, stream)
         if rc:
             self.driver.fail("cuMemcpyDtoDAsync_v2", rc, f"{self.step.path}: {n} bytes, T = {T}")
 
 
 class MemsetSite:
-    __slots__ = ("step", "dst", "call", "driver")
+    __slots__ = ("step", "dst", "call", "driver", "last_T", "n", "dst_off")
 
     def __init__(self, program: "Program", step: MemsetStep):
         self.step = step
         self.dst = _RefValue(program, step.dst)
         self.call = program.driver.memset_d8_async_raw
         self.driver = program.driver
+        self.last_T = -1
 
     def run(self, T: int, ptrs: Sequence[int], stream: int) -> None:
-        n = self.step.bytes.evaluate(T)
+        if T != self.last_T:
+            self.n = self.step.bytes.evaluate(T)
+            self.dst_off = self.dst.offset.evaluate(T)
+            self.last_T = T
+        n = self.n
         if n <= 0:
             return
-        rc = self.call(self.dst.address(T, ptrs), self.step.byte, n, stream)
+        dst = self.dst
+        rc = self.call((ptrs[dst.input_index] if dst.input_index >= 0 else dst.base) + self.dst_off,
+                       self.step.byte, n, stream)
         if rc:
             self.driver.fail("cuMemsetD8Async", rc, f"{self.step.path}: {n} bytes, T = {T}")
 
