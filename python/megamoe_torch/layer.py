@@ -10,7 +10,7 @@ import os
 import threading
 from typing import Dict, Mapping, Optional, Sequence, Union
 
-from .checks import InputChecker, check_weight, describe
+from .checks import InputChecker, check_weight
 from .driver import (
     CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
     CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, Driver,
@@ -305,4 +305,4 @@ def clear_cache() -> None:
         _cache.clear()
 
 
-__all__ = ["MegaMoE", "fused_experts", "clear_cache", "gather_weights", "describe"]
+__all__ = ["MegaMoE", "fused_experts", "clear_cache", "gather_weights"]

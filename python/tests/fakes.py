@@ -6,7 +6,7 @@ import ctypes
 import os
 import struct
 
-from megamoe_torch.driver import CUlaunchAttribute, CUlaunchConfig, Driver
+from megamoe_torch.driver import CUlaunchConfig, Driver
 
 FIXTURE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "export")
 
