@@ -80,6 +80,8 @@ class InputChecker:
         except Exception:
             self.i64 = "int64"
         self.specs: Dict[str, TensorSpec] = manifest.inputs
+        # int64 ids, when the export converts them (inputConversions)
+        self.ids_i64 = "topk_ids" in manifest.input_conversions
 
     # -- messages (slow path) ------------------------------------------------------------------------
 
@@ -99,9 +101,9 @@ class InputChecker:
         if not _is_tensor(t):
             raise TypeError(f"{name} must be a tensor, {want}, got {type(t).__name__}")
         if t.dtype != dtype:
-            if name == "topk_ids" and (t.dtype == self.i64 or dtype_name(t.dtype) == "int64"):
+            if name == "topk_ids" and not self.ids_i64 and (t.dtype == self.i64 or dtype_name(t.dtype) == "int64"):
                 raise TypeError(
-                    f"topk_ids must be int32 [{T}, {cols}], got int64: int32 ids are required for now "
+                    f"topk_ids must be int32 [{T}, {cols}], got int64: this export has no int64 conversion "
                     "(pass topk_ids.to(torch.int32); -1 marks an unused slot)")
             raise TypeError(f"{name} must be {want}, got {describe(t)}")
         raise ValueError(f"{name} must be {want}, got {describe(t)}")
@@ -128,7 +130,8 @@ class InputChecker:
         self._placement("x", x)
         k = self.top_k
         try:
-            ok = topk_ids.dtype == self.i32 and tuple(topk_ids.shape) == (T, k)
+            ok = (topk_ids.dtype == self.i32 or (self.ids_i64 and topk_ids.dtype == self.i64)) and \
+                tuple(topk_ids.shape) == (T, k)
         except AttributeError:
             ok = False
         if not ok:

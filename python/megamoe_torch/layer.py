@@ -161,6 +161,8 @@ class MegaMoE:
         self._ctx_out = ctypes.c_void_p()
         self._ctx_ref = ctypes.pointer(self._ctx_out)
         self._bf16 = torch.bfloat16
+        self._i64 = torch.int64
+        self._convert_ids = ("topk_ids",)
 
     @classmethod
     def from_export(cls, export_dir: str, w13, w13_scale, w2, w2_scale,
@@ -194,7 +196,8 @@ class MegaMoE:
             out = self._torch.empty((T, self.hidden), dtype=self._bf16, device=self.device)
         self._make_current()
         self._program.run_forward(
-            T, (x.data_ptr(), topk_ids.data_ptr(), topk_weights.data_ptr(), out.data_ptr()), self._stream())
+            T, (x.data_ptr(), topk_ids.data_ptr(), topk_weights.data_ptr(), out.data_ptr()), self._stream(),
+            self._convert_ids if topk_ids.dtype == self._i64 else ())
         return out
 
     __call__ = forward

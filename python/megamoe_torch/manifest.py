@@ -243,6 +243,17 @@ class TokenRange:
 
 
 @dataclass(frozen=True)
+class Conversion:
+    """Steps that convert an input handed over in another dtype into a buffer read in its place."""
+
+    input: str
+    dtype: str
+    buffer: str
+    steps: Tuple[Step, ...]
+    path: str
+
+
+@dataclass(frozen=True)
 class Status:
     buffer: str
     words: int
@@ -265,6 +276,7 @@ class Manifest:
     prepare: Tuple[Step, ...]
     status: Status
     forward: Tuple[TokenRange, ...]
+    input_conversions: Dict[str, Conversion] = field(default_factory=dict)
     _range_index: Tuple[int, ...] = field(repr=False, default=())
 
     @property
@@ -431,6 +443,7 @@ def parse_manifest(data, file: str, check_all_tokens: bool = True) -> Manifest:
             "format", "version", "producer", "arch", "smCount", "layer", "kernels", "buffers",
             "weights", "inputs", "tensorMaps", "prepare", "status", "forward",
         ),
+        optional=("inputConversions",),
     )
     if top["format"] != FORMAT:
         r.fail("format", f"{FORMAT!r}, got {_type_name(top['format'])}")
@@ -539,6 +552,26 @@ def parse_manifest(data, file: str, check_all_tokens: bool = True) -> Manifest:
     if expect_lo != layer.max_tokens + 1:
         r.fail(f"forward[{len(ranges) - 1}].tokens[1]", f"layer.maxTokens = {layer.max_tokens} (the ranges cover 1 … maxTokens), got {expect_lo - 1}")
 
+    conversions: Dict[str, Conversion] = {}
+    conv = r.obj(top.get("inputConversions", {}), "inputConversions", allow_extra=True)
+    for name, c in conv.items():
+        p = f"inputConversions.{name}"
+        if name != "topk_ids":
+            r.fail(p, f"topk_ids (the one input with a conversion), got {name!r}")
+        r.obj(c, p, required=("dtype", "buffer", "steps"))
+        dtype = r.str(c["dtype"], f"{p}.dtype", choices=("int64",))
+        buffer = r.str(c["buffer"], f"{p}.buffer")
+        if buffer not in buffers:
+            r.fail(f"{p}.buffer", f"the name of a buffer, got {buffer!r}")
+        need = inputs[name].bytes_for(layer.max_tokens)
+        if buffers[buffer].bytes < need:
+            r.fail(f"{p}.buffer", f"a buffer of at least {need} bytes ({name} at maxTokens), got {buffers[buffer].bytes}")
+        steps = tuple(
+            ctx.step(s, f"{p}.steps[{j}]", phase="forward")
+            for j, s in enumerate(r.list(c["steps"], f"{p}.steps", min_length=1))
+        )
+        conversions[name] = Conversion(name, dtype, buffer, steps, p)
+
     index = [0] * (layer.max_tokens + 1)
     for i, tr in enumerate(ranges):
         for T in range(tr.lo, tr.hi + 1):
@@ -560,6 +593,7 @@ def parse_manifest(data, file: str, check_all_tokens: bool = True) -> Manifest:
         prepare=prepare,
         status=status,
         forward=tuple(ranges),
+        input_conversions=conversions,
         _range_index=tuple(index),
     )
     _check_values(r, manifest, check_all_tokens)
@@ -874,7 +908,8 @@ def _check_value(r: _Reader, m: Manifest, path: str, v: int, kind: str, extra, T
 
 
 def _check_values(r: _Reader, m: Manifest, all_tokens: bool) -> None:
-    groups = [(m.prepare, None)] + [(tr.steps, tr) for tr in m.forward]
+    groups = [(m.prepare, None)] + [(tr.steps, tr) for tr in m.forward] + [
+        (c.steps, TokenRange(1, m.layer.max_tokens, c.steps, c.path)) for c in m.input_conversions.values()]
     for steps, tr in groups:
         for step in steps:
             for path, e, kind, extra in _values_of(step):

@@ -223,6 +223,11 @@ class Program:
         self.prepare_sites = [self._site(s, 1) for s in manifest.prepare]
         self.range_sites = [tuple(self._site(s, max_t) for s in tr.steps) for tr in manifest.forward]
         self.sites_for_t = [()] + [self.range_sites[manifest._range_index[T]] for T in range(1, max_t + 1)]
+        # Per converted input: its steps, its index among the inputs and the buffer read in its place.
+        self.conversions = {
+            name: (tuple(self._site(s, max_t) for s in c.steps), INPUT_INDEX[name], c.buffer)
+            for name, c in manifest.input_conversions.items()
+        }
 
     def _site(self, step, max_tokens: int):
         if isinstance(step, LaunchStep):
@@ -235,8 +240,16 @@ class Program:
         for site in self.prepare_sites:
             site.run(1, (), stream)
 
-    def run_forward(self, T: int, ptrs: Sequence[int], stream: int) -> None:
-        """Queue the steps for T tokens; ``ptrs`` the addresses of x, topk_ids, topk_weights, out."""
+    def run_forward(self, T: int, ptrs: Sequence[int], stream: int, convert: Sequence[str] = ()) -> None:
+        """Queue the steps for T tokens; ``ptrs`` the addresses of x, topk_ids, topk_weights, out. The
+        inputs named in ``convert`` were handed over in their conversion's dtype: its steps run first,
+        and the forward reads its buffer in the input's place."""
+        for name in convert:
+            sites, index, buffer = self.conversions[name]
+            for site in sites:
+                site.run(T, ptrs, stream)
+            ptrs = list(ptrs)
+            ptrs[index] = self.addresses[buffer]
         for site in self.sites_for_t[T]:
             site.run(T, ptrs, stream)
 
