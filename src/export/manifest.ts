@@ -156,6 +156,13 @@ export interface ExportManifest {
   forward: ExportRange[];
 }
 
+/** Bytes of one kernel argument's value: a tensor map 128, a struct its own, a pointer or u64 8, else 4. */
+export function argBytes(a: ExportArg): number {
+  if (a.kind === "tensorMap") return 128;
+  if (a.kind === "struct") return a.bytes;
+  return a.kind === "pointer" || a.kind === "u64" ? 8 : 4;
+}
+
 /** The range of `forward` that serves T tokens, or undefined above the maximum. */
 export function rangeFor(m: ExportManifest, tokens: number): ExportRange | undefined {
   return m.forward.find((r) => r.tokens[0] <= tokens && tokens <= r.tokens[1]);

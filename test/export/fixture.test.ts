@@ -34,6 +34,10 @@ test("python/tests/fixtures/tiny-fp4 is buildManifest's export of tiny FP4 today
     fs.writeFileSync(file, `${JSON.stringify(manifest, null, 1)}\n`);
     for (const k of manifest.kernels) fs.writeFileSync(path.join(dir, k.cubin), fakeCubin([k.function]));
   }
-  assert.deepEqual(JSON.parse(fs.readFileSync(file, "utf8")), manifest, "MEGAMOE_UPDATE_FIXTURES=1 rewrites it");
+  assert.deepEqual(
+    JSON.parse(fs.readFileSync(file, "utf8")),
+    manifest,
+    "MEGAMOE_UPDATE_FIXTURES=1 rewrites it",
+  );
   for (const k of manifest.kernels) assert.ok(fs.existsSync(path.join(dir, k.cubin)), k.cubin);
 });

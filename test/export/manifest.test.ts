@@ -20,7 +20,13 @@ import {
   exportKernelJobs,
   type LayerExportOptions,
 } from "../../src/export/layer.js";
-import { type ExportLaunch, type ExportManifest, evaluateExpr, rangeFor } from "../../src/export/manifest.js";
+import {
+  argBytes,
+  type ExportLaunch,
+  type ExportManifest,
+  evaluateExpr,
+  rangeFor,
+} from "../../src/export/manifest.js";
 import { FUSED_OPERANDS_BYTES, fusedMapCount } from "../../src/kernels/megamoe/abi.js";
 import { fusedBlockM, fusedExpand } from "../../src/kernels/megamoe/plan.js";
 import { quantLaunchConfig } from "../../src/kernels/quant/quant.js";
@@ -156,15 +162,7 @@ describe("export: the launches' arguments against the cubins", {
           compileKernel({ source: job.source, defines: job.defines }).cubin,
           job.function,
         );
-        const sizes = l.args.map((a) =>
-          a.kind === "tensorMap"
-            ? 128
-            : a.kind === "struct"
-              ? a.bytes
-              : a.kind === "pointer" || a.kind === "u64"
-                ? 8
-                : 4,
-        );
+        const sizes = l.args.map(argBytes);
         assert.deepEqual(
           fn.params.map((p) => p.bytes),
           sizes,

@@ -8,10 +8,8 @@
  */
 import assert from "node:assert/strict";
 import fs from "node:fs";
-import os from "node:os";
 import path from "node:path";
-import { after, before, describe, test } from "node:test";
-import koffi from "koffi";
+import { before, describe, test } from "node:test";
 import { type MoEConfig, PRESETS, resolveConfig } from "../../src/config/config.js";
 import {
   type Device,
@@ -22,7 +20,7 @@ import {
   TensorMapL2Promotion,
   TensorMapSwizzle,
 } from "../../src/cuda/index.js";
-import { compilerAvailable, encodeCacheEntry, kernelCacheEntry } from "../../src/cuda/jit.js";
+import { encodeCacheEntry, kernelCacheEntry } from "../../src/cuda/jit.js";
 import { allocTensorMapBytes } from "../../src/cuda/kernel-args.js";
 import {
   buildManifest,
@@ -31,6 +29,7 @@ import {
   type LayerExportOptions,
 } from "../../src/export/layer.js";
 import {
+  argBytes,
   type ExportArg,
   type ExportLaunch,
   type ExportManifest,
@@ -42,55 +41,14 @@ import { DeviceMoEWeights } from "../../src/kernels/device-weights.js";
 import { FusedPipeline } from "../../src/pipeline/fused.js";
 import { GeneratedWeights } from "../../src/weights/generate.js";
 import type { MoEWeightSource } from "../../src/weights/types.js";
-import { buildMockLibcuda, fakeCubin, type MockBuild } from "../cuda/mock-cuda.js";
+import { bindMock, fakeCubin, type MockControl, mockWithJitCache } from "../cuda/mock-cuda.js";
 import { testSeed } from "../helpers/random.js";
 
 const seed = testSeed("export launches against the Node launcher");
 const MOCK_SMS = 132; // the mock's SM count
 const MOCK_REGISTERS = 32; // what the mock's cuFuncGetAttribute says of every kernel
 
-let mock: MockBuild = { ok: false, reason: "not built" };
-try {
-  mock = buildMockLibcuda();
-} catch (e) {
-  mock = { ok: false, reason: (e as Error).message };
-}
-const compiler = ["nvcc", "nvrtc"].find((c) => compilerAvailable(c as "nvcc"));
-const skip = !mock.ok
-  ? mock.reason
-  : compiler === undefined
-    ? "no CUDA compiler to key the JIT cache"
-    : false;
-const cacheDir = fs.mkdtempSync(path.join(os.tmpdir(), "megamoe-export-cache-"));
-after(() => {
-  if (mock.ok) fs.rmSync(mock.dir, { recursive: true, force: true });
-  fs.rmSync(cacheDir, { recursive: true, force: true });
-});
-
-interface Mock {
-  events(on: boolean): void;
-  read(): string[];
-  declare(name: string, sizes: number[]): void;
-}
-
-function bindMock(library: string): Mock {
-  const lib = koffi.load(library);
-  const events = lib.func("void mock_events(int on)");
-  const read = lib.func("size_t mock_events_read(void *out, size_t cap)");
-  const declare = lib.func("int mock_declare_params(const char *name, int n, const int *sizes)");
-  return {
-    events: (on) => events(on ? 1 : 0),
-    read: () => {
-      const out = Buffer.alloc(1 << 18);
-      read(out, out.length);
-      return out
-        .toString("utf8", 0, out.indexOf(0))
-        .split("\n")
-        .filter((l) => l.length > 0);
-    },
-    declare: (name, sizes) => assert.equal(declare(name, sizes.length, Int32Array.from(sizes)), 0),
-  };
-}
+const { mock, skip, cacheDir } = mockWithJitCache();
 
 /** Every kernel an export of the layer holds, as a stand-in image under compileKernel's key. */
 function seedCache(c: MoEConfig, opts: LayerExportOptions): void {
@@ -176,19 +134,6 @@ function resolveArgs(
   return launch.args.map((a) => hex(one(a))).join(",");
 }
 
-/** The sizes of each argument, for the mock's log. */
-function argSizes(launch: ExportLaunch): number[] {
-  return launch.args.map((a) =>
-    a.kind === "tensorMap"
-      ? 128
-      : a.kind === "struct"
-        ? a.bytes
-        : a.kind === "pointer" || a.kind === "u64"
-          ? 8
-          : 4,
-  );
-}
-
 const cases: { label: string; config: MoEConfig; shared: boolean; tokens: number[] }[] = [
   {
     label: "FP8, shared expert",
@@ -212,7 +157,7 @@ const cases: { label: string; config: MoEConfig; shared: boolean; tokens: number
 ];
 
 describe("export: the manifest's launches are the Node launcher's", { skip }, () => {
-  let m: Mock;
+  let m: MockControl;
   let device: Device;
   before(() => {
     if (skip !== false || !mock.ok) return;
@@ -239,7 +184,7 @@ describe("export: the manifest's launches are the Node launcher's", { skip }, ()
       for (const r of manifest.forward)
         for (const s of r.steps)
           if (s.kind === "launch")
-            m.declare(manifest.kernels.find((x) => x.id === s.kernel)!.function, argSizes(s));
+            m.declareParams(manifest.kernels.find((x) => x.id === s.kernel)!.function, s.args.map(argBytes));
 
       const weights = DeviceMoEWeights.upload(device, uploaded(new GeneratedWeights(c, seed)));
       const pipeline = new FusedPipeline(device, weights, maxTokens);
@@ -255,10 +200,10 @@ describe("export: the manifest's launches are the Node launcher's", { skip }, ()
             topk_weights: w.ptr,
             out: out.ptr,
           };
-          m.events(true);
+          m.start();
           pipeline.forward({ x, ids, weights: w, out, tokens: T, shared: k.shared }, null);
           const lines = m.read();
-          m.events(false);
+          m.stop();
           const made = lines.filter((l) => l.startsWith("launch ") || l.startsWith("params "));
           const range = rangeFor(manifest, T);
           assert.ok(range, `T = ${T}: no range`);

@@ -12,11 +12,11 @@ import assert from "node:assert/strict";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
-import { after, before, describe, test } from "node:test";
+import { before, describe, test } from "node:test";
 import koffi from "koffi";
 import { type MoEConfig, PRESETS } from "../../src/config/config.js";
 import { type Device, DeviceTensor, openDevice } from "../../src/cuda/index.js";
-import { compilerAvailable, encodeCacheEntry, kernelCacheEntry } from "../../src/cuda/jit.js";
+import { encodeCacheEntry, kernelCacheEntry } from "../../src/cuda/jit.js";
 import { FUSED_KERNEL, FUSED_KERNEL_SOURCE } from "../../src/kernels/megamoe/megamoe.js";
 import { FUSED_BLOCK_MS, fusedEpDefines } from "../../src/kernels/megamoe/megamoe.variants.js";
 import { QUANT_KERNEL_NAME, QUANT_KERNEL_SOURCE } from "../../src/kernels/quant/quant.js";
@@ -31,64 +31,14 @@ import {
 import { randomRouting } from "../../src/reference/router.js";
 import { GeneratedWeights, generateActivations } from "../../src/weights/generate.js";
 import type { MoEWeightSource } from "../../src/weights/types.js";
-import { buildMockLibcuda, fakeCubin, type MockBuild } from "../cuda/mock-cuda.js";
+import { bindMock, fakeCubin, type MockControl, mockWithJitCache } from "../cuda/mock-cuda.js";
 import { testSeed } from "../helpers/random.js";
 
 const seed = testSeed("fused expert parallel on the mock driver");
 const config: MoEConfig = { ...PRESETS.tiny!, maxTokens: 16 };
 const MOCK_SMS = 132; // the mock's SM count (cuDeviceGetAttribute)
 
-let mock: MockBuild = { ok: false, reason: "not built" };
-try {
-  mock = buildMockLibcuda();
-} catch (e) {
-  mock = { ok: false, reason: (e as Error).message };
-}
-const compiler = ["nvcc", "nvrtc"].find((c) => compilerAvailable(c as "nvcc"));
-const skip = !mock.ok
-  ? mock.reason
-  : compiler === undefined
-    ? "no CUDA compiler to key the JIT cache"
-    : false;
-const cacheDir = fs.mkdtempSync(path.join(os.tmpdir(), "megamoe-fused-ep-cache-"));
-after(() => {
-  if (mock.ok) fs.rmSync(mock.dir, { recursive: true, force: true });
-  fs.rmSync(cacheDir, { recursive: true, force: true });
-});
-
-interface MockEvents {
-  start(): void;
-  read(): string[];
-  stop(): void;
-  failSyncs(code: number): void;
-  vmmTrace(): string[];
-  vmmReset(): void;
-}
-
-function bindMock(library: string): MockEvents {
-  const lib = koffi.load(library);
-  const events = lib.func("void mock_events(int on)");
-  const read = lib.func("size_t mock_events_read(void *out, size_t cap)");
-  const failSyncs = lib.func("void mock_fail_syncs(int code)");
-  const trace = lib.func("size_t mock_vmm_trace(void *out, size_t cap)");
-  const reset = lib.func("void mock_vmm_trace_reset()");
-  const lines = (f: (out: Buffer, cap: number) => unknown, size: number) => {
-    const out = Buffer.alloc(size);
-    f(out, out.length);
-    return out
-      .toString("utf8", 0, out.indexOf(0))
-      .split("\n")
-      .filter((l) => l.length > 0);
-  };
-  return {
-    start: () => events(1),
-    read: () => lines(read, 1 << 18),
-    stop: () => events(0),
-    failSyncs: (code) => failSyncs(code),
-    vmmTrace: () => lines(trace, 1 << 16),
-    vmmReset: () => reset(),
-  };
-}
+const { mock, skip, cacheDir } = mockWithJitCache();
 
 /** Stand-in images for every kernel these tests reach, under the keys compileKernel computes. */
 function seedCache(ranks: number): void {
@@ -115,7 +65,7 @@ function uploaded(w: GeneratedWeights): MoEWeightSource {
 }
 
 describe("FusedExpertParallel against the mock libcuda", { skip }, () => {
-  let m: MockEvents;
+  let m: MockControl;
   let dev: Device[];
   const weights = new GeneratedWeights(config, seed);
   before(() => {
