@@ -94,7 +94,7 @@ export type FusedOwnBuffer =
   | "status"
   | "images";
 
-export type FusedBufferDtype = "fp8_e4m3" | "fp32" | "bf16" | "int32" | "uint8";
+export type FusedBufferDtype = "fp8_e4m3" | "fp32" | "bf16" | "int32";
 
 export interface FusedBufferSpec {
   name: FusedOwnBuffer;

@@ -269,7 +269,7 @@ export class FusedMoEKernel {
     };
     try {
       for (const b of fusedBuffers(c, maxTokens, this.sizes)) {
-        const t = alloc(b.dtype as "fp8_e4m3" | "fp32" | "bf16" | "int32", b.shape);
+        const t = alloc(b.dtype, b.shape);
         if (b.init === "zero") t.fill(0);
         this.buffers.set(b.name, t);
       }
