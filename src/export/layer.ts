@@ -18,6 +18,7 @@ import { DTYPE_BYTES, TensorMapDataType, TensorMapL2Promotion, TensorMapSwizzle 
 import {
   ADOPT_SOURCE,
   ADOPT_THREADS,
+  adoptGrid,
   IDS_I64_TO_I32_KERNEL,
   TRANSPOSE_U32_KERNEL,
   UE8M0_TO_F32_KERNEL,
@@ -144,7 +145,7 @@ export function checkExportOptions(opts: LayerExportOptions): void {
 export function exportConfig(config: MoEConfig, shared: boolean): MoEConfig {
   const c = validateConfig(config);
   if (c.ranks !== 1)
-    throw new RangeError(`export: layer ${c.name} is one rank of ${c.ranks}; export one GPU's layer`);
+    throw new ExportError(`export: layer ${c.name} is one rank of ${c.ranks}; export one GPU's layer`);
   return shared || c.numShared === 0 ? c : { ...c, numShared: 0 };
 }
 
@@ -379,11 +380,12 @@ export function quantLaunch(
   };
 }
 
-function launch(kernel: string, elements: number, threads: number, args: ExportArg[]): ExportLaunch {
+/** A load-time or conversion launch: `grid` blocks of `threads`, no shared memory, no attributes. */
+function launch(kernel: string, grid: Expr, threads: number, args: ExportArg[]): ExportLaunch {
   return {
     kind: "launch",
     kernel,
-    grid: [Math.max(1, Math.ceil(elements / threads)), 1, 1],
+    grid: [grid, 1, 1],
     block: [threads, 1, 1],
     sharedBytes: 0,
     cluster: [1, 1, 1],
@@ -433,7 +435,7 @@ function fp8Pair(
     p.prepare.push(
       scales === "fp32"
         ? { kind: "copy", dst: ref(`${buffer}_scales`), src: ref(`${input}_scale`), bytes: 4 * blocks }
-        : launch("ue8m0_to_f32", blocks, ADOPT_THREADS, [
+        : launch("ue8m0_to_f32", adoptGrid(blocks), ADOPT_THREADS, [
             ptr(`${input}_scale`),
             ptr(`${buffer}_scales`),
             u32(blocks),
@@ -463,7 +465,7 @@ function fp4Routed(p: WeightPlan, experts: number, hidden: number, inter: number
       { name: `${buffer}_scales`, bytes: 4 * blockScales, lifetime: "weights", init: "none" },
     );
     p.prepare.push(
-      launch("fp4_layout", total * kBlocks, FP4_CONVERT_THREADS, [
+      launch("fp4_layout", Math.ceil((total * kBlocks) / FP4_CONVERT_THREADS), FP4_CONVERT_THREADS, [
         ptr(input),
         ptr(buffer),
         u32(total),
@@ -471,7 +473,7 @@ function fp4Routed(p: WeightPlan, experts: number, hidden: number, inter: number
         u32(total),
         u32(0),
       ]),
-      launch("transpose_u32", total * kBlocks, ADOPT_THREADS, [
+      launch("transpose_u32", adoptGrid(total * kBlocks), ADOPT_THREADS, [
         ptr(`${input}_scale`),
         ptr(`${buffer}_words`),
         u32(total),
@@ -479,7 +481,7 @@ function fp4Routed(p: WeightPlan, experts: number, hidden: number, inter: number
         u32(total),
         u32(0),
       ]),
-      launch("fp4_reference_words", blockScales, FP4_CONVERT_THREADS, [
+      launch("fp4_reference_words", Math.ceil(blockScales / FP4_CONVERT_THREADS), FP4_CONVERT_THREADS, [
         ptr(`${buffer}_words`),
         u32(total),
         u32(0),
@@ -608,14 +610,11 @@ export function buildManifest(
         dtype: "int64",
         buffer: "topk_ids_i32",
         steps: [
-          {
-            ...launch("ids_i64_to_i32", 0, ADOPT_THREADS, [
-              ptr("topk_ids"),
-              ptr("topk_ids_i32"),
-              { kind: "u32", value: mul("T", c.topK) },
-            ]),
-            grid: [ceilDiv(mul("T", c.topK), ADOPT_THREADS), 1, 1],
-          },
+          launch("ids_i64_to_i32", ceilDiv(mul("T", c.topK), ADOPT_THREADS), ADOPT_THREADS, [
+            ptr("topk_ids"),
+            ptr("topk_ids_i32"),
+            { kind: "u32", value: mul("T", c.topK) },
+          ]),
         ],
       },
     },
